@@ -1,0 +1,83 @@
+//! Builds the wasm guests for `wasm32-wasip1` so that `cargo test` always exercises
+//! freshly built modules, with no manual build step.
+//!
+//! The nested `cargo` uses its own target directory (`target/guests`): sharing the outer
+//! build's directory would deadlock on its lock. Flags meant for the host build
+//! (`RUSTFLAGS`, coverage wrappers, the jobserver) are removed so they do not leak into
+//! the wasm build.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Packages built for `wasm32-wasip1`, and the constant that names each artifact.
+const GUESTS: &[(&str, &str, &str)] = &[
+    ("sluice-filter", "sluice.wasm", "SLUICE_WASM"),
+    ("sluice-test-guest", "sluice_test_guest.wasm", "TEST_GUEST_WASM"),
+];
+
+/// Sources whose change must rebuild the guests.
+const WATCHED: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "filter",
+    "shared-store/src",
+    "shared-store/Cargo.toml",
+    "wasm-host/test-guest",
+];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests/artifacts sits two levels below the workspace root")
+        .to_path_buf();
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("guests");
+
+    for path in WATCHED {
+        println!("cargo:rerun-if-changed={}", root.join(path).display());
+    }
+
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(&root)
+        .args(["build", "--release", "--target", "wasm32-wasip1", "--target-dir"])
+        .arg(&target_dir);
+    for (package, _, _) in GUESTS {
+        command.args(["-p", package]);
+    }
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_LLVM_COV",
+        "LLVM_PROFILE_FILE",
+    ] {
+        command.env_remove(var);
+    }
+    let status = command.status().expect("could not start cargo to build the wasm guests");
+    assert!(status.success(), "building the wasm guests for wasm32-wasip1 failed: {status}");
+
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let mut generated = String::new();
+    for (package, file, constant) in GUESTS {
+        let path = target_dir.join("wasm32-wasip1/release").join(file);
+        assert!(path.exists(), "{package} built, but {} is missing", path.display());
+        generated.push_str(&format!(
+            "/// Path of `{file}`, built from the `{package}` package for `wasm32-wasip1` (release).\npub const {constant}: &str = {:?};\n",
+            path.display().to_string()
+        ));
+    }
+    std::fs::write(out_dir.join("artifacts.rs"), generated).expect("could not write artifacts.rs");
+}
