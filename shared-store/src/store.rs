@@ -236,9 +236,9 @@ mod tests {
     #[test]
     fn a_stale_cas_is_rejected_and_changes_nothing() {
         let store = MemoryStore::new();
-        store.set("k", b"one", None).unwrap();
+        let _ = store.set("k", b"one", None).unwrap();
         let stale = token(&store, "k");
-        store.set("k", b"two", Some(stale)).unwrap();
+        let _ = store.set("k", b"two", Some(stale)).unwrap();
 
         let swap = store.set("k", b"three", Some(stale)).unwrap();
 
@@ -249,7 +249,7 @@ mod tests {
     #[test]
     fn no_cas_overwrites_unconditionally() {
         let store = MemoryStore::new();
-        store.set("k", b"one", None).unwrap();
+        let _ = store.set("k", b"one", None).unwrap();
 
         assert_eq!(store.set("k", b"two", None).unwrap(), Swap::Written);
         assert_eq!(store.get("k").unwrap().unwrap().value, b"two");
@@ -258,9 +258,9 @@ mod tests {
     #[test]
     fn tokens_come_from_one_counter_for_all_keys() {
         let store = MemoryStore::new();
-        store.set("a", b"", None).unwrap();
-        store.set("b", b"", None).unwrap();
-        store.set("a", b"", None).unwrap();
+        let _ = store.set("a", b"", None).unwrap();
+        let _ = store.set("b", b"", None).unwrap();
+        let _ = store.set("a", b"", None).unwrap();
 
         assert_eq!(token(&store, "b").get(), 2);
         assert_eq!(token(&store, "a").get(), 3);
@@ -269,8 +269,8 @@ mod tests {
     #[test]
     fn the_token_counter_skips_zero_when_it_wraps() {
         let store = MemoryStore::with_last_cas(u32::MAX - 1);
-        store.set("a", b"", None).unwrap();
-        store.set("b", b"", None).unwrap();
+        let _ = store.set("a", b"", None).unwrap();
+        let _ = store.set("b", b"", None).unwrap();
 
         assert_eq!(token(&store, "a").get(), u32::MAX);
         assert_eq!(token(&store, "b").get(), 1);
@@ -280,8 +280,8 @@ mod tests {
     fn the_current_token_of_another_key_never_matches_an_existing_key() {
         // This is what the limiter's create protocol relies on (see `limiter`).
         let store = MemoryStore::new();
-        store.set("k", b"mine", None).unwrap();
-        store.set("anchor", b"", None).unwrap();
+        let _ = store.set("k", b"mine", None).unwrap();
+        let _ = store.set("anchor", b"", None).unwrap();
         let anchor = token(&store, "anchor");
 
         assert_eq!(store.set("k", b"lost", Some(anchor)).unwrap(), Swap::Conflict);

@@ -1,0 +1,280 @@
+//! The binary form of a key's state in shared data: compact, versioned, checked.
+//!
+//! ```text
+//! [format: u8 = 1][kind: u8][owner: u64][params: 4 × u64][payload][checksum: u32]
+//! ```
+//!
+//! All integers are little-endian. `owner` identifies which client holds the slot (see
+//! `key`); `params` are the limit's numbers when the state was written, so that a
+//! reconfigured limit can convert the state (clamp it to a new burst) instead of
+//! starting over; the checksum (FNV-1a over everything before it) rejects bytes written
+//! by something else. Bytes that do not decode are never guessed at: the caller gets a
+//! [`DecodeError`] and replaces them with the limit's most conservative state.
+
+use crate::limit::{Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
+use crate::time::Nanos;
+
+/// The format version written by this code.
+pub const FORMAT: u8 = 1;
+
+const HEADER: usize = 2 + 8 + 4 * 8;
+const CHECKSUM: usize = 4;
+
+/// What a key holds: whose state it is, under which limit, and the state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Fingerprint of the client that holds this slot.
+    pub owner: u64,
+    /// The limit the state was written under.
+    pub limit: Limit,
+    /// The algorithm's state.
+    pub state: State,
+}
+
+/// Why stored bytes were not accepted as a [`Record`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Shorter than any record, or a length that does not match the payload.
+    Length,
+    /// Written by another format version.
+    Format(u8),
+    /// The checksum does not match: the bytes were damaged or written by something else.
+    Checksum,
+    /// An unknown algorithm tag, or numbers no limit could have.
+    Params,
+    /// A payload that is not a valid state for its algorithm.
+    Payload,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Length => f.write_str("state has the wrong length"),
+            Self::Format(v) => write!(f, "state has format version {v}, expected {FORMAT}"),
+            Self::Checksum => f.write_str("state checksum does not match"),
+            Self::Params => f.write_str("state names no valid limit"),
+            Self::Payload => f.write_str("state payload is invalid"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn checksum(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193))
+}
+
+fn kind_and_params(limit: &Limit) -> (u8, [u64; 4]) {
+    match *limit {
+        Limit::TokenBucket { rate, burst } => (1, [rate.amount(), rate.per().0, burst, 0]),
+        Limit::FixedWindow { limit, window } => (2, [limit, window.0, 0, 0]),
+        Limit::SlidingWindow { limit, window } => (3, [limit, window.0, 0, 0]),
+        Limit::SlidingLog { limit, window } => (4, [limit, window.0, 0, 0]),
+        Limit::LeakyBucket { rate, max_queue, max_wait } => (5, [rate.amount(), rate.per().0, max_queue, max_wait.0]),
+    }
+}
+
+fn limit_from(kind: u8, [a, b, c, d]: [u64; 4]) -> Option<Limit> {
+    match kind {
+        1 => Limit::token_bucket(Rate::new(a, Nanos(b))?, c).ok(),
+        2 => Limit::fixed_window(a, Nanos(b)).ok(),
+        3 => Limit::sliding_window(a, Nanos(b)).ok(),
+        4 => Limit::sliding_log(a, Nanos(b)).ok(),
+        5 => Limit::leaky_bucket(Rate::new(a, Nanos(b))?, c, Nanos(d)).ok(),
+        _ => None,
+    }
+}
+
+impl Record {
+    /// The bytes to store.
+    pub fn encode(&self) -> Vec<u8> {
+        let (kind, params) = kind_and_params(&self.limit);
+        let mut out = Vec::with_capacity(HEADER + 24 + CHECKSUM);
+        out.push(FORMAT);
+        out.push(kind);
+        out.extend_from_slice(&self.owner.to_le_bytes());
+        for param in params {
+            out.extend_from_slice(&param.to_le_bytes());
+        }
+        match &self.state {
+            State::Gcra { tat } => out.extend_from_slice(&tat.to_le_bytes()),
+            State::Window { index, count, previous } => {
+                for value in [index, count, previous] {
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
+            }
+            State::Log { entries } => {
+                let len = u16::try_from(entries.len()).unwrap_or(u16::MAX);
+                out.extend_from_slice(&len.to_le_bytes());
+                for entry in entries.iter().take(usize::from(len)) {
+                    out.extend_from_slice(&entry.at.to_le_bytes());
+                    out.extend_from_slice(&entry.cost.to_le_bytes());
+                }
+            }
+        }
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses stored bytes.
+    ///
+    /// # Errors
+    /// A [`DecodeError`] saying why the bytes are not a record this code wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut reader = Reader(bytes);
+        let format = reader.u8().ok_or(DecodeError::Length)?;
+        if format != FORMAT {
+            return Err(DecodeError::Format(format));
+        }
+        let body_len = bytes.len().checked_sub(CHECKSUM).ok_or(DecodeError::Length)?;
+        let (body, sum) = bytes.split_at(body_len);
+        if body.len() < HEADER {
+            return Err(DecodeError::Length);
+        }
+        if sum != checksum(body).to_le_bytes() {
+            return Err(DecodeError::Checksum);
+        }
+        let mut reader = Reader(body.get(1..).unwrap_or_default());
+        let kind = reader.u8().ok_or(DecodeError::Length)?;
+        let owner = reader.u64().ok_or(DecodeError::Length)?;
+        let mut params = [0u64; 4];
+        for param in &mut params {
+            *param = reader.u64().ok_or(DecodeError::Length)?;
+        }
+        let limit = limit_from(kind, params).ok_or(DecodeError::Params)?;
+        let state = match limit {
+            Limit::TokenBucket { .. } | Limit::LeakyBucket { .. } => {
+                State::Gcra { tat: reader.u128().ok_or(DecodeError::Length)? }
+            }
+            Limit::FixedWindow { .. } | Limit::SlidingWindow { .. } => {
+                let index = reader.u64().ok_or(DecodeError::Length)?;
+                let count = reader.u64().ok_or(DecodeError::Length)?;
+                let previous = reader.u64().ok_or(DecodeError::Length)?;
+                State::Window { index, count, previous }
+            }
+            Limit::SlidingLog { .. } => {
+                let len = reader.u16().ok_or(DecodeError::Length)?;
+                if u64::from(len) > MAX_LOG_ENTRIES {
+                    return Err(DecodeError::Payload);
+                }
+                let mut entries = Vec::with_capacity(usize::from(len));
+                for _ in 0..len {
+                    let at = reader.u64().ok_or(DecodeError::Length)?;
+                    let cost = reader.u64().ok_or(DecodeError::Length)?;
+                    if entries.last().is_some_and(|last: &LogEntry| last.at > at) {
+                        return Err(DecodeError::Payload);
+                    }
+                    entries.push(LogEntry { at, cost });
+                }
+                State::Log { entries }
+            }
+        };
+        if !reader.0.is_empty() {
+            return Err(DecodeError::Length);
+        }
+        Ok(Self { owner, limit, state })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take::<1>().map(|[b]| b)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+    fn u128(&mut self) -> Option<u128> {
+        self.take().map(u128::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records() -> Vec<Record> {
+        let rate = Rate::new(10, Nanos::from_secs(1)).unwrap();
+        vec![
+            Record {
+                owner: 7,
+                limit: Limit::token_bucket(rate, 5).unwrap(),
+                state: State::Gcra { tat: u128::MAX - 3 },
+            },
+            Record {
+                owner: 0,
+                limit: Limit::fixed_window(3, Nanos::from_secs(60)).unwrap(),
+                state: State::Window { index: 4, count: 2, previous: 0 },
+            },
+            Record {
+                owner: u64::MAX,
+                limit: Limit::sliding_window(3, Nanos(1)).unwrap(),
+                state: State::Window { index: u64::MAX, count: 1, previous: 9 },
+            },
+            Record {
+                owner: 1,
+                limit: Limit::sliding_log(4, Nanos(100)).unwrap(),
+                state: State::Log { entries: vec![LogEntry { at: 1, cost: 1 }, LogEntry { at: 5, cost: 3 }] },
+            },
+            Record {
+                owner: 2,
+                limit: Limit::leaky_bucket(rate, 8, Nanos::from_millis(500)).unwrap(),
+                state: State::Gcra { tat: 12 },
+            },
+        ]
+    }
+
+    #[test]
+    fn every_record_survives_a_round_trip() {
+        for record in records() {
+            assert_eq!(Record::decode(&record.encode()), Ok(record));
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_a_record_is_rejected() {
+        for record in records() {
+            let bytes = record.encode();
+            for len in 0..bytes.len() {
+                assert!(Record::decode(&bytes[..len]).is_err(), "{record:?} truncated to {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_anywhere_is_rejected() {
+        for record in records() {
+            let bytes = record.encode();
+            for bit in 0..bytes.len() * 8 {
+                let mut damaged = bytes.clone();
+                damaged[bit / 8] ^= 1 << (bit % 8);
+                assert!(Record::decode(&damaged).is_err(), "bit {bit} of {record:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn another_format_version_is_named_in_the_error() {
+        let mut bytes = records()[0].encode();
+        bytes[0] = 0;
+        assert_eq!(Record::decode(&bytes), Err(DecodeError::Format(0)));
+    }
+
+    #[test]
+    fn garbage_and_empty_values_are_rejected() {
+        assert!(Record::decode(b"").is_err());
+        assert!(Record::decode(b"\x01").is_err());
+        assert!(Record::decode(&[0xff; 64]).is_err());
+        assert!(Record::decode(&[1; 64]).is_err());
+    }
+}

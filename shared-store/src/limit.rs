@@ -1,0 +1,732 @@
+//! The algorithms: pure functions from (state, now, cost) to a [`Decision`] and the next
+//! [`State`].
+//!
+//! Every algorithm works in integer nanoseconds with checked or saturating arithmetic,
+//! so no input (any `u64` rate, period, burst, cost or time) can panic or wrap. Where the
+//! arithmetic cannot represent a result, the answer is the conservative one (reject).
+//!
+//! | algorithm | state | what it guarantees |
+//! |---|---|---|
+//! | [`Limit::token_bucket`] | one `u128` (GCRA's theoretical arrival time) | at most `burst + rate × t` in any span `t` |
+//! | [`Limit::fixed_window`] | window index, count | at most `limit` per aligned window; up to `2 × limit` across a boundary |
+//! | [`Limit::sliding_window`] | window index, count, previous count | weighted estimate of the trailing window ≤ `limit` |
+//! | [`Limit::sliding_log`] | one entry per admitted request (≤ [`MAX_LOG_ENTRIES`]) | at most `limit` in any trailing window, exactly |
+//! | [`Limit::leaky_bucket`] | one `u128` (when the queue drains) | output spaced at `rate`; queue ≤ `max_queue`, wait ≤ `max_wait` |
+//!
+//! The token bucket is GCRA: the state is the time at which the bucket would be full
+//! again, kept in units of `1 / rate.amount` nanoseconds so that every quantity is an
+//! exact integer. That makes `retry_after` exact: waiting exactly that long admits the
+//! request, one nanosecond less does not.
+//!
+//! Time may step backwards (another worker's clock read, a host clock step): no
+//! algorithm refills on it, and a step forward refills at most to capacity.
+
+use crate::decision::{Decision, Verdict};
+use crate::time::Nanos;
+
+/// The largest `limit` a sliding log may have: its state holds one entry per admitted
+/// request in the window, and the whole state is copied on every shared-data read.
+pub const MAX_LOG_ENTRIES: u64 = 256;
+
+/// A sustained rate: `amount` cost units every `per`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    amount: u64,
+    per: Nanos,
+}
+
+impl Rate {
+    /// `amount` units every `per`; `None` if either is zero.
+    pub const fn new(amount: u64, per: Nanos) -> Option<Self> {
+        if amount == 0 || per.0 == 0 { None } else { Some(Self { amount, per }) }
+    }
+
+    /// Units per period.
+    pub const fn amount(self) -> u64 {
+        self.amount
+    }
+
+    /// The period.
+    pub const fn per(self) -> Nanos {
+        self.per
+    }
+}
+
+/// Parameters a limit cannot be built from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidLimit {
+    /// Burst, window limit or queue depth of zero: nothing could ever be admitted.
+    ZeroCapacity,
+    /// A window of zero length.
+    ZeroWindow,
+    /// A sliding log longer than [`MAX_LOG_ENTRIES`].
+    LogTooLong,
+}
+
+impl std::fmt::Display for InvalidLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ZeroCapacity => f.write_str("capacity must be at least 1"),
+            Self::ZeroWindow => f.write_str("window must be longer than zero"),
+            Self::LogTooLong => write!(f, "a sliding log holds at most {MAX_LOG_ENTRIES} requests per window"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidLimit {}
+
+/// One limit: an algorithm and its validated numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// Token bucket (GCRA form): refills at `rate`, holds at most `burst`.
+    TokenBucket {
+        /// Sustained refill rate.
+        rate: Rate,
+        /// Capacity: the largest burst an idle caller may spend at once.
+        burst: u64,
+    },
+    /// At most `limit` per clock-aligned window.
+    FixedWindow {
+        /// Units per window.
+        limit: u64,
+        /// Window length.
+        window: Nanos,
+    },
+    /// Sliding window counter: the previous window's count, weighted by how much of it
+    /// still overlaps the trailing window, plus the current count.
+    SlidingWindow {
+        /// Units per trailing window.
+        limit: u64,
+        /// Window length.
+        window: Nanos,
+    },
+    /// Sliding window log: exact count over the trailing window.
+    SlidingLog {
+        /// Units per trailing window, at most [`MAX_LOG_ENTRIES`].
+        limit: u64,
+        /// Window length.
+        window: Nanos,
+    },
+    /// Leaky bucket as a shaper: admitted requests are delayed so they leave at `rate`.
+    LeakyBucket {
+        /// Drain rate.
+        rate: Rate,
+        /// Most units waiting at once (including the one being decided).
+        max_queue: u64,
+        /// Longest delay handed out.
+        max_wait: Nanos,
+    },
+}
+
+/// The state one limit keeps per key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Token and leaky bucket: the (scaled) time at which the bucket is full / the queue
+    /// is empty, in units of `1 / rate.amount` ns.
+    Gcra {
+        /// Theoretical arrival time, scaled.
+        tat: u128,
+    },
+    /// Fixed and sliding windows.
+    Window {
+        /// Index of the current window (`now / window`).
+        index: u64,
+        /// Units admitted in window `index`.
+        count: u64,
+        /// Units admitted in window `index - 1` (sliding window only).
+        previous: u64,
+    },
+    /// Sliding log: admitted requests, oldest first.
+    Log {
+        /// The entries still in (or newer than) the window.
+        entries: Vec<LogEntry>,
+    },
+}
+
+/// One admitted request in a sliding log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LogEntry {
+    /// When it was admitted (ns).
+    pub at: u64,
+    /// What it cost.
+    pub cost: u64,
+}
+
+fn ns(value: u128) -> Nanos {
+    Nanos(u64::try_from(value).unwrap_or(u64::MAX))
+}
+
+fn ceil_div(n: u128, d: u128) -> u128 {
+    if d == 0 { u128::MAX } else { n.div_ceil(d) }
+}
+
+impl Limit {
+    /// A token bucket refilling at `rate` and holding at most `burst`.
+    ///
+    /// # Errors
+    /// [`InvalidLimit::ZeroCapacity`] when `burst` is zero.
+    pub const fn token_bucket(rate: Rate, burst: u64) -> Result<Self, InvalidLimit> {
+        if burst == 0 { Err(InvalidLimit::ZeroCapacity) } else { Ok(Self::TokenBucket { rate, burst }) }
+    }
+
+    /// At most `limit` units per aligned `window`.
+    ///
+    /// # Errors
+    /// When `limit` or `window` is zero.
+    pub const fn fixed_window(limit: u64, window: Nanos) -> Result<Self, InvalidLimit> {
+        match Self::check_window(limit, window) {
+            Ok(()) => Ok(Self::FixedWindow { limit, window }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// At most `limit` units in the trailing `window`, estimated from two counters.
+    ///
+    /// # Errors
+    /// When `limit` or `window` is zero.
+    pub const fn sliding_window(limit: u64, window: Nanos) -> Result<Self, InvalidLimit> {
+        match Self::check_window(limit, window) {
+            Ok(()) => Ok(Self::SlidingWindow { limit, window }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// At most `limit` units in the trailing `window`, exactly.
+    ///
+    /// # Errors
+    /// When `limit` or `window` is zero, or `limit` exceeds [`MAX_LOG_ENTRIES`].
+    pub const fn sliding_log(limit: u64, window: Nanos) -> Result<Self, InvalidLimit> {
+        if limit > MAX_LOG_ENTRIES {
+            return Err(InvalidLimit::LogTooLong);
+        }
+        match Self::check_window(limit, window) {
+            Ok(()) => Ok(Self::SlidingLog { limit, window }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A shaper draining at `rate`, queueing at most `max_queue` units and delaying no
+    /// request longer than `max_wait`.
+    ///
+    /// # Errors
+    /// [`InvalidLimit::ZeroCapacity`] when `max_queue` is zero.
+    pub const fn leaky_bucket(rate: Rate, max_queue: u64, max_wait: Nanos) -> Result<Self, InvalidLimit> {
+        if max_queue == 0 {
+            Err(InvalidLimit::ZeroCapacity)
+        } else {
+            Ok(Self::LeakyBucket { rate, max_queue, max_wait })
+        }
+    }
+
+    const fn check_window(limit: u64, window: Nanos) -> Result<(), InvalidLimit> {
+        if limit == 0 {
+            Err(InvalidLimit::ZeroCapacity)
+        } else if window.0 == 0 {
+            Err(InvalidLimit::ZeroWindow)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The capacity reported as `limit` in decisions.
+    pub const fn capacity(&self) -> u64 {
+        match *self {
+            Self::TokenBucket { burst, .. } => burst,
+            Self::FixedWindow { limit, .. } | Self::SlidingWindow { limit, .. } | Self::SlidingLog { limit, .. } => {
+                limit
+            }
+            Self::LeakyBucket { max_queue, .. } => max_queue,
+        }
+    }
+
+    /// The period over which [`Limit::capacity`] is granted: the window, or the time a
+    /// bucket takes to refill from empty. Used for `RateLimit-Policy`'s `w`.
+    pub fn period(&self) -> Nanos {
+        match *self {
+            Self::TokenBucket { rate, burst } => {
+                ns(ceil_div(u128::from(burst) * u128::from(rate.per.0), u128::from(rate.amount)))
+            }
+            Self::FixedWindow { window, .. } | Self::SlidingWindow { window, .. } | Self::SlidingLog { window, .. } => {
+                window
+            }
+            Self::LeakyBucket { rate, max_queue, .. } => {
+                ns(ceil_div(u128::from(max_queue) * u128::from(rate.per.0), u128::from(rate.amount)))
+            }
+        }
+    }
+
+    /// The state of a key never seen: a full bucket, an empty window or log.
+    pub fn fresh(&self) -> State {
+        match self {
+            Self::TokenBucket { .. } | Self::LeakyBucket { .. } => State::Gcra { tat: 0 },
+            Self::FixedWindow { .. } | Self::SlidingWindow { .. } => State::Window { index: 0, count: 0, previous: 0 },
+            Self::SlidingLog { .. } => State::Log { entries: Vec::new() },
+        }
+    }
+
+    /// The most conservative state at `now`: nothing left to spend. Used in place of
+    /// state that cannot be decoded, so that garbage never becomes a fresh full bucket.
+    pub fn exhausted(&self, now: Nanos) -> State {
+        match *self {
+            Self::TokenBucket { rate, burst } => {
+                let g = Gcra::new(rate, burst);
+                State::Gcra { tat: g.now(now).saturating_add(g.capacity) }
+            }
+            Self::LeakyBucket { rate, max_queue, .. } => {
+                let g = Gcra::new(rate, max_queue);
+                State::Gcra { tat: g.now(now).saturating_add(g.capacity) }
+            }
+            Self::FixedWindow { limit, window } | Self::SlidingWindow { limit, window } => {
+                State::Window { index: now.0 / window.0.max(1), count: limit, previous: limit }
+            }
+            Self::SlidingLog { limit, .. } => State::Log { entries: vec![LogEntry { at: now.0, cost: limit }] },
+        }
+    }
+
+    /// Whether `state` carries no information at `now`: a full bucket, windows with
+    /// nothing counted. Only such state may be given to another key (see `key`), so that
+    /// flooding a slot table cannot reset anyone's bucket.
+    pub fn is_idle(&self, state: &State, now: Nanos) -> bool {
+        match (*self, state) {
+            (Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. }, State::Gcra { tat }) => {
+                *tat <= u128::from(now.0) * u128::from(rate.amount)
+            }
+            (Self::FixedWindow { window, .. }, State::Window { index, count, .. }) => {
+                *count == 0 || *index < now.0 / window.0.max(1)
+            }
+            (Self::SlidingWindow { window, .. }, State::Window { index, count, previous }) => {
+                let current = now.0 / window.0.max(1);
+                match current.checked_sub(*index) {
+                    Some(0) => *count == 0 && *previous == 0,
+                    Some(1) => *count == 0,
+                    Some(_) => true,
+                    None => false,
+                }
+            }
+            (Self::SlidingLog { window, .. }, State::Log { entries }) => {
+                entries.iter().all(|e| e.at.saturating_add(window.0) <= now.0)
+            }
+            _ => false,
+        }
+    }
+
+    /// Decides whether `cost` may be spent at `now`, given the key's `state` (`None` for
+    /// a key never seen). Returns the decision and, when the request is admitted, the
+    /// state to store. Pure: no clock, no store.
+    ///
+    /// A cost of zero is a query: it is admitted and changes nothing.
+    pub fn decide(&self, state: Option<&State>, now: Nanos, cost: u64) -> (Decision, Option<State>) {
+        let owned;
+        let state = match state {
+            Some(s) if self.accepts(s) => s,
+            Some(_) => {
+                owned = self.exhausted(now);
+                &owned
+            }
+            None => {
+                owned = self.fresh();
+                &owned
+            }
+        };
+        match (*self, state) {
+            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => Gcra::new(rate, burst).bucket(*tat, now, cost),
+            (Self::LeakyBucket { rate, max_queue, max_wait }, State::Gcra { tat }) => {
+                Gcra::new(rate, max_queue).shape(*tat, now, cost, max_wait)
+            }
+            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
+                fixed_window(limit, window, (*index, *count), now, cost)
+            }
+            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
+                sliding_window(limit, window, (*index, *count, *previous), now, cost)
+            }
+            (Self::SlidingLog { limit, window }, State::Log { entries }) => {
+                sliding_log(limit, window, entries, now, cost)
+            }
+            // `accepts` guarantees the kinds match; this arm only satisfies the compiler.
+            _ => (self.rejected_forever(), None),
+        }
+    }
+
+    /// Whether `state` is the kind of state this algorithm keeps.
+    pub const fn accepts(&self, state: &State) -> bool {
+        matches!(
+            (self, state),
+            (Self::TokenBucket { .. } | Self::LeakyBucket { .. }, State::Gcra { .. })
+                | (Self::FixedWindow { .. } | Self::SlidingWindow { .. }, State::Window { .. })
+                | (Self::SlidingLog { .. }, State::Log { .. })
+        )
+    }
+
+    fn rejected_forever(&self) -> Decision {
+        Decision { verdict: Verdict::Exceeds, limit: self.capacity(), remaining: 0, reset_after: Nanos::ZERO }
+    }
+
+    /// Gives back `cost` that an admission spent, after the request was rejected by
+    /// another limit (all-or-nothing across limits).
+    ///
+    /// `written` is the state that admission stored, `current` what the key holds now
+    /// (other requests may have spent since). The result is never more generous than
+    /// the state the key would hold had the refunded request never been admitted: for
+    /// counters (windows, logs) the refund is exact; for buckets it is exact when no
+    /// other write intervened and otherwise limited to what cannot have been lost to the
+    /// bucket's cap (`now` must not be earlier than the clock reads of those writes).
+    pub fn refund(&self, current: &State, written: &State, now: Nanos, cost: u64) -> State {
+        match (*self, current, written) {
+            (
+                Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. },
+                State::Gcra { tat: current },
+                State::Gcra { tat: written },
+            ) => {
+                if current < written {
+                    // Someone reset the key since (reconfiguration, repair): refund nothing.
+                    return State::Gcra { tat: *current };
+                }
+                let increment = u128::from(cost).saturating_mul(u128::from(rate.per.0));
+                let now_scaled = u128::from(now.0).saturating_mul(u128::from(rate.amount));
+                let floor = now_scaled.saturating_add(current - written);
+                State::Gcra { tat: (*current).min(current.saturating_sub(increment).max(floor)) }
+            }
+            (
+                Self::FixedWindow { .. } | Self::SlidingWindow { .. },
+                State::Window { index, count, previous },
+                State::Window { index: ours, .. },
+            ) => {
+                if index == ours {
+                    State::Window { index: *index, count: count.saturating_sub(cost), previous: *previous }
+                } else if Some(*index) == ours.checked_add(1) {
+                    State::Window { index: *index, count: *count, previous: previous.saturating_sub(cost) }
+                } else {
+                    current.clone()
+                }
+            }
+            (Self::SlidingLog { .. }, State::Log { entries }, State::Log { entries: ours }) => {
+                let mut entries = entries.clone();
+                if let Some(mine) = ours.last()
+                    && let Some(position) = entries.iter().position(|e| e == mine)
+                {
+                    entries.remove(position);
+                }
+                State::Log { entries }
+            }
+            _ => current.clone(),
+        }
+    }
+
+    /// Converts `state`, kept under the limit `old`, to this limit at `now`: what was
+    /// spent stays spent, and a bucket holds at most this limit's capacity. State of
+    /// another algorithm becomes [`Limit::exhausted`].
+    pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
+        if old == self {
+            return state;
+        }
+        match (*self, *old, state) {
+            (
+                Self::TokenBucket { rate, burst },
+                Self::TokenBucket { rate: old_rate, burst: old_burst },
+                State::Gcra { tat },
+            ) => Gcra::new(rate, burst)
+                .adopt(&Gcra::new(old_rate, old_burst), tat, now)
+                .unwrap_or_else(|| self.exhausted(now)),
+            (
+                Self::LeakyBucket { rate, max_queue, .. },
+                Self::LeakyBucket { rate: old_rate, max_queue: old_queue, .. },
+                State::Gcra { tat },
+            ) => Gcra::new(rate, max_queue)
+                .adopt(&Gcra::new(old_rate, old_queue), tat, now)
+                .unwrap_or_else(|| self.exhausted(now)),
+            (
+                Self::FixedWindow { window, .. } | Self::SlidingWindow { window, .. },
+                Self::FixedWindow { window: old_window, .. } | Self::SlidingWindow { window: old_window, .. },
+                State::Window { index, count, previous },
+            ) if std::mem::discriminant(self) == std::mem::discriminant(old) => {
+                if window == old_window {
+                    State::Window { index, count, previous }
+                } else {
+                    // Window boundaries moved: carry the counts into the current window.
+                    State::Window { index: now.0 / window.0.max(1), count, previous }
+                }
+            }
+            (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => state,
+            _ => self.exhausted(now),
+        }
+    }
+}
+
+/// GCRA arithmetic for one bucket, in units of `1 / amount` nanoseconds.
+struct Gcra {
+    amount: u128,
+    per: u128,
+    /// Capacity in scaled time: `burst × per`.
+    capacity: u128,
+}
+
+impl Gcra {
+    fn new(rate: Rate, capacity: u64) -> Self {
+        let per = u128::from(rate.per.0);
+        Self { amount: u128::from(rate.amount), per, capacity: u128::from(capacity) * per }
+    }
+
+    fn now(&self, now: Nanos) -> u128 {
+        u128::from(now.0) * self.amount
+    }
+
+    fn capacity_units(&self) -> u64 {
+        u64::try_from(self.capacity / self.per.max(1)).unwrap_or(u64::MAX)
+    }
+
+    /// Time (ns) for `scaled` to drain.
+    fn drain(&self, scaled: u128) -> Nanos {
+        ns(ceil_div(scaled, self.amount))
+    }
+
+    fn units(&self, scaled: u128) -> u64 {
+        u64::try_from(scaled / self.per.max(1)).unwrap_or(u64::MAX)
+    }
+
+    fn bucket(&self, tat: u128, now: Nanos, cost: u64) -> (Decision, Option<State>) {
+        let now = self.now(now);
+        let base = tat.max(now);
+        let debt = base - now;
+        let limit = self.capacity_units();
+        let remaining = self.units(self.capacity.saturating_sub(debt));
+        let idle = Decision { verdict: Verdict::Allowed, limit, remaining, reset_after: self.drain(debt) };
+        if cost == 0 {
+            return (idle, None);
+        }
+        if cost > limit {
+            return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+        }
+        let increment = u128::from(cost) * self.per;
+        match (debt.checked_add(increment), base.checked_add(increment)) {
+            (Some(need), Some(next)) if need <= self.capacity => (
+                Decision {
+                    verdict: Verdict::Allowed,
+                    limit,
+                    remaining: self.units(self.capacity - need),
+                    reset_after: self.drain(need),
+                },
+                Some(State::Gcra { tat: next }),
+            ),
+            _ => {
+                let excess = debt.saturating_add(increment).saturating_sub(self.capacity);
+                (Decision { verdict: Verdict::Rejected { retry_after: self.drain(excess) }, ..idle }, None)
+            }
+        }
+    }
+
+    fn shape(&self, tat: u128, now: Nanos, cost: u64, max_wait: Nanos) -> (Decision, Option<State>) {
+        let now = self.now(now);
+        let base = tat.max(now);
+        let debt = base - now;
+        let limit = self.capacity_units();
+        let idle = Decision {
+            verdict: Verdict::Allowed,
+            limit,
+            remaining: self.units(self.capacity.saturating_sub(debt)),
+            reset_after: self.drain(debt),
+        };
+        if cost == 0 {
+            return (idle, None);
+        }
+        if cost > limit {
+            return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+        }
+        let increment = u128::from(cost) * self.per;
+        let longest = u128::from(max_wait.0).saturating_mul(self.amount);
+        let delay = self.drain(debt);
+        match (debt.checked_add(increment), base.checked_add(increment)) {
+            (Some(need), Some(next)) if need <= self.capacity && delay <= max_wait => {
+                let verdict = if delay == Nanos::ZERO { Verdict::Allowed } else { Verdict::Delayed(delay) };
+                (
+                    Decision {
+                        verdict,
+                        limit,
+                        remaining: self.units(self.capacity - need),
+                        reset_after: self.drain(need),
+                    },
+                    Some(State::Gcra { tat: next }),
+                )
+            }
+            _ => {
+                let queue_wait = debt.saturating_add(increment).saturating_sub(self.capacity);
+                let delay_wait = debt.saturating_sub(longest);
+                let retry_after = self.drain(queue_wait.max(delay_wait));
+                (Decision { verdict: Verdict::Rejected { retry_after }, ..idle }, None)
+            }
+        }
+    }
+
+    /// Re-expresses a bucket kept under `old` in this bucket's units, keeping what was
+    /// spent and clamping to this capacity. `None` when the arithmetic overflows.
+    fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
+        let old_now = old.now(now);
+        let old_debt = tat.max(old_now) - old_now;
+        // Spent tokens, as old scaled time: capacity_old - available_old. Available tokens
+        // are kept, up to the new capacity: new debt (tokens) = max(new_cap - avail, 0).
+        let new_capacity_tokens = u128::from(self.capacity_units());
+        let old_capacity_tokens = u128::from(old.capacity_units());
+        let spent_old_scaled = if new_capacity_tokens >= old_capacity_tokens {
+            ((new_capacity_tokens - old_capacity_tokens).checked_mul(old.per)?).checked_add(old_debt)?
+        } else {
+            old_debt.saturating_sub((old_capacity_tokens - new_capacity_tokens).checked_mul(old.per)?)
+        };
+        let debt = ceil_div(spent_old_scaled.checked_mul(self.per)?, old.per.max(1));
+        Some(State::Gcra { tat: self.now(now).checked_add(debt.min(self.capacity))? })
+    }
+}
+
+fn fixed_window(
+    limit: u64,
+    window: Nanos,
+    (index, count): (u64, u64),
+    now: Nanos,
+    cost: u64,
+) -> (Decision, Option<State>) {
+    let current = now.0 / window.0.max(1);
+    let (index, count) = if index >= current { (index, count) } else { (current, 0) };
+    let window_end = Nanos(u64::try_from((u128::from(index) + 1) * u128::from(window.0)).unwrap_or(u64::MAX));
+    let until_end = window_end.saturating_sub(now);
+    let idle = Decision {
+        verdict: Verdict::Allowed,
+        limit,
+        remaining: limit.saturating_sub(count),
+        reset_after: if count == 0 { Nanos::ZERO } else { until_end },
+    };
+    if cost == 0 {
+        return (idle, None);
+    }
+    if cost > limit {
+        return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+    }
+    match count.checked_add(cost) {
+        Some(spent) if spent <= limit => (
+            Decision { verdict: Verdict::Allowed, limit, remaining: limit - spent, reset_after: until_end },
+            Some(State::Window { index, count: spent, previous: 0 }),
+        ),
+        _ => (Decision { verdict: Verdict::Rejected { retry_after: until_end }, ..idle }, None),
+    }
+}
+
+fn sliding_window(
+    limit: u64,
+    window: Nanos,
+    (index, count, previous): (u64, u64, u64),
+    now: Nanos,
+    cost: u64,
+) -> (Decision, Option<State>) {
+    let w = window.0.max(1);
+    let (current, offset) = (now.0 / w, now.0 % w);
+    // A clock that went back is treated as the start of the stored window.
+    let (index, previous, count, offset) = if index > current {
+        (index, previous, count, 0)
+    } else if index == current {
+        (index, previous, count, offset)
+    } else if index.checked_add(1) == Some(current) {
+        (current, count, 0, offset)
+    } else {
+        (current, 0, 0, offset)
+    };
+    let (w128, limit128) = (u128::from(w), u128::from(limit));
+    let at =
+        |window_index: u64, offset: u128| -> Nanos { ns((u128::from(window_index) * w128).saturating_add(offset)) };
+    // Every count below is scaled by the window length, so the weighting is exact.
+    let used = u128::from(previous) * (w128 - u128::from(offset)) + u128::from(count) * w128;
+    let allowance = limit128 * w128;
+    let reset_after = |count: u64| -> Nanos {
+        if count > 0 {
+            at(index.saturating_add(2), 0).saturating_sub(now)
+        } else if previous > 0 {
+            at(index.saturating_add(1), 0).saturating_sub(now)
+        } else {
+            Nanos::ZERO
+        }
+    };
+    let idle = Decision {
+        verdict: Verdict::Allowed,
+        limit,
+        remaining: u64::try_from(allowance.saturating_sub(used) / w128).unwrap_or(u64::MAX),
+        reset_after: reset_after(count),
+    };
+    if cost == 0 {
+        return (idle, None);
+    }
+    if cost > limit {
+        return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+    }
+    let spend = u128::from(cost) * w128;
+    if used + spend <= allowance {
+        let count = count.saturating_add(cost);
+        return (
+            Decision {
+                verdict: Verdict::Allowed,
+                limit,
+                remaining: u64::try_from((allowance - used - spend) / w128).unwrap_or(u64::MAX),
+                reset_after: reset_after(count),
+            },
+            Some(State::Window { index, count, previous }),
+        );
+    }
+    // Earliest admission inside this window: previous × (w − e) ≤ (limit − count − cost) × w.
+    let in_this_window = limit
+        .checked_sub(count)
+        .and_then(|left| left.checked_sub(cost))
+        .filter(|_| previous > 0)
+        .map(|room| w128 - (u128::from(room) * w128 / u128::from(previous)).min(w128))
+        .filter(|offset| *offset < w128);
+    let target = match in_this_window {
+        Some(offset) => at(index, offset),
+        // Otherwise in the next window, where this window's count becomes `previous`.
+        None => {
+            let offset =
+                if count == 0 { 0 } else { w128 - (u128::from(limit - cost) * w128 / u128::from(count)).min(w128) };
+            at(index.saturating_add(1), offset)
+        }
+    };
+    (Decision { verdict: Verdict::Rejected { retry_after: target.saturating_sub(now) }, ..idle }, None)
+}
+
+fn sliding_log(limit: u64, window: Nanos, entries: &[LogEntry], now: Nanos, cost: u64) -> (Decision, Option<State>) {
+    let live: Vec<LogEntry> = entries.iter().copied().filter(|e| e.at.saturating_add(window.0) > now.0).collect();
+    let used: u64 = live.iter().fold(0u64, |sum, e| sum.saturating_add(e.cost));
+    let expiry = |entry: Option<&LogEntry>| -> Nanos {
+        entry.map_or(Nanos::ZERO, |e| Nanos(e.at.saturating_add(window.0)).saturating_sub(now))
+    };
+    let idle = Decision {
+        verdict: Verdict::Allowed,
+        limit,
+        remaining: limit.saturating_sub(used),
+        reset_after: expiry(live.last()),
+    };
+    if cost == 0 {
+        return (idle, None);
+    }
+    if cost > limit {
+        return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+    }
+    match used.checked_add(cost) {
+        Some(spent) if spent <= limit => {
+            // Entries stay sorted even if this worker's clock reads earlier than the last.
+            let at = live.last().map_or(now.0, |last| last.at.max(now.0));
+            let mut next = live;
+            next.push(LogEntry { at, cost });
+            let reset_after = expiry(next.last());
+            (
+                Decision { verdict: Verdict::Allowed, limit, remaining: limit - spent, reset_after },
+                Some(State::Log { entries: next }),
+            )
+        }
+        _ => {
+            // Oldest entries expire first; find the one whose expiry frees enough.
+            let excess = used.saturating_add(cost).saturating_sub(limit);
+            let mut freed = 0u64;
+            let retry_after = live
+                .iter()
+                .find(|e| {
+                    freed = freed.saturating_add(e.cost);
+                    freed >= excess
+                })
+                .map_or(Nanos::MAX, |e| expiry(Some(e)));
+            (Decision { verdict: Verdict::Rejected { retry_after }, ..idle }, None)
+        }
+    }
+}

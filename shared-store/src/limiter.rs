@@ -1,0 +1,386 @@
+//! The limiter: read, decide, compare-and-swap, retry — one atomic admission per request
+//! over a [`Store`] with Envoy's shared-data semantics.
+//!
+//! # One decision, one atomic step
+//!
+//! For each limit a request touches, the limiter reads the key (value + CAS token),
+//! runs the pure algorithm ([`Limit::decide`]) at one clock reading, and writes the new
+//! state with the token it read. The write succeeds only if no other worker wrote the
+//! key in between, so two workers can never both spend the same last token: a worker
+//! whose write conflicts re-reads and decides again. Contention is retried at most
+//! `max_attempts` times ([`DEFAULT_MAX_ATTEMPTS`]); then the limiter answers
+//! [`LimitError::Contended`], and the caller applies its configured outcome. It never
+//! admits silently.
+//!
+//! # All or nothing across limits
+//!
+//! A request that matches several limits is decided against all of them first; if any
+//! rejects, nothing is written, so a rejected request spends nothing anywhere. If all
+//! admit, the states are written one by one; if a later write conflicts, the writes
+//! already made are refunded ([`Limit::refund`]) and the whole decision is retried.
+//!
+//! # Creating a key without losing an update
+//!
+//! Envoy has no atomic create: a write to a missing key succeeds whatever CAS token it
+//! carries. Two workers that both read "missing" would both write, and the second
+//! would erase the first one's spend. The limiter closes that race with the one
+//! property Envoy does give: **a CAS token belongs to exactly one write**, because all
+//! tokens come from one process-wide counter.
+//!
+//! To create key `K`, the limiter first writes an *anchor* key of its own and reads it
+//! back, obtaining a token `T` that is, at that moment, the token of the anchor's
+//! latest write. It then writes `K` with CAS `T`:
+//!
+//! * if `K` is still missing, the host ignores the CAS and creates it;
+//! * if another worker created `K` in the meantime, `K`'s token is the token of *that*
+//!   write, which is not `T` (a token is never given to two writes), so the host
+//!   answers CAS mismatch and this worker re-reads `K` and decides again on the other
+//!   worker's state.
+//!
+//! Either way no update is lost. The argument fails only if `K`'s token equals `T`,
+//! which needs the token counter to wrap (2³² writes) between the anchor write and
+//! the create, a few microseconds apart. Creation happens once per key per process
+//! (keys are never deleted), so the anchor's cost (two extra host calls) is paid rarely.
+//!
+//! # Damaged state
+//!
+//! Bytes that do not decode (garbage, another format version, another plugin's value)
+//! are replaced by the limit's most conservative state ([`Limit::exhausted`]) with a
+//! CAS write, and counted in [`Admission::repaired`]; the request is then decided on
+//! that state. Damage never becomes a fresh full bucket.
+
+use crate::codec::Record;
+use crate::decision::Decision;
+use crate::key::{OVERFLOW_OWNER, Placement};
+use crate::limit::{Limit, State};
+use crate::store::{Cas, Store, StoreError, Swap};
+use crate::time::{Clock, Nanos};
+
+/// How many times a decision is retried when another worker wrote first. Every retry
+/// means some other worker's write succeeded, so the system as a whole makes progress;
+/// the bound only caps one request's latency under extreme contention.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 16;
+
+/// The shared-data key the limiter writes to obtain a fresh CAS token when it creates
+/// a key (see the module docs). Must differ from every limit key.
+pub const DEFAULT_ANCHOR_KEY: &str = "sluice/anchor";
+
+/// One limit to apply to a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Where the client's state lives. Keys of one call must be distinct.
+    pub place: &'a Placement,
+    /// The limit.
+    pub limit: &'a Limit,
+    /// What the request costs under this limit.
+    pub cost: u64,
+}
+
+/// The outcome of [`Limiter::check`], with the evidence callers turn into metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Whether every limit admitted the request. When false, nothing was spent.
+    pub admitted: bool,
+    /// One decision per request, in order.
+    pub decisions: Vec<Decision>,
+    /// The clock reading the decisions were made at.
+    pub at: Nanos,
+    /// Writes that lost a CAS race and were retried.
+    pub conflicts: u32,
+    /// Undecodable states replaced by exhausted ones.
+    pub repaired: u32,
+    /// Limits decided on their overflow bucket because the client's slot was held.
+    pub overflowed: u32,
+    /// Refunds (after a partial all-or-nothing write) that could not be written. Each one
+    /// leaves a limit slightly stricter than it should be, never looser.
+    pub unrefunded: u32,
+}
+
+impl Admission {
+    /// The longest shaping delay among the decisions.
+    pub fn delay(&self) -> Nanos {
+        self.decisions.iter().map(Decision::delay).max().unwrap_or(Nanos::ZERO)
+    }
+}
+
+/// Why no decision could be made. The caller applies its configured failure outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitError {
+    /// Every attempt lost a CAS race.
+    Contended {
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl std::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Contended { attempts } => write!(f, "gave up after {attempts} conflicting writes"),
+            Self::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+impl From<StoreError> for LimitError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Applies limits atomically over a [`Store`], reading time from a [`Clock`].
+#[derive(Debug)]
+pub struct Limiter<S, C> {
+    store: S,
+    clock: C,
+    max_attempts: u32,
+    anchor: String,
+}
+
+/// What the read phase found for one request.
+struct Plan<'a> {
+    key: &'a str,
+    owner: u64,
+    /// The token to write with; `None` when the key is missing.
+    cas: Option<Cas>,
+    /// The state to decide on; `None` for a fresh key.
+    state: Option<State>,
+    overflowed: bool,
+}
+
+/// What one read found.
+enum Read {
+    Missing,
+    Found(Cas, Record),
+    Damaged(Cas),
+}
+
+impl<S: Store, C: Clock> Limiter<S, C> {
+    /// A limiter with the default attempt bound and anchor key.
+    pub fn new(store: S, clock: C) -> Self {
+        Self { store, clock, max_attempts: DEFAULT_MAX_ATTEMPTS, anchor: DEFAULT_ANCHOR_KEY.to_owned() }
+    }
+
+    /// Sets how many conflicting attempts are made before [`LimitError::Contended`]
+    /// (at least one).
+    #[must_use]
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the key written to obtain fresh CAS tokens (see the module docs).
+    #[must_use]
+    pub fn with_anchor_key(mut self, key: impl Into<String>) -> Self {
+        self.anchor = key.into();
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Decides one request against one limit.
+    ///
+    /// # Errors
+    /// See [`Limiter::check`].
+    pub fn check_one(&self, place: &Placement, limit: &Limit, cost: u64) -> Result<Admission, LimitError> {
+        self.check(&[Request { place, limit, cost }])
+    }
+
+    /// Decides a request against every limit it matches, all or nothing.
+    ///
+    /// # Errors
+    /// [`LimitError::Contended`] when every attempt lost a CAS race, and
+    /// [`LimitError::Store`] when the store fails. In both cases nothing stays spent
+    /// (refunds permitting, see [`Admission::unrefunded`]).
+    pub fn check(&self, requests: &[Request<'_>]) -> Result<Admission, LimitError> {
+        let mut conflicts = 0;
+        let mut repaired = 0;
+        let mut unrefunded = 0;
+        for _ in 0..self.max_attempts {
+            let now = self.clock.now();
+            let mut plans = Vec::with_capacity(requests.len());
+            let mut damaged = false;
+            for request in requests {
+                match self.plan(request, now)? {
+                    Ok(plan) => plans.push(plan),
+                    Err((key, cas)) => {
+                        // Replace damage with the most conservative state, then start over.
+                        let record = Record {
+                            owner: request.place.owner,
+                            limit: *request.limit,
+                            state: request.limit.exhausted(now),
+                        };
+                        match self.store.set(key, &record.encode(), Some(cas))? {
+                            Swap::Written => repaired += 1,
+                            Swap::Conflict => conflicts += 1,
+                        }
+                        damaged = true;
+                        break;
+                    }
+                }
+            }
+            if damaged {
+                continue;
+            }
+
+            let outcomes: Vec<(Decision, Option<State>)> = requests
+                .iter()
+                .zip(&plans)
+                .map(|(request, plan)| request.limit.decide(plan.state.as_ref(), now, request.cost))
+                .collect();
+            let overflowed = u32::try_from(plans.iter().filter(|p| p.overflowed).count()).unwrap_or(u32::MAX);
+            let admitted = outcomes.iter().all(|(decision, _)| decision.is_admitted());
+            let decisions: Vec<Decision> = outcomes.iter().map(|(decision, _)| *decision).collect();
+            let admission = |admitted| Admission {
+                admitted,
+                decisions: decisions.clone(),
+                at: now,
+                conflicts,
+                repaired,
+                overflowed,
+                unrefunded,
+            };
+            if !admitted {
+                return Ok(admission(false));
+            }
+
+            let mut written: Vec<(usize, State)> = Vec::with_capacity(requests.len());
+            let mut conflict = false;
+            for (index, ((request, plan), (_, next))) in requests.iter().zip(&plans).zip(outcomes).enumerate() {
+                let Some(next) = next else { continue };
+                let bytes = Record { owner: plan.owner, limit: *request.limit, state: next.clone() }.encode();
+                let swap = match plan.cas {
+                    Some(cas) => self.store.set(plan.key, &bytes, Some(cas)),
+                    None => self.create(plan.key, &bytes),
+                };
+                match swap {
+                    Ok(Swap::Written) => written.push((index, next)),
+                    Ok(Swap::Conflict) => {
+                        conflict = true;
+                        break;
+                    }
+                    Err(e) => {
+                        self.refund_all(requests, &plans, &written);
+                        return Err(e.into());
+                    }
+                }
+            }
+            if !conflict {
+                return Ok(Admission { unrefunded, ..admission(true) });
+            }
+            conflicts += 1;
+            unrefunded += self.refund_all(requests, &plans, &written);
+        }
+        Err(LimitError::Contended { attempts: self.max_attempts })
+    }
+
+    fn read(&self, key: &str) -> Result<Read, StoreError> {
+        Ok(match self.store.get(key)? {
+            None => Read::Missing,
+            Some(entry) => match Record::decode(&entry.value) {
+                Ok(record) => Read::Found(entry.cas, record),
+                Err(_) => Read::Damaged(entry.cas),
+            },
+        })
+    }
+
+    /// The read phase for one request: where to decide and on what state. `Err` carries
+    /// a damaged key to repair.
+    #[allow(clippy::type_complexity)]
+    fn plan<'a>(&self, request: &Request<'a>, now: Nanos) -> Result<Result<Plan<'a>, (&'a str, Cas)>, StoreError> {
+        let place = request.place;
+        let limit = request.limit;
+        let own = |cas, state| Plan { key: &place.key, owner: place.owner, cas, state, overflowed: false };
+        let (cas, record) = match self.read(&place.key)? {
+            Read::Missing => return Ok(Ok(own(None, None))),
+            Read::Damaged(cas) => return Ok(Err((&place.key, cas))),
+            Read::Found(cas, record) => (cas, record),
+        };
+        let state = limit.adopt(&record.limit, record.state, now);
+        if record.owner == place.owner {
+            return Ok(Ok(own(Some(cas), Some(state))));
+        }
+        let Some(overflow) = place.overflow.as_deref() else {
+            // A key that is not in a table: whoever wrote it, it is this client's.
+            return Ok(Ok(Plan { owner: record.owner, ..own(Some(cas), Some(state)) }));
+        };
+        let overflow_state = |read: Read| -> Result<Option<(Option<Cas>, State)>, (&'a str, Cas)> {
+            match read {
+                Read::Missing => Ok(None),
+                Read::Damaged(cas) => Err((overflow, cas)),
+                Read::Found(cas, record) => Ok(Some((Some(cas), limit.adopt(&record.limit, record.state, now)))),
+            }
+        };
+        if limit.is_idle(&state, now) {
+            // The holder's state carries no information: take the slot, starting from
+            // the overflow bucket (where this client may have been spending) if busy.
+            let start = match overflow_state(self.read(overflow)?) {
+                Err(damaged) => return Ok(Err(damaged)),
+                Ok(found) => found.map(|(_, s)| s).filter(|s| !limit.is_idle(s, now)),
+            };
+            return Ok(Ok(own(Some(cas), start)));
+        }
+        Ok(match overflow_state(self.read(overflow)?) {
+            Err(damaged) => Err(damaged),
+            Ok(found) => {
+                let (cas, state) = found.map_or((None, None), |(cas, s)| (cas, Some(s)));
+                Ok(Plan { key: overflow, owner: OVERFLOW_OWNER, cas, state, overflowed: true })
+            }
+        })
+    }
+
+    /// Creates a missing key without losing a concurrent creation (see the module docs).
+    fn create(&self, key: &str, bytes: &[u8]) -> Result<Swap, StoreError> {
+        let _ = self.store.set(&self.anchor, &[], None)?;
+        match self.store.get(&self.anchor)? {
+            Some(anchor) => self.store.set(key, bytes, Some(anchor.cas)),
+            // A store that loses the anchor: do not guess, let the caller retry.
+            None => Ok(Swap::Conflict),
+        }
+    }
+
+    /// Gives back what the writes in `written` spent. Returns how many could not be.
+    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], written: &[(usize, State)]) -> u32 {
+        let mut failed = 0;
+        for (index, state) in written {
+            let (Some(request), Some(plan)) = (requests.get(*index), plans.get(*index)) else { continue };
+            if !self.refund(plan, request, state) {
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    fn refund(&self, plan: &Plan<'_>, request: &Request<'_>, written: &State) -> bool {
+        for _ in 0..self.max_attempts {
+            let Ok(Read::Found(cas, record)) = self.read(plan.key) else { return false };
+            if record.owner != plan.owner {
+                // The slot changed hands: our spend went with the old state.
+                return true;
+            }
+            // Read the clock after the store, so it is not earlier than any write seen.
+            let now = self.clock.now();
+            let current = request.limit.adopt(&record.limit, record.state, now);
+            let state = request.limit.refund(&current, written, now, request.cost);
+            let bytes = Record { owner: plan.owner, limit: *request.limit, state }.encode();
+            match self.store.set(plan.key, &bytes, Some(cas)) {
+                Ok(Swap::Written) => return true,
+                Ok(Swap::Conflict) => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
