@@ -630,7 +630,7 @@ fn sliding_window(
     let at =
         |window_index: u64, offset: u128| -> Nanos { ns((u128::from(window_index) * w128).saturating_add(offset)) };
     // Every count below is scaled by the window length, so the weighting is exact.
-    let used = u128::from(previous) * (w128 - u128::from(offset)) + u128::from(count) * w128;
+    let used = (u128::from(previous) * (w128 - u128::from(offset))).saturating_add(u128::from(count) * w128);
     let allowance = limit128 * w128;
     let reset_after = |count: u64| -> Nanos {
         if count > 0 {
@@ -654,13 +654,13 @@ fn sliding_window(
         return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
     }
     let spend = u128::from(cost) * w128;
-    if used + spend <= allowance {
+    if let Some(total) = used.checked_add(spend).filter(|total| *total <= allowance) {
         let count = count.saturating_add(cost);
         return (
             Decision {
                 verdict: Verdict::Allowed,
                 limit,
-                remaining: u64::try_from((allowance - used - spend) / w128).unwrap_or(u64::MAX),
+                remaining: u64::try_from((allowance - total) / w128).unwrap_or(u64::MAX),
                 reset_after: reset_after(count),
             },
             Some(State::Window { index, count, previous }),
