@@ -1,0 +1,482 @@
+//! The configuration exactly as written in JSON: every struct rejects unknown fields, and
+//! the few string forms people write by hand (`"100/minute"`, `"500ms"`) have their own
+//! types whose errors say what was expected. [`super::Config::from_json`] validates these
+//! into the compiled form the rest of the filter uses.
+//!
+//! The doc comments on these types become the descriptions in `config.schema.json`.
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Sluice filter configuration: Envoy's `configuration` string or Istio's
+/// `WasmPlugin.pluginConfig`.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Sluice filter configuration")]
+pub struct RawConfig {
+    /// The rate-limit policies. Every policy whose `match` fits a request is applied to it.
+    pub policies: Vec<RawPolicy>,
+    /// The response sent when a request is rejected, and the rate-limit headers sent.
+    #[serde(default)]
+    pub response: RawResponse,
+    /// Pausing of requests delayed by `leaky_bucket` policies.
+    #[serde(default)]
+    pub shaping: RawShaping,
+    /// Prefix of every metric name (`<stat_prefix>.<policy>.<counter>`). Default `sluice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stat_prefix: Option<String>,
+}
+
+/// One rate-limit policy.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// Unique name, 1 to 64 characters from `A-Z a-z 0-9 _ . -`. It appears in metric names and in
+    /// the `RateLimit-Policy` / `RateLimit` headers.
+    pub name: String,
+    /// What identifies the caller. The parts are combined: one bucket per distinct tuple of values.
+    pub key: Vec<RawKeyPart>,
+    /// Which requests the policy applies to. Absent: every request.
+    #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
+    pub matcher: Option<RawMatch>,
+    /// The algorithm. Default `token_bucket`.
+    #[serde(default)]
+    pub algorithm: RawAlgorithm,
+    /// Sustained rate for `token_bucket` and `leaky_bucket`, as `"<n>/<second|minute|hour|day>"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
+    /// `token_bucket` only: the largest burst an idle caller may spend at once. Default: the
+    /// rate's `<n>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): units per window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Window algorithms: the window length, such as `"1s"`, `"1m"` or `"1h"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<DurationSpec>,
+    /// `leaky_bucket` only: how many cost units may wait at once per key (the queue depth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<u64>,
+    /// `leaky_bucket` only: the longest delay handed out, such as `"500ms"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<DurationSpec>,
+    /// `leaky_bucket` only: `queue` (default) pauses a request until its turn; `reject` rejects
+    /// every request that would have to wait (a smooth policer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<RawOverflow>,
+    /// What one request costs. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<RawCost>,
+    /// What happens to a request for which a key part is missing. Default `shared`.
+    #[serde(default)]
+    pub on_missing_key: RawMissingKey,
+    /// Decide and count, but never reject: for rolling a policy out. Default false.
+    #[serde(default)]
+    pub shadow: bool,
+    /// Bump to start this policy on fresh buckets. Without a bump, changed numbers carry the
+    /// existing buckets over, clamped to the new capacity. Default 0.
+    #[serde(default)]
+    pub version: u64,
+    /// Shared-data keys this policy may create for distinct callers (plus one overflow key).
+    /// Default 8192.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    /// What happens when no decision can be made (CAS attempts exhausted, store error).
+    /// Default: deny with status 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<RawFailure>,
+}
+
+/// One part of a policy's key.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum RawKeyPart {
+    /// The value of a request header (hashed before use). Lower-case name.
+    Header(String),
+    /// The client address from the host (`source.address`), never from a request header.
+    ClientAddress,
+    /// The client address masked to a prefix length per address family.
+    MaskedClientAddress(RawMask),
+    /// The `:authority` pseudo-header.
+    Authority,
+    /// The `:path` pseudo-header without its query string.
+    Path,
+    /// The `:method` pseudo-header.
+    Method,
+    /// The value of a query parameter (first occurrence, raw bytes as sent).
+    QueryParameter(String),
+    /// A host property, as a path of segments such as `["connection", "requested_server_name"]`.
+    Property(Vec<String>),
+    /// A constant: every matching request shares one bucket.
+    Constant(String),
+}
+
+/// Prefix lengths for `masked_client_address`.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawMask {
+    /// Prefix length for IPv4 addresses, 0 to 32. Default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4_prefix: Option<u8>,
+    /// Prefix length for IPv6 addresses, 0 to 128. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<u8>,
+}
+
+/// Conditions a request must meet for a policy to apply; all given conditions must hold.
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    /// The request path (without query string) must equal this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_exact: Option<String>,
+    /// The request path (without query string) must start with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// The method must be one of these (upper case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+    /// Header conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<RawHeaderMatch>,
+}
+
+/// A header condition: `present` alone, or `equals` (exact bytes).
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    /// Lower-case header name.
+    pub name: String,
+    /// `true`: the header must be present; `false`: it must be absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<bool>,
+    /// The header's value must equal this exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+}
+
+/// The admission algorithm.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawAlgorithm {
+    /// Token bucket (GCRA): `rate` and `burst`.
+    #[default]
+    TokenBucket,
+    /// At most `limit` per clock-aligned `window`.
+    FixedWindow,
+    /// Weighted two-window estimate of the trailing `window`.
+    SlidingWindow,
+    /// Exact count over the trailing `window` (`limit` at most 256).
+    SlidingLog,
+    /// Shaping: requests leave at `rate`, waiting up to `max_wait` in a queue of `queue` units.
+    LeakyBucket,
+}
+
+/// What a `leaky_bucket` does with a request that would have to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawOverflow {
+    /// Pause the request until its turn.
+    Queue,
+    /// Reject it.
+    Reject,
+}
+
+/// A request's cost: a constant, or read from a header.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawCost {
+    /// Every request costs this much (at least 1).
+    Constant(u64),
+    /// The cost is read from a request header.
+    Header(RawHeaderCost),
+}
+
+const COST_EXPECTED: &str = "a positive integer or an object {\"header\", \"max\", \"min\", \"default\"}";
+
+impl<'de> Deserialize<'de> for RawCost {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CostVisitor;
+        impl<'de> Visitor<'de> for CostVisitor {
+            type Value = RawCost;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(COST_EXPECTED)
+            }
+            fn visit_u64<E: de::Error>(self, cost: u64) -> Result<RawCost, E> {
+                Ok(RawCost::Constant(cost))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
+                RawHeaderCost::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawCost::Header)
+            }
+        }
+        deserializer.deserialize_any(CostVisitor)
+    }
+}
+
+/// A cost read from a request header as a decimal integer, clamped to `[min, max]`.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderCost {
+    /// Lower-case header name.
+    pub header: String,
+    /// The cost when the header is missing or not a decimal integer. Default: `min`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<u64>,
+    /// The smallest cost (at least 1). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    /// The largest cost; at most the policy's capacity.
+    pub max: u64,
+}
+
+/// What happens to a request for which a key part is missing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawMissingKey {
+    /// All such requests share one bucket with the policy's numbers.
+    #[default]
+    Shared,
+    /// The policy does not apply to the request.
+    Skip,
+    /// The request is rejected with the configured response.
+    Reject,
+}
+
+/// What happens when no decision can be made.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFailure {
+    /// `allow` forwards the request; `deny` answers it with `status`.
+    pub action: RawFailureAction,
+    /// `deny` only: the status, 400 to 599. Default 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawFailureAction {
+    /// Forward the request (counted as `failure_allowed`).
+    Allow,
+    /// Answer it with the failure status (counted as `failure_denied`).
+    Deny,
+}
+
+/// The rejection response and the rate-limit headers.
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponse {
+    /// Status of a rejection, 400 to 599. Default 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Body of a rejection. Default empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// `content-type` of the body. Default `text/plain; charset=utf-8` when there is a body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// Extra headers on a rejection (lower-case names).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Rate-limit headers on a rejection. Default `["retry_after", "ratelimit"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_on_rejected: Option<Vec<RawHeaderSet>>,
+    /// Rate-limit headers on an allowed response. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_on_allowed: Option<Vec<RawHeaderSet>>,
+}
+
+/// A family of rate-limit headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawHeaderSet {
+    /// `Retry-After` in whole seconds, rounded up (rejections only).
+    RetryAfter,
+    /// The IETF `RateLimit-Policy` and `RateLimit` structured fields.
+    Ratelimit,
+    /// Legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    XRatelimit,
+}
+
+/// Pausing of shaped requests.
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawShaping {
+    /// Most requests one worker holds paused at once; a request that would exceed it is
+    /// rejected. Default 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_paused: Option<u32>,
+    /// How often (ms) paused requests are checked for release, 1 to 1000. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick_ms: Option<u32>,
+}
+
+/// A rate as written: `"<n>/<second|minute|hour|day>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateSpec {
+    /// `<n>`.
+    pub amount: u64,
+    /// The unit in seconds.
+    pub per_secs: u64,
+    /// The unit's name.
+    pub unit: &'static str,
+}
+
+const RATE_EXPECTED: &str = "\"<n>/<second|minute|hour|day>\"";
+
+impl RateSpec {
+    /// Parses `"<n>/<unit>"`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (amount, unit) = text.split_once('/')?;
+        let amount = parse_decimal(amount)?;
+        let (per_secs, unit) = match unit {
+            "second" => (1, "second"),
+            "minute" => (60, "minute"),
+            "hour" => (3600, "hour"),
+            "day" => (86_400, "day"),
+            _ => return None,
+        };
+        Some(Self { amount, per_secs, unit })
+    }
+}
+
+/// A decimal integer with no sign, spaces or leading `+`.
+fn parse_decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+impl<'de> Deserialize<'de> for RateSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RateVisitor;
+        impl Visitor<'_> for RateVisitor {
+            type Value = RateSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(RATE_EXPECTED)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<RateSpec, E> {
+                RateSpec::parse(text).ok_or_else(|| E::custom(format!("expected {RATE_EXPECTED}, got {text:?}")))
+            }
+        }
+        deserializer.deserialize_str(RateVisitor)
+    }
+}
+
+impl Serialize for RateSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{}/{}", self.amount, self.unit))
+    }
+}
+
+impl JsonSchema for RateSpec {
+    fn schema_name() -> Cow<'static, str> {
+        "Rate".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "A rate: \"<n>/<second|minute|hour|day>\", such as \"100/minute\".",
+            "pattern": "^[0-9]+/(second|minute|hour|day)$"
+        })
+    }
+}
+
+/// A duration as written: `"<n><ms|s|m|h|d>"`, kept in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationSpec {
+    /// The length in milliseconds (saturating; validation rejects what does not fit).
+    pub millis: u128,
+    /// As written, for messages.
+    pub amount: u64,
+    /// The unit as written.
+    pub unit: &'static str,
+}
+
+const DURATION_EXPECTED: &str = "a duration \"<n><ms|s|m|h|d>\" such as \"500ms\" or \"1m\"";
+
+impl DurationSpec {
+    /// Parses `"<n><unit>"`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let split = text.find(|c: char| !c.is_ascii_digit())?;
+        let (amount, unit) = text.split_at(split);
+        let amount = parse_decimal(amount)?;
+        let (factor, unit): (u128, &'static str) = match unit {
+            "ms" => (1, "ms"),
+            "s" => (1_000, "s"),
+            "m" => (60_000, "m"),
+            "h" => (3_600_000, "h"),
+            "d" => (86_400_000, "d"),
+            _ => return None,
+        };
+        Some(Self { millis: u128::from(amount) * factor, amount, unit })
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DurationVisitor;
+        impl Visitor<'_> for DurationVisitor {
+            type Value = DurationSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(DURATION_EXPECTED)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<DurationSpec, E> {
+                DurationSpec::parse(text)
+                    .ok_or_else(|| E::custom(format!("expected {DURATION_EXPECTED}, got {text:?}")))
+            }
+        }
+        deserializer.deserialize_str(DurationVisitor)
+    }
+}
+
+impl Serialize for DurationSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{}{}", self.amount, self.unit))
+    }
+}
+
+impl JsonSchema for DurationSpec {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "A duration: \"<n><ms|s|m|h|d>\", such as \"500ms\", \"10s\" or \"1m\".",
+            "pattern": "^[0-9]+(ms|s|m|h|d)$"
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_in_every_unit() {
+        assert_eq!(RateSpec::parse("100/minute").map(|r| (r.amount, r.per_secs)), Some((100, 60)));
+        assert_eq!(RateSpec::parse("1/day").map(|r| r.per_secs), Some(86_400));
+        assert_eq!(RateSpec::parse("10/fortnight"), None);
+        assert_eq!(RateSpec::parse("-1/second"), None);
+        assert_eq!(RateSpec::parse(" 1/second"), None);
+        assert_eq!(RateSpec::parse("1/seconds"), None);
+    }
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        assert_eq!(DurationSpec::parse("500ms").map(|d| d.millis), Some(500));
+        assert_eq!(DurationSpec::parse("2m").map(|d| d.millis), Some(120_000));
+        assert_eq!(DurationSpec::parse("1d").map(|d| d.millis), Some(86_400_000));
+        assert_eq!(DurationSpec::parse("1"), None);
+        assert_eq!(DurationSpec::parse("ms"), None);
+        assert_eq!(DurationSpec::parse("1.5s"), None);
+    }
+}
