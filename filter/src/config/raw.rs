@@ -52,6 +52,7 @@ pub struct RawPolicy {
     /// `token_bucket` only: the largest burst an idle caller may spend at once. Default: the
     /// rate's `<n>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub burst: Option<u64>,
     /// Window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): units per window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +86,7 @@ pub struct RawPolicy {
     /// Shared-data keys this policy may create for distinct callers (plus one overflow key).
     /// Default 8192.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_048_576))]
     pub slots: Option<u32>,
     /// What happens when no decision can be made (CAS attempts exhausted, store error).
     /// Default: deny with status 503.
@@ -122,9 +124,11 @@ pub enum RawKeyPart {
 pub struct RawMask {
     /// Prefix length for IPv4 addresses, 0 to 32. Default 32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 32))]
     pub ipv4_prefix: Option<u8>,
     /// Prefix length for IPv6 addresses, 0 to 128. Default 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 128))]
     pub ipv6_prefix: Option<u8>,
 }
 
@@ -255,6 +259,7 @@ pub struct RawFailure {
     pub action: RawFailureAction,
     /// `deny` only: the status, 400 to 599. Default 503.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 400, max = 599))]
     pub status: Option<u16>,
 }
 
@@ -274,6 +279,7 @@ pub enum RawFailureAction {
 pub struct RawResponse {
     /// Status of a rejection, 400 to 599. Default 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 400, max = 599))]
     pub status: Option<u16>,
     /// Body of a rejection. Default empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,6 +320,7 @@ pub struct RawShaping {
     pub max_paused: Option<u32>,
     /// How often (ms) paused requests are checked for release, 1 to 1000. Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
     pub tick_ms: Option<u32>,
 }
 
