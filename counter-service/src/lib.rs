@@ -1,1 +1,121 @@
-//! placeholder
+//! sluice-counter: the central counter service for Sluice's global policies.
+//!
+//! The filter calls it over HTTP/1.1 + JSON (`POST /v1/check`, `POST /v1/lease`) once
+//! per request for all of that request's global policies. The service is stateless in
+//! front of its store: in memory by default (one process, no setup), or Redis
+//! (standalone or Redis Cluster), where every decision is one atomic Lua script on the
+//! node that owns the keys, timed by Redis' own clock.
+//!
+//! The protocol, the error codes and the numeric envelope are documented with examples
+//! in `counter-service/README.md`.
+//!
+//! # Layout
+//!
+//! * [`api`] holds request and response bodies, strict parsing, validation into plans.
+//! * [`spec`] holds limits as requests carry them, and the numeric envelope.
+//! * [`store`] holds [`store::MemoryStore`] (shared-store's algorithms behind a sharded map)
+//!   and [`store::RedisStore`] (the same algorithms as one Lua script).
+//! * [`server`] holds routes, bounds (body size, requests in flight, store deadline),
+//!   graceful shutdown.
+//! * [`metrics`] renders Prometheus text.
+//! * [`config`] reads flags and environment variables.
+//!
+//! # Embedding and tests
+//!
+//! [`run`] serves on a listener the caller binds (port 0 in tests) until a shutdown
+//! future completes, as mini-redis does; the binary is a thin wrapper around it.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let config = sluice_counter::config::Config::defaults();
+//! sluice_counter::run(listener, config, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod config;
+pub mod metrics;
+pub mod server;
+pub mod spec;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use config::Config;
+pub use server::App;
+
+/// Builds the configured store and serves on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// When the store cannot be built (bad Redis URL) or the listener fails.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let store = server::build_store(&config).await?;
+    let app = Arc::new(App::new(store, &config));
+    let local = listener.local_addr().ok();
+    tracing::info!(addr = ?local, store = app.store().name(), "sluice-counter serving");
+    server::serve(
+        listener,
+        app,
+        Duration::from_millis(config.shutdown_grace_ms),
+        Duration::from_millis(config.sweep_interval_ms),
+        shutdown,
+    )
+    .await
+}
+
+/// A service running in this process (tests, embedding).
+#[derive(Debug)]
+pub struct Running {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state, to inspect the store and metrics.
+    pub app: Arc<App>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Starts a service on `listener` with `config`.
+    ///
+    /// # Errors
+    /// When the store cannot be built or the listener has no address.
+    pub async fn start(listener: TcpListener, config: Config) -> anyhow::Result<Self> {
+        let store = server::build_store(&config).await?;
+        let app = Arc::new(App::new(store, &config));
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(
+            listener,
+            app.clone(),
+            Duration::from_millis(config.shutdown_grace_ms),
+            Duration::from_millis(config.sweep_interval_ms),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self { addr, app, stop: Some(stop), task })
+    }
+
+    /// Shuts down gracefully and waits for the server to finish.
+    ///
+    /// # Errors
+    /// When the server failed.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await?
+    }
+}

@@ -1,0 +1,400 @@
+//! The JSON API: request and response bodies, and their validation into store plans.
+//!
+//! Every request body is parsed strictly (unknown fields are errors) and validated
+//! completely before any store is touched, so a request that gets a 4xx never changes a
+//! counter. See the crate README for the full protocol with examples.
+
+use serde::{Deserialize, Serialize};
+use shared_store::{Decision, Verdict};
+
+use crate::spec::{LimitSpec, Policy, SpecError};
+
+/// Longest `key`, in bytes.
+pub const MAX_KEY_BYTES: usize = 512;
+/// Longest `tag`, in bytes.
+pub const MAX_TAG_BYTES: usize = 128;
+/// Longest lease, in milliseconds.
+pub const MAX_LEASE_TTL_MS: u64 = 300_000;
+
+/// `POST /v1/check`: one all-or-nothing decision over one or several entries.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// The hash tag every entry's counter lives under. Required when there is more than
+    /// one entry; defaults to the entry's key otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The limits to apply, each with its key and cost.
+    pub entries: Vec<EntryRequest>,
+}
+
+/// One (key, limit, cost) entry of a check.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryRequest {
+    /// The counter's name within its tag (callers hash identities before sending them).
+    pub key: String,
+    /// The policy version: a new version starts from fresh state.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers.
+    pub limit: LimitSpec,
+    /// What this request costs (0 queries without spending).
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+const fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/lease`: take up to `tokens` of a key's budget for a bounded time.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// The hash tag; defaults to `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The counter's name.
+    pub key: String,
+    /// The policy version.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers (not `leaky_bucket`).
+    pub limit: LimitSpec,
+    /// How many tokens the proxy asks for (1..=capacity).
+    pub tokens: u64,
+    /// How long the proxy may spend them, in milliseconds (1..=300000).
+    pub ttl_ms: u64,
+}
+
+/// One entry's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryResponse {
+    /// `allowed`, `delayed` or `rejected`.
+    pub verdict: VerdictName,
+    /// Capacity: burst, window limit or queue depth.
+    pub limit: u64,
+    /// What is left after this decision.
+    pub remaining: u64,
+    /// Nanoseconds until the limit is full again.
+    pub reset_after_ns: u64,
+    /// When rejected: the exact wait (ns) after which this cost would be admitted.
+    /// Zero otherwise.
+    pub retry_after_ns: u64,
+    /// When delayed (leaky bucket): how long to hold the request (ns). Zero otherwise.
+    pub delay_ns: u64,
+}
+
+/// A verdict's name in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictName {
+    /// Admitted now.
+    Allowed,
+    /// Admitted after `delay_ns`.
+    Delayed,
+    /// Not admitted.
+    Rejected,
+}
+
+impl From<&Decision> for EntryResponse {
+    fn from(d: &Decision) -> Self {
+        let (verdict, retry, delay) = match d.verdict {
+            Verdict::Allowed => (VerdictName::Allowed, 0, 0),
+            Verdict::Delayed(delay) => (VerdictName::Delayed, 0, delay.as_u64()),
+            Verdict::Rejected { retry_after } => (VerdictName::Rejected, retry_after.as_u64(), 0),
+            // Validation keeps cost ≤ capacity, so this does not reach a response; if it
+            // did, "never" is the honest answer.
+            Verdict::Exceeds => (VerdictName::Rejected, u64::MAX, 0),
+        };
+        Self {
+            verdict,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ns: d.reset_after.as_u64(),
+            retry_after_ns: retry,
+            delay_ns: delay,
+        }
+    }
+}
+
+/// The answer to a check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckResponse {
+    /// Whether every entry admitted; when false nothing was spent.
+    pub admitted: bool,
+    /// The time the store decided at: Unix nanoseconds (Redis `TIME` for the Redis store).
+    pub at_ns: u64,
+    /// One answer per entry, in request order.
+    pub entries: Vec<EntryResponse>,
+}
+
+/// The answer to a lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseResponse {
+    /// Tokens granted (0..=tokens asked), already deducted from the global budget.
+    pub granted: u64,
+    /// How long the proxy may spend them, in milliseconds; unused tokens are forfeited.
+    pub expires_in_ms: u64,
+    /// The time the store decided at (Unix ns).
+    pub at_ns: u64,
+    /// The limit's state after the grant (`retry_after_ns` set when nothing was granted).
+    pub entry: EntryResponse,
+}
+
+/// An API error: a stable code, the HTTP status, and a message naming what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// What is wrong, for a human.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 with `code`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self { status: 400, code, message: message.into() }
+    }
+}
+
+impl From<SpecError> for ApiError {
+    fn from(e: SpecError) -> Self {
+        let code = match e {
+            SpecError::Invalid { .. } => "invalid_limit",
+            SpecError::OutsideEnvelope { .. } => "outside_envelope",
+        };
+        Self::bad_request(code, e.to_string())
+    }
+}
+
+/// A validated entry: where its counter lives and what to apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEntry {
+    /// The storage key: `sluice:{tag}:v<version>:<signature>:<key>`.
+    pub storage_key: String,
+    /// The validated limit.
+    pub policy: Policy,
+    /// The cost.
+    pub cost: u64,
+}
+
+/// A validated check: entries with distinct storage keys sharing one hash tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckPlan {
+    /// The entries, in request order.
+    pub entries: Vec<PlannedEntry>,
+}
+
+/// A validated lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeasePlan {
+    /// The key's storage key and limit (cost unused).
+    pub entry: PlannedEntry,
+    /// Tokens asked for.
+    pub tokens: u64,
+    /// Lease duration (ms).
+    pub ttl_ms: u64,
+}
+
+/// The storage key of one counter. Injective: the tag cannot contain braces, the
+/// version is digits and the signature has no colon, so the key (last) is unambiguous.
+pub fn storage_key(tag: &str, version: u64, policy: &Policy, key: &str) -> String {
+    format!("sluice:{{{tag}}}:v{version}:{}:{key}", policy.signature)
+}
+
+fn check_tag(tag: &str) -> Result<(), ApiError> {
+    if tag.is_empty() {
+        return Err(ApiError::bad_request("invalid_tag", "tag: must not be empty"));
+    }
+    if tag.len() > MAX_TAG_BYTES {
+        return Err(ApiError::bad_request(
+            "invalid_tag",
+            format!("tag: {} bytes is longer than {MAX_TAG_BYTES}", tag.len()),
+        ));
+    }
+    if tag.contains(['{', '}']) {
+        return Err(ApiError::bad_request(
+            "invalid_tag",
+            "tag: must not contain '{' or '}' (it becomes the Redis Cluster hash tag)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::bad_request("invalid_key", format!("{field}: must not be empty")));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::bad_request(
+            "invalid_key",
+            format!("{field}: {} bytes is longer than {MAX_KEY_BYTES}", key.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn with_index(index: usize, e: ApiError) -> ApiError {
+    ApiError { message: format!("entries[{index}].{}", e.message), ..e }
+}
+
+fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -> Result<PlannedEntry, ApiError> {
+    check_key("key", key)?;
+    let policy = Policy::new(limit)?;
+    if cost > policy.capacity() {
+        return Err(ApiError::bad_request(
+            "cost_exceeds_capacity",
+            format!("cost: {cost} is more than this limit can ever hold ({})", policy.capacity()),
+        ));
+    }
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, &policy, key), policy, cost })
+}
+
+impl CheckRequest {
+    /// Validates the request into a plan.
+    ///
+    /// # Errors
+    /// A 400 [`ApiError`] naming the first problem found.
+    pub fn plan(&self, max_entries: usize) -> Result<CheckPlan, ApiError> {
+        if self.entries.is_empty() {
+            return Err(ApiError::bad_request("no_entries", "entries: must hold at least one entry"));
+        }
+        if self.entries.len() > max_entries {
+            return Err(ApiError::bad_request(
+                "too_many_entries",
+                format!("entries: {} entries, at most {max_entries} per check", self.entries.len()),
+            ));
+        }
+        let tag = match (&self.tag, self.entries.as_slice()) {
+            (Some(tag), _) => tag.as_str(),
+            (None, [only]) => only.key.as_str(),
+            (None, _) => {
+                return Err(ApiError::bad_request(
+                    "tag_required",
+                    "tag: required when a check has several entries, so that one Redis node decides them atomically",
+                ));
+            }
+        };
+        check_tag(tag)?;
+        let mut entries = Vec::with_capacity(self.entries.len());
+        for (index, e) in self.entries.iter().enumerate() {
+            let planned =
+                plan_entry(tag, &e.key, e.policy_version, e.limit, e.cost).map_err(|err| with_index(index, err))?;
+            if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
+                return Err(ApiError::bad_request(
+                    "duplicate_entry",
+                    format!("entries[{index}]: same key, version and limit as an earlier entry"),
+                ));
+            }
+            entries.push(planned);
+        }
+        Ok(CheckPlan { entries })
+    }
+}
+
+impl LeaseRequest {
+    /// Validates the request into a plan.
+    ///
+    /// # Errors
+    /// A 400 [`ApiError`] naming the first problem found.
+    pub fn plan(&self) -> Result<LeasePlan, ApiError> {
+        let tag = self.tag.as_deref().unwrap_or(&self.key);
+        check_tag(tag)?;
+        let entry = plan_entry(tag, &self.key, self.policy_version, self.limit, 0)?;
+        if !entry.policy.leasable() {
+            return Err(ApiError::bad_request(
+                "lease_unsupported",
+                "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
+            ));
+        }
+        if self.tokens == 0 || self.tokens > entry.policy.capacity() {
+            return Err(ApiError::bad_request(
+                "invalid_tokens",
+                format!(
+                    "tokens: {} is not between 1 and the limit's capacity ({})",
+                    self.tokens,
+                    entry.policy.capacity()
+                ),
+            ));
+        }
+        if self.ttl_ms == 0 || self.ttl_ms > MAX_LEASE_TTL_MS {
+            return Err(ApiError::bad_request(
+                "invalid_ttl",
+                format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", self.ttl_ms),
+            ));
+        }
+        Ok(LeasePlan { entry, tokens: self.tokens, ttl_ms: self.ttl_ms })
+    }
+}
+
+/// Classifies a JSON parsing failure into a stable code and a message with its path.
+pub fn json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = err.path().to_string();
+    let inner = err.inner();
+    let detail = inner.to_string();
+    let code = match inner.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
+            "malformed_json"
+        }
+        serde_json::error::Category::Data if detail.starts_with("unknown field") => "unknown_field",
+        serde_json::error::Category::Data if detail.starts_with("missing field") => "missing_field",
+        serde_json::error::Category::Data if detail.starts_with("unknown variant") => "unknown_algorithm",
+        serde_json::error::Category::Data => "invalid_value",
+    };
+    let message = if path == "." { detail } else { format!("{path}: {detail}") };
+    ApiError::bad_request(code, message)
+}
+
+/// Parses a JSON body strictly.
+///
+/// # Errors
+/// A 400 [`ApiError`] from [`json_error`].
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
+    de.end().map_err(|e| {
+        ApiError::bad_request("malformed_json", format!("trailing characters after the JSON body: {e}"))
+    })?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_field_inside_a_limit_is_named_with_its_path() {
+        let body =
+            br#"{"entries":[{"key":"k","limit":{"algorithm":"fixed_window","limit":1,"window_ms":1000,"burst":3}}]}"#;
+
+        let err = parse::<CheckRequest>(body).unwrap_err();
+
+        assert_eq!(err.code, "unknown_field", "{err:?}");
+        assert!(err.message.contains("entries[0].limit"), "{err:?}");
+    }
+
+    #[test]
+    fn a_negative_number_is_an_invalid_value() {
+        let body =
+            br#"{"entries":[{"key":"k","cost":-1,"limit":{"algorithm":"fixed_window","limit":1,"window_ms":1000}}]}"#;
+
+        let err = parse::<CheckRequest>(body).unwrap_err();
+
+        assert_eq!(err.code, "invalid_value", "{err:?}");
+        assert!(err.message.contains("entries[0].cost"), "{err:?}");
+    }
+
+    #[test]
+    fn storage_keys_share_the_tag_as_a_redis_hash_tag() {
+        let policy = Policy::new(LimitSpec::FixedWindow { limit: 1, window_ms: 1000 }).unwrap();
+
+        assert_eq!(storage_key("t", 2, &policy, "a:b"), "sluice:{t}:v2:fw.1.1000:a:b");
+    }
+}

@@ -1,0 +1,141 @@
+//! Command-line flags and environment variables.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::store::{MemoryConfig, RedisConfig, Topology};
+
+/// The default listen address: loopback only, port 8710.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8710";
+
+/// Which store holds the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// In this process (one instance, no setup).
+    Memory,
+    /// A standalone Redis server.
+    Redis,
+    /// A Redis Cluster (give one or more seed nodes).
+    RedisCluster,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// sluice-counter: the central counter service for Sluice's global rate-limit policies.
+///
+/// Every flag can also be set from the environment variable named beside it.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "sluice-counter", version, about, long_about = None)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "SLUICE_COUNTER_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Where counters live.
+    #[arg(long, env = "SLUICE_COUNTER_STORE", value_enum, default_value_t = StoreKind::Memory)]
+    pub store: StoreKind,
+
+    /// Redis URL(s), comma-separated: one for `redis`, seed nodes for `redis-cluster`.
+    #[arg(long, env = "SLUICE_COUNTER_REDIS_URL", value_delimiter = ',', default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: Vec<String>,
+
+    /// Redis connections in the pool (per node on a cluster); each is multiplexed.
+    #[arg(long, env = "SLUICE_COUNTER_REDIS_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub redis_pool_size: u16,
+
+    /// Deadline of one call to Redis, in milliseconds; past it the request gets 503
+    /// `store_unavailable`.
+    #[arg(long, env = "SLUICE_COUNTER_REDIS_TIMEOUT_MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub redis_timeout_ms: u64,
+
+    /// Deadline of one connection attempt to Redis, in milliseconds.
+    #[arg(long, env = "SLUICE_COUNTER_REDIS_CONNECT_TIMEOUT_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub redis_connect_timeout_ms: u64,
+
+    /// Requests served at once; more get 503 `overloaded` at once.
+    #[arg(long, env = "SLUICE_COUNTER_MAX_IN_FLIGHT", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_in_flight: u32,
+
+    /// Largest request body, in bytes.
+    #[arg(long, env = "SLUICE_COUNTER_MAX_BODY_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub max_body_bytes: u32,
+
+    /// Most entries in one check.
+    #[arg(long, env = "SLUICE_COUNTER_MAX_ENTRIES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_entries: u16,
+
+    /// Memory store: most keys held at once.
+    #[arg(long, env = "SLUICE_COUNTER_MEMORY_MAX_KEYS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub memory_max_keys: u64,
+
+    /// Memory store: number of shards.
+    #[arg(long, env = "SLUICE_COUNTER_MEMORY_SHARDS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub memory_shards: u16,
+
+    /// Memory store: how often idle keys are dropped, in milliseconds.
+    #[arg(long, env = "SLUICE_COUNTER_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub sweep_interval_ms: u64,
+
+    /// Longest wait for requests in flight at shutdown, in milliseconds.
+    #[arg(long, env = "SLUICE_COUNTER_SHUTDOWN_GRACE_MS", default_value_t = 5000)]
+    pub shutdown_grace_ms: u64,
+
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
+    pub log: String,
+
+    /// Log line format.
+    #[arg(long, env = "SLUICE_COUNTER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The defaults, ignoring the environment (for tests and embedding).
+    pub fn defaults() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8710))),
+            store: StoreKind::Memory,
+            redis_url: vec!["redis://127.0.0.1:6379".to_owned()],
+            redis_pool_size: 4,
+            redis_timeout_ms: 100,
+            redis_connect_timeout_ms: 250,
+            max_in_flight: 1024,
+            max_body_bytes: 65_536,
+            max_entries: 16,
+            memory_max_keys: 1_000_000,
+            memory_shards: 64,
+            sweep_interval_ms: 1000,
+            shutdown_grace_ms: 5000,
+            log: "info".to_owned(),
+            log_format: LogFormat::Text,
+        }
+    }
+
+    /// The memory store's settings.
+    pub fn memory(&self) -> MemoryConfig {
+        MemoryConfig {
+            shards: usize::from(self.memory_shards),
+            max_keys: usize::try_from(self.memory_max_keys).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// The Redis store's settings.
+    pub fn redis(&self) -> RedisConfig {
+        RedisConfig {
+            urls: self.redis_url.clone(),
+            topology: if self.store == StoreKind::RedisCluster { Topology::Cluster } else { Topology::Standalone },
+            pool_size: usize::from(self.redis_pool_size),
+            timeout: Duration::from_millis(self.redis_timeout_ms),
+            connect_timeout: Duration::from_millis(self.redis_connect_timeout_ms),
+        }
+    }
+}

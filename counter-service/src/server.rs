@@ -1,0 +1,289 @@
+//! The HTTP server: routes, error responses, bounds, and graceful shutdown.
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::BodyExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::api::{self, ApiError, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse};
+use crate::config::{Config, StoreKind};
+use crate::metrics::Metrics;
+use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct App {
+    store: Store,
+    metrics: Metrics,
+    max_entries: usize,
+    max_body: usize,
+    in_flight: Arc<Semaphore>,
+    /// Seconds since start at which a store error was last logged (one line per second
+    /// at most, so an outage does not flood the logs).
+    last_error_log: AtomicU64,
+    started: Instant,
+}
+
+impl App {
+    /// An app serving `store` with `config`'s bounds.
+    pub fn new(store: Store, config: &Config) -> Self {
+        Self {
+            store,
+            metrics: Metrics::default(),
+            max_entries: usize::from(config.max_entries),
+            max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
+            in_flight: Arc::new(Semaphore::new(usize::try_from(config.max_in_flight).unwrap_or(1024))),
+            last_error_log: AtomicU64::new(u64::MAX),
+            started: Instant::now(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn log_store_error(&self, error: &StoreError) {
+        let now = self.started.elapsed().as_secs();
+        let last = self.last_error_log.swap(now, Ordering::Relaxed);
+        if last != now {
+            tracing::warn!(store = self.store.name(), kind = error.kind(), %error, "store call failed");
+        }
+    }
+
+    async fn timed<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, ApiError> {
+        let start = Instant::now();
+        let result = call.await;
+        self.metrics.store_latency(start.elapsed());
+        result.map_err(|error| {
+            self.metrics.store_error(&error);
+            self.log_store_error(&error);
+            ApiError { status: 503, code: error.code(), message: error.to_string() }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// The router with every route and bound.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/lease", post(lease))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), bound))
+        .with_state(app)
+}
+
+/// Sheds requests beyond `max_in_flight`, keeps the in-flight gauge and counts statuses.
+async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let response = match app.in_flight.clone().try_acquire_owned() {
+        Ok(permit) => {
+            let _gauge = app.metrics.start();
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        Err(_) => {
+            app.metrics.shed();
+            ApiError {
+                status: 503,
+                code: "overloaded",
+                message: "too many requests in flight; retry later or add instances".to_owned(),
+            }
+            .into_response()
+        }
+    };
+    app.metrics.response(response.status().as_u16());
+    response
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError {
+            status: 413,
+            code: "body_too_large",
+            message: format!("the request body is larger than {limit} bytes"),
+        }),
+        Err(e) => Err(ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"))),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => {
+            let mut response = Response::new(Body::from(bytes));
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(e) => ApiError { status: 500, code: "internal", message: format!("cannot encode the response: {e}") }
+            .into_response(),
+    }
+}
+
+async fn check(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body, app.max_body).await?;
+    let request: CheckRequest = api::parse(&bytes)?;
+    let plan = request.plan(app.max_entries)?;
+    let outcome = app.timed(app.store.check(&plan, None)).await?;
+    app.metrics.decision(outcome.admitted);
+    Ok(json(&CheckResponse {
+        admitted: outcome.admitted,
+        at_ns: outcome.at.as_u64(),
+        entries: outcome.decisions.iter().map(EntryResponse::from).collect(),
+    }))
+}
+
+async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body, app.max_body).await?;
+    let request: LeaseRequest = api::parse(&bytes)?;
+    let plan = request.plan()?;
+    let outcome = app.timed(app.store.lease(&plan, None)).await?;
+    app.metrics.lease(outcome.granted);
+    Ok(json(&LeaseResponse {
+        granted: outcome.granted,
+        expires_in_ms: plan.ttl_ms,
+        at_ns: outcome.at.as_u64(),
+        entry: EntryResponse::from(&outcome.decision),
+    }))
+}
+
+async fn healthz() -> Response {
+    json(&serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    app.timed(app.store.ping()).await?;
+    Ok(json(&serde_json::json!({ "status": "ready", "store": app.store.name() })))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let mut response = Response::new(Body::from(app.metrics.render(&app.store)));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    response
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError { status: 404, code: "not_found", message: format!("no route for {}", request.uri().path()) }
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError {
+        status: 405,
+        code: "method_not_allowed",
+        message: format!("{} is not allowed on {}", request.method(), request.uri().path()),
+    }
+}
+
+/// Builds the configured store and runs its startup checks (Redis: reachability and
+/// the eviction policy; both only warn, so the service starts while Redis is down and
+/// `/readyz` tells when it is usable).
+///
+/// # Errors
+/// When the Redis URLs do not parse.
+pub async fn build_store(config: &Config) -> anyhow::Result<Store> {
+    match config.store {
+        StoreKind::Memory => Ok(Store::Memory(MemoryStore::new(config.memory()))),
+        StoreKind::Redis | StoreKind::RedisCluster => {
+            let redis = RedisStore::new(config.redis()).map_err(|e| anyhow::anyhow!("redis store: {e}"))?;
+            for check in redis.eviction_checks().await {
+                match &check.policy {
+                    Ok(policy) if check.evicts() => tracing::warn!(
+                        node = %check.node,
+                        policy = %policy,
+                        "redis may evict limiter keys under memory pressure, which silently resets limits; \
+                         set maxmemory-policy noeviction on a Redis dedicated to sluice"
+                    ),
+                    Ok(policy) => tracing::info!(node = %check.node, policy = %policy, "redis eviction policy"),
+                    Err(reason) => {
+                        tracing::warn!(node = %check.node, %reason, "cannot read redis maxmemory-policy")
+                    }
+                }
+            }
+            if let Err(e) = redis.ping().await {
+                tracing::warn!(error = %e, "redis is not reachable yet; /readyz fails until it is");
+            }
+            Ok(Store::Redis(Box::new(redis)))
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
+/// requests in flight finish (at most `grace`), and returns.
+///
+/// # Errors
+/// When the listener fails.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    grace: Duration,
+    sweep_every: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let sweeper = matches!(app.store, Store::Memory(_)).then(|| {
+        let weak = Arc::downgrade(&app);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(sweep_every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(app) = weak.upgrade() else { break };
+                if let Store::Memory(memory) = &app.store {
+                    let dropped = memory.sweep(None);
+                    tracing::trace!(dropped, "swept idle keys");
+                }
+            }
+        })
+    });
+    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections, finishing requests in flight");
+        let _ = signalled.send(true);
+    };
+    let server = axum::serve(listener, router(app)).with_graceful_shutdown(signal).into_future();
+    let deadline = async move {
+        let _ = on_signal.wait_for(|s| *s).await;
+        tokio::time::sleep(grace).await;
+    };
+    let result = tokio::select! {
+        result = server => result.map_err(anyhow::Error::from),
+        () = deadline => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; closing");
+            Ok(())
+        }
+    };
+    if let Some(task) = sweeper {
+        task.abort();
+    }
+    result
+}

@@ -1,0 +1,160 @@
+//! Where counters live: [`MemoryStore`] (one process) or [`RedisStore`] (shared by many
+//! service instances). Both run the same algorithms and give the same answers; the
+//! shared behavioural suite in `tests/` holds them to it.
+
+pub mod memory;
+pub mod redis;
+
+use shared_store::{Decision, Nanos};
+
+use crate::api::{CheckPlan, LeasePlan};
+pub use memory::{MemoryConfig, MemoryStore};
+pub use redis::{RedisConfig, RedisStore, Topology};
+
+/// The outcome of a check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckOutcome {
+    /// Whether every entry admitted. When false, nothing was spent.
+    pub admitted: bool,
+    /// The time the decision was made at (Unix ns).
+    pub at: Nanos,
+    /// One decision per entry, in order.
+    pub decisions: Vec<Decision>,
+}
+
+/// The outcome of a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseOutcome {
+    /// Tokens granted and deducted.
+    pub granted: u64,
+    /// The time the decision was made at (Unix ns).
+    pub at: Nanos,
+    /// The limit's decision: after spending `granted`, or the rejection of one token
+    /// when nothing could be granted.
+    pub decision: Decision,
+}
+
+/// Why a store could not decide. Every variant maps to a 503 the filter treats as
+/// "counter service unavailable" and answers with its configured fallback.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within the deadline. The write may or may not have happened; it is
+    /// never replayed.
+    #[error("the {store} store did not answer within {after_ms} ms")]
+    Timeout {
+        /// Store name.
+        store: &'static str,
+        /// The deadline.
+        after_ms: u64,
+    },
+    /// The store cannot be reached (connection refused, dropped, not yet connected).
+    #[error("the {store} store is unreachable: {reason}")]
+    Unreachable {
+        /// Store name.
+        store: &'static str,
+        /// What failed.
+        reason: String,
+    },
+    /// The memory store holds its maximum number of keys, all active; new keys are
+    /// refused rather than resetting someone's counter.
+    #[error("the memory store holds its maximum of {max_keys} active keys; new keys are refused until some go idle")]
+    Full {
+        /// The configured bound.
+        max_keys: usize,
+    },
+    /// Redis answered with an error (out of memory, script error, cluster redirect).
+    #[error("redis answered with an error: {0}")]
+    Server(String),
+    /// Redis answered something the service does not understand.
+    #[error("redis answered unexpectedly: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// The metric label for this error.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout { .. } => "timeout",
+            Self::Unreachable { .. } => "connection",
+            Self::Full { .. } => "full",
+            Self::Server(_) => "server",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+
+    /// The API error code.
+    pub const fn code(&self) -> &'static str {
+        match self {
+            Self::Full { .. } => "store_full",
+            _ => "store_unavailable",
+        }
+    }
+}
+
+/// A store: memory or Redis.
+#[derive(Debug)]
+pub enum Store {
+    /// In-process counters.
+    Memory(MemoryStore),
+    /// Counters in Redis (standalone or cluster).
+    Redis(Box<RedisStore>),
+}
+
+impl Store {
+    /// The store's name in logs, metrics and error messages.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Memory(_) => "memory",
+            Self::Redis(_) => "redis",
+        }
+    }
+
+    /// Decides a check at the store's time (`at` overrides it: tests only).
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+        match self {
+            Self::Memory(m) => m.check(plan, at),
+            Self::Redis(r) => r.check(plan, at).await,
+        }
+    }
+
+    /// Grants a lease at the store's time (`at` overrides it: tests only).
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+        match self {
+            Self::Memory(m) => m.lease(plan, at),
+            Self::Redis(r) => r.lease(plan, at).await,
+        }
+    }
+
+    /// Whether the store answers.
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(_) => Ok(()),
+            Self::Redis(r) => r.ping().await,
+        }
+    }
+}
+
+/// Decides a lease with the pure algorithm: grant the smaller of `tokens` and what is
+/// left, or answer the rejection of one token when nothing is left.
+pub(crate) fn decide_lease(
+    limit: &shared_store::Limit,
+    state: Option<&shared_store::State>,
+    now: Nanos,
+    tokens: u64,
+) -> (u64, Decision, Option<shared_store::State>) {
+    let (query, _) = limit.decide(state, now, 0);
+    let granted = tokens.min(query.remaining);
+    let (decision, next) = limit.decide(state, now, granted.max(1));
+    // Spending what the query reported left always admits; the check keeps that an
+    // invariant rather than an assumption.
+    if granted == 0 || !decision.is_admitted() { (0, decision, None) } else { (granted, decision, next) }
+}

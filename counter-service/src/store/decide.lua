@@ -1,0 +1,329 @@
+-- sluice-counter: one atomic decision over one or several counters.
+--
+-- Runs shared-store's algorithms (shared-store/src/limit.rs) with exactly the same
+-- answers, in Lua doubles: every integer below stays under 2^53 for limits inside the
+-- numeric envelope the service validates (counter-service/src/spec.rs). Times are whole
+-- microseconds (Redis TIME); results are nanoseconds, as in shared-store.
+--
+-- Redis runs a script atomically and never expires a key in the middle of one, so the
+-- reads, the decision and the writes below cannot interleave with another decision.
+--
+-- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot)
+-- ARGV[1]  time override in microseconds, "" in production (tests only)
+-- ARGV[2]  "check" or "lease"
+-- ARGV[3]  tokens asked for (lease), else 0
+-- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost
+--   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
+--   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
+--   fw  fixed window  p1 = limit, p2 = window_ms
+--   sw  sliding window  p1 = limit, p2 = window_ms
+--   sl  sliding log   p1 = limit, p2 = window_ms
+--
+-- State (a string, written with SET .. PX so every key has a TTL), first field = the
+-- latest time (us) the key was decided at; time never runs backwards for a key:
+--   buckets  "last debt"                 debt = GCRA's tat - now, in units of 1000*g/amount ns
+--   windows  "last index count previous"
+--   log      "last at1 cost1 at2 cost2 ..."   (at in us)
+--
+-- Reply: {sec, usec, admitted, granted, then per entry: verdict, limit, remaining,
+-- reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait = delay), 2 rejected
+-- (wait = retry_after, -1 = never), 3 exceeds.
+
+local GRACE_MS = 1000
+
+local function fdiv(x, d)
+  -- floor(x / d), exact for 0 <= x < 2^53, 0 < d < 2^53: the double quotient is off by
+  -- at most one, and the products below are exact.
+  local q = math.floor(x / d)
+  if q * d > x then
+    q = q - 1
+  elseif (q + 1) * d <= x then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(x, d)
+  local q = fdiv(x, d)
+  if q * d < x then q = q + 1 end
+  return q
+end
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+local function parse(s)
+  if not s then return nil end
+  local t = {}
+  for w in string.gmatch(s, '%S+') do
+    local n = tonumber(w)
+    if not n then return {} end
+    t[#t + 1] = n
+  end
+  return t
+end
+
+-- ceil(1000 * x / a): nanoseconds for x scaled units to drain.
+local function drain(x, a)
+  local q = fdiv(x, a)
+  return 1000 * q + cdiv(1000 * (x - q * a), a)
+end
+
+-- Each algorithm: (state, now_us, cost, p1..p4) ->
+--   verdict, limit, remaining, reset_ns, wait_ns, new_state_or_nil, ns_until_idle
+
+local function gcra(st, now, cost, a, p, units, max_wait_us, shaping)
+  local cap = units * p
+  local debt = 0
+  if st then
+    if st[2] then
+      debt = st[2]
+      if debt > 0 then
+        local elapsed = now - st[1]
+        if elapsed >= cdiv(debt, a) then debt = 0 else debt = debt - elapsed * a end
+      end
+    else
+      debt = cap -- undecodable: the most conservative state, as shared-store does
+    end
+  end
+  local remaining = 0
+  if cap > debt then remaining = fdiv(cap - debt, p) end
+  local reset = drain(debt, a)
+  if cost == 0 then return 0, units, remaining, reset, 0, nil, 0 end
+  if cost > units then return 3, units, remaining, reset, 0, nil, 0 end
+  local need = debt + cost * p
+  if shaping then
+    local delay = reset
+    if need <= cap and delay <= max_wait_us * 1000 then
+      local verdict = 0
+      if delay > 0 then verdict = 1 end
+      local until_idle = drain(need, a)
+      return verdict, units, fdiv(cap - need, p), until_idle, delay, fmt(now) .. ' ' .. fmt(need), until_idle
+    end
+    local queue_wait = 0
+    if need > cap then queue_wait = need - cap end
+    local delay_wait = 0
+    if max_wait_us < cdiv(debt, a) then delay_wait = debt - max_wait_us * a end
+    return 2, units, remaining, reset, drain(math.max(queue_wait, delay_wait), a), nil, 0
+  end
+  if need <= cap then
+    local until_idle = drain(need, a)
+    return 0, units, fdiv(cap - need, p), until_idle, 0, fmt(now) .. ' ' .. fmt(need), until_idle
+  end
+  return 2, units, remaining, reset, drain(need - cap, a), nil, 0
+end
+
+local function fixed(st, now, cost, limit, wms)
+  local now_ms = fdiv(now, 1000)
+  local cur = fdiv(now_ms, wms)
+  local index, count = cur, 0
+  if st then
+    if st[4] then
+      if st[2] >= cur then index, count = st[2], st[3] end
+    else
+      index, count = cur, limit
+    end
+  end
+  local until_end = ((index + 1) * wms - now_ms) * 1000000 - (now - now_ms * 1000) * 1000
+  if until_end < 0 then until_end = 0 end
+  local remaining = 0
+  if limit > count then remaining = limit - count end
+  local reset = 0
+  if count > 0 then reset = until_end end
+  if cost == 0 then return 0, limit, remaining, reset, 0, nil, 0 end
+  if cost > limit then return 3, limit, remaining, reset, 0, nil, 0 end
+  if count + cost <= limit then
+    local state = fmt(now) .. ' ' .. fmt(index) .. ' ' .. fmt(count + cost) .. ' 0'
+    return 0, limit, limit - count - cost, until_end, 0, state, until_end
+  end
+  return 2, limit, remaining, reset, until_end, nil, 0
+end
+
+local function sliding(st, now, cost, limit, wms)
+  local w = wms * 1000 -- window in us
+  local wns = w * 1000
+  local now_ms = fdiv(now, 1000)
+  local cur = fdiv(now_ms, wms)
+  local offset = now - cur * w
+  local index, count, previous = cur, 0, 0
+  if st then
+    local si, sc, sp = st[2], st[3], st[4]
+    if not sp then
+      si, sc, sp = cur, limit, limit
+    end
+    if si > cur then
+      index, previous, count, offset = si, sp, sc, 0
+    elseif si == cur then
+      index, previous, count = si, sp, sc
+    elseif si + 1 == cur then
+      index, previous, count = cur, sc, 0
+    end
+  end
+  -- ns from now until window i starts, never negative
+  local function until_start(i)
+    local v = (i * w - now) * 1000
+    if v < 0 then v = 0 end
+    return v
+  end
+  local function reset_for(c)
+    if c > 0 then return until_start(index + 2) end
+    if previous > 0 then return until_start(index + 1) end
+    return 0
+  end
+  -- weights in us (shared-store's are in ns: both sides of every comparison are 1000x)
+  local used = previous * (w - offset) + count * w
+  local allowance = limit * w
+  local remaining = 0
+  if allowance > used then remaining = fdiv(allowance - used, w) end
+  if cost == 0 then return 0, limit, remaining, reset_for(count), 0, nil, 0 end
+  if cost > limit then return 3, limit, remaining, reset_for(count), 0, nil, 0 end
+  local spend = cost * w
+  if used + spend <= allowance then
+    local c = count + cost
+    local state = fmt(now) .. ' ' .. fmt(index) .. ' ' .. fmt(c) .. ' ' .. fmt(previous)
+    return 0, limit, fdiv(allowance - used - spend, w), reset_for(c), 0, state, until_start(index + 2)
+  end
+  -- min(floor(room * wns / div), wns), exactly: floor(1000 x / d) = 1000 q + floor(1000 r / d)
+  local function share(room, div)
+    local x = room * w
+    local q = fdiv(x, div)
+    if q >= w then return wns end
+    local part = 1000 * q + fdiv(1000 * (x - q * div), div)
+    if part > wns then part = wns end
+    return part
+  end
+  local target = nil
+  if previous > 0 and limit - count - cost >= 0 then
+    local o = wns - share(limit - count - cost, previous)
+    if o < wns then target = (index * w - now) * 1000 + o end
+  end
+  if not target then
+    local o = 0
+    if count > 0 then o = wns - share(limit - cost, count) end
+    target = ((index + 1) * w - now) * 1000 + o
+  end
+  if target < 0 then target = 0 end
+  return 2, limit, remaining, reset_for(count), target, nil, 0
+end
+
+local function slog(st, now, cost, limit, wms)
+  local w = wms * 1000
+  local live = {}
+  local used = 0
+  if st then
+    if #st % 2 == 1 then
+      for i = 2, #st, 2 do
+        if st[i] + w > now then
+          live[#live + 1] = st[i]
+          live[#live + 1] = st[i + 1]
+          used = used + st[i + 1]
+        end
+      end
+    else
+      live = { now, limit }
+      used = limit
+    end
+  end
+  local function expiry(at)
+    local v = (at + w - now) * 1000
+    if v < 0 then v = 0 end
+    return v
+  end
+  local remaining = 0
+  if limit > used then remaining = limit - used end
+  local reset = 0
+  if #live > 0 then reset = expiry(live[#live - 1]) end
+  if cost == 0 then return 0, limit, remaining, reset, 0, nil, 0 end
+  if cost > limit then return 3, limit, remaining, reset, 0, nil, 0 end
+  if used + cost <= limit then
+    local at = now
+    if #live > 0 and live[#live - 1] > now then at = live[#live - 1] end
+    live[#live + 1] = at
+    live[#live + 1] = cost
+    local parts = { fmt(now) }
+    for i = 1, #live do parts[#parts + 1] = fmt(live[i]) end
+    local until_idle = expiry(at)
+    return 0, limit, limit - used - cost, until_idle, 0, table.concat(parts, ' '), until_idle
+  end
+  local excess = used + cost - limit
+  local freed = 0
+  local retry = -1
+  for i = 1, #live, 2 do
+    freed = freed + live[i + 1]
+    if freed >= excess then
+      retry = expiry(live[i])
+      break
+    end
+  end
+  return 2, limit, remaining, reset, retry, nil, 0
+end
+
+local function run(code, st, now, cost, p1, p2, p3, p4)
+  if code == 'tb' then return gcra(st, now, cost, p1, p2, p3, 0, false) end
+  if code == 'lb' then return gcra(st, now, cost, p1, p2, p3, p4, true) end
+  if code == 'fw' then return fixed(st, now, cost, p1, p2) end
+  if code == 'sw' then return sliding(st, now, cost, p1, p2) end
+  return slog(st, now, cost, p1, p2)
+end
+
+local real_now
+local override = ARGV[1]
+if override ~= '' then
+  real_now = tonumber(override)
+else
+  local t = redis.call('TIME')
+  real_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local op = ARGV[2]
+local tokens = tonumber(ARGV[3])
+
+local n = #KEYS
+local reply = { 0, 0, 1, 0 }
+reply[1] = fdiv(real_now, 1000000)
+reply[2] = real_now - reply[1] * 1000000
+local writes = {}
+local admitted = true
+local granted = 0
+
+for i = 1, n do
+  local base = 4 + 6 * (i - 1)
+  local code = ARGV[base]
+  local p1, p2, p3, p4 = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
+  local cost = tonumber(ARGV[base + 5])
+  local st = parse(redis.call('GET', KEYS[i]))
+  local now = real_now
+  if st and st[1] and st[1] > now then now = st[1] end
+  local v, limit, remaining, reset, wait, state, idle
+  if op == 'lease' then
+    local _, _, left = run(code, st, now, 0, p1, p2, p3, p4)
+    local g = math.min(tokens, left)
+    v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, 1), p1, p2, p3, p4)
+    if g > 0 and v <= 1 then granted = g else state = nil end
+  else
+    v, limit, remaining, reset, wait, state, idle = run(code, st, now, cost, p1, p2, p3, p4)
+    if v > 1 then admitted = false end
+  end
+  if state then
+    -- expire when idle (plus the clock step we clamped over, plus a grace second);
+    -- with a test time override, keep keys for ten minutes of real time
+    local ttl = cdiv(idle, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
+    if override ~= '' and ttl < 600000 then ttl = 600000 end
+    writes[#writes + 1] = { KEYS[i], state, ttl }
+  end
+  local k = #reply
+  reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait
+end
+
+if op == 'lease' then
+  reply[4] = granted
+  admitted = granted > 0
+end
+if admitted then
+  for _, w in ipairs(writes) do
+    redis.call('SET', w[1], w[2], 'PX', fmt(w[3]))
+  end
+else
+  reply[3] = 0
+end
+return reply

@@ -1,0 +1,261 @@
+//! The memory store: `shared-store`'s algorithms behind a sharded map.
+//!
+//! * **Atomic across entries.** A check locks the shards its keys live in, always in
+//!   ascending shard order (so two checks never wait on each other in a cycle), decides
+//!   every entry on the current states, and writes only if all admit.
+//! * **Time never runs backwards for a key.** Each key remembers the latest time it was
+//!   decided at, and a decision uses the later of that and the clock. The Redis script
+//!   does the same, so the two stores agree even on a clock step.
+//! * **Idle keys expire.** A key whose state [`is_idle`](shared_store::Limit::is_idle)
+//!   carries no information (a full bucket, an empty window): dropping it and later
+//!   starting fresh gives exactly the same answers. [`MemoryStore::sweep`] drops them; the
+//!   server runs it periodically, and a full shard runs it before refusing a key.
+//! * **Bounded.** At most `max_keys` keys (split evenly over the shards). When a shard
+//!   is full of active keys, a check that needs a *new* key there is refused with
+//!   [`StoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
+//!   active key is ever evicted, since evicting one would silently reset a client.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use shared_store::{Decision, Limit, Nanos, State};
+
+use super::{CheckOutcome, LeaseOutcome, StoreError, decide_lease};
+use crate::api::{CheckPlan, LeasePlan, PlannedEntry};
+
+/// How long a shard that was found full of active keys is not swept again.
+const FULL_RECHECK: Nanos = Nanos::from_millis(100);
+
+/// Memory store settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Number of independently locked shards (at least 1).
+    pub shards: usize,
+    /// Most keys held at once.
+    pub max_keys: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { shards: 64, max_keys: 1_000_000 }
+    }
+}
+
+/// Unix time that never steps: the wall clock read once at start, then a monotonic
+/// clock. Fixed windows align to Unix time, as they do on Redis.
+#[derive(Clone, Copy, Debug)]
+struct UnixClock {
+    base: Nanos,
+    start: Instant,
+}
+
+impl UnixClock {
+    fn new() -> Self {
+        let base = SystemTime::now().duration_since(UNIX_EPOCH).map(Nanos::from).unwrap_or(Nanos::ZERO);
+        Self { base, start: Instant::now() }
+    }
+
+    fn now(&self) -> Nanos {
+        self.base.saturating_add(Nanos::from(self.start.elapsed()))
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    limit: Limit,
+    state: State,
+    /// The latest time this key was decided at.
+    last: Nanos,
+}
+
+impl Slot {
+    fn is_idle(&self, now: Nanos) -> bool {
+        self.limit.is_idle(&self.state, now.max(self.last))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<String, Slot>,
+    /// Until then, the shard is known to be full of active keys.
+    full_until: Nanos,
+}
+
+impl Shard {
+    fn sweep(&mut self, now: Nanos) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, slot| !slot.is_idle(now));
+        before - self.map.len()
+    }
+}
+
+/// `shared-store`'s algorithms behind a sharded, bounded map.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    max_keys: usize,
+    hasher: std::hash::RandomState,
+    clock: UnixClock,
+}
+
+/// What the decide phase found for one entry.
+struct Pending {
+    shard: usize,
+    decision: Decision,
+    next: Option<State>,
+    at: Nanos,
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave a half-written slot (every write is one
+    // insert), so a poisoned lock is safe to use.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new(config: MemoryConfig) -> Self {
+        let shards = config.shards.max(1);
+        let max_keys = config.max_keys.max(1);
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: max_keys.div_ceil(shards),
+            max_keys,
+            hasher: std::hash::RandomState::new(),
+            clock: UnixClock::new(),
+        }
+    }
+
+    /// The store's current time (Unix ns).
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        // The modulo keeps the index in range; `as usize` of a u64 remainder below
+        // `shards.len()` cannot truncate.
+        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    }
+
+    /// Number of keys held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every idle key; returns how many were dropped.
+    pub fn sweep(&self, at: Option<Nanos>) -> usize {
+        let now = at.unwrap_or_else(|| self.now());
+        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
+    }
+
+    /// Locks the shards of `shard_ids` in ascending order.
+    fn lock_all(&self, shard_ids: &[usize]) -> Vec<(usize, MutexGuard<'_, Shard>)> {
+        let mut order = shard_ids.to_vec();
+        order.sort_unstable();
+        order.dedup();
+        order.into_iter().filter_map(|i| self.shards.get(i).map(|s| (i, lock(s)))).collect()
+    }
+
+    fn decide(
+        guards: &mut [(usize, MutexGuard<'_, Shard>)],
+        shard: usize,
+        entry: &PlannedEntry,
+        now: Nanos,
+        lease: Option<u64>,
+    ) -> (Pending, u64) {
+        let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
+        let at = slot.map_or(now, |s| s.last.max(now));
+        let state = slot.map(|s| &s.state);
+        let limit = &entry.policy.limit;
+        let (granted, decision, next) = match lease {
+            Some(tokens) => decide_lease(limit, state, at, tokens),
+            None => {
+                let (decision, next) = limit.decide(state, at, entry.cost);
+                (0, decision, next)
+            }
+        };
+        (Pending { shard, decision, next, at }, granted)
+    }
+
+    /// Makes room for the new keys `pending` would create, or refuses.
+    fn reserve(
+        &self,
+        guards: &mut [(usize, MutexGuard<'_, Shard>)],
+        entries: &[&PlannedEntry],
+        pending: &[Pending],
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        for (i, guard) in guards.iter_mut() {
+            let new_keys = entries
+                .iter()
+                .zip(pending)
+                .filter(|(e, p)| p.shard == *i && p.next.is_some() && !guard.map.contains_key(&e.storage_key))
+                .count();
+            if new_keys == 0 || guard.map.len() + new_keys <= self.per_shard {
+                continue;
+            }
+            if guard.full_until <= now {
+                guard.sweep(now);
+            }
+            if guard.map.len() + new_keys > self.per_shard {
+                guard.full_until = now.saturating_add(FULL_RECHECK);
+                return Err(StoreError::Full { max_keys: self.max_keys });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(guards: &mut [(usize, MutexGuard<'_, Shard>)], entries: &[&PlannedEntry], pending: Vec<Pending>) {
+        for (entry, p) in entries.iter().zip(pending) {
+            let Some(state) = p.next else { continue };
+            if let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == p.shard) {
+                guard.map.insert(entry.storage_key.clone(), Slot { limit: entry.policy.limit, state, last: p.at });
+            }
+        }
+    }
+
+    /// Decides `plan` atomically at `at` (default: the store's clock).
+    ///
+    /// # Errors
+    /// [`StoreError::Full`] when a new key does not fit.
+    pub fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+        let now = at.unwrap_or_else(|| self.now());
+        let entries: Vec<&PlannedEntry> = plan.entries.iter().collect();
+        let shard_ids: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
+        let mut guards = self.lock_all(&shard_ids);
+        let pending: Vec<Pending> =
+            entries.iter().zip(&shard_ids).map(|(e, &s)| Self::decide(&mut guards, s, e, now, None).0).collect();
+        let admitted = pending.iter().all(|p| p.decision.is_admitted());
+        let decisions = pending.iter().map(|p| p.decision).collect();
+        if admitted {
+            self.reserve(&mut guards, &entries, &pending, now)?;
+            Self::apply(&mut guards, &entries, pending);
+        }
+        Ok(CheckOutcome { admitted, at: now, decisions })
+    }
+
+    /// Grants up to `plan.tokens` at `at` (default: the store's clock).
+    ///
+    /// # Errors
+    /// [`StoreError::Full`] when the key is new and does not fit.
+    pub fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+        let now = at.unwrap_or_else(|| self.now());
+        let entries = [&plan.entry];
+        let shard = self.shard_of(&plan.entry.storage_key);
+        let mut guards = self.lock_all(&[shard]);
+        let (pending, granted) = Self::decide(&mut guards, shard, &plan.entry, now, Some(plan.tokens));
+        let decision = pending.decision;
+        let pending = vec![pending];
+        self.reserve(&mut guards, &entries, &pending, now)?;
+        Self::apply(&mut guards, &entries, pending);
+        Ok(LeaseOutcome { granted, at: now, decision })
+    }
+}

@@ -1,0 +1,425 @@
+//! The Redis store: every decision is one Lua script (`decide.lua`) on one Redis node.
+//!
+//! * **Atomic.** The script reads every counter of a check, decides with Redis' own
+//!   clock (`TIME`), and writes only if all admit. All keys of one check share a hash
+//!   tag, so on Redis Cluster they live in one slot and the script runs on its owner.
+//! * **Exact.** The script reproduces `shared-store`'s integer algorithms in Lua doubles
+//!   within the numeric envelope of [`crate::spec`].
+//! * **Every key has a TTL**, set by the same `SET .. PX` that writes it, long enough
+//!   for the state to become idle (when dropping it changes no answer), plus a second.
+//! * **Scripts by hash.** `EVALSHA` first; only a `NOSCRIPT` answer (which means the
+//!   script did not run) falls back to `EVAL` with the body, which also caches it. No
+//!   other failure is retried: a timeout after the command was sent may or may not have
+//!   been applied, so it becomes a `store_unavailable` answer and is never replayed.
+//!   (The cluster client is built with zero retries for the same reason.)
+//! * **Bounded.** `pool_size` multiplexed connections (per node on a cluster), opened
+//!   lazily and replaced only when Redis drops them; a slot being (re)connected makes
+//!   other callers fail fast instead of opening more connections; every call has a
+//!   deadline. A paused Redis therefore costs at most `pool_size` connections and the
+//!   requests in flight, each answered when its deadline expires.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use shared_store::{Decision, Nanos, Verdict};
+
+use super::{CheckOutcome, LeaseOutcome, StoreError};
+use crate::api::{CheckPlan, LeasePlan, PlannedEntry};
+
+/// The decision script.
+pub const SCRIPT: &str = include_str!("decide.lua");
+
+/// After a failed connection attempt, a slot waits this long before trying again, so
+/// that a Redis that is down is not hammered with connection attempts.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Standalone Redis or Redis Cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// One Redis server (or a primary behind a stable address).
+    Standalone,
+    /// Redis Cluster; the URLs are seed nodes.
+    Cluster,
+}
+
+/// Redis store settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://host:port` URLs (one for standalone; seed nodes for a cluster).
+    pub urls: Vec<String>,
+    /// Standalone or cluster.
+    pub topology: Topology,
+    /// Multiplexed connections (per node on a cluster).
+    pub pool_size: usize,
+    /// Deadline of one call to Redis, including waiting for a connection.
+    pub timeout: Duration,
+    /// Deadline of one connection attempt.
+    pub connect_timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Self::Single(c) => cmd.query_async(c).await,
+            Self::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
+enum Client {
+    Single(redis::Client),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The connection and its generation (so that only the caller that saw a connection
+    /// fail can drop it, never a newer one).
+    conn: Mutex<Option<(u64, Conn)>>,
+    generation: AtomicU64,
+    connecting: AtomicBool,
+    /// Milliseconds since the store started before which no reconnect is attempted.
+    retry_at_ms: AtomicU64,
+}
+
+/// Counters the metrics endpoint reports.
+#[derive(Debug, Default)]
+pub struct RedisStats {
+    /// Connections opened since start.
+    pub connects: AtomicU64,
+    /// Connections currently held by the pool.
+    pub open: AtomicU64,
+    /// `NOSCRIPT` answers that fell back to `EVAL`.
+    pub script_reloads: AtomicU64,
+}
+
+/// What the startup check found about one node's eviction policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionCheck {
+    /// The node's URL.
+    pub node: String,
+    /// `maxmemory-policy`, or why it could not be read.
+    pub policy: Result<String, String>,
+}
+
+impl EvictionCheck {
+    /// Whether the node may evict limiter keys (any policy but `noeviction`: every
+    /// limiter key has a TTL, so `volatile-*` policies evict them too).
+    pub fn evicts(&self) -> bool {
+        matches!(&self.policy, Ok(p) if p != "noeviction")
+    }
+}
+
+/// Counters in Redis, decided by one Lua script per check.
+pub struct RedisStore {
+    config: RedisConfig,
+    client: Client,
+    slots: Box<[Slot]>,
+    next: AtomicUsize,
+    sha: String,
+    started: Instant,
+    /// Pool and script counters.
+    pub stats: RedisStats,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("config", &self.config).field("sha", &self.sha).finish_non_exhaustive()
+    }
+}
+
+fn unreachable(reason: impl Into<String>) -> StoreError {
+    StoreError::Unreachable { store: "redis", reason: reason.into() }
+}
+
+fn classify(e: &RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Unreachable { store: "redis", reason: format!("timed out: {e}") }
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        unreachable(e.to_string())
+    } else {
+        StoreError::Server(e.to_string())
+    }
+}
+
+fn connection_is_dead(e: &RedisError) -> bool {
+    e.is_connection_dropped() || e.is_connection_refusal() || (e.is_io_error() && !e.is_timeout())
+}
+
+impl RedisStore {
+    /// A store for `config`. Connections are opened lazily, so a Redis that is down at
+    /// start makes `/readyz` fail instead of the service.
+    ///
+    /// # Errors
+    /// When a URL does not parse.
+    pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
+        let bad = |e: RedisError| StoreError::Server(format!("bad redis url: {e}"));
+        let client = match config.topology {
+            Topology::Standalone => {
+                let url = config.urls.first().ok_or_else(|| StoreError::Server("no redis url given".into()))?;
+                Client::Single(redis::Client::open(url.as_str()).map_err(bad)?)
+            }
+            Topology::Cluster => Client::Cluster(Box::new(
+                redis::cluster::ClusterClient::builder(config.urls.clone())
+                    // Zero retries: a retried script may run twice.
+                    .retries(0)
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.timeout)
+                    .build()
+                    .map_err(bad)?,
+            )),
+        };
+        let slots = (0..config.pool_size.max(1)).map(|_| Slot::default()).collect();
+        Ok(Self {
+            sha: redis::Script::new(SCRIPT).get_hash().to_owned(),
+            config,
+            client,
+            slots,
+            next: AtomicUsize::new(0),
+            started: Instant::now(),
+            stats: RedisStats::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    async fn open(&self) -> Result<Conn, RedisError> {
+        match &self.client {
+            Client::Single(c) => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.config.connect_timeout))
+                    .set_response_timeout(None);
+                c.get_multiplexed_async_connection_with_config(&cfg).await.map(Conn::Single)
+            }
+            Client::Cluster(c) => c.get_async_connection().await.map(Conn::Cluster),
+        }
+    }
+
+    /// A connection from slot `index`, connecting it if needed.
+    async fn connection(&self, index: usize) -> Result<(u64, Conn), StoreError> {
+        let slot = self.slots.get(index).ok_or_else(|| unreachable("no connection slot"))?;
+        if let Some((generation, conn)) = slot.conn.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            return Ok((*generation, conn.clone()));
+        }
+        if self.elapsed_ms() < slot.retry_at_ms.load(Ordering::Acquire) {
+            return Err(unreachable("the last connection attempt failed; retrying shortly"));
+        }
+        if slot.connecting.swap(true, Ordering::AcqRel) {
+            return Err(unreachable("connecting"));
+        }
+        let opened = tokio::time::timeout(self.config.connect_timeout, self.open()).await;
+        let result = match opened {
+            Ok(Ok(conn)) => {
+                let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some((generation, conn.clone()));
+                self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.stats.open.fetch_add(1, Ordering::Relaxed);
+                Ok((generation, conn))
+            }
+            Ok(Err(e)) => {
+                slot.retry_at_ms.store(self.elapsed_ms() + RECONNECT_BACKOFF.as_millis() as u64, Ordering::Release);
+                Err(unreachable(format!("cannot connect: {e}")))
+            }
+            Err(_) => {
+                slot.retry_at_ms.store(self.elapsed_ms() + RECONNECT_BACKOFF.as_millis() as u64, Ordering::Release);
+                Err(unreachable(format!("cannot connect within {} ms", self.config.connect_timeout.as_millis())))
+            }
+        };
+        slot.connecting.store(false, Ordering::Release);
+        result
+    }
+
+    /// Drops slot `index`'s connection if it is still generation `generation`.
+    fn discard(&self, index: usize, generation: u64) {
+        if let Some(slot) = self.slots.get(index) {
+            let mut conn = slot.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(conn.as_ref(), Some((g, _)) if *g == generation) {
+                *conn = None;
+                self.stats.open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs `f` on a pooled connection within the call deadline.
+    async fn call<T>(&self, cmd_for: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>) -> Result<T, StoreError> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let work = async {
+            let (generation, mut conn) = self.connection(index).await?;
+            match cmd_for(&mut conn).await {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    if matches!(conn, Conn::Single(_)) && connection_is_dead(&e) {
+                        self.discard(index, generation);
+                    }
+                    Err(classify(&e))
+                }
+            }
+        };
+        match tokio::time::timeout(self.config.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout {
+                store: "redis",
+                after_ms: u64::try_from(self.config.timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
+        }
+    }
+
+    /// `EVALSHA`, and `EVAL` only when Redis answers `NOSCRIPT` (the script did not run).
+    async fn run_script(&self, keys: &[&str], args: &[String]) -> Result<Vec<i64>, StoreError> {
+        let value = self
+            .call(async |conn: &mut Conn| {
+                let mut evalsha = redis::cmd("EVALSHA");
+                evalsha.arg(&self.sha).arg(keys.len()).arg(keys).arg(args);
+                match conn.query(&evalsha).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        self.stats.script_reloads.fetch_add(1, Ordering::Relaxed);
+                        let mut eval = redis::cmd("EVAL");
+                        eval.arg(SCRIPT).arg(keys.len()).arg(keys).arg(args);
+                        conn.query(&eval).await
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        redis::from_redis_value::<Vec<i64>>(value).map_err(|e| StoreError::Protocol(format!("script reply: {e}")))
+    }
+
+    fn script_args(op: &str, tokens: u64, entries: &[&PlannedEntry], at: Option<Nanos>) -> Vec<String> {
+        let mut args = Vec::with_capacity(3 + 6 * entries.len());
+        args.push(at.map_or_else(String::new, |t| (t.as_u64() / 1000).to_string()));
+        args.push(op.to_owned());
+        args.push(tokens.to_string());
+        for e in entries {
+            let s = &e.policy.script;
+            args.push(s.code.to_owned());
+            args.extend(s.args.iter().map(u64::to_string));
+            args.push(e.cost.to_string());
+        }
+        args
+    }
+
+    async fn decide(
+        &self,
+        op: &str,
+        tokens: u64,
+        entries: &[&PlannedEntry],
+        at: Option<Nanos>,
+    ) -> Result<(Nanos, bool, u64, Vec<Decision>), StoreError> {
+        let keys: Vec<&str> = entries.iter().map(|e| e.storage_key.as_str()).collect();
+        let reply = self.run_script(&keys, &Self::script_args(op, tokens, entries, at)).await?;
+        parse_reply(&reply, entries.len())
+    }
+
+    /// Decides `plan` atomically with Redis' clock (`at` overrides it: tests only; it must
+    /// be a whole number of microseconds).
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+        let entries: Vec<&PlannedEntry> = plan.entries.iter().collect();
+        let (at, admitted, _, decisions) = self.decide("check", 0, &entries, at).await?;
+        Ok(CheckOutcome { admitted, at, decisions })
+    }
+
+    /// Grants up to `plan.tokens`, deducted in the same script.
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+        let (at, _, granted, decisions) = self.decide("lease", plan.tokens, &[&plan.entry], at).await?;
+        let decision = decisions
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Protocol("lease reply without a decision".into()))?;
+        Ok(LeaseOutcome { granted, at, decision })
+    }
+
+    /// `PING` within the deadline.
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.call(async |conn: &mut Conn| conn.query(&redis::cmd("PING")).await).await.map(|_| ())
+    }
+
+    /// Reads `maxmemory-policy` on every configured node: a policy that evicts keys
+    /// silently resets limits when Redis runs out of memory.
+    pub async fn eviction_checks(&self) -> Vec<EvictionCheck> {
+        let mut checks = Vec::new();
+        for url in &self.config.urls {
+            let policy = async {
+                let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+                let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+                let reply: Vec<String> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("maxmemory-policy")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                reply.get(1).cloned().ok_or_else(|| "CONFIG GET returned no value".to_owned())
+            };
+            let policy = tokio::time::timeout(self.config.connect_timeout + self.config.timeout, policy)
+                .await
+                .unwrap_or_else(|_| Err("timed out".to_owned()));
+            checks.push(EvictionCheck { node: url.clone(), policy });
+        }
+        checks
+    }
+}
+
+fn verdict(code: i64, wait: i64) -> Result<Verdict, StoreError> {
+    let wait = Nanos(u64::try_from(wait).unwrap_or(u64::MAX));
+    match code {
+        0 => Ok(Verdict::Allowed),
+        1 => Ok(Verdict::Delayed(wait)),
+        2 => Ok(Verdict::Rejected { retry_after: wait }),
+        3 => Ok(Verdict::Exceeds),
+        other => Err(StoreError::Protocol(format!("unknown verdict {other}"))),
+    }
+}
+
+fn non_negative(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Protocol(format!("negative {what}: {v}")))
+}
+
+/// Parses `{sec, usec, admitted, granted, (verdict, limit, remaining, reset, wait)*}`.
+fn parse_reply(reply: &[i64], entries: usize) -> Result<(Nanos, bool, u64, Vec<Decision>), StoreError> {
+    let (head, rest) = reply
+        .split_first_chunk::<4>()
+        .ok_or_else(|| StoreError::Protocol(format!("script reply has {} values", reply.len())))?;
+    if rest.len() != 5 * entries {
+        return Err(StoreError::Protocol(format!("script reply has {} values for {entries} entries", reply.len())));
+    }
+    let [sec, usec, admitted, granted] = *head;
+    let at = Nanos::from_secs(non_negative(sec, "time")?)
+        .saturating_add(Nanos(non_negative(usec, "time")?.saturating_mul(1000)));
+    let mut decisions = Vec::with_capacity(entries);
+    for chunk in rest.chunks_exact(5) {
+        if let [code, limit, remaining, reset, wait] = *chunk {
+            decisions.push(Decision {
+                verdict: verdict(code, wait)?,
+                limit: non_negative(limit, "limit")?,
+                remaining: non_negative(remaining, "remaining")?,
+                reset_after: Nanos(non_negative(reset, "reset")?),
+            });
+        }
+    }
+    Ok((at, admitted == 1, non_negative(granted, "grant")?, decisions))
+}
