@@ -44,13 +44,15 @@ fn every_invalid_fixture_is_rejected_with_its_expected_message() {
     let fixtures = invalid_fixtures();
     assert!(fixtures.len() >= 30, "expected the fixture set, found {}", fixtures.len());
     for fixture in fixtures {
-        let error = Config::from_json(&fs::read(&fixture).unwrap()).expect_err(&format!("{} was accepted", fixture.display()));
+        let error =
+            Config::from_json(&fs::read(&fixture).unwrap()).expect_err(&format!("{} was accepted", fixture.display()));
         let expected_path = fixture.with_extension("err");
         if bless() {
             fs::write(&expected_path, format!("{error}\n")).unwrap();
             continue;
         }
-        let expected = fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("{} is missing", expected_path.display()));
+        let expected =
+            fs::read_to_string(&expected_path).unwrap_or_else(|_| panic!("{} is missing", expected_path.display()));
         assert_eq!(error.to_string(), expected.trim_end(), "{}", fixture.display());
     }
 }

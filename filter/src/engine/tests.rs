@@ -1,1 +1,547 @@
+use super::*;
+use crate::config::Config;
+use crate::host::{FakeRequest, RecordedMetrics};
+use shared_store::{Entry, ManualClock, MemoryStore};
+use std::cell::Cell;
 
+const SECRET: HashKey = HashKey::new([7; 16]);
+
+fn engine(json: &str) -> Engine {
+    Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", SECRET)
+}
+
+fn limiter() -> Limiter<MemoryStore, ManualClock> {
+    Limiter::new(MemoryStore::new(), ManualClock::at(Nanos::from_secs(1000)))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+fn rejected(outcome: &Outcome) -> &LocalResponse {
+    match outcome {
+        Outcome::Reject(response) => response,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn is_continue(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Continue { .. })
+}
+
+const PER_KEY: &str = r#"{"policies":[{"name":"per-key","key":[{"header":"x-api-key"}],"rate":"2/second","burst":3}],
+  "response":{"headers_on_rejected":["retry_after","ratelimit","x_ratelimit"],"headers_on_allowed":["ratelimit"]}}"#;
+
+#[test]
+fn a_token_bucket_admits_its_burst_then_rejects_with_exact_headers() {
+    let engine = engine(PER_KEY);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let request = FakeRequest::get("/").with_header("x-api-key", "alice");
+
+    let outcomes: Vec<Outcome> = (0..4).map(|_| engine.decide(&request, &limiter, true, &mut metrics)).collect();
+
+    assert!(outcomes[..3].iter().all(is_continue));
+    let response = rejected(&outcomes[3]);
+    assert_eq!(response.status, 429);
+    // 3 spent at 2/second: the next token arrives in 500 ms, rounded up to 1 s.
+    assert_eq!(header(&response.headers, "retry-after"), Some("1"));
+    assert_eq!(header(&response.headers, "ratelimit-policy"), Some("\"per-key\";q=3;w=2"));
+    assert_eq!(header(&response.headers, "ratelimit"), Some("\"per-key\";r=0;t=1"));
+    assert_eq!(header(&response.headers, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(&response.headers, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&response.headers, "cache-control"), Some("private"));
+    let Outcome::Continue { headers } = &outcomes[0] else { unreachable!() };
+    assert_eq!(header(headers, "ratelimit"), Some("\"per-key\";r=2;t=1"));
+    assert_eq!(metrics.get(0, Counter::Offered), 4);
+    assert_eq!(metrics.get(0, Counter::Allowed), 3);
+    assert_eq!(metrics.get(0, Counter::Rejected), 1);
+    assert_eq!(metrics.get(0, Counter::OverLimit), 1);
+}
+
+#[test]
+fn a_caller_who_waits_the_exact_retry_after_is_admitted() {
+    let engine = engine(PER_KEY);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let request = FakeRequest::get("/").with_header("x-api-key", "alice");
+    for _ in 0..3 {
+        engine.decide(&request, &limiter, true, &mut metrics);
+    }
+
+    limiter.clock().advance(Nanos::from_millis(499));
+    let early = engine.decide(&request, &limiter, true, &mut metrics);
+    limiter.clock().advance(Nanos::from_millis(1));
+    let on_time = engine.decide(&request, &limiter, true, &mut metrics);
+
+    assert!(matches!(early, Outcome::Reject(_)));
+    assert!(is_continue(&on_time));
+}
+
+#[test]
+fn different_keys_have_different_buckets() {
+    let engine = engine(PER_KEY);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    for _ in 0..3 {
+        engine.decide(&FakeRequest::get("/").with_header("x-api-key", "alice"), &limiter, true, &mut metrics);
+    }
+
+    let bob = engine.decide(&FakeRequest::get("/").with_header("x-api-key", "bob"), &limiter, true, &mut metrics);
+
+    assert!(is_continue(&bob));
+}
+
+#[test]
+fn a_rotating_forwarded_for_header_grants_nothing() {
+    let engine = engine(r#"{"policies":[{"name":"ip","key":["client_address"],"rate":"1/minute","burst":2}]}"#);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let admitted = (0..50)
+        .filter(|i| {
+            let request = FakeRequest::get("/").with_header("x-forwarded-for", format!("10.0.0.{i}"));
+            is_continue(&engine.decide(&request, &limiter, true, &mut metrics))
+        })
+        .count();
+
+    assert_eq!(admitted, 2);
+}
+
+const LAYERED: &str = r#"{"policies":[
+  {"name":"tenant","key":[{"header":"x-tenant"}],"rate":"1/minute","burst":10},
+  {"name":"operation","match":{"path_prefix":"/reports"},"key":[{"header":"x-tenant"},"path"],"rate":"1/minute","burst":2}
+]}"#;
+
+#[test]
+fn a_request_rejected_by_one_policy_spends_nothing_in_the_others() {
+    let engine = engine(LAYERED);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let report = FakeRequest::get("/reports/x").with_header("x-tenant", "t1");
+    let other = FakeRequest::get("/items").with_header("x-tenant", "t1");
+
+    let reports: Vec<bool> =
+        (0..5).map(|_| is_continue(&engine.decide(&report, &limiter, true, &mut metrics))).collect();
+    let others = (0..20).filter(|_| is_continue(&engine.decide(&other, &limiter, true, &mut metrics))).count();
+
+    assert_eq!(reports, [true, true, false, false, false]);
+    // The tenant bucket (10) lost only the two admitted reports.
+    assert_eq!(others, 8);
+    assert_eq!(metrics.get(1, Counter::OverLimit), 3);
+    assert_eq!(metrics.get(0, Counter::OverLimit), 12);
+}
+
+#[test]
+fn shadow_policies_count_but_never_reject_or_change_enforcement() {
+    let engine = engine(
+        r#"{"policies":[
+      {"name":"enforced","key":[{"header":"x-api-key"}],"rate":"1/minute","burst":5},
+      {"name":"candidate","key":[{"header":"x-api-key"}],"rate":"1/minute","burst":2,"shadow":true}]}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let request = FakeRequest::get("/").with_header("x-api-key", "k");
+
+    let admitted = (0..8).filter(|_| is_continue(&engine.decide(&request, &limiter, true, &mut metrics))).count();
+
+    assert_eq!(admitted, 5);
+    assert_eq!(metrics.get(1, Counter::ShadowRejected), 3);
+    assert_eq!(metrics.get(1, Counter::Offered), 8);
+    assert_eq!(metrics.get(1, Counter::Allowed), 5);
+    assert_eq!(metrics.get(1, Counter::Rejected), 3);
+}
+
+fn missing_key_engine(behaviour: &str) -> Engine {
+    engine(&format!(
+        r#"{{"policies":[{{"name":"k","key":[{{"header":"x-api-key"}}],"rate":"1/minute","burst":2,"on_missing_key":"{behaviour}"}}]}}"#
+    ))
+}
+
+#[test]
+fn requests_missing_the_key_share_one_bucket_by_default() {
+    let engine = engine(r#"{"policies":[{"name":"k","key":[{"header":"x-api-key"}],"rate":"1/minute","burst":2}]}"#);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let admitted =
+        (0..5).filter(|_| is_continue(&engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+
+    assert_eq!(admitted, 2);
+    assert_eq!(metrics.get(0, Counter::MissingKey), 5);
+    assert_eq!(engine.config().policies[0].on_missing_key, MissingKey::Shared);
+}
+
+#[test]
+fn requests_missing_the_key_skip_the_policy_when_configured() {
+    let engine = missing_key_engine("skip");
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let admitted =
+        (0..5).filter(|_| is_continue(&engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+
+    assert_eq!(admitted, 5);
+    assert_eq!(metrics.get(0, Counter::Offered), 0);
+}
+
+#[test]
+fn requests_missing_the_key_are_rejected_when_configured() {
+    let engine = missing_key_engine("reject");
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    let response = rejected(&outcome);
+    assert_eq!(response.status, 429);
+    assert_eq!(header(&response.headers, "retry-after"), None);
+    assert_eq!(metrics.get(0, Counter::Rejected), 1);
+}
+
+#[test]
+fn header_costs_are_clamped_to_their_bounds() {
+    let engine = engine(
+        r#"{"policies":[{"name":"c","key":[{"constant":"all"}],"rate":"1/minute","burst":10,
+        "cost":{"header":"x-cost","min":2,"max":5,"default":3}}]}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let spend = |cost: Option<&str>, metrics: &mut RecordedMetrics| {
+        let mut request = FakeRequest::get("/");
+        if let Some(cost) = cost {
+            request = request.with_header("x-cost", cost);
+        }
+        engine.decide(&request, &limiter, true, metrics)
+    };
+
+    // 5 (clamped from 100) + 2 (clamped from 0) + 3 (default, unparsable) = 10.
+    assert!(is_continue(&spend(Some("100"), &mut metrics)));
+    assert!(is_continue(&spend(Some("0"), &mut metrics)));
+    assert!(is_continue(&spend(Some("lots"), &mut metrics)));
+    assert!(matches!(spend(None, &mut metrics), Outcome::Reject(_)));
+}
+
+#[test]
+fn the_strictest_policy_decides_the_allowed_headers() {
+    let engine = engine(
+        r#"{"policies":[
+      {"name":"loose","key":[{"constant":"a"}],"rate":"100/second","burst":100},
+      {"name":"tight","key":[{"constant":"b"}],"rate":"1/second","burst":3}],
+      "response":{"headers_on_allowed":["ratelimit","x_ratelimit"]}}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let Outcome::Continue { headers } = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics) else {
+        panic!("expected an admission")
+    };
+
+    assert_eq!(header(&headers, "ratelimit"), Some("\"tight\";r=2;t=1"));
+    assert_eq!(header(&headers, "ratelimit-policy"), Some("\"tight\";q=3;w=3"));
+    assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("2"));
+}
+
+#[test]
+fn the_policy_with_the_longest_wait_decides_the_rejection_headers() {
+    let engine = engine(
+        r#"{"policies":[
+      {"name":"minute","key":[{"constant":"a"}],"rate":"1/minute","burst":1},
+      {"name":"second","key":[{"constant":"b"}],"rate":"1/second","burst":1}]}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    let response = rejected(&outcome);
+    assert_eq!(header(&response.headers, "retry-after"), Some("60"));
+    assert_eq!(header(&response.headers, "ratelimit"), Some("\"minute\";r=0;t=60"));
+}
+
+const SHAPED: &str = r#"{"policies":[{"name":"shaper","key":[{"constant":"x"}],"algorithm":"leaky_bucket",
+  "rate":"2/second","queue":3,"max_wait":"1s"}]}"#;
+
+#[test]
+fn a_shaping_policy_delays_requests_at_its_rate_and_bounds_the_queue() {
+    let engine = engine(SHAPED);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let outcomes: Vec<Outcome> =
+        (0..4).map(|_| engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics)).collect();
+
+    assert!(is_continue(&outcomes[0]));
+    let delays: Vec<Nanos> = outcomes[1..3]
+        .iter()
+        .map(|o| match o {
+            Outcome::Delay { delay, .. } => *delay,
+            other => panic!("expected a delay, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(delays, [Nanos::from_millis(500), Nanos::from_millis(1000)]);
+    assert!(matches!(outcomes[3], Outcome::Reject(_)));
+    assert_eq!(metrics.get(0, Counter::Queued), 2);
+    assert_eq!(
+        metrics.get(0, Counter::Offered),
+        metrics.get(0, Counter::Allowed) + metrics.get(0, Counter::Rejected) + metrics.get(0, Counter::Queued)
+    );
+}
+
+#[test]
+fn released_and_abandoned_requests_keep_the_accounting_identity() {
+    let engine = engine(SHAPED);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let delayed: Vec<Vec<usize>> = (0..2)
+        .map(|_| match engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics) {
+            Outcome::Delay { policies, .. } => policies,
+            other => panic!("expected a delay, got {other:?}"),
+        })
+        .collect();
+
+    engine.release(&delayed[0], &mut metrics);
+    engine.abandon(&delayed[1], &mut metrics);
+
+    assert_eq!(metrics.get(0, Counter::Queued), 0);
+    assert_eq!(metrics.get(0, Counter::Allowed), 3);
+    assert_eq!(metrics.get(0, Counter::Abandoned), 1);
+    assert_eq!(metrics.get(0, Counter::Offered), 3);
+}
+
+#[test]
+fn a_delayed_request_is_rejected_when_no_more_can_be_paused() {
+    let engine = engine(SHAPED);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, false, &mut metrics);
+
+    assert!(matches!(outcome, Outcome::Reject(_)));
+    assert_eq!(metrics.get(0, Counter::Queued), 0);
+}
+
+#[test]
+fn a_policer_rejects_what_a_shaper_would_delay() {
+    let engine = engine(
+        r#"{"policies":[{"name":"p","key":[{"constant":"x"}],"algorithm":"leaky_bucket",
+        "rate":"2/second","queue":3,"overflow":"reject"}]}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    let first = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let second = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    assert!(is_continue(&first));
+    assert_eq!(header(&rejected(&second).headers, "retry-after"), Some("1"));
+}
+
+/// A store whose writes fail or conflict, for failure outcomes.
+struct BrokenStore {
+    conflict: bool,
+    inner: MemoryStore,
+    sets: Cell<u32>,
+}
+
+impl Store for BrokenStore {
+    fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        self.inner.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<Swap, StoreError> {
+        self.sets.set(self.sets.get() + 1);
+        if key.ends_with("anchor") {
+            return self.inner.set(key, value, cas);
+        }
+        if self.conflict { Ok(Swap::Conflict) } else { Err(StoreError { operation: "set", status: Some(10) }) }
+    }
+}
+
+fn broken(conflict: bool) -> Limiter<BrokenStore, ManualClock> {
+    Limiter::new(
+        BrokenStore { conflict, inner: MemoryStore::new(), sets: Cell::new(0) },
+        ManualClock::at(Nanos::from_secs(1)),
+    )
+}
+
+#[test]
+fn a_store_error_denies_with_the_default_failure_status() {
+    let engine = engine(PER_KEY);
+    let mut metrics = RecordedMetrics::default();
+
+    let outcome =
+        engine.decide(&FakeRequest::get("/").with_header("x-api-key", "a"), &broken(false), true, &mut metrics);
+
+    assert_eq!(rejected(&outcome).status, 503);
+    assert_eq!(metrics.get(0, Counter::StoreErrors), 1);
+    assert_eq!(metrics.get(0, Counter::FailureDenied), 1);
+    assert_eq!(metrics.get(0, Counter::Rejected), 1);
+}
+
+#[test]
+fn exhausted_cas_attempts_follow_the_configured_allow_outcome_and_are_counted() {
+    let engine = engine(
+        r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/second","on_failure":{"action":"allow"}}]}"#,
+    );
+    let mut metrics = RecordedMetrics::default();
+
+    let outcome = engine.decide(&FakeRequest::get("/"), &broken(true), true, &mut metrics);
+
+    assert!(is_continue(&outcome));
+    assert_eq!(metrics.get(0, Counter::CasExhausted), 1);
+    assert_eq!(metrics.get(0, Counter::CasConflicts), i64::from(shared_store::DEFAULT_MAX_ATTEMPTS));
+    assert_eq!(metrics.get(0, Counter::FailureAllowed), 1);
+    assert_eq!(metrics.get(0, Counter::Allowed), 1);
+}
+
+#[test]
+fn any_deny_among_the_failing_policies_denies() {
+    let engine = engine(
+        r#"{"policies":[
+      {"name":"open","key":[{"constant":"x"}],"rate":"1/second","on_failure":{"action":"allow"}},
+      {"name":"closed","key":[{"constant":"y"}],"rate":"1/second","on_failure":{"action":"deny","status":429}}]}"#,
+    );
+    let mut metrics = RecordedMetrics::default();
+
+    let outcome = engine.decide(&FakeRequest::get("/"), &broken(true), true, &mut metrics);
+
+    assert_eq!(rejected(&outcome).status, 429);
+}
+
+#[test]
+fn workers_racing_to_create_the_secret_agree_on_one() {
+    let store = MemoryStore::new();
+
+    let first = establish_secret(&store, "p/", [1; 16]).unwrap();
+    let second = establish_secret(&store, "p/", [2; 16]).unwrap();
+
+    assert_eq!(first, second);
+    assert_eq!(first, HashKey::new([1; 16]));
+}
+
+#[test]
+fn a_damaged_secret_is_replaced() {
+    let store = MemoryStore::new();
+    let _ = store.set("p/secret", b"short", None).unwrap();
+
+    let secret = establish_secret(&store, "p/", [3; 16]).unwrap();
+
+    assert_eq!(secret, HashKey::new([3; 16]));
+}
+
+#[test]
+fn a_table_cannot_change_size_without_a_new_version() {
+    let store = MemoryStore::new();
+    let small = engine(r#"{"policies":[{"name":"k","key":["path"],"rate":"1/second","slots":16}]}"#);
+    let large = engine(r#"{"policies":[{"name":"k","key":["path"],"rate":"1/second","slots":32}]}"#);
+    let bumped = engine(r#"{"policies":[{"name":"k","key":["path"],"rate":"1/second","slots":32,"version":1}]}"#);
+
+    small.claim_tables(&store).unwrap();
+    let error = large.claim_tables(&store).unwrap_err();
+
+    assert!(error.starts_with("policies[0].slots: "), "{error}");
+    assert!(small.claim_tables(&store).is_ok());
+    assert!(bumped.claim_tables(&store).is_ok());
+}
+
+#[test]
+fn plugin_identities_never_share_a_prefix() {
+    assert_ne!(plugin_prefix(b"a/b", b"c"), plugin_prefix(b"a", b"b/c"));
+    assert_ne!(plugin_prefix(b"a%2F", b""), plugin_prefix(b"a/", b""));
+    assert_eq!(plugin_prefix(b"rl", b"main"), "sluice/rl/main/");
+    assert_eq!(plugin_prefix(&[0xff], b""), "sluice/%FF//");
+}
+
+#[test]
+fn keys_in_shared_data_carry_no_raw_identity() {
+    let engine = engine(PER_KEY);
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+
+    engine.decide(&FakeRequest::get("/").with_header("x-api-key", "secret-api-key-123"), &limiter, true, &mut metrics);
+
+    for (key, value) in limiter.store().entries() {
+        assert!(!key.contains("secret-api-key"), "{key}");
+        assert!(!value.windows(10).any(|w| w == b"secret-api"), "{key}");
+    }
+}
+
+#[test]
+fn cache_control_is_made_private_without_losing_other_directives() {
+    assert_eq!(private_cache_control(None).as_deref(), Some("private"));
+    assert_eq!(private_cache_control(Some(b"public, max-age=60")).as_deref(), Some("private, max-age=60"));
+    assert_eq!(private_cache_control(Some(b"no-store")), None);
+    assert_eq!(private_cache_control(Some(b"private, max-age=5")), None);
+    assert_eq!(private_cache_control(Some(b"max-age=5, s-maxage=60")).as_deref(), Some("private, max-age=5"));
+}
+
+#[test]
+fn a_changed_burst_carries_buckets_over_instead_of_refilling_them() {
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let before = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":10}]}"#);
+    let raised = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":20}]}"#);
+    for _ in 0..10 {
+        before.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    }
+
+    let admitted =
+        (0..30).filter(|_| is_continue(&raised.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+
+    // The empty bucket stays empty: a raise is no reason to hand out a fresh burst.
+    assert_eq!(admitted, 0);
+}
+
+#[test]
+fn a_lowered_burst_clamps_existing_buckets() {
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let before = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":10}]}"#);
+    let lowered = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":3}]}"#);
+    before.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+
+    let admitted =
+        (0..30).filter(|_| is_continue(&lowered.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+
+    assert_eq!(admitted, 3);
+}
+
+#[test]
+fn a_version_bump_starts_fresh_buckets() {
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let v0 = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":2}]}"#);
+    let v1 = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":2,"version":1}]}"#);
+    for _ in 0..2 {
+        v0.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    }
+
+    let admitted =
+        (0..5).filter(|_| is_continue(&v1.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+
+    assert_eq!(admitted, 2);
+}
+
+#[test]
+fn hostile_header_bytes_get_a_decision() {
+    let engine = engine(
+        r#"{"policies":[{"name":"k","match":{"headers":[{"name":"x-t","equals":"a"}]},
+        "key":[{"header":"x-api-key"},{"query_parameter":"u"},"authority","client_address"],"rate":"1/second",
+        "cost":{"header":"x-cost","max":1}}]}"#,
+    );
+    let limiter = limiter();
+    let mut metrics = RecordedMetrics::default();
+    let request = FakeRequest::get("/?u=\u{0}")
+        .with_header("x-t", "a")
+        .with_header("x-api-key", vec![0xff; 65536])
+        .with_header("x-cost", [0xc3, 0x28])
+        .with_header(":authority", [0xfe, b'A'])
+        .with_property(&["source", "address"], [0xff, 0x00]);
+
+    let outcome = engine.decide(&request, &limiter, true, &mut metrics);
+
+    assert!(is_continue(&outcome));
+}
