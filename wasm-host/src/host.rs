@@ -280,6 +280,7 @@ pub(crate) struct Shared {
     pub(crate) serve_mode: bool,
     traps: Mutex<Vec<TrapReport>>,
     callouts: Mutex<Vec<CalloutRequest>>,
+    queues: Mutex<crate::abi::Queues>,
     io: OnceLock<tokio::runtime::Runtime>,
     io_handle: Option<tokio::runtime::Handle>,
     next_connection_id: AtomicU64,
@@ -299,6 +300,10 @@ impl Shared {
         });
         self.metrics.count("wasm_host.traps");
         self.traps.lock().unwrap_or_else(PoisonError::into_inner).push(report);
+    }
+
+    pub(crate) fn queues(&self) -> std::sync::MutexGuard<'_, crate::abi::Queues> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn traps_len(&self) -> usize {
@@ -633,6 +638,7 @@ impl HostBuilder {
             serve_mode: self.serve_mode,
             traps: Mutex::new(Vec::new()),
             callouts: Mutex::new(Vec::new()),
+            queues: Mutex::new(crate::abi::Queues::default()),
             io: OnceLock::new(),
             io_handle: self.io_handle,
             next_connection_id: AtomicU64::new(0),
@@ -640,7 +646,7 @@ impl HostBuilder {
         if !unimplemented.is_empty() {
             shared.host_log(
                 0,
-                LogLevel::Warn,
+                LogLevel::Info,
                 format!(
                     "the module imports functions this host does not implement; calling one fails the VM: {}",
                     unimplemented.join(", ")

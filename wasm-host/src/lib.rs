@@ -8,7 +8,7 @@ pub mod host;
 pub mod logs;
 pub mod metrics;
 pub mod request;
-pub(crate) mod serve;
+pub mod serve;
 pub mod shared_data;
 mod state;
 pub mod worker;

@@ -150,6 +150,7 @@ pub(crate) enum Callback {
     Done,
     Log,
     Delete,
+    QueueReady,
 }
 
 impl Callback {
@@ -172,6 +173,7 @@ impl Callback {
             Self::Done => "proxy_on_done",
             Self::Log => "proxy_on_log",
             Self::Delete => "proxy_on_delete",
+            Self::QueueReady => "proxy_on_queue_ready",
         }
     }
 }
@@ -274,7 +276,7 @@ pub(crate) struct StreamContext {
 #[derive(Debug)]
 pub(crate) enum Deferred {
     Continue { stream: u32, direction: Direction },
-    Close { stream: u32, direction: Direction },
+    Close { stream: u32 },
     LocalReply { stream: u32, reply: LocalReply },
     Done { context: u32 },
 }

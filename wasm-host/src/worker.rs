@@ -39,6 +39,8 @@ use crate::state::{
 pub(crate) enum Inbox {
     /// A real callout finished.
     Callout { generation: u64, token: u32, result: Result<CalloutResponse, CalloutFailure> },
+    /// An item was enqueued on a shared queue this worker's root context registered.
+    QueueReady { generation: u64, root: u32, token: u32 },
     /// A command from `serve`'s HTTP front end.
     Serve(crate::serve::Command),
 }
@@ -63,6 +65,7 @@ struct Exports {
     on_response_body: Func<(u32, u32, u32), u32>,
     on_response_trailers: Func<(u32, u32), u32>,
     on_http_call_response: Func<(u32, u32, u32, u32, u32), ()>,
+    on_queue_ready: Func<(u32, u32), ()>,
 }
 
 impl Exports {
@@ -97,6 +100,7 @@ impl Exports {
             on_response_body: get(store, instance, "proxy_on_response_body")?,
             on_response_trailers: get(store, instance, "proxy_on_response_trailers")?,
             on_http_call_response: get(store, instance, "proxy_on_http_call_response")?,
+            on_queue_ready: get(store, instance, "proxy_on_queue_ready")?,
         })
     }
 }
@@ -888,6 +892,15 @@ impl Worker {
                 }
                 None
             }
+            Inbox::QueueReady { generation, root, token } => {
+                if generation == self.generation && self.store.data().vm.roots.contains_key(&root) {
+                    let func = self.exports.on_queue_ready.clone();
+                    if let Invoked::Returned(()) = self.invoke(Callback::QueueReady, root, &func, (root, token)) {
+                        self.run_deferred();
+                    }
+                }
+                None
+            }
             Inbox::Serve(command) => Some(command),
         }
     }
@@ -901,6 +914,11 @@ impl Worker {
             Some(timeout) => self.inbox.recv_timeout(timeout),
             None => self.inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
         }
+    }
+
+    /// The host clock's monotonic time.
+    pub(crate) fn clock_monotonic(&self) -> u64 {
+        self.shared.clock.monotonic_nanos()
     }
 
     /// The earliest monotonic time at which something is due on this worker.

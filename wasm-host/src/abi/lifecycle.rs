@@ -105,16 +105,16 @@ fn continue_response(caller: &mut Caller<'_, HostState>) -> HostResult {
 }
 
 fn close_stream(caller: &mut Caller<'_, HostState>, stream_type: u32) -> HostResult {
-    let direction = match stream_type {
-        STREAM_REQUEST => Direction::Request,
-        STREAM_RESPONSE => Direction::Response,
+    // Envoy resets the whole HTTP stream whichever direction is named.
+    match stream_type {
+        STREAM_REQUEST | STREAM_RESPONSE => {}
         STREAM_DOWNSTREAM | STREAM_UPSTREAM => return Ok(()),
         _ => return fail(status::BAD_ARGUMENT),
-    };
+    }
     let vm = &mut caller.data_mut().vm;
     let acting = vm.acting_context();
     if vm.streams.contains_key(&acting) {
-        vm.deferred.push_back(Deferred::Close { stream: acting, direction });
+        vm.deferred.push_back(Deferred::Close { stream: acting });
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ mod lifecycle;
 mod log;
 mod metrics;
 mod properties;
+mod queues;
 mod shared_data;
 mod time;
 mod wasi;
@@ -21,6 +22,8 @@ mod wasi;
 use wasmtime::{Caller, Linker, Memory, format_err};
 
 use crate::state::HostState;
+
+pub(crate) use queues::Queues;
 
 /// proxy-wasm statuses (`proxy_status_t`), plus cpp-host's `BrokenConnection`.
 pub(crate) mod status {
@@ -184,6 +187,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     callout::add_to_linker(linker)?;
     metrics::add_to_linker(linker)?;
     lifecycle::add_to_linker(linker)?;
+    queues::add_to_linker(linker)?;
     wasi::add_to_linker(linker)?;
     Ok(())
 }

@@ -1,4 +1,29 @@
-//! Test guest (placeholder).
-proxy_wasm::main! {{
-    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Trace);
-}}
+//! A proxy-wasm guest (Rust SDK 0.2.5, `wasm32-wasip1`) that exercises every host call
+//! `wasm-host` implements, so that wasm-host's tests assert what the host observed.
+//!
+//! # Plugin configuration
+//!
+//! One `key=value` per line:
+//!
+//! | key | effect |
+//! |---|---|
+//! | `reject=<message>` | `proxy_on_configure` logs `<message>` at error level and returns false |
+//! | `vm_start=reject` | `proxy_on_vm_start` returns false |
+//! | `panic_on_configure=1` | `proxy_on_configure` panics |
+//! | `tick_ms=<n>` | sets the tick period; each tick increments `test_guest.ticks` and resumes paused streams |
+//! | `tick_callout=<cluster>` | each tick dispatches a callout from the root context |
+//! | `tick_panic=1` | the first tick panics |
+//! | `generation=<g>` | every request gets `x-test-generation: <g>` |
+//! | `bench=noop`, `bench=get-header`, `bench=get-property`, `bench=shared` | benchmark modes (no other host calls); `calls=<n>` repeats the call |
+//! | `ops=<op,...>` | default request operations when a request has no `x-test-op` |
+//!
+//! # Request operations
+//!
+//! A request names operations in `x-test-op` (comma-separated); results come back as
+//! request headers `x-*` on the forwarded request (or in the local reply). See
+//! `HttpStream::run` for the list.
+
+#[cfg(target_arch = "wasm32")]
+mod guest;
+#[cfg(target_arch = "wasm32")]
+mod raw;
