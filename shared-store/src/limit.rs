@@ -29,24 +29,41 @@ use crate::time::Nanos;
 pub const MAX_LOG_ENTRIES: u64 = 256;
 
 /// A sustained rate: `amount` cost units every `per`.
+///
+/// Equal rates compare equal however they are written (`2/2s` is `1/s`): the rate is
+/// kept in lowest terms, which also keeps the buckets' scaled arithmetic small and
+/// spares a division on the hot path whenever `amount` divides `per`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {
     amount: u64,
     per: Nanos,
 }
 
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let t = a % b;
+        a = b;
+        b = t;
+    }
+    a
+}
+
 impl Rate {
     /// `amount` units every `per`; `None` if either is zero.
     pub const fn new(amount: u64, per: Nanos) -> Option<Self> {
-        if amount == 0 || per.0 == 0 { None } else { Some(Self { amount, per }) }
+        if amount == 0 || per.0 == 0 {
+            return None;
+        }
+        let divisor = gcd(amount, per.0);
+        Some(Self { amount: amount / divisor, per: Nanos(per.0 / divisor) })
     }
 
-    /// Units per period.
+    /// Units per period, in lowest terms.
     pub const fn amount(self) -> u64 {
         self.amount
     }
 
-    /// The period.
+    /// The period, in lowest terms.
     pub const fn per(self) -> Nanos {
         self.per
     }
@@ -156,8 +173,23 @@ fn ns(value: u128) -> Nanos {
     Nanos(u64::try_from(value).unwrap_or(u64::MAX))
 }
 
+/// `n / d` rounded up, with a fast path when both fit in 64 bits (the common case:
+/// 128-bit division is a slow library call).
 fn ceil_div(n: u128, d: u128) -> u128 {
-    if d == 0 { u128::MAX } else { n.div_ceil(d) }
+    match (u64::try_from(n), u64::try_from(d)) {
+        (_, Ok(0)) => u128::MAX,
+        (Ok(n), Ok(d)) => u128::from(n.div_ceil(d)),
+        _ => n.div_ceil(d),
+    }
+}
+
+/// `n / d` rounded down, with the same fast path.
+fn floor_div(n: u128, d: u128) -> u128 {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (_, Ok(0)) => u128::MAX,
+        (Ok(n), Ok(d)) => u128::from(n / d),
+        _ => n / d,
+    }
 }
 
 impl Limit {
@@ -458,50 +490,55 @@ struct Gcra {
     per: u128,
     /// Capacity in scaled time: `burst × per`.
     capacity: u128,
+    /// Capacity in cost units: the burst.
+    burst: u64,
 }
 
 impl Gcra {
-    fn new(rate: Rate, capacity: u64) -> Self {
+    fn new(rate: Rate, burst: u64) -> Self {
         let per = u128::from(rate.per.0);
-        Self { amount: u128::from(rate.amount), per, capacity: u128::from(capacity) * per }
+        Self { amount: u128::from(rate.amount), per, capacity: u128::from(burst) * per, burst }
     }
 
     fn now(&self, now: Nanos) -> u128 {
         u128::from(now.0) * self.amount
     }
 
-    fn capacity_units(&self) -> u64 {
-        u64::try_from(self.capacity / self.per.max(1)).unwrap_or(u64::MAX)
-    }
-
     /// Time (ns) for `scaled` to drain.
     fn drain(&self, scaled: u128) -> Nanos {
-        ns(ceil_div(scaled, self.amount))
+        if self.amount == 1 { ns(scaled) } else { ns(ceil_div(scaled, self.amount)) }
     }
 
     fn units(&self, scaled: u128) -> u64 {
-        u64::try_from(scaled / self.per.max(1)).unwrap_or(u64::MAX)
+        u64::try_from(floor_div(scaled, self.per)).unwrap_or(u64::MAX)
+    }
+
+    /// The decision that leaves the bucket as it is (queries, rejections).
+    fn unchanged(&self, verdict: Verdict, debt: u128) -> Decision {
+        Decision {
+            verdict,
+            limit: self.burst,
+            remaining: self.units(self.capacity.saturating_sub(debt)),
+            reset_after: self.drain(debt),
+        }
     }
 
     fn bucket(&self, tat: u128, now: Nanos, cost: u64) -> (Decision, Option<State>) {
         let now = self.now(now);
         let base = tat.max(now);
         let debt = base - now;
-        let limit = self.capacity_units();
-        let remaining = self.units(self.capacity.saturating_sub(debt));
-        let idle = Decision { verdict: Verdict::Allowed, limit, remaining, reset_after: self.drain(debt) };
         if cost == 0 {
-            return (idle, None);
+            return (self.unchanged(Verdict::Allowed, debt), None);
         }
-        if cost > limit {
-            return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+        if cost > self.burst {
+            return (self.unchanged(Verdict::Exceeds, debt), None);
         }
         let increment = u128::from(cost) * self.per;
         match (debt.checked_add(increment), base.checked_add(increment)) {
             (Some(need), Some(next)) if need <= self.capacity => (
                 Decision {
                     verdict: Verdict::Allowed,
-                    limit,
+                    limit: self.burst,
                     remaining: self.units(self.capacity - need),
                     reset_after: self.drain(need),
                 },
@@ -509,7 +546,7 @@ impl Gcra {
             ),
             _ => {
                 let excess = debt.saturating_add(increment).saturating_sub(self.capacity);
-                (Decision { verdict: Verdict::Rejected { retry_after: self.drain(excess) }, ..idle }, None)
+                (self.unchanged(Verdict::Rejected { retry_after: self.drain(excess) }, debt), None)
             }
         }
     }
@@ -518,21 +555,13 @@ impl Gcra {
         let now = self.now(now);
         let base = tat.max(now);
         let debt = base - now;
-        let limit = self.capacity_units();
-        let idle = Decision {
-            verdict: Verdict::Allowed,
-            limit,
-            remaining: self.units(self.capacity.saturating_sub(debt)),
-            reset_after: self.drain(debt),
-        };
         if cost == 0 {
-            return (idle, None);
+            return (self.unchanged(Verdict::Allowed, debt), None);
         }
-        if cost > limit {
-            return (Decision { verdict: Verdict::Exceeds, ..idle }, None);
+        if cost > self.burst {
+            return (self.unchanged(Verdict::Exceeds, debt), None);
         }
         let increment = u128::from(cost) * self.per;
-        let longest = u128::from(max_wait.0).saturating_mul(self.amount);
         let delay = self.drain(debt);
         match (debt.checked_add(increment), base.checked_add(increment)) {
             (Some(need), Some(next)) if need <= self.capacity && delay <= max_wait => {
@@ -540,7 +569,7 @@ impl Gcra {
                 (
                     Decision {
                         verdict,
-                        limit,
+                        limit: self.burst,
                         remaining: self.units(self.capacity - need),
                         reset_after: self.drain(need),
                     },
@@ -549,9 +578,10 @@ impl Gcra {
             }
             _ => {
                 let queue_wait = debt.saturating_add(increment).saturating_sub(self.capacity);
+                let longest = u128::from(max_wait.0).saturating_mul(self.amount);
                 let delay_wait = debt.saturating_sub(longest);
                 let retry_after = self.drain(queue_wait.max(delay_wait));
-                (Decision { verdict: Verdict::Rejected { retry_after }, ..idle }, None)
+                (self.unchanged(Verdict::Rejected { retry_after }, debt), None)
             }
         }
     }
@@ -563,8 +593,8 @@ impl Gcra {
         let old_debt = tat.max(old_now) - old_now;
         // Spent tokens, as old scaled time: capacity_old - available_old. Available tokens
         // are kept, up to the new capacity: new debt (tokens) = max(new_cap - avail, 0).
-        let new_capacity_tokens = u128::from(self.capacity_units());
-        let old_capacity_tokens = u128::from(old.capacity_units());
+        let new_capacity_tokens = u128::from(self.burst);
+        let old_capacity_tokens = u128::from(old.burst);
         let spent_old_scaled = if new_capacity_tokens >= old_capacity_tokens {
             ((new_capacity_tokens - old_capacity_tokens).checked_mul(old.per)?).checked_add(old_debt)?
         } else {

@@ -235,53 +235,50 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 continue;
             }
 
-            let outcomes: Vec<(Decision, Option<State>)> = requests
-                .iter()
-                .zip(&plans)
-                .map(|(request, plan)| request.limit.decide(plan.state.as_ref(), now, request.cost))
-                .collect();
-            let overflowed = u32::try_from(plans.iter().filter(|p| p.overflowed).count()).unwrap_or(u32::MAX);
-            let admitted = outcomes.iter().all(|(decision, _)| decision.is_admitted());
-            let decisions: Vec<Decision> = outcomes.iter().map(|(decision, _)| *decision).collect();
-            let admission = |admitted| Admission {
-                admitted,
-                decisions: decisions.clone(),
-                at: now,
-                conflicts,
-                repaired,
-                overflowed,
-                unrefunded,
-            };
-            if !admitted {
-                return Ok(admission(false));
+            let mut decisions = Vec::with_capacity(requests.len());
+            let mut writes = Vec::with_capacity(requests.len());
+            for (request, plan) in requests.iter().zip(&plans) {
+                let (decision, next) = request.limit.decide(plan.state.as_ref(), now, request.cost);
+                decisions.push(decision);
+                writes.push(next);
             }
-
-            let mut written: Vec<(usize, State)> = Vec::with_capacity(requests.len());
+            let admitted = decisions.iter().all(Decision::is_admitted);
             let mut conflict = false;
-            for (index, ((request, plan), (_, next))) in requests.iter().zip(&plans).zip(outcomes).enumerate() {
-                let Some(next) = next else { continue };
-                let bytes = Record { owner: plan.owner, limit: *request.limit, state: next.clone() }.encode();
-                let swap = match plan.cas {
-                    Some(cas) => self.store.set(plan.key, &bytes, Some(cas)),
-                    None => self.create(plan.key, &bytes),
-                };
-                match swap {
-                    Ok(Swap::Written) => written.push((index, next)),
-                    Ok(Swap::Conflict) => {
-                        conflict = true;
-                        break;
-                    }
-                    Err(e) => {
-                        self.refund_all(requests, &plans, &written);
-                        return Err(e.into());
+            if admitted {
+                for (index, ((request, plan), next)) in requests.iter().zip(&plans).zip(&writes).enumerate() {
+                    let Some(next) = next else { continue };
+                    let bytes = Record { owner: plan.owner, limit: *request.limit, state: next.clone() }.encode();
+                    let swap = match plan.cas {
+                        Some(cas) => self.store.set(plan.key, &bytes, Some(cas)),
+                        None => self.create(plan.key, &bytes),
+                    };
+                    match swap {
+                        Ok(Swap::Written) => {}
+                        Ok(Swap::Conflict) => {
+                            unrefunded += self.refund_all(requests, &plans, &writes, index);
+                            conflict = true;
+                            break;
+                        }
+                        Err(e) => {
+                            let _ = self.refund_all(requests, &plans, &writes, index);
+                            return Err(e.into());
+                        }
                     }
                 }
             }
-            if !conflict {
-                return Ok(Admission { unrefunded, ..admission(true) });
+            if conflict {
+                conflicts += 1;
+                continue;
             }
-            conflicts += 1;
-            unrefunded += self.refund_all(requests, &plans, &written);
+            return Ok(Admission {
+                admitted,
+                decisions,
+                at: now,
+                conflicts,
+                repaired,
+                overflowed: u32::try_from(plans.iter().filter(|p| p.overflowed).count()).unwrap_or(u32::MAX),
+                unrefunded,
+            });
         }
         Err(LimitError::Contended { attempts: self.max_attempts })
     }
@@ -351,16 +348,18 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         }
     }
 
-    /// Gives back what the writes in `written` spent. Returns how many could not be.
-    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], written: &[(usize, State)]) -> u32 {
-        let mut failed = 0;
-        for (index, state) in written {
-            let (Some(request), Some(plan)) = (requests.get(*index), plans.get(*index)) else { continue };
-            if !self.refund(plan, request, state) {
-                failed += 1;
+    /// Gives back what the writes made before `failed` spent. Returns how many refunds
+    /// could not be written.
+    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], writes: &[Option<State>], failed: usize) -> u32 {
+        let mut unrefunded = 0;
+        for ((request, plan), written) in requests.iter().zip(plans).zip(writes).take(failed) {
+            if let Some(written) = written
+                && !self.refund(plan, request, written)
+            {
+                unrefunded += 1;
             }
         }
-        failed
+        unrefunded
     }
 
     fn refund(&self, plan: &Plan<'_>, request: &Request<'_>, written: &State) -> bool {

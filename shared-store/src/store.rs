@@ -199,13 +199,21 @@ impl Store for MemoryStore {
 
     fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<Swap, StoreError> {
         let mut inner = self.lock();
-        if let (Some((_, stored)), Some(expected)) = (inner.map.get(key), cas)
-            && *stored != expected
-        {
-            return Ok(Swap::Conflict);
+        let token = match inner.map.get(key) {
+            Some((_, stored)) if cas.is_some_and(|expected| expected != *stored) => return Ok(Swap::Conflict),
+            _ => inner.next_cas(),
+        };
+        match inner.map.get_mut(key) {
+            // Overwrite in place: no new key allocation for the common case.
+            Some(entry) => {
+                entry.0.clear();
+                entry.0.extend_from_slice(value);
+                entry.1 = token;
+            }
+            None => {
+                inner.map.insert(key.to_owned(), (value.to_vec(), token));
+            }
         }
-        let token = inner.next_cas();
-        inner.map.insert(key.to_owned(), (value.to_vec(), token));
         Ok(Swap::Written)
     }
 }
