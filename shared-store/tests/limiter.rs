@@ -1,5 +1,10 @@
 //! The limiter over Envoy-semantics shared data: key creation races, contention
 //! exhaustion, damaged state, all-or-nothing across limits, and bounded slot tables.
+//!
+//! Like `scenarios.rs`, this file also runs on `wasm32-unknown-unknown` under Node.
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use shared_store::{
     Cas, Entry, HashKey, Limit, LimitError, Limiter, ManualClock, MemoryStore, Nanos, Placement, Rate, Record, Request,
