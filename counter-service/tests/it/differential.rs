@@ -1,0 +1,152 @@
+//! Differential test: the Lua script on a real Redis against `shared-store`'s
+//! `Limit::decide`, over many random limits inside the numeric envelope, random
+//! times (including exact retry-after instants, one microsecond before them, long
+//! idle gaps and backward steps) and random costs, checks and leases.
+
+use shared_store::{Decision, Limit, Nanos, State};
+use sluice_counter::spec::{LimitSpec, MAX_PERIOD_MS, Policy};
+
+use crate::support::{RedisServer, entry, lease_plan, plan, redis_store, t_us};
+
+/// xorshift64*: deterministic, seedable, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn random_spec(rng: &mut Rng) -> LimitSpec {
+    let periods = [1, 3, 7, 10, 100, 250, 1000, 1500, 60_000, 3_600_000, 86_400_000, MAX_PERIOD_MS];
+    loop {
+        let small = rng.chance(70);
+        let amount = if small { 1 + rng.below(20) } else { 1 + rng.below(2_000_000) };
+        let capacity = if small { 1 + rng.below(30) } else { 1 + rng.below(5_000_000) };
+        let per_ms = rng.pick(&periods);
+        let spec = match rng.below(5) {
+            0 => LimitSpec::TokenBucket { amount, per_ms, burst: capacity },
+            1 => LimitSpec::LeakyBucket { amount, per_ms, max_queue: capacity, max_wait_ms: rng.below(2 * per_ms + 1) },
+            2 => LimitSpec::FixedWindow { limit: capacity, window_ms: per_ms },
+            3 => LimitSpec::SlidingWindow { limit: capacity, window_ms: per_ms },
+            _ => LimitSpec::SlidingLog { limit: 1 + capacity % 40, window_ms: per_ms },
+        };
+        if Policy::new(spec).is_ok() {
+            return spec;
+        }
+    }
+}
+
+/// The time step (us) to the next request.
+fn step_us(rng: &mut Rng, policy: &Policy, last: &Decision) -> i64 {
+    let period_us = policy.limit.period().as_u64() / 1000;
+    let retry_us = |d: &Decision| d.retry_after().filter(|r| *r < Nanos::MAX).map(|r| r.as_u64().div_ceil(1000));
+    match rng.below(10) {
+        0 => 0,
+        1 | 2 => retry_us(last).map_or(1, |r| r as i64),
+        3 => retry_us(last).map_or(1, |r| r as i64 - 1),
+        4 => rng.below(20) as i64,
+        5 => -(rng.below(period_us / 4 + 2) as i64),
+        6 => (period_us * (1 + rng.below(5))) as i64,
+        _ => rng.below(period_us / 3 + 2) as i64,
+    }
+}
+
+/// What the reference keeps per key: shared-store's state and the latest decision time.
+#[derive(Default)]
+struct Reference {
+    state: Option<State>,
+    last: Nanos,
+}
+
+impl Reference {
+    fn check(&mut self, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        let at = now.max(self.last);
+        let (decision, next) = limit.decide(self.state.as_ref(), at, cost);
+        if let Some(next) = next {
+            self.state = Some(next);
+            self.last = at;
+        }
+        decision
+    }
+
+    fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64) -> (u64, Decision) {
+        let at = now.max(self.last);
+        let (query, _) = limit.decide(self.state.as_ref(), at, 0);
+        let granted = tokens.min(query.remaining);
+        let (decision, next) = limit.decide(self.state.as_ref(), at, granted.max(1));
+        match next {
+            Some(next) if granted > 0 && decision.is_admitted() => {
+                self.state = Some(next);
+                self.last = at;
+                (granted, decision)
+            }
+            _ => (0, decision),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_times_and_costs() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis);
+    let seed = std::env::var("SLUICE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_1234_ABCD_0001_u64);
+    let cases: u64 = std::env::var("SLUICE_DIFF_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let mut rng = Rng(seed);
+    let mut compared = 0u64;
+    let mut rejections = 0u64;
+
+    for case in 0..cases {
+        let spec = random_spec(&mut rng);
+        let policy = Policy::new(spec).expect("valid");
+        let tag = format!("diff{case}");
+        let mut reference = Reference::default();
+        let mut now_us: i64 = rng.below(86_400_000_000_000) as i64;
+        let mut last =
+            Decision { verdict: shared_store::Verdict::Allowed, limit: 0, remaining: 0, reset_after: Nanos::ZERO };
+        for step in 0..40 {
+            now_us = (now_us + step_us(&mut rng, &policy, &last)).max(0);
+            let now = t_us(now_us as u64);
+            let context = || format!("seed {seed:#x} case {case} step {step}: {spec:?} at {now_us} us");
+            if policy.leasable() && rng.chance(15) {
+                let tokens = 1 + rng.below(policy.capacity());
+                let (granted, expected) = reference.lease(&policy.limit, now, tokens);
+                let got = store.lease(&lease_plan(&tag, "k", spec, tokens), Some(now)).await.expect("redis answers");
+                assert_eq!((got.granted, got.decision), (granted, expected), "lease of {tokens}: {}", context());
+                last = expected;
+            } else {
+                let spread = 1 + rng.below(8);
+                let cost = if rng.chance(10) { 0 } else { 1 + rng.below(policy.capacity().min(spread)) };
+                let expected = reference.check(&policy.limit, now, cost);
+                let got =
+                    store.check(&plan(&tag, vec![entry("k", spec, cost)]), Some(now)).await.expect("redis answers");
+                assert_eq!(got.decisions, vec![expected], "cost {cost}: {}", context());
+                assert_eq!(got.admitted, expected.is_admitted(), "{}", context());
+                assert_eq!(got.at, now, "{}", context());
+                if !expected.is_admitted() {
+                    rejections += 1;
+                }
+                last = expected;
+            }
+            compared += 1;
+        }
+    }
+
+    assert!(rejections > compared / 20, "the random walk must reach rejections often: {rejections} of {compared}");
+    redis.assert_every_key_has_a_ttl();
+}

@@ -1,0 +1,7 @@
+//! sluice-counter's integration tests, in one binary (one link, shared helpers).
+//!
+//! Tests that need Redis start their own `redis-server` instances on loopback ports
+//! (see `support`), and fail loudly when it is not installed.
+
+mod differential;
+mod support;

@@ -1,0 +1,380 @@
+//! Test support: Redis servers and clusters the tests start themselves, an HTTP client,
+//! plan builders, and the hygiene check every Redis test ends with.
+//!
+//! Every `redis-server` runs on a free loopback port, in its own temporary directory,
+//! with persistence off, under a small shell watchdog that kills it when the test
+//! process exits (so even a server kept in a `static` never outlives the tests). Guards
+//! kill their server when dropped. A missing `redis-server` is a loud failure, never a
+//! skip: CI installs Debian's `redis-server` package.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use shared_store::Nanos;
+use sluice_counter::api::{CheckPlan, CheckRequest, EntryRequest, LeasePlan, LeaseRequest};
+use sluice_counter::spec::LimitSpec;
+use sluice_counter::store::{
+    CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
+};
+
+/// Polls `ready` every 20 ms until it holds or `within` passes.
+pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A free loopback port (bound then released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn redis_server_binary() -> &'static str {
+    static CHECKED: OnceLock<()> = OnceLock::new();
+    CHECKED.get_or_init(|| {
+        let found = Command::new("redis-server").arg("--version").stdout(Stdio::null()).status();
+        assert!(
+            matches!(found, Ok(s) if s.success()),
+            "redis-server is not installed: these tests need Debian's redis-server and redis-tools packages \
+             (apt-get install -y redis-server redis-tools)"
+        );
+    });
+    "redis-server"
+}
+
+/// One `redis-server` on a loopback port.
+#[derive(Debug)]
+pub struct RedisServer {
+    pub port: u16,
+    pid: u32,
+    dir: PathBuf,
+    extra: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+const WATCHDOG: &str = r#"dir=$1; shift
+"$@" &
+r=$!
+echo $r > "$dir/redis.pid"
+while kill -0 "$PARENT" 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 0.2; done
+kill -9 $r 2>/dev/null
+if ! kill -0 "$PARENT" 2>/dev/null; then rm -rf "$dir"; fi
+"#;
+
+impl RedisServer {
+    /// A standalone server.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let tmp = tempfile::Builder::new().prefix("sluice-redis-").tempdir().expect("a temp dir");
+        let dir = tmp.path().to_path_buf();
+        let mut server = Self {
+            port: free_port(),
+            pid: 0,
+            dir,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            _tmp: Some(tmp),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let pid_file = self.dir.join("redis.pid");
+        let _ = std::fs::remove_file(&pid_file);
+        let port = self.port.to_string();
+        let mut args: Vec<String> = [
+            redis_server_binary(),
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir.to_str().expect("utf-8 temp dir"),
+            "--loglevel",
+            "warning",
+            "--logfile",
+            "redis.log",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(&self.dir)
+            .args(&args)
+            .env("PARENT", std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh starts");
+        wait_until(Duration::from_secs(10), "redis-server's pid file", || {
+            std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<u32>().ok()).is_some()
+        });
+        self.pid = std::fs::read_to_string(&pid_file).expect("pid").trim().parse().expect("pid");
+        let url = self.url();
+        wait_until(Duration::from_secs(10), "redis-server to answer PING", || {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// A fresh synchronous connection (for administration and inspection).
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("url");
+        let conn = client.get_connection_with_timeout(Duration::from_secs(5)).expect("connect to redis");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        conn
+    }
+
+    /// Runs one command and returns its reply.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.conn()).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(self.pid.to_string()).status().expect("kill");
+        assert!(status.success(), "kill -{signal} {}", self.pid);
+    }
+
+    /// Kills the server (SIGKILL) and waits until its port is closed.
+    pub fn kill(&self) {
+        self.signal("KILL");
+        let port = self.port;
+        wait_until(Duration::from_secs(10), "redis-server to die", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        });
+    }
+
+    /// Starts the server again on the same port (empty: persistence is off).
+    pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    /// `INFO clients` connected_clients (including the connection asking).
+    pub fn connected_clients(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "clients"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("connected_clients in INFO")
+    }
+
+    /// Every `sluice:*` key with its PTTL.
+    pub fn limiter_keys(&self) -> Vec<(String, i64)> {
+        let mut conn = self.conn();
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg("sluice:*").query(&mut conn).expect("KEYS (test servers hold few keys)");
+        keys.into_iter()
+            .map(|k| {
+                let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).expect("PTTL");
+                (k, ttl)
+            })
+            .collect()
+    }
+
+    /// Fails if any limiter key lacks a TTL (`PTTL` -1).
+    pub fn assert_every_key_has_a_ttl(&self) {
+        let keys = self.limiter_keys();
+        let without: Vec<_> = keys.iter().filter(|(_, ttl)| *ttl == -1).collect();
+        assert!(without.is_empty(), "limiter keys without a TTL on port {}: {without:?}", self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-9").arg(self.pid.to_string()).status();
+    }
+}
+
+/// Three masters of a Redis Cluster, slots split by `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed (Debian's redis-tools)");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        for node in &nodes {
+            wait_until(Duration::from_secs(20), "cluster_state:ok on every node", || {
+                let info: String = node.cmd(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+            });
+        }
+        Self { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    pub fn assert_every_key_has_a_ttl(&self) {
+        for node in &self.nodes {
+            node.assert_every_key_has_a_ttl();
+        }
+    }
+}
+
+/// The one cluster the behavioural suite shares (creating one takes seconds); tests
+/// use distinct tags, and the watchdog stops it when the test process exits.
+pub fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+pub fn redis_config(urls: Vec<String>, topology: Topology) -> RedisConfig {
+    RedisConfig {
+        urls,
+        topology,
+        pool_size: 2,
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+    }
+}
+
+pub fn memory_store() -> Store {
+    Store::Memory(MemoryStore::new(MemoryConfig { shards: 8, max_keys: 10_000 }))
+}
+
+pub fn redis_store(server: &RedisServer) -> Store {
+    Store::Redis(Box::new(RedisStore::new(redis_config(vec![server.url()], Topology::Standalone)).expect("store")))
+}
+
+pub fn cluster_store(cluster: &RedisCluster) -> Store {
+    Store::Redis(Box::new(RedisStore::new(redis_config(cluster.urls(), Topology::Cluster)).expect("store")))
+}
+
+/// A test time: a whole number of microseconds near today's Unix time.
+pub fn t_us(us: u64) -> Nanos {
+    Nanos((1_750_000_000_000_000 + us) * 1000)
+}
+
+pub fn entry(key: &str, limit: LimitSpec, cost: u64) -> EntryRequest {
+    EntryRequest { key: key.to_owned(), policy_version: 0, limit, cost }
+}
+
+pub fn plan(tag: &str, entries: Vec<EntryRequest>) -> CheckPlan {
+    CheckRequest { tag: Some(tag.to_owned()), entries }.plan(64).expect("a valid check")
+}
+
+pub async fn check(store: &Store, tag: &str, entries: Vec<EntryRequest>, at: Nanos) -> CheckOutcome {
+    store.check(&plan(tag, entries), Some(at)).await.expect("the store answers")
+}
+
+pub fn lease_plan(tag: &str, key: &str, limit: LimitSpec, tokens: u64) -> LeasePlan {
+    LeaseRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, tokens, ttl_ms: 1000 }
+        .plan()
+        .expect("a valid lease")
+}
+
+pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
+    store.lease(&lease_plan(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
+}
+
+/// A small HTTP/1.1 JSON client.
+#[derive(Clone, Debug)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    pub fn new(addr: std::net::SocketAddr) -> Self {
+        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build_http();
+        Self { client, base: format!("http://{addr}") }
+    }
+
+    pub async fn send(&self, method: &str, path: &str, body: impl Into<Bytes>) -> (u16, Bytes) {
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(Full::new(body.into()))
+            .expect("a request");
+        let response = self.client.request(request).await.expect("the service answers");
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.expect("a body").to_bytes();
+        (status, body)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, bytes) = self.send("POST", path, serde_json::to_vec(body).expect("json")).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{status} {bytes:?}: {e}")))
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<Bytes>) -> (u16, Value) {
+        let (status, bytes) = self.send("POST", path, body).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{status} {bytes:?}: {e}")))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let (status, bytes) = self.send("GET", path, Bytes::new()).await;
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+}
+
+/// Serialises the load and fault tests: each loads both cores, and their latency bounds
+/// assume they do not run alongside each other.
+pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
