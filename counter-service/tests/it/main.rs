@@ -3,5 +3,6 @@
 //! Tests that need Redis start their own `redis-server` instances on loopback ports
 //! (see `support`), and fail loudly when it is not installed.
 
+mod behaviour;
 mod differential;
 mod support;

@@ -1,0 +1,241 @@
+//! The shared behavioural suite: every scenario runs on the memory store, on a Redis
+//! server and on a 3-master Redis Cluster, with the same expected answers (computed by
+//! hand from the algorithms' definitions). Time is set by each call (the stores' test
+//! override), so nothing sleeps.
+
+use shared_store::{Nanos, Verdict};
+use sluice_counter::api::EntryRequest;
+use sluice_counter::spec::LimitSpec;
+use sluice_counter::store::Store;
+
+use crate::support::*;
+
+const MS: u64 = 1000; // microseconds
+
+fn bucket() -> LimitSpec {
+    // 2 per second: one token every 500 ms; bursts of 4.
+    LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }
+}
+
+fn rejected(ms: u64) -> Verdict {
+    Verdict::Rejected { retry_after: Nanos::from_millis(ms) }
+}
+
+async fn one(store: &Store, tag: &str, e: EntryRequest, at_us: u64) -> shared_store::Decision {
+    let outcome = check(store, tag, vec![e], t_us(at_us)).await;
+    assert_eq!(outcome.decisions.len(), 1);
+    assert_eq!(outcome.admitted, outcome.decisions[0].is_admitted());
+    outcome.decisions[0]
+}
+
+async fn a_token_bucket_admits_its_burst_then_rejects_with_the_exact_wait(store: &Store, tag: &str) {
+    let mut remaining = Vec::new();
+    for _ in 0..4 {
+        let d = one(store, tag, entry("k", bucket(), 1), 0).await;
+        assert_eq!(d.verdict, Verdict::Allowed);
+        remaining.push(d.remaining);
+    }
+    let fifth = one(store, tag, entry("k", bucket(), 1), 0).await;
+
+    assert_eq!(remaining, [3, 2, 1, 0]);
+    assert_eq!(fifth.verdict, rejected(500));
+    assert_eq!((fifth.limit, fifth.remaining, fifth.reset_after), (4, 0, Nanos::from_millis(2000)));
+}
+
+async fn a_rejected_client_is_admitted_at_exactly_retry_after_and_not_a_microsecond_before(store: &Store, tag: &str) {
+    for _ in 0..4 {
+        one(store, tag, entry("k", bucket(), 1), 0).await;
+    }
+
+    let early = one(store, tag, entry("k", bucket(), 1), 500 * MS - 1).await;
+    let on_time = one(store, tag, entry("k", bucket(), 1), 500 * MS).await;
+
+    assert_eq!(early.verdict, Verdict::Rejected { retry_after: Nanos(1000) });
+    assert_eq!(on_time.verdict, Verdict::Allowed);
+}
+
+async fn a_token_bucket_refills_at_its_rate_up_to_its_burst(store: &Store, tag: &str) {
+    for _ in 0..4 {
+        one(store, tag, entry("k", bucket(), 1), 0).await;
+    }
+
+    let after_one_second = one(store, tag, entry("k", bucket(), 0), 1000 * MS).await;
+    let mut admitted_after_an_hour = 0;
+    for _ in 0..6 {
+        if one(store, tag, entry("k", bucket(), 1), 3_600_000 * MS).await.is_admitted() {
+            admitted_after_an_hour += 1;
+        }
+    }
+
+    assert_eq!(after_one_second.remaining, 2);
+    assert_eq!(admitted_after_an_hour, 4);
+}
+
+async fn a_fixed_window_resets_at_the_window_boundary(store: &Store, tag: &str) {
+    let limit = LimitSpec::FixedWindow { limit: 3, window_ms: 1000 };
+    let mut admitted = 0;
+    for _ in 0..3 {
+        admitted += u32::from(one(store, tag, entry("k", limit, 1), 250 * MS).await.is_admitted());
+    }
+
+    let fourth = one(store, tag, entry("k", limit, 1), 250 * MS).await;
+    let next_window = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
+
+    assert_eq!(admitted, 3);
+    assert_eq!(fourth.verdict, rejected(750));
+    assert_eq!(fourth.reset_after, Nanos::from_millis(750));
+    assert_eq!((next_window.verdict, next_window.remaining), (Verdict::Allowed, 2));
+}
+
+async fn a_sliding_window_weighs_the_previous_window_by_its_overlap(store: &Store, tag: &str) {
+    let limit = LimitSpec::SlidingWindow { limit: 4, window_ms: 1000 };
+    for _ in 0..4 {
+        assert!(one(store, tag, entry("k", limit, 1), 0).await.is_admitted());
+    }
+
+    // 250 ms into the next window, 75 % of the previous 4 still counts: 3 used, 1 left.
+    let fits = one(store, tag, entry("k", limit, 1), 1250 * MS).await;
+    let over = one(store, tag, entry("k", limit, 1), 1250 * MS).await;
+    let later = one(store, tag, entry("k", limit, 1), 1500 * MS).await;
+
+    assert_eq!((fits.verdict, fits.remaining), (Verdict::Allowed, 0));
+    assert_eq!(over.verdict, rejected(250));
+    assert_eq!(later.verdict, Verdict::Allowed);
+}
+
+async fn a_sliding_log_counts_exactly_the_trailing_window(store: &Store, tag: &str) {
+    let limit = LimitSpec::SlidingLog { limit: 3, window_ms: 1000 };
+    for at in [0, 100, 200] {
+        assert!(one(store, tag, entry("k", limit, 1), at * MS).await.is_admitted());
+    }
+
+    let full = one(store, tag, entry("k", limit, 1), 300 * MS).await;
+    let first_expired = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
+    let still_full = one(store, tag, entry("k", limit, 1), 1050 * MS).await;
+
+    assert_eq!(full.verdict, rejected(700));
+    assert_eq!(first_expired.verdict, Verdict::Allowed);
+    assert_eq!(still_full.verdict, rejected(50));
+}
+
+async fn a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it(store: &Store, tag: &str) {
+    let limit = LimitSpec::LeakyBucket { amount: 1, per_ms: 100, max_queue: 3, max_wait_ms: 250 };
+    let mut verdicts = Vec::new();
+    for _ in 0..4 {
+        verdicts.push(one(store, tag, entry("k", limit, 1), 0).await.verdict);
+    }
+
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Allowed,
+            Verdict::Delayed(Nanos::from_millis(100)),
+            Verdict::Delayed(Nanos::from_millis(200)),
+            rejected(100),
+        ]
+    );
+}
+
+async fn a_check_with_one_rejecting_entry_spends_nothing_on_the_others(store: &Store, tag: &str) {
+    let window = LimitSpec::FixedWindow { limit: 1, window_ms: 60_000 };
+    let both = || vec![entry("user", bucket(), 1), entry("route", window, 1)];
+    let first = check(store, tag, both(), t_us(0)).await;
+
+    let second = check(store, tag, both(), t_us(10 * MS)).await;
+    let user_after = one(store, tag, entry("user", bucket(), 0), 10 * MS).await;
+
+    assert!(first.admitted);
+    assert!(!second.admitted);
+    assert_eq!(second.decisions[0].verdict, Verdict::Allowed, "the bucket alone would admit");
+    assert!(matches!(second.decisions[1].verdict, Verdict::Rejected { .. }));
+    assert_eq!(user_after.remaining, 3, "the rejected check spent nothing on the bucket");
+}
+
+async fn a_new_policy_version_starts_from_fresh_state(store: &Store, tag: &str) {
+    let small = LimitSpec::TokenBucket { amount: 1, per_ms: 60_000, burst: 2 };
+    let v = |version| EntryRequest { policy_version: version, ..entry("k", small, 1) };
+    one(store, tag, v(1), 0).await;
+    one(store, tag, v(1), 0).await;
+
+    let old = one(store, tag, v(1), 0).await;
+    let new = one(store, tag, v(2), 0).await;
+
+    assert!(matches!(old.verdict, Verdict::Rejected { .. }));
+    assert_eq!((new.verdict, new.remaining), (Verdict::Allowed, 1));
+}
+
+async fn a_lease_deducts_the_granted_tokens_from_the_global_budget(store: &Store, tag: &str) {
+    let limit = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 10 };
+
+    let first = lease(store, tag, "k", limit, 4, t_us(0)).await;
+    let second = lease(store, tag, "k", limit, 10, t_us(0)).await;
+    let check_after = one(store, tag, entry("k", limit, 1), 0).await;
+    let empty = lease(store, tag, "k", limit, 5, t_us(0)).await;
+
+    assert_eq!((first.granted, first.decision.remaining), (4, 6));
+    assert_eq!((second.granted, second.decision.remaining), (6, 0), "only what is left is granted");
+    assert_eq!(check_after.verdict, rejected(1000));
+    assert_eq!((empty.granted, empty.decision.verdict), (0, rejected(1000)));
+}
+
+async fn a_cost_of_zero_queries_without_spending(store: &Store, tag: &str) {
+    one(store, tag, entry("k", bucket(), 3), 0).await;
+
+    let first = one(store, tag, entry("k", bucket(), 0), 100 * MS).await;
+    let second = one(store, tag, entry("k", bucket(), 0), 100 * MS).await;
+
+    assert_eq!(first, second);
+    assert_eq!((first.verdict, first.remaining, first.reset_after), (Verdict::Allowed, 1, Nanos::from_millis(1400)));
+}
+
+async fn time_that_steps_backwards_never_refills(store: &Store, tag: &str) {
+    for _ in 0..4 {
+        one(store, tag, entry("k", bucket(), 1), 10_000 * MS).await;
+    }
+
+    let earlier = one(store, tag, entry("k", bucket(), 1), 9_000 * MS).await;
+    let later = one(store, tag, entry("k", bucket(), 1), 10_500 * MS).await;
+
+    assert_eq!(earlier.verdict, rejected(500), "decided at the key's latest time, not before it");
+    assert_eq!(later.verdict, Verdict::Allowed);
+}
+
+macro_rules! on_every_store {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test]
+            async fn on_the_memory_store() {
+                super::$scenario(&crate::support::memory_store(), "t").await;
+            }
+
+            #[tokio::test]
+            async fn on_redis() {
+                let redis = crate::support::RedisServer::start();
+                super::$scenario(&crate::support::redis_store(&redis), "t").await;
+                redis.assert_every_key_has_a_ttl();
+            }
+
+            #[tokio::test]
+            async fn on_a_redis_cluster() {
+                let cluster = crate::support::shared_cluster();
+                super::$scenario(&crate::support::cluster_store(cluster), stringify!($scenario)).await;
+                cluster.assert_every_key_has_a_ttl();
+            }
+        }
+    )*};
+}
+
+on_every_store!(
+    a_token_bucket_admits_its_burst_then_rejects_with_the_exact_wait,
+    a_rejected_client_is_admitted_at_exactly_retry_after_and_not_a_microsecond_before,
+    a_token_bucket_refills_at_its_rate_up_to_its_burst,
+    a_fixed_window_resets_at_the_window_boundary,
+    a_sliding_window_weighs_the_previous_window_by_its_overlap,
+    a_sliding_log_counts_exactly_the_trailing_window,
+    a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it,
+    a_check_with_one_rejecting_entry_spends_nothing_on_the_others,
+    a_new_policy_version_starts_from_fresh_state,
+    a_lease_deducts_the_granted_tokens_from_the_global_budget,
+    a_cost_of_zero_queries_without_spending,
+    time_that_steps_backwards_never_refills,
+);
