@@ -23,8 +23,15 @@
 //! policy's **overflow bucket**: one shared bucket with the policy's own numbers. Clients
 //! that spill over share it, so under a flood of identities new clients are limited
 //! together (more strictly than alone) while every tracked client keeps its own bucket.
-//! When a spilled client later takes its own slot, the slot starts from the overflow
-//! bucket's state rather than from full, so spilling over never grants extra allowance.
+//! When a client takes a slot while the overflow bucket is in use, the slot starts from
+//! the overflow bucket's state rather than from full: a client that spilled over never
+//! gains allowance by moving back to a slot of its own (during a flood, a new client
+//! therefore starts as strict as the overflow bucket, never looser).
+//!
+//! One race is left, and bounded: a request that a worker decides on the overflow
+//! bucket at the very moment another worker moves the same client into a freed slot is
+//! counted in the overflow bucket only. The excess is at most the cost of the requests
+//! in flight for that client on the other workers, once per move.
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
