@@ -3,6 +3,9 @@
 //! Tests that need Redis start their own `redis-server` instances on loopback ports
 //! (see `support`), and fail loudly when it is not installed.
 
+mod api;
 mod behaviour;
+mod binary;
 mod differential;
+mod stores;
 mod support;

@@ -1,0 +1,318 @@
+//! The HTTP API, served in-process on port 0: responses, error codes, and bad input that
+//! never changes a counter.
+
+use serde_json::{Value, json};
+use sluice_counter::config::{Config, StoreKind};
+use sluice_counter::store::Store;
+use sluice_counter::{Running, store::StoreError};
+
+use crate::support::{Http, RedisServer, free_port};
+
+pub async fn start(config: Config) -> (Running, Http) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let running = Running::start(listener, config).await.expect("the service starts");
+    let http = Http::new(running.addr);
+    (running, http)
+}
+
+pub fn redis_config(url: String) -> Config {
+    Config { store: StoreKind::Redis, redis_url: vec![url], ..Config::defaults() }
+}
+
+fn probe_limit() -> Value {
+    // One token a day: nothing refills while a test runs.
+    json!({"algorithm": "token_bucket", "amount": 1, "per_ms": 86_400_000, "burst": 10})
+}
+
+fn probe_entry(cost: u64) -> Value {
+    json!({"key": "probe", "limit": probe_limit(), "cost": cost})
+}
+
+async fn probe_remaining(http: &Http) -> u64 {
+    let (status, body) = http.post("/v1/check", &json!({"entries": [probe_entry(0)]})).await;
+    assert_eq!(status, 200, "{body}");
+    body["entries"][0]["remaining"].as_u64().expect("remaining")
+}
+
+/// (what, path, body, status, code): every class of bad input, each carrying a valid
+/// entry for the probe key, so that a partial application would show.
+fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> {
+    let probe = probe_entry(1);
+    let with = |extra: Value| json!({"tag": "p", "entries": [probe.clone(), extra]}).to_string();
+    let bucket = |limit: Value| json!({"key": "other", "limit": limit});
+    let many: Vec<Value> = (0..10_000).map(|i| json!({"key": format!("k{i}"), "limit": probe_limit()})).collect();
+    let seventeen: Vec<Value> = (0..17).map(|i| json!({"key": format!("k{i}"), "limit": probe_limit()})).collect();
+    vec![
+        ("malformed json", "/v1/check", r#"{"entries": [ {"key": "probe""#.to_owned(), 400, "malformed_json"),
+        ("trailing garbage", "/v1/check", format!("{} x", json!({"entries": [probe]})), 400, "malformed_json"),
+        ("not an object", "/v1/check", "[1,2,3]".to_owned(), 400, "invalid_value"),
+        ("unknown top-level field", "/v1/check", json!({"entries": [probe], "dry_run": true}).to_string(), 400, "unknown_field"),
+        ("unknown entry field", "/v1/check", with(json!({"key": "o", "limit": probe_limit(), "weight": 2})), 400, "unknown_field"),
+        (
+            "unknown limit field",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "burst": 1}))),
+            400,
+            "unknown_field",
+        ),
+        ("missing field", "/v1/check", with(json!({"limit": probe_limit()})), 400, "missing_field"),
+        (
+            "unknown algorithm",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "magic", "limit": 5}))),
+            400,
+            "unknown_algorithm",
+        ),
+        ("negative cost", "/v1/check", with(json!({"key": "o", "limit": probe_limit(), "cost": -1})), 400, "invalid_value"),
+        (
+            "string where a number belongs",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "token_bucket", "amount": "10", "per_ms": 1000, "burst": 5}))),
+            400,
+            "invalid_value",
+        ),
+        (
+            "fractional number",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "token_bucket", "amount": 1.5, "per_ms": 1000, "burst": 5}))),
+            400,
+            "invalid_value",
+        ),
+        (
+            "number beyond u64",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1e30}))),
+            400,
+            "invalid_value",
+        ),
+        (
+            "zero window",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 0}))),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "zero burst",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "token_bucket", "amount": 1, "per_ms": 1000, "burst": 0}))),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "zero rate",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "token_bucket", "amount": 0, "per_ms": 1000, "burst": 5}))),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "window longer than 31 days",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 31_u64 * 86_400_000 + 1}))),
+            400,
+            "outside_envelope",
+        ),
+        (
+            "bucket outside the numeric envelope",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "token_bucket", "amount": 1, "per_ms": 86_400_000, "burst": 1000}))),
+            400,
+            "outside_envelope",
+        ),
+        (
+            "sliding log longer than 256",
+            "/v1/check",
+            with(bucket(json!({"algorithm": "sliding_log", "limit": 257, "window_ms": 1000}))),
+            400,
+            "outside_envelope",
+        ),
+        ("cost above burst", "/v1/check", with(json!({"key": "o", "limit": probe_limit(), "cost": 11})), 400, "cost_exceeds_capacity"),
+        ("no entries", "/v1/check", json!({"entries": []}).to_string(), 400, "no_entries"),
+        ("17 entries", "/v1/check", json!({"tag": "p", "entries": seventeen}).to_string(), 400, "too_many_entries"),
+        ("10 000 entries", "/v1/check", json!({"tag": "p", "entries": many}).to_string(), 413, "body_too_large"),
+        (
+            "several entries without a tag",
+            "/v1/check",
+            json!({"entries": [probe, {"key": "o", "limit": probe_limit()}]}).to_string(),
+            400,
+            "tag_required",
+        ),
+        ("duplicate entry", "/v1/check", with(probe.clone()), 400, "duplicate_entry"),
+        ("tag with a brace", "/v1/check", json!({"tag": "a}b", "entries": [probe]}).to_string(), 400, "invalid_tag"),
+        ("empty key", "/v1/check", with(json!({"key": "", "limit": probe_limit()})), 400, "invalid_key"),
+        (
+            "lease of a leaky bucket",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 1, "ttl_ms": 1000,
+                   "limit": {"algorithm": "leaky_bucket", "amount": 1, "per_ms": 1000, "max_queue": 5, "max_wait_ms": 100}})
+            .to_string(),
+            400,
+            "lease_unsupported",
+        ),
+        (
+            "lease of zero tokens",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 0, "ttl_ms": 1000, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_tokens",
+        ),
+        (
+            "lease of more than the burst",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 11, "ttl_ms": 1000, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_tokens",
+        ),
+        (
+            "lease without a time bound",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 1, "ttl_ms": 0, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_ttl",
+        ),
+        ("unknown route", "/v2/check", json!({"entries": [probe]}).to_string(), 404, "not_found"),
+    ]
+}
+
+async fn every_class_of_bad_input_gets_its_4xx(http: &Http, keys: impl Fn() -> usize) {
+    let (status, _) = http.post("/v1/check", &json!({"entries": [probe_entry(5)]})).await;
+    assert_eq!(status, 200);
+    let remaining = probe_remaining(http).await;
+    let key_count = keys();
+
+    for (what, path, body, status, code) in bad_inputs() {
+        let (got_status, got) = http.post_raw(path, body).await;
+
+        assert_eq!((got_status, got["error"]["code"].as_str()), (status, Some(code)), "{what}: {got}");
+        let message = got["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.len() > 10, "{what}: the message says what is wrong: {got}");
+        assert_eq!(probe_remaining(http).await, remaining, "{what} changed a counter");
+        assert_eq!(keys(), key_count, "{what} created a key");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory() {
+    let (running, http) = start(Config::defaults()).await;
+    let app = running.app.clone();
+    let keys = move || match app.store() {
+        Store::Memory(m) => m.len(),
+        Store::Redis(_) => unreachable!(),
+    };
+
+    every_class_of_bad_input_gets_its_4xx(&http, keys).await;
+
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_on_redis() {
+    let redis = RedisServer::start();
+    let (running, http) = start(redis_config(redis.url())).await;
+
+    every_class_of_bad_input_gets_its_4xx(&http, || redis.limiter_keys().len()).await;
+
+    running.stop().await.expect("clean stop");
+    redis.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test]
+async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry() {
+    let (running, http) = start(Config::defaults()).await;
+    let limit = json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000});
+    let body = json!({"tag": "client-1", "entries": [
+        {"key": "per-client", "policy_version": 1, "limit": limit, "cost": 1},
+        {"key": "per-route", "limit": {"algorithm": "token_bucket", "amount": 10, "per_ms": 1000, "burst": 10}},
+    ]});
+
+    let (first_status, first) = http.post("/v1/check", &body).await;
+    let (_, second) = http.post("/v1/check", &body).await;
+
+    assert_eq!(first_status, 200);
+    assert_eq!(first["admitted"], true);
+    assert!(first["at_ns"].as_u64().expect("at_ns") > 1_700_000_000_000_000_000);
+    assert_eq!(first["entries"][1]["remaining"], 9);
+    assert_eq!(second["admitted"], false);
+    let rejected = &second["entries"][0];
+    assert_eq!(rejected["verdict"], "rejected");
+    assert_eq!((rejected["limit"].as_u64(), rejected["remaining"].as_u64()), (Some(1), Some(0)));
+    let retry = rejected["retry_after_ns"].as_u64().expect("retry");
+    assert!(retry > 0 && retry <= 60_000_000_000, "{rejected}");
+    assert_eq!(rejected["reset_after_ns"].as_u64(), Some(retry));
+    assert_eq!(second["entries"][1]["verdict"], "allowed", "the bucket alone would admit");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
+    let (running, http) = start(Config::defaults()).await;
+    let body = json!({"key": "route", "tokens": 8, "ttl_ms": 2000,
+                      "limit": {"algorithm": "token_bucket", "amount": 1, "per_ms": 60_000, "burst": 10}});
+
+    let (status, first) = http.post("/v1/lease", &body).await;
+    let (_, second) = http.post("/v1/lease", &body).await;
+
+    assert_eq!(status, 200);
+    assert_eq!((first["granted"].as_u64(), first["expires_in_ms"].as_u64()), (Some(8), Some(2000)));
+    assert_eq!(first["entry"]["remaining"], 2);
+    assert_eq!(second["granted"], 2);
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_are_served() {
+    let (running, http) = start(Config::defaults()).await;
+    let body =
+        json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000}}]});
+    http.post("/v1/check", &body).await;
+    http.post("/v1/check", &body).await;
+    http.post_raw("/v1/check", "{").await;
+
+    let (health, _) = http.get("/healthz").await;
+    let (ready, ready_body) = http.get("/readyz").await;
+    let (metrics_status, metrics) = http.get("/metrics").await;
+
+    assert_eq!((health, ready), (200, 200), "{ready_body}");
+    assert_eq!(metrics_status, 200);
+    for line in [
+        "sluice_counter_decisions_total{outcome=\"admitted\"} 1",
+        "sluice_counter_decisions_total{outcome=\"rejected\"} 1",
+        "sluice_counter_store_latency_seconds_count{store=\"memory\"} 3", // two checks and /readyz
+        "sluice_counter_store_errors_total{kind=\"timeout\"} 0",
+        "sluice_counter_in_flight_requests 1",
+        "sluice_counter_responses_total{status=\"400\"} 1",
+        "sluice_counter_memory_keys 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_makes_readyz_and_checks_answer_store_unavailable() {
+    let port = free_port();
+    let config = Config { redis_timeout_ms: 200, ..redis_config(format!("redis://127.0.0.1:{port}")) };
+    let (running, http) = start(config).await;
+    let body =
+        json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 1000}}]});
+
+    let started = std::time::Instant::now();
+    let (ready, ready_body) = http.get("/readyz").await;
+    let (status, error) = http.post("/v1/check", &body).await;
+    let took = started.elapsed();
+
+    assert_eq!(ready, 503, "{ready_body}");
+    assert!(ready_body.contains("store_unavailable"), "{ready_body}");
+    assert_eq!((status, error["error"]["code"].as_str()), (503, Some("store_unavailable")), "{error}");
+    assert!(took < std::time::Duration::from_millis(2 * 200 + 500), "answered within the deadlines: {took:?}");
+    let (_, metrics) = http.get("/metrics").await;
+    assert!(metrics.contains("sluice_counter_store_errors_total{kind=\"connection\"} 2"), "{metrics}");
+    running.stop().await.expect("clean stop");
+}
+
+#[test]
+fn store_errors_have_stable_codes() {
+    assert_eq!(StoreError::Full { max_keys: 1 }.code(), "store_full");
+    assert_eq!(StoreError::Timeout { store: "redis", after_ms: 1 }.code(), "store_unavailable");
+}

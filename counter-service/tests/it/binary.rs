@@ -1,0 +1,125 @@
+//! The real `sluice-counter` binary: help, defaults, environment, bad flags, shutdown.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::support::{RedisServer, free_port, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice-counter");
+
+/// Kills the child if a test fails before stopping it.
+struct Service(Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Service {
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status().expect("kill");
+        assert!(status.success());
+        let mut exit = None;
+        wait_until(Duration::from_secs(10), "the service to exit after SIGTERM", || {
+            exit = self.0.try_wait().expect("try_wait");
+            exit.is_some()
+        });
+        exit.expect("exited")
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+#[test]
+fn help_lists_every_setting_with_its_environment_variable() {
+    let out = Command::new(BIN).arg("--help").output().expect("runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+
+    assert!(out.status.success());
+    for flag in [
+        "--listen",
+        "SLUICE_COUNTER_LISTEN",
+        "--store",
+        "redis-cluster",
+        "--redis-url",
+        "--redis-pool-size",
+        "--redis-timeout-ms",
+        "--max-in-flight",
+        "--max-body-bytes",
+        "--max-entries",
+        "--memory-max-keys",
+        "--log-format",
+    ] {
+        assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
+    }
+}
+
+#[test]
+fn started_without_arguments_it_serves_the_memory_store_on_loopback_port_8710_and_stops_on_sigterm() {
+    let service = Service(Command::new(BIN).env_clear().stderr(Stdio::null()).spawn().expect("starts"));
+
+    let mut ready = None;
+    wait_until(Duration::from_secs(10), "GET /readyz on 127.0.0.1:8710", || {
+        ready = http_get("127.0.0.1:8710", "/readyz");
+        ready.is_some()
+    });
+    let exit = service.terminate();
+
+    let ready = ready.expect("answered");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(ready.contains(r#""store":"memory""#), "{ready}");
+    assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+}
+
+#[test]
+fn settings_come_from_the_environment_and_logs_are_structured() {
+    let redis = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(BIN)
+        .env("SLUICE_COUNTER_LISTEN", &addr)
+        .env("SLUICE_COUNTER_STORE", "redis")
+        .env("SLUICE_COUNTER_REDIS_URL", redis.url())
+        .env("SLUICE_COUNTER_LOG_FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let service = Service(child);
+    let mut lines = BufReader::new(stderr).lines();
+
+    let mut ready = None;
+    wait_until(Duration::from_secs(10), "GET /readyz", || {
+        ready = http_get(&addr, "/readyz");
+        ready.is_some()
+    });
+    let exit = service.terminate();
+    let logs: Vec<String> = lines.by_ref().map_while(Result::ok).collect();
+
+    assert!(ready.expect("answered").contains(r#""store":"redis""#));
+    assert!(exit.success());
+    assert!(logs.iter().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{logs:#?}");
+    assert!(
+        logs.iter().any(|l| l.contains("WARN") && l.contains("volatile-lru") && l.contains("silently resets limits")),
+        "an evicting Redis is reported: {logs:#?}"
+    );
+}
+
+#[test]
+fn a_bad_setting_refuses_to_start_and_names_it() {
+    let out = Command::new(BIN).args(["--redis-pool-size", "0"]).output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+
+    assert!(!out.status.success());
+    assert!(err.contains("--redis-pool-size"), "{err}");
+}

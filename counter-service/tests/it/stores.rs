@@ -1,0 +1,153 @@
+//! Store-specific behaviour: idle expiry and the key bound of the memory store; TTLs,
+//! hash tags, script reloads and the eviction-policy check of the Redis store.
+
+use serde_json::json;
+use shared_store::Verdict;
+use sluice_counter::config::Config;
+use sluice_counter::spec::LimitSpec;
+use sluice_counter::store::{MemoryConfig, MemoryStore, Store, StoreError, Topology};
+
+use crate::api::{redis_config, start};
+use crate::support::*;
+
+fn bucket() -> LimitSpec {
+    LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }
+}
+
+#[tokio::test]
+async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
+    let memory = MemoryStore::new(MemoryConfig { shards: 4, max_keys: 100 });
+    let store = Store::Memory(memory);
+    let Store::Memory(memory) = &store else { unreachable!() };
+    check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
+
+    let swept_while_active = memory.sweep(Some(t_us(499_999)));
+    let len_while_active = memory.len();
+    let swept_when_idle = memory.sweep(Some(t_us(500_000)));
+    let after = check(&store, "t", vec![entry("k", bucket(), 1)], t_us(500_000)).await;
+
+    assert_eq!((swept_while_active, len_while_active), (0, 1));
+    assert_eq!(swept_when_idle, 1);
+    assert_eq!(after.decisions[0].remaining, 3, "a dropped idle key answers as the full bucket it was");
+}
+
+#[tokio::test]
+async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
+    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 2 }));
+    check(&store, "t", vec![entry("a", bucket(), 4)], t_us(0)).await;
+    check(&store, "t", vec![entry("b", bucket(), 4)], t_us(0)).await;
+
+    let refused = store.check(&plan("t", vec![entry("c", bucket(), 1)]), Some(t_us(1))).await;
+    let partial = store.check(&plan("t", vec![entry("a", bucket(), 0), entry("d", bucket(), 1)]), Some(t_us(1))).await;
+    let a_still_exhausted = check(&store, "t", vec![entry("a", bucket(), 1)], t_us(2)).await;
+    let c_once_a_and_b_are_idle = check(&store, "t", vec![entry("c", bucket(), 1)], t_us(2_000_000)).await;
+
+    assert_eq!(refused, Err(StoreError::Full { max_keys: 2 }));
+    assert_eq!(partial, Err(StoreError::Full { max_keys: 2 }));
+    assert!(matches!(a_still_exhausted.decisions[0].verdict, Verdict::Rejected { .. }));
+    assert!(c_once_a_and_b_are_idle.admitted, "a full shard drops its idle keys before refusing");
+}
+
+#[tokio::test]
+async fn a_full_memory_store_answers_503_store_full_over_http() {
+    let config = Config { memory_max_keys: 1, memory_shards: 1, ..Config::defaults() };
+    let (running, http) = start(config).await;
+    let body = |key: &str| json!({"entries": [{"key": key, "limit": {"algorithm": "fixed_window", "limit": 5, "window_ms": 60_000}}]});
+
+    let (first, _) = http.post("/v1/check", &body("a")).await;
+    let (second, error) = http.post("/v1/check", &body("b")).await;
+    let (again, _) = http.post("/v1/check", &body("a")).await;
+
+    assert_eq!((first, second, again), (200, 503, 200));
+    assert_eq!(error["error"]["code"], "store_full", "{error}");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn every_key_redis_writes_expires_shortly_after_its_state_goes_idle() {
+    let redis = RedisServer::start();
+    let (running, http) = start(redis_config(redis.url())).await;
+    let body = json!({"tag": "t", "entries": [
+        {"key": "bucket", "limit": {"algorithm": "token_bucket", "amount": 2, "per_ms": 1000, "burst": 4}},
+        {"key": "window", "limit": {"algorithm": "fixed_window", "limit": 5, "window_ms": 2000}},
+        {"key": "sliding", "limit": {"algorithm": "sliding_window", "limit": 5, "window_ms": 2000}},
+        {"key": "log", "limit": {"algorithm": "sliding_log", "limit": 5, "window_ms": 2000}},
+        {"key": "leaky", "limit": {"algorithm": "leaky_bucket", "amount": 2, "per_ms": 1000, "max_queue": 4, "max_wait_ms": 1000}},
+    ]});
+
+    let (status, answer) = http.post("/v1/check", &body).await;
+    let keys = redis.limiter_keys();
+
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(keys.len(), 5);
+    for (key, ttl) in keys {
+        // Idle after at most 500 ms (buckets), 2 s (window), 4 s (sliding: the next
+        // window), 2 s (log); plus one second of grace.
+        let most = if key.contains(":sw.") {
+            5000
+        } else if key.contains(":tb.") || key.contains(":lb.") {
+            1500
+        } else {
+            3000
+        };
+        assert!(ttl > 0 && ttl <= most, "{key}: PTTL {ttl} ms, expected at most {most}");
+    }
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn all_counters_of_one_check_hash_to_one_cluster_slot() {
+    let cluster = shared_cluster();
+    let check_plan = plan(
+        "client-7",
+        vec![
+            entry("per-user", bucket(), 1),
+            entry("per-route", LimitSpec::FixedWindow { limit: 9, window_ms: 1000 }, 1),
+            entry("per-tenant", LimitSpec::SlidingLog { limit: 9, window_ms: 1000 }, 1),
+        ],
+    );
+
+    let slots: Vec<i64> =
+        check_plan.entries.iter().map(|e| cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &e.storage_key])).collect();
+    let outcome = cluster_store(cluster).check(&check_plan, None).await;
+
+    assert!(slots.windows(2).all(|w| w[0] == w[1]), "{slots:?}");
+    assert!(outcome.expect("no CROSSSLOT").admitted);
+    cluster.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test]
+async fn after_script_flush_the_script_is_sent_again_and_counts_once() {
+    let redis = RedisServer::start();
+    let store = redis_store(&redis);
+    check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
+
+    let _: String = redis.cmd(&["SCRIPT", "FLUSH"]);
+    let after_flush = check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
+    let query = check(&store, "t", vec![entry("k", bucket(), 0)], t_us(0)).await;
+
+    let Store::Redis(r) = &store else { unreachable!() };
+    assert!(after_flush.admitted);
+    assert_eq!(query.decisions[0].remaining, 2, "two checks spent two tokens, not three");
+    assert_eq!(r.stats.script_reloads.load(std::sync::atomic::Ordering::Relaxed), 2, "first use and after the flush");
+    redis.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test]
+async fn a_redis_that_may_evict_keys_is_reported_at_startup() {
+    let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let safe = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let store =
+        |server: &RedisServer| sluice_counter::store::RedisStore::new(redis_config_for(server.url())).expect("store");
+
+    let evicting_checks = store(&evicting).eviction_checks().await;
+    let safe_checks = store(&safe).eviction_checks().await;
+
+    assert_eq!(evicting_checks[0].policy.as_deref(), Ok("allkeys-lru"));
+    assert!(evicting_checks[0].evicts());
+    assert!(!safe_checks[0].evicts());
+}
+
+fn redis_config_for(url: String) -> sluice_counter::store::RedisConfig {
+    crate::support::redis_config(vec![url], Topology::Standalone)
+}
