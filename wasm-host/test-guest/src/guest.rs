@@ -358,7 +358,7 @@ impl HttpStream {
         let path = self.request_header("x-callout-path").unwrap_or_else(|| "/check".to_owned());
         let timeout = self.request_header("x-timeout-ms").and_then(|t| t.parse().ok()).unwrap_or(1000);
         let extra = self.request_header("x-callout-header").unwrap_or_default();
-        let body = self.request_header("x-callout-body");
+        let body = self.request_header("x-callout-payload");
         let mut headers = vec![(":method", "POST"), (":path", path.as_str()), ("x-extra", extra.as_str())];
         if !without_authority {
             headers.push((":authority", "counter"));
@@ -425,6 +425,10 @@ impl HttpStream {
                 for (name, status) in raw::misuse() {
                     self.put(&format!("x-raw-{name}"), status.to_string());
                 }
+            }
+            "header-size" => {
+                let (status, size) = raw::header_map_size(0);
+                self.put("x-header-size", format!("{status}:{size}"));
             }
             "ids" => {
                 self.put("x-context-id", self.id.to_string());

@@ -82,7 +82,7 @@ pub(crate) fn misuse() -> Vec<(&'static str, u32)> {
             ("continue-upstream", proxy_continue_stream(3)),
             ("effective-context-unknown", proxy_set_effective_context(999_999)),
             ("define-metric-type-7", proxy_define_metric(7, key.as_ptr(), 1, &mut id)),
-            ("increment-unknown-metric", proxy_increment_metric(4, 1)),
+            ("increment-unknown-metric", proxy_increment_metric(4_000_000, 1)),
             ("foreign-function", proxy_call_foreign_function(key.as_ptr(), 1, key.as_ptr(), 1, &mut out, &mut len)),
             ("done-not-pending", proxy_done()),
             (

@@ -1,0 +1,96 @@
+//! Low-level ABI behaviour, with tiny hand-written modules.
+
+use wasm_host::{Host, Request, Response, Wasm};
+
+/// A module whose `proxy_on_request_headers` runs `body` (which leaves an i32 status on
+/// the stack) and answers with a local response of status 200 + that status.
+fn module(imports: &str, allocator: &str, body: &str) -> Wasm {
+    Wasm::bytes(format!(
+        r#"(module
+  (import "env" "proxy_send_local_response" (func $reply (param i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
+  {imports}
+  (memory (export "memory") 1)
+  (data (i32.const 0) ":path")
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "proxy_on_memory_allocate") (param $size i32) (result i32) {allocator})
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+    (drop (call $reply (i32.add (i32.const 200) {body}) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const -1)))
+    (i32.const 1)))"#
+    ))
+}
+
+fn status_of(wasm: Wasm) -> Option<u16> {
+    let mut host = Host::builder(wasm).build().unwrap();
+    host.worker(0).exchange(Request::get("/p"), Response::ok()).unwrap().status()
+}
+
+const GET_PATH: &str = "(call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 64) (i32.const 68))";
+
+#[test]
+fn a_host_call_that_returns_data_uses_the_guests_allocator() {
+    let status = status_of(module("", "(i32.const 1024)", GET_PATH));
+
+    assert_eq!(status, Some(200));
+}
+
+#[test]
+fn an_allocator_that_returns_null_makes_the_call_fail_with_invalid_memory_access() {
+    let status = status_of(module("", "(i32.const 0)", GET_PATH));
+
+    assert_eq!(status, Some(206));
+}
+
+#[test]
+fn an_allocation_outside_linear_memory_is_invalid_memory_access() {
+    let status = status_of(module("", "(i32.const 65535)", GET_PATH));
+
+    assert_eq!(status, Some(206));
+}
+
+#[test]
+fn host_calls_from_inside_the_allocator_fail_the_vm() {
+    let allocator = "(drop (call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 64) (i32.const 68))) (i32.const 1024)";
+    let mut host = Host::builder(module("", allocator, GET_PATH)).build().unwrap();
+
+    let exchange = host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
+
+    assert_eq!(exchange.status(), Some(503));
+    let traps = host.traps();
+    assert!(traps[0].message.contains("inside its allocator"), "{}", traps[0].message);
+}
+
+#[test]
+fn an_unimplemented_host_function_fails_loudly_with_its_name() {
+    let imports = r#"(import "env" "proxy_made_up" (func $made_up (result i32)))"#;
+    let mut host = Host::builder(module(imports, "(i32.const 1024)", "(call $made_up)")).build().unwrap();
+
+    let exchange = host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
+
+    assert_eq!(exchange.status(), Some(503));
+    let traps = host.traps();
+    assert!(traps[0].message.contains("`env.proxy_made_up`"), "{}", traps[0].message);
+    assert!(host.logs().iter().any(|r| r.message.contains("env.proxy_made_up")));
+}
+
+#[test]
+fn proc_exit_fails_the_vm_with_a_clear_message() {
+    let imports = r#"(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))"#;
+    let mut host = Host::builder(module(imports, "(i32.const 1024)", "(call $exit (i32.const 3)) (i32.const 0)")).build().unwrap();
+
+    host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
+
+    assert!(host.traps()[0].message.contains("proc_exit(3)"), "{}", host.traps()[0].message);
+}
+
+#[test]
+fn a_module_importing_memory_cannot_be_instantiated() {
+    let wasm = Wasm::bytes(
+        r#"(module (import "env" "memory" (memory 1)) (func (export "proxy_abi_version_0_2_1"))
+             (func (export "proxy_on_memory_allocate") (param i32) (result i32) (i32.const 0)))"#,
+    );
+
+    let error = Host::builder(wasm).build().expect_err("no memory export");
+
+    assert!(error.to_string().contains("memory"), "{error}");
+}
