@@ -45,7 +45,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn realtime_nanos(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| saturating_nanos(d))
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, saturating_nanos)
     }
 
     fn monotonic_nanos(&self) -> u64 {
@@ -95,10 +95,7 @@ impl VirtualClock {
     /// usually what a test wants: it moves this clock and fires what falls due.
     pub fn advance(&self, by: Duration) {
         let by = saturating_nanos(by);
-        let _ = self
-            .inner
-            .elapsed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_add(by)));
+        let _ = self.inner.elapsed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_add(by)));
     }
 
     /// Moves both clocks back by `by` (saturating at the clock's origin), to test a guest
@@ -106,10 +103,7 @@ impl VirtualClock {
     /// where they were, so they fall due later.
     pub fn rewind(&self, by: Duration) {
         let by = saturating_nanos(by);
-        let _ = self
-            .inner
-            .elapsed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_sub(by)));
+        let _ = self.inner.elapsed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_sub(by)));
     }
 
     /// Time elapsed since the clock was created.

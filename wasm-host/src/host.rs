@@ -378,7 +378,7 @@ pub struct HostBuilder {
     store: Option<Arc<MemoryStore>>,
     log_level: LogLevel,
     capture_logs: bool,
-    log_printer: Option<Box<dyn Fn(&LogRecord) + Send + Sync>>,
+    log_printer: Option<crate::logs::Printer>,
     env: Vec<(String, String)>,
     properties: HashMap<Vec<u8>, Vec<u8>>,
     callout_failures: CalloutFailures,

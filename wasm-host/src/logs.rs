@@ -74,7 +74,11 @@ impl std::str::FromStr for LogLevel {
             "warn" | "warning" => Self::Warn,
             "error" => Self::Error,
             "critical" => Self::Critical,
-            other => return Err(format!("unknown log level `{other}` (expected trace, debug, info, warn, error or critical)")),
+            other => {
+                return Err(format!(
+                    "unknown log level `{other}` (expected trace, debug, info, warn, error or critical)"
+                ));
+            }
         })
     }
 }
@@ -117,12 +121,15 @@ impl fmt::Display for LogRecord {
     }
 }
 
+/// A function that receives every log line as it is written.
+pub(crate) type Printer = Box<dyn Fn(&LogRecord) + Send + Sync>;
+
 /// Where log lines go: kept in memory for tests, printed by `serve`, or both.
 pub(crate) struct LogSink {
     /// Lines below this level are dropped (`proxy_get_log_level` reports it).
     pub(crate) level: LogLevel,
     captured: Option<Mutex<Vec<LogRecord>>>,
-    printer: Option<Box<dyn Fn(&LogRecord) + Send + Sync>>,
+    printer: Option<Printer>,
 }
 
 impl fmt::Debug for LogSink {
@@ -132,11 +139,7 @@ impl fmt::Debug for LogSink {
 }
 
 impl LogSink {
-    pub(crate) fn new(
-        level: LogLevel,
-        capture: bool,
-        printer: Option<Box<dyn Fn(&LogRecord) + Send + Sync>>,
-    ) -> Self {
+    pub(crate) fn new(level: LogLevel, capture: bool, printer: Option<Printer>) -> Self {
         Self { level, captured: capture.then(|| Mutex::new(Vec::new())), printer }
     }
 
@@ -153,10 +156,7 @@ impl LogSink {
     }
 
     pub(crate) fn records(&self) -> Vec<LogRecord> {
-        self.captured
-            .as_ref()
-            .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner).clone())
-            .unwrap_or_default()
+        self.captured.as_ref().map(|c| c.lock().unwrap_or_else(PoisonError::into_inner).clone()).unwrap_or_default()
     }
 
     pub(crate) fn clear(&self) {

@@ -11,7 +11,11 @@ use wasm_host::serve::{ServeConfig, Upstream};
 use wasm_host::{FailurePolicy, LogLevel};
 
 #[derive(Parser)]
-#[command(name = "wasm-host", version, about = "A proxy-wasm (ABI 0.2.1) host on wasmtime that runs a plugin as Envoy would")]
+#[command(
+    name = "wasm-host",
+    version,
+    about = "A proxy-wasm (ABI 0.2.1) host on wasmtime that runs a plugin as Envoy would"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -80,7 +84,7 @@ struct ServeArgs {
     plugin_name: String,
 
     /// What a trap in the plugin does, as Envoy's failure_policy.
-    #[arg(long, value_enum, default_value_t = Policy::FailClosed)]
+    #[arg(long, value_enum, default_value_t = Policy::Closed)]
     failure_policy: Policy,
 
     /// Log lines below this level are dropped (trace, debug, info, warn, error, critical).
@@ -102,9 +106,15 @@ struct ServeArgs {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Policy {
-    FailClosed,
-    FailOpen,
-    FailReload,
+    /// Envoy's default: 503 for the streams of a failed VM.
+    #[value(name = "fail-closed")]
+    Closed,
+    /// Let traffic through without the plugin.
+    #[value(name = "fail-open")]
+    Open,
+    /// Fail the streams closed, then start a fresh VM.
+    #[value(name = "fail-reload")]
+    Reload,
 }
 
 fn main() -> ExitCode {
@@ -147,8 +157,9 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         Some(path)
     };
     let plugin_configuration = match (&args.config, args.config_inline) {
-        (Some(path), _) => std::fs::read(path)
-            .with_context(|| format!("cannot read the plugin configuration {}", path.display()))?,
+        (Some(path), _) => {
+            std::fs::read(path).with_context(|| format!("cannot read the plugin configuration {}", path.display()))?
+        }
         (None, Some(text)) => text.into_bytes(),
         (None, None) => Vec::new(),
     };
@@ -172,9 +183,9 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         upstream,
         clusters,
         failure_policy: match args.failure_policy {
-            Policy::FailClosed => FailurePolicy::FailClosed,
-            Policy::FailOpen => FailurePolicy::FailOpen,
-            Policy::FailReload => FailurePolicy::FailReload,
+            Policy::Closed => FailurePolicy::FailClosed,
+            Policy::Open => FailurePolicy::FailOpen,
+            Policy::Reload => FailurePolicy::FailReload,
         },
         log_level: args.log_level,
         max_connections: args.max_connections.max(1),

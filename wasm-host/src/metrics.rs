@@ -141,9 +141,9 @@ impl Metric {
         match self.kind {
             MetricKind::Counter => MetricValue::Counter(value),
             MetricKind::Gauge => MetricValue::Gauge(value),
-            MetricKind::Histogram => MetricValue::Histogram(
-                self.histogram.lock().unwrap_or_else(PoisonError::into_inner).clone(),
-            ),
+            MetricKind::Histogram => {
+                MetricValue::Histogram(self.histogram.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            }
         }
     }
 }
@@ -151,8 +151,11 @@ impl Metric {
 /// All metrics of one host, shared by its workers.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
-    by_name: Mutex<HashMap<(MetricKind, Vec<u8>), Arc<Metric>>>,
+    by_name: Mutex<HashMap<MetricKey, Arc<Metric>>>,
 }
+
+/// A metric's identity: its type and the guest's name for it.
+type MetricKey = (MetricKind, Vec<u8>);
 
 impl Metrics {
     /// The metric with this type and name, created on first use.

@@ -113,7 +113,8 @@ impl Vm {
     /// The context host calls act on: the effective context if one was set and still
     /// exists, else the current one (cpp-host's `contextOrEffectiveContext`).
     pub(crate) fn acting_context(&self) -> u32 {
-        if self.effective != 0 && (self.roots.contains_key(&self.effective) || self.streams.contains_key(&self.effective))
+        if self.effective != 0
+            && (self.roots.contains_key(&self.effective) || self.streams.contains_key(&self.effective))
         {
             self.effective
         } else {
@@ -123,11 +124,7 @@ impl Vm {
 
     /// The root context of `context` (itself for a root).
     pub(crate) fn root_of(&self, context: u32) -> Option<u32> {
-        if self.roots.contains_key(&context) {
-            Some(context)
-        } else {
-            self.streams.get(&context).map(|s| s.root)
-        }
+        if self.roots.contains_key(&context) { Some(context) } else { self.streams.get(&context).map(|s| s.root) }
     }
 }
 
@@ -203,14 +200,7 @@ pub(crate) struct RootContext {
 
 impl RootContext {
     pub(crate) fn new(plugin: Arc<Plugin>) -> Self {
-        Self {
-            plugin,
-            tick_period: None,
-            next_tick: None,
-            status_code: 0,
-            status_message: Vec::new(),
-            retiring: false,
-        }
+        Self { plugin, tick_period: None, next_tick: None, status_code: 0, status_message: Vec::new(), retiring: false }
     }
 }
 

@@ -31,8 +31,8 @@ use crate::host::{FailurePolicy, HostError, Shared, TrapReport};
 use crate::logs::LogLevel;
 use crate::request::{ClientResponse, Exchange, Message, Outcome, Request, Response, ResponseSource, StreamId};
 use crate::state::{
-    Callback, Deferred, Delivery, Direction, Flow, HostState, Live, LocalReply, LiveCallResponse, Plugin,
-    RootContext, StreamContext, Vm,
+    Callback, Deferred, Delivery, Direction, Flow, HostState, Live, LiveCallResponse, LocalReply, Plugin, RootContext,
+    StreamContext, Vm,
 };
 
 /// Messages a worker receives from other threads.
@@ -249,7 +249,11 @@ impl Worker {
 
     fn start_trap(&self, callback: Callback, error: &wasmtime::Error, guest: Option<String>) -> HostError {
         let guest = guest.map(|m| format!(" (the guest said: {m})")).unwrap_or_default();
-        HostError::StartTrapped { worker: self.index, callback: callback.export_name(), message: format!("{error:#}{guest}") }
+        HostError::StartTrapped {
+            worker: self.index,
+            callback: callback.export_name(),
+            message: format!("{error:#}{guest}"),
+        }
     }
 
     /// Creates a root context for `plugin` and runs `proxy_on_vm_start` and
@@ -269,14 +273,18 @@ impl Worker {
         }
         self.store.data_mut().vm.plugin_configuration = Some(Arc::clone(&plugin.configuration));
         let on_configure = self.exports.on_configure.clone();
-        let configured = self.start_call(Callback::Configure, id, &on_configure, (id, to_u32(plugin.configuration.len())));
+        let configured =
+            self.start_call(Callback::Configure, id, &on_configure, (id, to_u32(plugin.configuration.len())));
         self.store.data_mut().vm.plugin_configuration = None;
         if configured? == Some(0) {
             let logs = std::mem::take(&mut self.store.data_mut().vm.callback_lines);
             self.shared.host_log(
                 self.index,
                 LogLevel::Error,
-                format!("the plugin rejected its configuration on worker {} (proxy_on_configure returned false)", self.index),
+                format!(
+                    "the plugin rejected its configuration on worker {} (proxy_on_configure returned false)",
+                    self.index
+                ),
             );
             self.finish_root(id);
             return Err(HostError::ConfigurationRejected { worker: self.index, logs });

@@ -81,10 +81,18 @@ fn writable(vm: &mut Vm, kind: u32) -> Option<&mut Headers> {
             if !stream.live.request_trailers && stream.live.request_body && stream.request.trailers.is_none() {
                 stream.live.request_trailers = true;
             }
-            if stream.live.request_trailers { Some(stream.request.trailers.get_or_insert_with(Headers::new)) } else { None }
+            if stream.live.request_trailers {
+                Some(stream.request.trailers.get_or_insert_with(Headers::new))
+            } else {
+                None
+            }
         }
         RESPONSE_HEADERS => {
-            if stream.live.response_headers { stream.response.as_mut().map(|r| &mut r.headers) } else { None }
+            if stream.live.response_headers {
+                stream.response.as_mut().map(|r| &mut r.headers)
+            } else {
+                None
+            }
         }
         RESPONSE_TRAILERS => {
             let response = stream.response.as_mut()?;
@@ -157,7 +165,14 @@ fn get_value(
     copy_out(caller, &value, ptr_ptr, size_ptr)
 }
 
-fn add_value(caller: &mut Caller<'_, HostState>, map: u32, key: u32, key_size: u32, value: u32, value_size: u32) -> HostResult {
+fn add_value(
+    caller: &mut Caller<'_, HostState>,
+    map: u32,
+    key: u32,
+    key_size: u32,
+    value: u32,
+    value_size: u32,
+) -> HostResult {
     edit(caller, map, key, key_size, Some((value, value_size)), |headers, key, value| headers.add(key, value))
 }
 

@@ -73,7 +73,10 @@ fn send_local_response(
     stream.local_reply_requested = true;
     let details = String::from_utf8_lossy(&details).into_owned();
     state.vm.stop_iteration = true;
-    state.vm.deferred.push_back(Deferred::LocalReply { stream: acting, reply: LocalReply { status, details, body, headers } });
+    state
+        .vm
+        .deferred
+        .push_back(Deferred::LocalReply { stream: acting, reply: LocalReply { status, details, body, headers } });
     Ok(())
 }
 

@@ -104,9 +104,7 @@ pub(crate) fn write(caller: &mut Caller<'_, HostState>, ptr: u32, bytes: &[u8]) 
     let data = memory(caller)?.data_mut(&mut *caller);
     let start = ptr as usize;
     let end = start.checked_add(bytes.len()).ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))?;
-    data.get_mut(start..end)
-        .ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))?
-        .copy_from_slice(bytes);
+    data.get_mut(start..end).ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))?.copy_from_slice(bytes);
     Ok(())
 }
 
@@ -131,9 +129,10 @@ pub(crate) fn check_writable(caller: &Caller<'_, HostState>, ptr: u32, len: u32)
 /// Allocates `size` bytes with the guest's allocator (`proxy_on_memory_allocate`, or
 /// `malloc`) and returns the address.
 fn allocate(caller: &mut Caller<'_, HostState>, size: usize) -> HostResult<u32> {
-    let allocate = caller.data().allocate.clone().ok_or_else(|| {
-        Failure::Trap(format_err!("the module exports neither proxy_on_memory_allocate nor malloc"))
-    })?;
+    let allocate =
+        caller.data().allocate.clone().ok_or_else(|| {
+            Failure::Trap(format_err!("the module exports neither proxy_on_memory_allocate nor malloc"))
+        })?;
     let size_arg = i32::try_from(size).map_err(|_| Failure::Status(status::INVALID_MEMORY_ACCESS))?;
     caller.data_mut().in_allocator = true;
     let result = allocate.call(&mut *caller, size_arg);

@@ -39,7 +39,13 @@ pub(super) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
     Ok(())
 }
 
-fn get_property(caller: &mut Caller<'_, HostState>, path: u32, path_size: u32, ptr_ptr: u32, size_ptr: u32) -> HostResult {
+fn get_property(
+    caller: &mut Caller<'_, HostState>,
+    path: u32,
+    path_size: u32,
+    ptr_ptr: u32,
+    size_ptr: u32,
+) -> HostResult {
     let path = read(caller, path, path_size)?;
     let Some(value) = lookup(caller.data(), &path) else {
         return fail(status::NOT_FOUND);
@@ -47,7 +53,13 @@ fn get_property(caller: &mut Caller<'_, HostState>, path: u32, path_size: u32, p
     copy_out(caller, &value, ptr_ptr, size_ptr)
 }
 
-fn set_property(caller: &mut Caller<'_, HostState>, path: u32, path_size: u32, value: u32, value_size: u32) -> HostResult {
+fn set_property(
+    caller: &mut Caller<'_, HostState>,
+    path: u32,
+    path_size: u32,
+    value: u32,
+    value_size: u32,
+) -> HostResult {
     let path = read(caller, path, path_size)?;
     let value = read(caller, value, value_size)?;
     let vm = &mut caller.data_mut().vm;

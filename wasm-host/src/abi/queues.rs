@@ -74,7 +74,8 @@ fn resolve_queue(
     let vm_id = read(caller, vm_id, vm_id_size)?;
     let name = read(caller, name, name_size)?;
     let state = caller.data();
-    let vm_id = if vm_id.is_empty() { state.shared.vm_id.clone() } else { String::from_utf8_lossy(&vm_id).into_owned() };
+    let vm_id =
+        if vm_id.is_empty() { state.shared.vm_id.clone() } else { String::from_utf8_lossy(&vm_id).into_owned() };
     let token = state.shared.queues().by_name.get(&(vm_id, name)).copied();
     match token {
         Some(token) => write_u32(caller, token_ptr, token),

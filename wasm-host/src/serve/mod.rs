@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, Sender};
@@ -158,8 +158,8 @@ struct Workers {
 }
 
 impl Workers {
-    fn start(config: &ServeConfig, wasm: &PathBuf, handle: tokio::runtime::Handle) -> Result<Self, ServeError> {
-        let mut builder = Host::builder(wasm.as_path())
+    fn start(config: &ServeConfig, wasm: &Path, handle: tokio::runtime::Handle) -> Result<Self, ServeError> {
+        let mut builder = Host::builder(wasm)
             .plugin_configuration(config.plugin_configuration.clone())
             .vm_configuration(config.vm_configuration.clone())
             .vm_id(config.vm_id.clone())
@@ -326,13 +326,17 @@ pub async fn run(
         Some(wasm) => Some(Workers::start(&config, wasm, tokio::runtime::Handle::current())?),
         None => None,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let listener =
+        TcpListener::bind(config.listen).await.map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     let local = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
     on_listening(local);
     let client = Client::builder(TokioExecutor::new()).build_http();
-    let front = Arc::new(Front { workers, upstream: config.upstream.clone(), client, max_request_bytes: config.max_request_bytes });
+    let front = Arc::new(Front {
+        workers,
+        upstream: config.upstream.clone(),
+        client,
+        max_request_bytes: config.max_request_bytes,
+    });
     let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);

@@ -156,12 +156,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(HttpStream {
-            id: context_id,
-            root: self.id,
-            config: Rc::clone(&self.config),
-            ops: Vec::new(),
-        }))
+        Some(Box::new(HttpStream { id: context_id, root: self.id, config: Rc::clone(&self.config), ops: Vec::new() }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -505,7 +500,11 @@ impl HttpContext for HttpStream {
                 "local" | "local-continue" => {
                     let status = self.request_header("x-status").and_then(|s| s.parse().ok()).unwrap_or(403);
                     let body = self.request_header("x-body").unwrap_or_else(|| "denied".to_owned());
-                    self.send_http_response(status, vec![("x-local", "yes"), ("x-local", "twice")], Some(body.as_bytes()));
+                    self.send_http_response(
+                        status,
+                        vec![("x-local", "yes"), ("x-local", "twice")],
+                        Some(body.as_bytes()),
+                    );
                     action = if op == "local" { Action::Pause } else { Action::Continue };
                 }
                 "pause" => {
@@ -585,7 +584,8 @@ impl HttpContext for HttpStream {
     fn on_log(&mut self) {
         if self.has("log-phase") {
             let path = header_text(self.get_http_request_header_bytes(":path")).unwrap_or_else(|| "none".to_owned());
-            let status = header_text(self.get_http_response_header_bytes(":status")).unwrap_or_else(|| "none".to_owned());
+            let status =
+                header_text(self.get_http_response_header_bytes(":status")).unwrap_or_else(|| "none".to_owned());
             log::info!("on_log {}: path={path} status={status}", self.id);
         }
     }

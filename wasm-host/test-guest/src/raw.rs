@@ -4,7 +4,13 @@
 
 #[link(wasm_import_module = "env")]
 unsafe extern "C" {
-    fn proxy_get_header_map_value(map: u32, key: *const u8, key_len: usize, out: *mut *mut u8, out_len: *mut usize) -> u32;
+    fn proxy_get_header_map_value(
+        map: u32,
+        key: *const u8,
+        key_len: usize,
+        out: *mut *mut u8,
+        out_len: *mut usize,
+    ) -> u32;
     fn proxy_get_header_map_size(map: u32, out: *mut usize) -> u32;
     fn proxy_log(level: u32, message: *const u8, len: usize) -> u32;
     fn proxy_get_buffer_bytes(kind: u32, start: usize, max: usize, out: *mut *mut u8, out_len: *mut usize) -> u32;

@@ -7,13 +7,18 @@ use wasm_host::{Answer, CalloutFailures, LogLevel, Outcome, Request};
 use crate::common::{Behaviour, TestServer, forward, forwarded, guest, ops, refused_addr, text};
 
 fn callout(timeout_ms: u64) -> Request {
-    ops("callout").header("x-timeout-ms", timeout_ms.to_string()).header("x-callout-header", "extra").header("x-callout-payload", "question")
+    ops("callout")
+        .header("x-timeout-ms", timeout_ms.to_string())
+        .header("x-callout-header", "extra")
+        .header("x-callout-payload", "question")
 }
 
 #[test]
 fn a_scripted_answer_resumes_the_request_with_the_response() {
-    let mut host =
-        guest().scripted_cluster("upstream", |_| Answer::status(200).header("x-from-upstream", "yes").body("ok")).build().unwrap();
+    let mut host = guest()
+        .scripted_cluster("upstream", |_| Answer::status(200).header("x-from-upstream", "yes").body("ok"))
+        .build()
+        .unwrap();
 
     let forwarded = forward(host.worker(0), callout(1000));
 
@@ -46,7 +51,10 @@ fn a_non_2xx_answer_reaches_the_filter_as_a_response() {
 
 #[test]
 fn a_delayed_answer_arrives_when_the_clock_reaches_it() {
-    let mut host = guest().scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_millis(300))).build().unwrap();
+    let mut host = guest()
+        .scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_millis(300)))
+        .build()
+        .unwrap();
     let stream = host.worker(0).request(callout(1000));
 
     host.advance(Duration::from_millis(299));
@@ -59,7 +67,8 @@ fn a_delayed_answer_arrives_when_the_clock_reaches_it() {
 
 #[test]
 fn a_callout_that_times_out_reaches_the_filter_with_zero_headers() {
-    let mut host = guest().scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_secs(2))).build().unwrap();
+    let mut host =
+        guest().scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_secs(2))).build().unwrap();
     let stream = host.worker(0).request(callout(500));
 
     host.advance(Duration::from_millis(500));
@@ -154,7 +163,9 @@ fn a_root_context_can_call_out_from_a_tick() {
     host.advance(Duration::from_millis(100));
 
     assert_eq!(host.metric("test_guest.root_callouts"), Some(1));
-    assert!(host.logs_at(LogLevel::Info).contains(&"root 1 callout 1 answered: headers=1 body=0 status=204".to_owned()));
+    assert!(
+        host.logs_at(LogLevel::Info).contains(&"root 1 callout 1 answered: headers=1 body=0 status=204".to_owned())
+    );
 }
 
 #[test]
@@ -178,7 +189,8 @@ fn a_real_server_answers_a_callout() {
 
 #[test]
 fn a_real_server_error_reaches_the_filter_as_a_response() {
-    let server = TestServer::start(Behaviour::Respond("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"));
+    let server =
+        TestServer::start(Behaviour::Respond("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"));
     let mut host = guest().cluster("upstream", server.addr).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));

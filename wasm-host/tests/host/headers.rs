@@ -145,7 +145,8 @@ fn a_paused_body_holds_the_request_until_the_filter_continues() {
 fn the_filter_adds_request_trailers() {
     let mut host = host("");
 
-    let forwarded = forward(host.worker(0), Request::post("/", "x").header("x-test-op", "trailers").trailer("grpc-x", "1"));
+    let forwarded =
+        forward(host.worker(0), Request::post("/", "x").header("x-test-op", "trailers").trailer("grpc-x", "1"));
 
     let trailers = forwarded.trailers.expect("trailers");
     assert_eq!(trailers, Headers::from_pairs([("grpc-x", "1"), ("x-trailer-seen", "yes")]));

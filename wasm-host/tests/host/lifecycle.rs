@@ -23,7 +23,10 @@ fn a_vm_configuration_the_plugin_refuses_fails_the_build() {
     let result = guest().vm_configuration("vm_start=reject").build();
 
     let error = result.expect_err("the plugin refuses to start");
-    assert!(matches!(&error, HostError::VmStartRejected { logs, .. } if logs.iter().any(|l| l.contains("refusing to start"))), "{error:?}");
+    assert!(
+        matches!(&error, HostError::VmStartRejected { logs, .. } if logs.iter().any(|l| l.contains("refusing to start"))),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -69,7 +72,9 @@ fn the_plugin_configuration_is_readable_only_while_configuring() {
     assert_eq!(text(&forwarded, "x-plugin-config"), "none");
     assert_eq!(text(&forwarded, "x-vm-config"), "vm=settings");
     assert!(host.logs_at(LogLevel::Info).contains(&"configure: root 1 got 12 bytes".to_owned()));
-    assert!(host.logs_at(LogLevel::Info).contains(&"vm start: root 1 vm configuration (11 bytes): vm=settings".to_owned()));
+    assert!(
+        host.logs_at(LogLevel::Info).contains(&"vm start: root 1 vm configuration (11 bytes): vm=settings".to_owned())
+    );
 }
 
 #[test]

@@ -31,7 +31,10 @@ fn a_rejected_configuration_leaves_the_old_one_serving() {
 
     let result = host.reconfigure("reject=limits[0].window: unknown unit");
 
-    assert!(matches!(&result, Err(HostError::ConfigurationRejected { logs, .. }) if logs[0] == "limits[0].window: unknown unit"), "{result:?}");
+    assert!(
+        matches!(&result, Err(HostError::ConfigurationRejected { logs, .. }) if logs[0] == "limits[0].window: unknown unit"),
+        "{result:?}"
+    );
     for index in 0..2 {
         let forwarded = forward(host.worker(index), ops("ids"));
         assert_eq!(text(&forwarded, "x-test-generation"), "1");

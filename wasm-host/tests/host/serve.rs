@@ -105,7 +105,14 @@ fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], bo
 
 #[test]
 fn serve_runs_requests_through_the_filter_and_stops_gracefully() {
-    let serve = Serve::start(&["--wasm", sluice_artifacts::TEST_GUEST_WASM, "--config-inline", "generation=5", "--workers", "2"]);
+    let serve = Serve::start(&[
+        "--wasm",
+        sluice_artifacts::TEST_GUEST_WASM,
+        "--config-inline",
+        "generation=5",
+        "--workers",
+        "2",
+    ]);
 
     let echoed = send(serve.addr, "GET", "/hello?x=1", &[("x-test-op", "headers"), ("x-in", "abc")], "");
     let denied = send(serve.addr, "GET", "/", &[("x-test-op", "local,resp-headers"), ("x-status", "429")], "");
@@ -132,9 +139,8 @@ fn serve_forwards_to_an_upstream_and_calls_out_to_clusters() {
     let upstream = TestServer::start(Behaviour::Respond(
         "HTTP/1.1 201 Created\r\nx-upstream: real\r\ncontent-length: 4\r\nconnection: close\r\n\r\nmade",
     ));
-    let counter = TestServer::start(Behaviour::Respond(
-        "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nallow",
-    ));
+    let counter =
+        TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nallow"));
     let upstream_url = format!("http://{}", upstream.addr);
     let cluster = format!("upstream={}", counter.addr);
     let serve = Serve::start(&[
@@ -173,13 +179,23 @@ fn serve_without_a_filter_is_a_plain_proxy() {
 }
 
 fn run_to_exit(args: &[&str]) -> (bool, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_wasm-host")).arg("serve").args(["--listen", "127.0.0.1:0"]).args(args).output().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_wasm-host"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .output()
+        .unwrap();
     (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 #[test]
 fn serve_explains_a_configuration_the_plugin_rejects() {
-    let (ok, stderr) = run_to_exit(&["--wasm", sluice_artifacts::TEST_GUEST_WASM, "--config-inline", "reject=limits: must not be empty"]);
+    let (ok, stderr) = run_to_exit(&[
+        "--wasm",
+        sluice_artifacts::TEST_GUEST_WASM,
+        "--config-inline",
+        "reject=limits: must not be empty",
+    ]);
 
     assert!(!ok);
     assert!(stderr.contains("rejected its configuration"), "{stderr}");

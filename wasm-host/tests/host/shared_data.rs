@@ -9,7 +9,11 @@ use wasm_host::{Request, SetOutcome};
 use crate::common::{forward, guest, host, text};
 
 fn set(key: &str, value: &str, cas: u32) -> Request {
-    Request::get("/").header("x-test-op", "shared-set").header("x-key", key).header("x-value", value).header("x-cas", cas.to_string())
+    Request::get("/")
+        .header("x-test-op", "shared-set")
+        .header("x-key", key)
+        .header("x-value", value)
+        .header("x-cas", cas.to_string())
 }
 
 fn get(key: &str) -> Request {
@@ -98,7 +102,10 @@ fn workers_on_real_threads_lose_no_update_when_they_follow_the_cas_protocol() {
                 scope.spawn(move || {
                     (0..INCREMENTS)
                         .map(|_| {
-                            let forwarded = forward(worker, Request::get("/").header("x-test-op", "cas-incr").header("x-key", "counter"));
+                            let forwarded = forward(
+                                worker,
+                                Request::get("/").header("x-test-op", "cas-incr").header("x-key", "counter"),
+                            );
                             assert_ne!(text(&forwarded, "x-cas-value"), "gave-up");
                             text(&forwarded, "x-cas-retries").parse::<usize>().unwrap()
                         })

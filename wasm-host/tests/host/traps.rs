@@ -19,7 +19,11 @@ fn a_panic_fails_the_stream_closed_and_is_reported() {
     assert_eq!(traps[0].callback, "proxy_on_request_headers");
     assert_eq!(traps[0].context_id, 2);
     assert_eq!(traps[0].policy, FailurePolicy::FailClosed);
-    assert!(traps[0].guest_message.as_deref().unwrap_or_default().contains("test guest panics on request 2"), "{:?}", traps[0]);
+    assert!(
+        traps[0].guest_message.as_deref().unwrap_or_default().contains("test guest panics on request 2"),
+        "{:?}",
+        traps[0]
+    );
     assert!(traps[0].message.contains("unreachable"), "{}", traps[0].message);
     assert_eq!(host.metric("wasm_host.traps"), Some(1));
     assert!(host.worker(0).is_failed());

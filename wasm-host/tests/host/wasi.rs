@@ -35,8 +35,14 @@ fn stdout_is_logged_at_info_and_stderr_at_error() {
     forward(host.worker(0), ops("stdio"));
 
     let logs = host.logs();
-    assert!(logs.iter().any(|r| r.source == LogSource::Stdout && r.level == LogLevel::Info && r.message == "to stdout from 2"));
-    assert!(logs.iter().any(|r| r.source == LogSource::Stderr && r.level == LogLevel::Error && r.message.starts_with("to stderr")));
+    assert!(
+        logs.iter()
+            .any(|r| r.source == LogSource::Stdout && r.level == LogLevel::Info && r.message == "to stdout from 2")
+    );
+    assert!(
+        logs.iter()
+            .any(|r| r.source == LogSource::Stderr && r.level == LogLevel::Error && r.message.starts_with("to stderr"))
+    );
 }
 
 #[test]

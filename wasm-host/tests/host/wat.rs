@@ -50,7 +50,8 @@ fn an_allocation_outside_linear_memory_is_invalid_memory_access() {
 
 #[test]
 fn host_calls_from_inside_the_allocator_fail_the_vm() {
-    let allocator = "(drop (call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 64) (i32.const 68))) (i32.const 1024)";
+    let allocator =
+        "(drop (call $get (i32.const 0) (i32.const 0) (i32.const 5) (i32.const 64) (i32.const 68))) (i32.const 1024)";
     let mut host = Host::builder(module("", allocator, GET_PATH)).build().unwrap();
 
     let exchange = host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
@@ -76,7 +77,8 @@ fn an_unimplemented_host_function_fails_loudly_with_its_name() {
 #[test]
 fn proc_exit_fails_the_vm_with_a_clear_message() {
     let imports = r#"(import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))"#;
-    let mut host = Host::builder(module(imports, "(i32.const 1024)", "(call $exit (i32.const 3)) (i32.const 0)")).build().unwrap();
+    let mut host =
+        Host::builder(module(imports, "(i32.const 1024)", "(call $exit (i32.const 3)) (i32.const 0)")).build().unwrap();
 
     host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
 
