@@ -18,7 +18,7 @@
 //!   deadline. A paused Redis therefore costs at most `pool_size` connections and the
 //!   requests in flight, each answered when its deadline expires.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -87,9 +87,17 @@ struct Slot {
     /// fail can drop it, never a newer one).
     conn: Mutex<Option<(u64, Conn)>>,
     generation: AtomicU64,
-    connecting: AtomicBool,
+    /// Held by the one caller connecting this slot (a tokio mutex: released if that
+    /// caller is cancelled).
+    connect: tokio::sync::Mutex<()>,
     /// Milliseconds since the store started before which no reconnect is attempted.
     retry_at_ms: AtomicU64,
+}
+
+impl Slot {
+    fn current(&self) -> Option<(u64, Conn)> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 /// Counters the metrics endpoint reports.
@@ -213,37 +221,37 @@ impl RedisStore {
     }
 
     /// A connection from slot `index`, connecting it if needed.
+    ///
+    /// One caller per slot connects; the others wait for it (within their own call
+    /// deadline) and share the result. An attempt, even one cancelled by its caller's
+    /// deadline, blocks further attempts on that slot for [`RECONNECT_BACKOFF`], so a
+    /// slow or stopped Redis sees at most one connection attempt per slot per backoff.
     async fn connection(&self, index: usize) -> Result<(u64, Conn), StoreError> {
         let slot = self.slots.get(index).ok_or_else(|| unreachable("no connection slot"))?;
-        if let Some((generation, conn)) = slot.conn.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-            return Ok((*generation, conn.clone()));
+        if let Some(current) = slot.current() {
+            return Ok(current);
         }
-        if self.elapsed_ms() < slot.retry_at_ms.load(Ordering::Acquire) {
+        let _single = slot.connect.lock().await;
+        if let Some(current) = slot.current() {
+            return Ok(current);
+        }
+        let now = self.elapsed_ms();
+        if now < slot.retry_at_ms.load(Ordering::Acquire) {
             return Err(unreachable("the last connection attempt failed; retrying shortly"));
         }
-        if slot.connecting.swap(true, Ordering::AcqRel) {
-            return Err(unreachable("connecting"));
-        }
-        let opened = tokio::time::timeout(self.config.connect_timeout, self.open()).await;
-        let result = match opened {
+        slot.retry_at_ms.store(now + RECONNECT_BACKOFF.as_millis() as u64, Ordering::Release);
+        match tokio::time::timeout(self.config.connect_timeout, self.open()).await {
             Ok(Ok(conn)) => {
                 let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 *slot.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some((generation, conn.clone()));
+                slot.retry_at_ms.store(0, Ordering::Release);
                 self.stats.connects.fetch_add(1, Ordering::Relaxed);
                 self.stats.open.fetch_add(1, Ordering::Relaxed);
                 Ok((generation, conn))
             }
-            Ok(Err(e)) => {
-                slot.retry_at_ms.store(self.elapsed_ms() + RECONNECT_BACKOFF.as_millis() as u64, Ordering::Release);
-                Err(unreachable(format!("cannot connect: {e}")))
-            }
-            Err(_) => {
-                slot.retry_at_ms.store(self.elapsed_ms() + RECONNECT_BACKOFF.as_millis() as u64, Ordering::Release);
-                Err(unreachable(format!("cannot connect within {} ms", self.config.connect_timeout.as_millis())))
-            }
-        };
-        slot.connecting.store(false, Ordering::Release);
-        result
+            Ok(Err(e)) => Err(unreachable(format!("cannot connect: {e}"))),
+            Err(_) => Err(unreachable(format!("cannot connect within {} ms", self.config.connect_timeout.as_millis()))),
+        }
     }
 
     /// Drops slot `index`'s connection if it is still generation `generation`.

@@ -6,6 +6,9 @@
 mod api;
 mod behaviour;
 mod binary;
+mod concurrency;
 mod differential;
+mod faults;
+mod load;
 mod stores;
 mod support;

@@ -61,6 +61,8 @@ pub struct RedisServer {
     pid: u32,
     dir: PathBuf,
     extra: Vec<String>,
+    /// The watchdog shells, reaped on drop.
+    watchdogs: Vec<std::process::Child>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -88,6 +90,7 @@ impl RedisServer {
             pid: 0,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            watchdogs: Vec::new(),
             _tmp: Some(tmp),
         };
         server.spawn();
@@ -119,7 +122,7 @@ impl RedisServer {
         .map(|s| (*s).to_owned())
         .collect();
         args.extend(self.extra.iter().cloned());
-        Command::new("sh")
+        let watchdog = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
             .arg("sh")
@@ -131,6 +134,7 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("sh starts");
+        self.watchdogs.push(watchdog);
         wait_until(Duration::from_secs(10), "redis-server's pid file", || {
             std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<u32>().ok()).is_some()
         });
@@ -225,6 +229,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg("-9").arg(self.pid.to_string()).status();
+        for watchdog in &mut self.watchdogs {
+            let _ = watchdog.wait();
+        }
     }
 }
 
