@@ -33,7 +33,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 200); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
 
 cargo build --release -q -p sluice-counter --manifest-path "$ROOT/Cargo.toml"
-SLUICE="$ROOT/target/release/sluice-counter"
+SLUICE="${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice-counter"
 
 REDIS_PORT=$(free_port)
 taskset -c 1 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \

@@ -357,6 +357,11 @@ pub fn json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiErro
 /// # Errors
 /// A 400 [`ApiError`] from [`json_error`].
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // The fast path parses without tracking paths; only a failure is parsed again, with
+    // serde_path_to_error, to name where the problem is.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
     de.end().map_err(|e| {

@@ -49,10 +49,11 @@ impl Metrics {
     /// Records one store call's latency.
     pub fn store_latency(&self, took: Duration) {
         let secs = took.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            if secs <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        // One bucket per observation; `render` accumulates them.
+        if let Some(bucket) =
+            LATENCY_BUCKETS.iter().zip(&self.latency_buckets).find(|(bound, _)| secs <= **bound).map(|(_, b)| b)
+        {
+            bucket.fetch_add(1, Ordering::Relaxed);
         }
         self.latency_count.fetch_add(1, Ordering::Relaxed);
         self.latency_sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -103,12 +104,13 @@ impl Metrics {
         let _ = writeln!(out, "sluice_counter_leased_tokens_total {}", get(&self.tokens_leased));
         let _ = writeln!(out, "# HELP sluice_counter_store_latency_seconds Latency of store calls.");
         let _ = writeln!(out, "# TYPE sluice_counter_store_latency_seconds histogram");
+        let mut cumulative = 0;
         for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
+            cumulative += get(bucket);
             let _ = writeln!(
                 out,
-                "sluice_counter_store_latency_seconds_bucket{{store=\"{}\",le=\"{bound}\"}} {}",
-                store.name(),
-                get(bucket)
+                "sluice_counter_store_latency_seconds_bucket{{store=\"{}\",le=\"{bound}\"}} {cumulative}",
+                store.name()
             );
         }
         let count = get(&self.latency_count);

@@ -217,7 +217,18 @@ impl MemoryStore {
         for (entry, p) in entries.iter().zip(pending) {
             let Some(state) = p.next else { continue };
             if let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == p.shard) {
-                guard.map.insert(entry.storage_key.clone(), Slot { limit: entry.policy.limit, state, last: p.at });
+                // Update in place when the key exists: no key allocation on the hot path.
+                match guard.map.get_mut(&entry.storage_key) {
+                    Some(slot) => {
+                        slot.state = state;
+                        slot.last = p.at;
+                    }
+                    None => {
+                        guard
+                            .map
+                            .insert(entry.storage_key.clone(), Slot { limit: entry.policy.limit, state, last: p.at });
+                    }
+                }
             }
         }
     }

@@ -221,6 +221,7 @@ async fn requests_beyond_the_in_flight_bound_are_shed_at_once() {
     assert!(shed.iter().all(|(status, _, took)| *status == 503 && *took < Duration::from_millis(250)), "{answers:?}");
     assert!(started.elapsed() < Duration::from_millis(500 + MARGIN_MS + 250));
     running.stop().await.expect("clean stop");
+    redis.assert_every_key_has_a_ttl();
 }
 
 async fn futures_join(http: &Http, n: usize) -> Vec<(u16, Option<String>, Duration)> {
