@@ -790,6 +790,10 @@ impl Host {
             }
             return;
         };
+        // Real callouts that finished before now are delivered before anything later.
+        for worker in &mut self.workers {
+            worker.drain_inbox();
+        }
         let target = clock.monotonic_nanos().saturating_add(crate::clock::saturating_nanos(by));
         loop {
             let next = self.workers.iter().filter_map(Worker::next_deadline).min();

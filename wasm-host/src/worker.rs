@@ -859,6 +859,16 @@ impl Worker {
         self.settle();
     }
 
+    /// Delivers the real callouts that have completed, without waiting.
+    pub(crate) fn drain_inbox(&mut self) {
+        if self.shared.serve_mode {
+            return;
+        }
+        while let Ok(message) = self.inbox.try_recv() {
+            let _ = self.handle_inbox(message);
+        }
+    }
+
     fn settle(&mut self) {
         if self.shared.serve_mode {
             self.fire_due();
@@ -866,9 +876,7 @@ impl Worker {
         }
         let give_up = self.shared.wait_for_real_callouts.map(|wait| Instant::now() + wait);
         loop {
-            while let Ok(message) = self.inbox.try_recv() {
-                let _ = self.handle_inbox(message);
-            }
+            self.drain_inbox();
             self.fire_due();
             let Some(give_up) = give_up else { return };
             if !self.has_real_callouts() {

@@ -88,14 +88,25 @@ fn lookup(state: &HostState, path: &[u8]) -> Option<Vec<u8>> {
     let vm = &state.vm;
     let acting = vm.acting_context();
     let stream = vm.streams.get(&acting);
-    if let Some(value) = stream.and_then(|s| s.properties.get(path)) {
+    if let Some(value) = stream.filter(|s| !s.properties.is_empty()).and_then(|s| s.properties.get(path)) {
         return Some(value.clone());
     }
-    if let Some(value) = state.shared.properties.get(path) {
+    if !state.shared.properties.is_empty()
+        && let Some(value) = state.shared.properties.get(path)
+    {
         return Some(value.clone());
     }
-    let segments: Vec<&[u8]> = path.split(|b| *b == 0).collect();
-    match segments.as_slice() {
+    // Paths have at most four segments; a fixed array avoids an allocation per call.
+    let mut parts: [&[u8]; 4] = [&[]; 4];
+    let mut count = 0;
+    for segment in path.split(|b| *b == 0) {
+        match parts.get_mut(count) {
+            Some(slot) => *slot = segment,
+            None => return None,
+        }
+        count += 1;
+    }
+    match parts.get(..count).unwrap_or_default() {
         [b"plugin_name"] => string(&vm.roots.get(&vm.root_of(acting)?)?.plugin.name),
         [b"plugin_root_id"] => string(&vm.roots.get(&vm.root_of(acting)?)?.plugin.root_id),
         [b"plugin_vm_id"] => string(&state.shared.vm_id),

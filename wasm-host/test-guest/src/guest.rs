@@ -25,6 +25,15 @@ thread_local! {
     static DONE_LATER: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Benchmark modes: the request callback makes only this host call, `calls` times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bench {
+    Noop,
+    GetHeader,
+    GetProperty,
+    Shared,
+}
+
 #[derive(Default, Clone)]
 struct Config {
     reject: Option<String>,
@@ -33,7 +42,7 @@ struct Config {
     tick_callout: Option<String>,
     tick_panic: bool,
     generation: Option<String>,
-    bench: Option<String>,
+    bench: Option<Bench>,
     calls: usize,
     ops: Option<String>,
 }
@@ -51,7 +60,14 @@ impl Config {
                 "tick_callout" => config.tick_callout = Some(value),
                 "tick_panic" => config.tick_panic = value == "1",
                 "generation" => config.generation = Some(value),
-                "bench" => config.bench = Some(value),
+                "bench" => {
+                    config.bench = Some(match value.as_str() {
+                        "get-header" => Bench::GetHeader,
+                        "get-property" => Bench::GetProperty,
+                        "shared" => Bench::Shared,
+                        _ => Bench::Noop,
+                    })
+                }
                 "calls" => config.calls = value.parse().unwrap_or(1),
                 "ops" => config.ops = Some(value),
                 _ => {}
@@ -199,20 +215,23 @@ impl HttpStream {
         header_text(self.get_http_request_header_bytes(name))
     }
 
-    fn bench(&mut self, mode: &str) -> Action {
+    fn bench(&self, mode: Bench) -> Action {
+        if mode == Bench::Noop {
+            return Action::Continue;
+        }
         for _ in 0..self.config.calls {
             match mode {
-                "get-header" => {
+                Bench::GetHeader => {
                     let _ = self.get_http_request_header_bytes("x-key");
                 }
-                "get-property" => {
+                Bench::GetProperty => {
                     let _ = self.get_property(vec!["source", "address"]);
                 }
-                "shared" => {
+                Bench::Shared => {
                     let (value, cas) = self.get_shared_data("bench");
                     let _ = self.set_shared_data("bench", Some(&value.unwrap_or_default()), cas);
                 }
-                _ => {}
+                Bench::Noop => {}
             }
         }
         Action::Continue
@@ -471,8 +490,8 @@ impl Context for HttpStream {
 
 impl HttpContext for HttpStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Some(mode) = self.config.bench.clone() {
-            return self.bench(&mode);
+        if let Some(mode) = self.config.bench {
+            return self.bench(mode);
         }
         let ops = self.request_header("x-test-op").or_else(|| self.config.ops.clone()).unwrap_or_default();
         self.ops = ops.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
