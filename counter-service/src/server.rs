@@ -124,16 +124,40 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
     response
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError {
-            status: 413,
-            code: "body_too_large",
-            message: format!("the request body is larger than {limit} bytes"),
-        }),
-        Err(e) => Err(ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"))),
+/// How much of an oversized body is read and discarded before answering 413, so that a
+/// client still sending it reads the answer instead of a reset connection. Beyond this
+/// (or [`DRAIN_TIME`]) the connection is closed.
+const DRAIN_BYTES: usize = 4 << 20;
+/// The longest time spent discarding an oversized body.
+const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+async fn read_body(mut body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let too_large = || ApiError {
+        status: 413,
+        code: "body_too_large",
+        message: format!("the request body is larger than {limit} bytes"),
+    };
+    let unreadable =
+        |e: axum::Error| ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"));
+    let mut buffer = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(unreadable)?.into_data() else { continue };
+        if buffer.len() + data.len() > limit {
+            let mut discarded = buffer.len() + data.len();
+            let drain = async {
+                while discarded <= DRAIN_BYTES {
+                    match body.frame().await {
+                        Some(Ok(frame)) => discarded += frame.data_ref().map_or(0, |d| d.len()),
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+            return Err(too_large());
+        }
+        buffer.extend_from_slice(&data);
     }
+    Ok(buffer.freeze())
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Response {

@@ -194,6 +194,7 @@ async fn every_class_of_bad_input_gets_its_4xx(http: &Http, keys: impl Fn() -> u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory() {
+    let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;
     let app = running.app.clone();
     let keys = move || match app.store() {
@@ -208,6 +209,7 @@ async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_on_redis() {
+    let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
     let (running, http) = start(redis_config(redis.url())).await;
 
@@ -219,6 +221,7 @@ async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_on_redis()
 
 #[tokio::test]
 async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry() {
+    let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;
     let limit = json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000});
     let body = json!({"tag": "client-1", "entries": [
@@ -246,6 +249,7 @@ async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry() {
 
 #[tokio::test]
 async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
+    let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;
     let body = json!({"key": "route", "tokens": 8, "ttl_ms": 2000,
                       "limit": {"algorithm": "token_bucket", "amount": 1, "per_ms": 60_000, "burst": 10}});
@@ -262,6 +266,7 @@ async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
 
 #[tokio::test]
 async fn health_readiness_and_metrics_are_served() {
+    let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;
     let body =
         json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000}}]});
@@ -291,6 +296,7 @@ async fn health_readiness_and_metrics_are_served() {
 
 #[tokio::test]
 async fn an_unreachable_redis_makes_readyz_and_checks_answer_store_unavailable() {
+    let _shared = crate::support::HEAVY.read().await;
     let port = free_port();
     let config = Config { redis_timeout_ms: 200, ..redis_config(format!("redis://127.0.0.1:{port}")) };
     let (running, http) = start(config).await;

@@ -205,11 +205,13 @@ macro_rules! on_every_store {
         mod $scenario {
             #[tokio::test]
             async fn on_the_memory_store() {
+                let _shared = crate::support::HEAVY.read().await;
                 super::$scenario(&crate::support::memory_store(), "t").await;
             }
 
             #[tokio::test]
             async fn on_redis() {
+                let _shared = crate::support::HEAVY.read().await;
                 let redis = crate::support::RedisServer::start();
                 super::$scenario(&crate::support::redis_store(&redis), "t").await;
                 redis.assert_every_key_has_a_ttl();
@@ -217,6 +219,7 @@ macro_rules! on_every_store {
 
             #[tokio::test]
             async fn on_a_redis_cluster() {
+                let _shared = crate::support::HEAVY.read().await;
                 let cluster = crate::support::shared_cluster();
                 super::$scenario(&crate::support::cluster_store(cluster), stringify!($scenario)).await;
                 cluster.assert_every_key_has_a_ttl();

@@ -45,7 +45,7 @@ fn start_process(redis: &RedisServer) -> (Process, std::net::SocketAddr) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_service_processes_under_192_concurrent_clients_never_over_admit() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     let services: Vec<_> = (0..3).map(|_| start_process(&redis)).collect();
     let keys = keys("hot");
@@ -109,7 +109,7 @@ async fn naive_client(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oracle_catches_a_naive_get_then_set_limiter_over_admitting() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     let keys = keys("naive");
     let until = Instant::now() + Duration::from_secs(2);

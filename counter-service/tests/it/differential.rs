@@ -103,6 +103,7 @@ impl Reference {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_times_and_costs() {
+    let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
     let store = redis_store(&redis);
     let seed = std::env::var("SLUICE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_1234_ABCD_0001_u64);

@@ -52,7 +52,7 @@ fn redis_stats(app: &sluice_counter::App) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_gets_every_request_answered_within_the_deadline_without_extra_connections() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     let (running, http) = start(faulty_config(&redis)).await;
     let keys = vec!["pause-a".to_owned(), "pause-b".to_owned()];
@@ -95,7 +95,7 @@ async fn a_paused_redis_gets_every_request_answered_within_the_deadline_without_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_gives_fast_errors_until_it_is_back_and_then_decisions_again() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let mut redis = RedisServer::start();
     let (running, http) = start(faulty_config(&redis)).await;
     let keys = vec!["kill-a".to_owned()];
@@ -134,7 +134,7 @@ async fn a_killed_redis_gives_fast_errors_until_it_is_back_and_then_decisions_ag
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flushes_during_load_cause_no_errors_and_no_double_counting() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     let config = Config { redis_timeout_ms: 2000, ..redis_config(redis.url()) };
     let (running, http) = start(config).await;
@@ -167,7 +167,7 @@ async fn script_flushes_during_load_cause_no_errors_and_no_double_counting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_that_timed_out_after_it_was_sent_is_applied_at_most_once() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     // One connection, so that the check sent during the pause goes out on the connection
     // the first check opened (rather than waiting for a new one).
@@ -203,7 +203,7 @@ async fn a_check_that_timed_out_after_it_was_sent_is_applied_at_most_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_in_flight_bound_are_shed_at_once() {
-    let _heavy = HEAVY.lock().await;
+    let _heavy = HEAVY.write().await;
     let redis = RedisServer::start();
     let config = Config { max_in_flight: 2, redis_timeout_ms: 500, ..redis_config(redis.url()) };
     let (running, http) = start(config).await;

@@ -16,6 +16,7 @@ fn bucket() -> LimitSpec {
 
 #[tokio::test]
 async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
+    let _shared = crate::support::HEAVY.read().await;
     let memory = MemoryStore::new(MemoryConfig { shards: 4, max_keys: 100 });
     let store = Store::Memory(memory);
     let Store::Memory(memory) = &store else { unreachable!() };
@@ -33,6 +34,7 @@ async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
 
 #[tokio::test]
 async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
+    let _shared = crate::support::HEAVY.read().await;
     let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 2 }));
     check(&store, "t", vec![entry("a", bucket(), 4)], t_us(0)).await;
     check(&store, "t", vec![entry("b", bucket(), 4)], t_us(0)).await;
@@ -50,6 +52,7 @@ async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
 
 #[tokio::test]
 async fn a_full_memory_store_answers_503_store_full_over_http() {
+    let _shared = crate::support::HEAVY.read().await;
     let config = Config { memory_max_keys: 1, memory_shards: 1, ..Config::defaults() };
     let (running, http) = start(config).await;
     let body = |key: &str| json!({"entries": [{"key": key, "limit": {"algorithm": "fixed_window", "limit": 5, "window_ms": 60_000}}]});
@@ -65,6 +68,7 @@ async fn a_full_memory_store_answers_503_store_full_over_http() {
 
 #[tokio::test]
 async fn every_key_redis_writes_expires_shortly_after_its_state_goes_idle() {
+    let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
     let (running, http) = start(redis_config(redis.url())).await;
     let body = json!({"tag": "t", "entries": [
@@ -97,6 +101,7 @@ async fn every_key_redis_writes_expires_shortly_after_its_state_goes_idle() {
 
 #[tokio::test]
 async fn all_counters_of_one_check_hash_to_one_cluster_slot() {
+    let _shared = crate::support::HEAVY.read().await;
     let cluster = shared_cluster();
     let check_plan = plan(
         "client-7",
@@ -118,6 +123,7 @@ async fn all_counters_of_one_check_hash_to_one_cluster_slot() {
 
 #[tokio::test]
 async fn after_script_flush_the_script_is_sent_again_and_counts_once() {
+    let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
     let store = redis_store(&redis);
     check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
@@ -135,6 +141,7 @@ async fn after_script_flush_the_script_is_sent_again_and_counts_once() {
 
 #[tokio::test]
 async fn a_redis_that_may_evict_keys_is_reported_at_startup() {
+    let _shared = crate::support::HEAVY.read().await;
     let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
     let safe = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
     let store =

@@ -382,6 +382,7 @@ impl Http {
     }
 }
 
-/// Serialises the load and fault tests: each loads both cores, and their latency bounds
-/// assume they do not run alongside each other.
-pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The load and fault tests take this exclusively (`HEAVY.write()`): each loads both
+/// cores, and their latency bounds assume nothing else in this binary runs beside them.
+/// Other tests that start Redis take it shared (`HEAVY.read()`).
+pub static HEAVY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
