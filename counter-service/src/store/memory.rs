@@ -238,10 +238,12 @@ impl MemoryStore {
     /// # Errors
     /// [`StoreError::Full`] when a new key does not fit.
     pub fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
-        let now = at.unwrap_or_else(|| self.now());
         let entries: Vec<&PlannedEntry> = plan.entries.iter().collect();
         let shard_ids: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
         let mut guards = self.lock_all(&shard_ids);
+        // Read the clock under the locks, so that decisions on a key are timed in the
+        // order they are made (the time in the answer is the time decided at).
+        let now = at.unwrap_or_else(|| self.now());
         let pending: Vec<Pending> =
             entries.iter().zip(&shard_ids).map(|(e, &s)| Self::decide(&mut guards, s, e, now, None).0).collect();
         let admitted = pending.iter().all(|p| p.decision.is_admitted());
@@ -258,10 +260,10 @@ impl MemoryStore {
     /// # Errors
     /// [`StoreError::Full`] when the key is new and does not fit.
     pub fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
-        let now = at.unwrap_or_else(|| self.now());
         let entries = [&plan.entry];
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
+        let now = at.unwrap_or_else(|| self.now());
         let (pending, granted) = Self::decide(&mut guards, shard, &plan.entry, now, Some(plan.tokens));
         let decision = pending.decision;
         let pending = vec![pending];

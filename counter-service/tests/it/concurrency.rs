@@ -30,10 +30,10 @@ fn keys(prefix: &str) -> Vec<String> {
     (0..4).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-fn start_process(redis: &RedisServer) -> (Process, std::net::SocketAddr) {
+fn start_process(store: &str, urls: &str) -> (Process, std::net::SocketAddr) {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let child = Command::new(env!("CARGO_BIN_EXE_sluice-counter"))
-        .args(["--listen", &addr.to_string(), "--store", "redis", "--redis-url", &redis.url()])
+        .args(["--listen", &addr.to_string(), "--store", store, "--redis-url", urls])
         .args(["--redis-pool-size", "4", "--redis-timeout-ms", "2000", "--log", "warn"])
         .stderr(Stdio::null())
         .spawn()
@@ -43,19 +43,15 @@ fn start_process(redis: &RedisServer) -> (Process, std::net::SocketAddr) {
     (process, addr)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_service_processes_under_192_concurrent_clients_never_over_admit() {
-    let _heavy = HEAVY.write().await;
-    let redis = RedisServer::start();
-    let services: Vec<_> = (0..3).map(|_| start_process(&redis)).collect();
-    let keys = keys("hot");
-    let until = Instant::now() + RUN;
-
+/// Runs `clients` clients per service for `run`, replays the admissions, and checks
+/// the final counters against the reference.
+async fn assert_no_over_admission(addrs: &[std::net::SocketAddr], clients: usize, keys: &[String], run: Duration) {
+    let until = Instant::now() + run;
     let mut tasks = Vec::new();
-    for (p, (_, addr)) in services.iter().enumerate() {
+    for (p, addr) in addrs.iter().enumerate() {
         let http = Http::new(*addr);
-        for c in 0..CLIENTS_PER_PROCESS {
-            tasks.push(tokio::spawn(client(http.clone(), keys.clone(), (p * 1000 + c) as u64 + 7, until)));
+        for c in 0..clients {
+            tasks.push(tokio::spawn(client(http.clone(), keys.to_vec(), (p * 1000 + c) as u64 + 7, until)));
         }
     }
     let mut records = Vec::new();
@@ -71,8 +67,42 @@ async fn three_service_processes_under_192_concurrent_clients_never_over_admit()
     eprintln!("{} requests, {} admitted, {} rejected", records.len(), replayed.admitted, rejected);
     assert_eq!(replayed.over_admitted, 0, "admissions the exact bucket would have rejected");
     assert!(rejected > replayed.admitted, "the load must exceed the limit for the test to mean anything");
-    crate::load::assert_counters_match_the_reference(&Http::new(services[0].1), &keys, &replayed).await;
+    crate::load::assert_counters_match_the_reference(&Http::new(addrs[0]), keys, &replayed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_service_processes_under_192_concurrent_clients_never_over_admit() {
+    let _heavy = HEAVY.write().await;
+    let redis = RedisServer::start();
+    let services: Vec<_> = (0..3).map(|_| start_process("redis", &redis.url())).collect();
+    let addrs: Vec<_> = services.iter().map(|(_, addr)| *addr).collect();
+
+    assert_no_over_admission(&addrs, CLIENTS_PER_PROCESS, &keys("hot"), RUN).await;
+
     redis.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_service_processes_on_a_redis_cluster_never_over_admit() {
+    let _heavy = HEAVY.write().await;
+    let cluster = crate::support::shared_cluster();
+    let urls = cluster.urls().join(",");
+    let services: Vec<_> = (0..3).map(|_| start_process("redis-cluster", &urls)).collect();
+    let addrs: Vec<_> = services.iter().map(|(_, addr)| *addr).collect();
+
+    assert_no_over_admission(&addrs, 32, &keys("cluster-hot"), Duration::from_secs(2)).await;
+
+    cluster.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_clients_on_the_memory_store_never_over_admit() {
+    let _heavy = HEAVY.write().await;
+    let (running, _) = crate::api::start(sluice_counter::Config::defaults()).await;
+
+    assert_no_over_admission(&[running.addr], CLIENTS_PER_PROCESS, &keys("memory-hot"), Duration::from_secs(2)).await;
+
+    running.stop().await.expect("clean stop");
 }
 
 /// The race the script prevents: TIME, GET, decide in the service, SET. Three
