@@ -272,6 +272,8 @@ pub(crate) struct Shared {
     pub(crate) callout_failures: CalloutFailures,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_memory: usize,
+    /// Epoch ticks a single guest call may run before it traps.
+    pub(crate) call_ticks: u64,
     /// Library mode: after each step, wait (in real time, at most this long) for real
     /// callouts in flight. `None` in `serve`, where the worker loop waits instead.
     pub(crate) wait_for_real_callouts: Option<Duration>,
@@ -384,6 +386,7 @@ pub struct HostBuilder {
     callout_failures: CalloutFailures,
     random_seed: Option<u64>,
     max_memory: usize,
+    call_time_limit: Duration,
     real_callout_wait: Duration,
     io_handle: Option<tokio::runtime::Handle>,
     record_callouts: bool,
@@ -394,6 +397,9 @@ enum ClockChoice {
     Virtual(VirtualClock),
     Custom(Arc<dyn Clock>),
 }
+
+/// How long one guest callback may run before the host traps it.
+const DEFAULT_CALL_TIME_LIMIT: Duration = Duration::from_secs(10);
 
 /// Envoy's (proxy-wasm-cpp-host's) cap on a VM's linear memory: 1 GiB.
 const DEFAULT_MAX_MEMORY: usize = 1024 * 1024 * 1024;
@@ -420,6 +426,7 @@ impl HostBuilder {
             callout_failures: CalloutFailures::default(),
             random_seed: Some(0x5eed),
             max_memory: DEFAULT_MAX_MEMORY,
+            call_time_limit: DEFAULT_CALL_TIME_LIMIT,
             real_callout_wait: Duration::from_secs(10),
             io_handle: None,
             record_callouts: true,
@@ -567,6 +574,14 @@ impl HostBuilder {
         self
     }
 
+    /// How long (in real time) one guest callback may run before the host traps it as a
+    /// runaway (10 s by default, measured in steps of 10 ms). Envoy sets no such limit;
+    /// here it keeps a looping guest from hanging a test.
+    pub fn call_time_limit(mut self, limit: Duration) -> Self {
+        self.call_time_limit = limit;
+        self
+    }
+
     /// With a virtual clock, how long (in real time) a worker waits for real callouts in
     /// flight after each step before leaving them pending (10 s by default). A callout
     /// still pending times out when the virtual clock passes its timeout.
@@ -633,6 +648,10 @@ impl HostBuilder {
             callout_failures: self.callout_failures,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,
+            call_ticks: (self.call_time_limit.as_millis() / EPOCH_TICK.as_millis())
+                .try_into()
+                .unwrap_or(u64::MAX)
+                .max(1),
             wait_for_real_callouts: virtual_clock.is_some().then_some(self.real_callout_wait),
             record_callouts: self.record_callouts,
             serve_mode: self.serve_mode,
@@ -665,11 +684,31 @@ impl HostBuilder {
     }
 }
 
+/// How often the engine's epoch advances; a call's time limit is counted in these.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The engine every host uses: configuration only, no state a test could observe. Its
+/// epoch advances every [`EPOCH_TICK`] on a background thread, so that a guest stuck in
+/// a loop traps at its call time limit instead of hanging the worker.
 fn engine() -> Engine {
-    let mut config = Config::new();
-    config.cranelift_opt_level(OptLevel::Speed);
-    // Each VM is small and long-lived: instantiate once per worker, no pooling needed.
-    Engine::new(&config).unwrap_or_default()
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let mut config = Config::new();
+            config.cranelift_opt_level(OptLevel::Speed);
+            config.epoch_interruption(true);
+            let engine = Engine::new(&config).unwrap_or_default();
+            let weak = engine.weak();
+            let _ = std::thread::Builder::new().name("wasm-host-epoch".to_owned()).spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            });
+            engine
+        })
+        .clone()
 }
 
 /// proxy-wasm-cpp-host refuses a module that advertises no ABI version it knows.
@@ -721,6 +760,26 @@ fn link(engine: &Engine, module: &Module) -> wasmtime::Result<(InstancePre<HostS
     Ok((linker.instantiate_pre(module)?, unimplemented))
 }
 
+/// Reads a host's metrics from anywhere (for example after its workers moved to
+/// threads).
+#[derive(Clone)]
+pub struct MetricsHandle {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for MetricsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetricsHandle").finish_non_exhaustive()
+    }
+}
+
+impl MetricsHandle {
+    /// Every metric, sorted by name.
+    pub fn all(&self) -> Vec<(String, MetricValue)> {
+        self.shared.metrics.all()
+    }
+}
+
 /// A proxy-wasm host: one compiled plugin, one VM per worker, one shared-data store and
 /// one metrics registry for all of them.
 pub struct Host {
@@ -767,6 +826,11 @@ impl Host {
     /// `std::thread::scope(|s| for w in host.workers_mut() { s.spawn(move || ...); })`.
     pub fn workers_mut(&mut self) -> &mut [Worker] {
         &mut self.workers
+    }
+
+    /// A handle on the metrics that stays valid after [`Host::into_workers`].
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle { shared: Arc::clone(&self.shared) }
     }
 
     /// Takes the workers out of the host (to move each to its own thread for good).

@@ -131,7 +131,7 @@ pub mod worker;
 pub use callout::{Answer, CalloutFailures, CalloutRequest, Cluster};
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use headers::Headers;
-pub use host::{FailurePolicy, Host, HostBuilder, HostError, TrapReport, Wasm};
+pub use host::{FailurePolicy, Host, HostBuilder, HostError, MetricsHandle, TrapReport, Wasm};
 pub use logs::{LogLevel, LogRecord, LogSource};
 pub use metrics::{Histogram, MetricKind, MetricValue};
 pub use request::{ClientResponse, Exchange, Message, Outcome, Request, Response, ResponseSource, StreamId};

@@ -176,6 +176,7 @@ fn instantiate(
     };
     let mut store = Store::new(&shared.engine, state);
     store.limiter(|state| &mut state.limits);
+    store.set_epoch_deadline(shared.call_ticks);
     let fail = |reason: String| HostError::Instantiate { worker: index, reason };
     let instance = shared.pre.instantiate(&mut store).map_err(|e| fail(format!("{e:#}")))?;
     let memory = instance.get_memory(&mut store, "memory");
@@ -189,6 +190,15 @@ fn instantiate(
     store.data_mut().allocate = allocate;
     let exports = Exports::new(&mut store, &instance).map_err(fail)?;
     Ok((store, exports))
+}
+
+/// wasmtime's account of a trap, with the wasm backtrace; a runaway call says so.
+fn describe_trap(error: &wasmtime::Error, call_ticks: u64) -> String {
+    if error.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+        let limit = crate::host::EPOCH_TICK.saturating_mul(u32::try_from(call_ticks).unwrap_or(u32::MAX));
+        return format!("the guest ran for more than {limit:?} in one callback and was interrupted: {error:?}");
+    }
+    format!("{error:?}")
 }
 
 fn is_pause_for_headers(action: u32) -> bool {
@@ -234,6 +244,7 @@ impl Worker {
             (Callback::Initialize, self.exports.start.clone())
         };
         if let Some(func) = init.1 {
+            self.store.set_epoch_deadline(self.shared.call_ticks);
             self.store.data_mut().vm.callback = init.0;
             let result = func.call(&mut self.store, ());
             self.store.data_mut().vm.callback = Callback::None;
@@ -350,6 +361,7 @@ impl Worker {
         vm.stop_iteration = false;
         vm.last_critical = None;
         vm.callback_lines.clear();
+        self.store.set_epoch_deadline(self.shared.call_ticks);
         let result = func.call(&mut self.store, params);
         let vm = &mut self.store.data_mut().vm;
         vm.current = 0;
@@ -370,7 +382,7 @@ impl Worker {
             worker: self.index,
             callback: callback.export_name(),
             context_id: context,
-            message: format!("{error:?}"),
+            message: describe_trap(error, self.shared.call_ticks),
             guest_message,
             policy: self.shared.failure_policy,
         });
@@ -1185,4 +1197,26 @@ fn fail_closed(stream: &mut StreamContext) {
     stream.response = Some(Message { headers: Headers::from_pairs([(":status", "503")]), body: None, trailers: None });
     stream.response_source = Some(ResponseSource::FailurePolicy);
     complete(stream);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_can_move_to_another_thread() {
+        fn assert_send<T: Send>() {}
+
+        assert_send::<Worker>();
+        assert_send::<&mut Worker>();
+    }
+
+    #[test]
+    fn only_continue_actions_release_headers() {
+        assert!(!is_pause_for_headers(0));
+        assert!(!is_pause_for_headers(2));
+        assert!(is_pause_for_headers(1));
+        assert!(is_pause_for_headers(3));
+        assert!(is_pause_for_headers(4));
+    }
 }

@@ -39,6 +39,7 @@ use crate::clock::SystemClock;
 use crate::headers::Headers;
 use crate::host::{FailurePolicy, Host, HostError};
 use crate::logs::LogLevel;
+use crate::metrics::MetricValue;
 use crate::request::{ClientResponse, Message, Outcome, Request, Response, StreamId};
 use crate::worker::{Inbox, Worker};
 
@@ -152,6 +153,7 @@ pub(crate) enum Decision {
 
 /// The workers, each on its own thread.
 struct Workers {
+    metrics: crate::host::MetricsHandle,
     senders: Vec<Sender<Inbox>>,
     threads: Vec<JoinHandle<()>>,
     next: AtomicUsize,
@@ -179,6 +181,7 @@ impl Workers {
             builder = builder.cluster(name.clone(), *addr);
         }
         let host = builder.build()?;
+        let metrics = host.metrics_handle();
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         for worker in host.into_workers() {
@@ -190,7 +193,7 @@ impl Workers {
                 .map_err(|source| ServeError::Thread { index, source })?;
             threads.push(thread);
         }
-        Ok(Self { senders, threads, next: AtomicUsize::new(0) })
+        Ok(Self { metrics, senders, threads, next: AtomicUsize::new(0) })
     }
 
     fn pick(&self) -> Sender<Inbox> {
@@ -204,6 +207,13 @@ impl Workers {
         }
         for thread in self.threads {
             let _ = thread.join();
+        }
+        for (name, value) in self.metrics.all() {
+            let value = match value {
+                MetricValue::Counter(v) | MetricValue::Gauge(v) => v.to_string(),
+                MetricValue::Histogram(h) => format!("count={} sum={}", h.count, h.sum),
+            };
+            eprintln!("wasm-host serve: metric {name} = {value}");
         }
     }
 }

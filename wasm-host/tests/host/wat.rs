@@ -1,5 +1,7 @@
 //! Low-level ABI behaviour, with tiny hand-written modules.
 
+use std::time::Duration;
+
 use wasm_host::{Host, Request, Response, Wasm};
 
 /// A module whose `proxy_on_request_headers` runs `body` (which leaves an i32 status on
@@ -95,4 +97,15 @@ fn a_module_importing_memory_cannot_be_instantiated() {
     let error = Host::builder(wasm).build().expect_err("no memory export");
 
     assert!(error.to_string().contains("memory"), "{error}");
+}
+
+#[test]
+fn a_guest_stuck_in_a_loop_is_interrupted_at_its_call_time_limit() {
+    let wasm = module("", "(i32.const 1024)", "(loop $forever (br $forever)) (i32.const 0)");
+    let mut host = Host::builder(wasm).call_time_limit(Duration::from_millis(50)).build().unwrap();
+
+    let exchange = host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
+
+    assert_eq!(exchange.status(), Some(503));
+    assert!(host.traps()[0].message.contains("interrupted"), "{}", host.traps()[0].message);
 }
