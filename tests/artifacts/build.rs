@@ -17,14 +17,8 @@ const GUESTS: &[(&str, &str, &str)] = &[
 ];
 
 /// Sources whose change must rebuild the guests.
-const WATCHED: &[&str] = &[
-    "Cargo.toml",
-    "Cargo.lock",
-    "filter",
-    "shared-store/src",
-    "shared-store/Cargo.toml",
-    "wasm-host/test-guest",
-];
+const WATCHED: &[&str] =
+    &["Cargo.toml", "Cargo.lock", "filter", "shared-store/src", "shared-store/Cargo.toml", "wasm-host/test-guest"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -33,10 +27,8 @@ fn main() {
         .and_then(Path::parent)
         .expect("tests/artifacts sits two levels below the workspace root")
         .to_path_buf();
-    let target_dir = env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("guests");
+    let target_dir =
+        env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target")).join("guests");
 
     for path in WATCHED {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
