@@ -630,7 +630,8 @@ fn validate_limit(issues: &mut Issues, path: &str, raw: &RawPolicy) -> Option<Li
             let rate = rate?;
             let burst = match raw.burst {
                 Some(burst) => amount(issues, &format!("{path}.burst"), burst)?,
-                None => rate.amount(),
+                // The `<n>` as written: `Rate` keeps its fraction in lowest terms.
+                None => raw.rate.map_or(1, |spec| spec.amount),
             };
             // The time to refill from empty must fit the clock: it becomes reset values.
             let refill = u128::from(burst) * u128::from(rate.per().0) / u128::from(rate.amount());
