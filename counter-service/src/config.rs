@@ -33,7 +33,7 @@ pub enum LogFormat {
 /// sluice-counter: the central counter service for Sluice's global rate-limit policies.
 ///
 /// Every flag can also be set from the environment variable named beside it.
-#[derive(Clone, Debug, Parser)]
+#[derive(Clone, Debug, PartialEq, Eq, Parser)]
 #[command(name = "sluice-counter", version, about, long_about = None)]
 pub struct Config {
     /// Address to listen on.
@@ -137,5 +137,18 @@ impl Config {
             timeout: Duration::from_millis(self.redis_timeout_ms),
             connect_timeout: Duration::from_millis(self.redis_connect_timeout_ms),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_defaults_are_the_flag_defaults() {
+        let parsed = Config::try_parse_from(["sluice-counter"]).unwrap();
+
+        assert_eq!(parsed, Config::defaults());
+        assert_eq!(parsed.listen.to_string(), DEFAULT_LISTEN);
     }
 }

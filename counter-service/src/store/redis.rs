@@ -431,3 +431,25 @@ fn parse_reply(reply: &[i64], entries: usize) -> Result<(Nanos, bool, u64, Vec<D
     }
     Ok((at, admitted == 1, non_negative(granted, "grant")?, decisions))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
+        assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+    }
+
+    #[test]
+    fn a_reply_is_read_into_decisions_and_the_redis_time() {
+        let (at, admitted, granted, decisions) = parse_reply(&[7, 5, 0, 0, 2, 5, 0, 900, -1], 1).unwrap();
+
+        assert_eq!((at, admitted, granted), (Nanos(7_000_005_000), false, 0));
+        assert_eq!(decisions[0].verdict, Verdict::Rejected { retry_after: Nanos::MAX });
+        assert_eq!((decisions[0].limit, decisions[0].reset_after), (5, Nanos(900)));
+    }
+}

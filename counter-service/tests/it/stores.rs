@@ -158,3 +158,29 @@ async fn a_redis_that_may_evict_keys_is_reported_at_startup() {
 fn redis_config_for(url: String) -> sluice_counter::store::RedisConfig {
     crate::support::redis_config(vec![url], Topology::Standalone)
 }
+
+#[tokio::test]
+async fn a_redis_out_of_memory_answers_store_unavailable_and_counts_a_server_error() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start_with(&[
+        "--maxmemory",
+        "2mb",
+        "--maxmemory-policy",
+        "noeviction",
+        "--enable-debug-command",
+        "yes",
+    ]);
+    let _: String = redis.cmd(&["DEBUG", "POPULATE", "40000", "filler", "100"]);
+    let (running, http) = start(redis_config(redis.url())).await;
+    let body =
+        json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 5, "window_ms": 60_000}}]});
+
+    let (status, error) = http.post("/v1/check", &body).await;
+    let (_, metrics) = http.get("/metrics").await;
+
+    assert_eq!((status, error["error"]["code"].as_str()), (503, Some("store_unavailable")), "{error}");
+    assert!(error["error"]["message"].as_str().unwrap_or_default().contains("OOM"), "{error}");
+    assert!(metrics.contains("sluice_counter_store_errors_total{kind=\"server\"} 1"), "{metrics}");
+    assert!(redis.limiter_keys().is_empty(), "nothing was written");
+    running.stop().await.expect("clean stop");
+}
