@@ -65,6 +65,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_MAX_IN_FLIGHT", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_in_flight: u32,
 
+    /// Client connections held at once; more are closed as soon as they are accepted.
+    #[arg(long, env = "SLUICE_COUNTER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+
     /// Largest request body, in bytes.
     #[arg(long, env = "SLUICE_COUNTER_MAX_BODY_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub max_body_bytes: u32,
@@ -109,6 +113,7 @@ impl Config {
             redis_timeout_ms: 100,
             redis_connect_timeout_ms: 250,
             max_in_flight: 1024,
+            max_connections: 4096,
             max_body_bytes: 65_536,
             max_entries: 16,
             memory_max_keys: 1_000_000,

@@ -29,6 +29,8 @@ pub struct Metrics {
     latency_sum_ns: AtomicU64,
     in_flight: AtomicI64,
     shed: AtomicU64,
+    refused_connections: AtomicU64,
+    open_connections: AtomicI64,
     responses: [AtomicU64; STATUSES.len()],
 }
 
@@ -79,6 +81,16 @@ impl Metrics {
     /// Counts a request refused because too many were in flight.
     pub fn shed(&self) {
         self.shed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection closed at once because too many were open.
+    pub fn refused_connection(&self) {
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection opened (+1) or closed (-1).
+    pub fn connection(&self, delta: i64) {
+        self.open_connections.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// Marks a request as started; the guard marks it finished when dropped.
@@ -136,6 +148,15 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE sluice_counter_shed_requests_total counter");
         let _ = writeln!(out, "sluice_counter_shed_requests_total {}", get(&self.shed));
+        let _ = writeln!(out, "# HELP sluice_counter_open_connections Client connections open.");
+        let _ = writeln!(out, "# TYPE sluice_counter_open_connections gauge");
+        let _ = writeln!(out, "sluice_counter_open_connections {}", self.open_connections.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_refused_connections_total Connections closed because too many were open."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_refused_connections_total counter");
+        let _ = writeln!(out, "sluice_counter_refused_connections_total {}", get(&self.refused_connections));
         let _ = writeln!(out, "# HELP sluice_counter_responses_total Responses by HTTP status (0 = other).");
         let _ = writeln!(out, "# TYPE sluice_counter_responses_total counter");
         for (status, counter) in STATUSES.iter().zip(&self.responses) {

@@ -1,6 +1,6 @@
 //! The HTTP server: routes, error responses, bounds, and graceful shutdown.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,6 +29,7 @@ pub struct App {
     max_entries: usize,
     max_body: usize,
     in_flight: Arc<Semaphore>,
+    connections: Arc<Semaphore>,
     /// Seconds since start at which a store error was last logged (one line per second
     /// at most, so an outage does not flood the logs).
     last_error_log: AtomicU64,
@@ -44,6 +45,7 @@ impl App {
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
             in_flight: Arc::new(Semaphore::new(usize::try_from(config.max_in_flight).unwrap_or(1024))),
+            connections: Arc::new(Semaphore::new(usize::try_from(config.max_connections).unwrap_or(4096))),
             last_error_log: AtomicU64::new(u64::MAX),
             started: Instant::now(),
         }
@@ -101,8 +103,12 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// Sheds requests beyond `max_in_flight`, keeps the in-flight gauge and counts statuses.
+/// Sheds requests beyond `max_in_flight` (except liveness and metrics, which must answer
+/// under overload), keeps the in-flight gauge and counts statuses.
 async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    if matches!(request.uri().path(), "/healthz" | "/metrics") {
+        return next.run(request).await;
+    }
     let response = match app.in_flight.clone().try_acquire_owned() {
         Ok(permit) => {
             let _gauge = app.metrics.start();
@@ -261,11 +267,20 @@ pub async fn build_store(config: &Config) -> anyhow::Result<Store> {
     }
 }
 
+/// How long a connection may take to send a request's headers (also closes keep-alive
+/// connections idle that long).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
 /// requests in flight finish (at most `grace`), and returns.
 ///
+/// HTTP/1.1 only (the filter's callouts are HTTP/1.1), at most `max_connections` client
+/// connections (more are closed as soon as they are accepted), `TCP_NODELAY` on every
+/// connection.
+///
 /// # Errors
-/// When the listener fails.
+/// Never at present: accept errors (such as running out of file descriptors) are
+/// logged and retried.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -288,26 +303,53 @@ pub async fn serve(
             }
         })
     });
-    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new connections, finishing requests in flight");
-        let _ = signalled.send(true);
-    };
-    let server = axum::serve(listener, router(app)).with_graceful_shutdown(signal).into_future();
-    let deadline = async move {
-        let _ = on_signal.wait_for(|s| *s).await;
-        tokio::time::sleep(grace).await;
-    };
-    let result = tokio::select! {
-        result = server => result.map_err(anyhow::Error::from),
-        () = deadline => {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; closing");
-            Ok(())
+    let routes = router(app.clone());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = shutdown;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = app.connections.clone().try_acquire_owned() else {
+                    app.metrics.refused_connection();
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let service = hyper_util::service::TowerToHyperService::new(routes.clone());
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+                let connection = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
+                let app = app.clone();
+                app.metrics.connection(1);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                    app.metrics.connection(-1);
+                    drop(permit);
+                });
+            }
+            () = &mut shutdown => break,
         }
-    };
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; closing");
+        }
+    }
     if let Some(task) = sweeper {
         task.abort();
     }
-    result
+    Ok(())
 }

@@ -285,7 +285,8 @@ async fn health_readiness_and_metrics_are_served() {
         "sluice_counter_decisions_total{outcome=\"rejected\"} 1",
         "sluice_counter_store_latency_seconds_count{store=\"memory\"} 3", // two checks and /readyz
         "sluice_counter_store_errors_total{kind=\"timeout\"} 0",
-        "sluice_counter_in_flight_requests 1",
+        "sluice_counter_in_flight_requests 0", // /metrics and /healthz bypass the in-flight bound
+        "sluice_counter_refused_connections_total 0",
         "sluice_counter_responses_total{status=\"400\"} 1",
         "sluice_counter_memory_keys 1",
     ] {
@@ -321,4 +322,42 @@ async fn an_unreachable_redis_makes_readyz_and_checks_answer_store_unavailable()
 fn store_errors_have_stable_codes() {
     assert_eq!(StoreError::Full { max_keys: 1 }.code(), "store_full");
     assert_eq!(StoreError::Timeout { store: "redis", after_ms: 1 }.code(), "store_unavailable");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(Config { max_connections: 2, ..Config::defaults() }).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(running.addr).await.expect("connect");
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        let mut answer = [0u8; 12];
+        stream.read_exact(&mut answer).await.expect("an answer on a held connection");
+        assert_eq!(&answer, b"HTTP/1.1 200");
+        held.push(stream);
+    }
+
+    let mut third = tokio::net::TcpStream::connect(running.addr).await.expect("the kernel accepts");
+    let _ = third.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let mut buffer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), third.read_to_end(&mut buffer)).await;
+    drop(held);
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        // The held connections close asynchronously; poll until one is free again.
+        let attempt = tokio::time::timeout(std::time::Duration::from_millis(500), http.get("/metrics")).await;
+        if let Ok((200, body)) = attempt {
+            metrics = body;
+            break;
+        }
+    }
+
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the third connection is closed without an answer: {read:?} {buffer:?}"
+    );
+    assert!(metrics.contains("sluice_counter_refused_connections_total 1"), "{metrics}");
+    running.stop().await.expect("clean stop");
 }
