@@ -22,7 +22,7 @@ cd "$ROOT"
 echo "== criterion, $RUNS runs"
 for run in $(seq 1 "$RUNS"); do
   cargo bench -q -p wasm-host --bench host >/dev/null 2>&1
-  for f in "$TARGET"/criterion/stream/*/new/estimates.json "$TARGET"/criterion/host_call/*/new/estimates.json; do
+  for f in "$TARGET"/criterion/wasm_host_stream/*/new/estimates.json "$TARGET"/criterion/wasm_host_call/*/new/estimates.json; do
     name="$(basename "$(dirname "$(dirname "$f")")")"
     python3 -c "import json,sys; print('$name', json.load(open('$f'))['median']['point_estimate'])" >>"$OUT/criterion.txt"
   done

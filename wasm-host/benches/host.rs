@@ -2,13 +2,13 @@
 //! (`bench=...` in its plugin configuration), so that the filter's cost can later be
 //! judged against them:
 //!
-//! * `stream/noop`: one request through a filter that does nothing, for its whole life
+//! * `wasm_host_stream/noop`: one request through a filter that does nothing, for its whole life
 //!   on the filter: `proxy_on_context_create`, `proxy_on_request_headers`,
 //!   `proxy_on_response_headers`, `proxy_on_done`, `proxy_on_log`, `proxy_on_delete`.
-//! * `stream/request_only`: the same without a response (`proxy_on_response_headers`
+//! * `wasm_host_stream/request_only`: the same without a response (`proxy_on_response_headers`
 //!   not called).
-//! * `host_call/*`: a request whose `proxy_on_request_headers` makes one host call
-//!   `CALLS` times; (time − `stream/request_only`) / `CALLS` is the cost of one call.
+//! * `wasm_host_call/*`: a request whose `proxy_on_request_headers` makes one host call
+//!   `CALLS` times; (time − `wasm_host_stream/request_only`) / `CALLS` is the cost of one call.
 //!   `get_header` and `get_property` return a string (a guest allocation and a copy);
 //!   `shared_get_set` is a `proxy_get_shared_data` + `proxy_set_shared_data` pair.
 //!
@@ -49,7 +49,7 @@ fn benches(c: &mut Criterion) {
     let request = request();
     let response = Response::ok().header("content-type", "text/plain").header("content-length", "2");
 
-    let mut group = c.benchmark_group("stream");
+    let mut group = c.benchmark_group("wasm_host_stream");
     let mut noop = host("bench=noop");
     group.bench_function("noop", |b| {
         b.iter(|| noop.worker(0).exchange(request.clone(), response.clone()).expect("forwarded"));
@@ -57,7 +57,7 @@ fn benches(c: &mut Criterion) {
     group.bench_function("request_only", |b| b.iter(|| request_only(noop.worker(0), &request)));
     group.finish();
 
-    let mut group = c.benchmark_group("host_call");
+    let mut group = c.benchmark_group("wasm_host_call");
     for (name, mode) in [("get_header", "get-header"), ("get_property", "get-property"), ("shared_get_set", "shared")] {
         let mut host = host(&format!("bench={mode}\ncalls={CALLS}"));
         group.bench_function(format!("{name}_x{CALLS}"), |b| b.iter(|| request_only(host.worker(0), &request)));

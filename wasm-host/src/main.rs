@@ -131,17 +131,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let Command::Serve(args) = cli.command;
     let config = serve_config(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("wasm-host-http")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
     let workers = config.workers;
     let filter = config.wasm.as_ref().map_or_else(|| "no filter".to_owned(), |p| p.display().to_string());
-    runtime.block_on(wasm_host::serve::run(config, shutdown_signal(), move |addr| {
+    wasm_host::serve::run(config, shutdown_signal(), move |addr| {
         println!("wasm-host serve: listening on http://{addr} ({workers} workers, {filter})");
-    }))?;
+    })?;
     eprintln!("wasm-host serve: stopped");
     Ok(())
 }

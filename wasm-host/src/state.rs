@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::mpsc::Sender;
 
 use wasmtime::{Memory, StoreLimits, TypedFunc};
 
@@ -16,7 +15,7 @@ use crate::host::Shared;
 use crate::metrics::MetricIds;
 use crate::request::{ClientResponse, Message, ResponseSource};
 use crate::shared_data::SharedData;
-use crate::worker::Inbox;
+use crate::worker::Mailbox;
 
 /// Everything a host function can reach.
 pub(crate) struct HostState {
@@ -30,7 +29,7 @@ pub(crate) struct HostState {
     /// Set while the guest's allocator runs: Envoy allows only logging and clocks then.
     pub(crate) in_allocator: bool,
     pub(crate) limits: StoreLimits,
-    pub(crate) inbox: Sender<Inbox>,
+    pub(crate) inbox: Mailbox,
     pub(crate) vm: Vm,
 }
 

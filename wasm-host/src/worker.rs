@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use wasmtime::{Instance, Store, StoreLimitsBuilder, TypedFunc, WasmParams, WasmResults};
 
@@ -35,14 +35,29 @@ use crate::state::{
     StreamContext, Vm,
 };
 
+/// Where other threads send a worker's messages; wakes `serve`'s event loop, if any.
+#[derive(Clone)]
+pub(crate) struct Mailbox {
+    sender: Sender<Inbox>,
+    waker: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Mailbox {
+    pub(crate) fn send(&self, message: Inbox) {
+        if self.sender.send(message).is_ok()
+            && let Some(waker) = &self.waker
+        {
+            waker.notify_one();
+        }
+    }
+}
+
 /// Messages a worker receives from other threads.
 pub(crate) enum Inbox {
     /// A real callout finished.
     Callout { generation: u64, token: u32, result: Result<CalloutResponse, CalloutFailure> },
     /// An item was enqueued on a shared queue this worker's root context registered.
     QueueReady { generation: u64, root: u32, token: u32 },
-    /// A command from `serve`'s HTTP front end.
-    Serve(crate::serve::Command),
 }
 
 type Func<P, R> = Option<TypedFunc<P, R>>;
@@ -143,7 +158,7 @@ pub struct Worker {
     failed: bool,
     generation: u64,
     inbox: Receiver<Inbox>,
-    sender: Sender<Inbox>,
+    sender: Mailbox,
     /// Streams of a VM that was replaced (`FAIL_RELOAD`), kept until finished.
     detached: HashMap<u32, StreamContext>,
 }
@@ -158,7 +173,7 @@ fn instantiate(
     shared: &Arc<Shared>,
     index: usize,
     generation: u64,
-    sender: Sender<Inbox>,
+    sender: Mailbox,
     first_context_id: u32,
 ) -> Result<(Store<HostState>, Exports), HostError> {
     let mut vm = Vm::new(Arc::clone(&shared.vm_configuration), shared.shared_data());
@@ -217,6 +232,7 @@ fn to_u32(n: usize) -> u32 {
 impl Worker {
     pub(crate) fn start(shared: Arc<Shared>, index: usize, plugin: Arc<Plugin>) -> Result<Self, HostError> {
         let (sender, inbox) = mpsc::channel();
+        let sender = Mailbox { sender, waker: None };
         let (store, exports) = instantiate(&shared, index, 1, sender.clone(), 0)?;
         let mut worker = Self {
             index,
@@ -876,9 +892,7 @@ impl Worker {
         if self.shared.serve_mode {
             return;
         }
-        while let Ok(message) = self.inbox.try_recv() {
-            let _ = self.handle_inbox(message);
-        }
+        self.handle_messages();
     }
 
     fn settle(&mut self) {
@@ -899,9 +913,7 @@ impl Worker {
                 return;
             }
             match self.inbox.recv_timeout(left) {
-                Ok(message) => {
-                    let _ = self.handle_inbox(message);
-                }
+                Ok(message) => self.handle_inbox(message),
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
             }
         }
@@ -911,14 +923,13 @@ impl Worker {
         self.store.data().vm.callouts.values().any(|c| matches!(c.delivery, Delivery::InFlight { .. }))
     }
 
-    /// Handles a message from another thread; returns `serve`'s commands to the caller.
-    pub(crate) fn handle_inbox(&mut self, message: Inbox) -> Option<crate::serve::Command> {
+    /// Handles a message from another thread.
+    pub(crate) fn handle_inbox(&mut self, message: Inbox) {
         match message {
             Inbox::Callout { generation, token, result } => {
                 if generation == self.generation {
                     self.deliver_callout(token, result);
                 }
-                None
             }
             Inbox::QueueReady { generation, root, token } => {
                 if generation == self.generation && self.store.data().vm.roots.contains_key(&root) {
@@ -927,20 +938,20 @@ impl Worker {
                         self.run_deferred();
                     }
                 }
-                None
             }
-            Inbox::Serve(command) => Some(command),
         }
     }
 
-    pub(crate) fn inbox_sender(&self) -> Sender<Inbox> {
-        self.sender.clone()
+    /// For `serve`'s event loop: wakes it whenever a message arrives.
+    pub(crate) fn set_waker(&mut self, waker: Arc<tokio::sync::Notify>) {
+        self.sender.waker = Some(waker);
+        self.store.data_mut().inbox = self.sender.clone();
     }
 
-    pub(crate) fn receive(&self, timeout: Option<Duration>) -> Result<Inbox, RecvTimeoutError> {
-        match timeout {
-            Some(timeout) => self.inbox.recv_timeout(timeout),
-            None => self.inbox.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    /// For `serve`'s event loop: handles every message that has arrived.
+    pub(crate) fn handle_messages(&mut self) {
+        while let Ok(message) = self.inbox.try_recv() {
+            self.handle_inbox(message);
         }
     }
 

@@ -84,7 +84,7 @@ fn http_call(
             let generation = state.generation;
             let task = runtime.spawn(async move {
                 let result = send_http(addr, request).await;
-                let _ = inbox.send(Inbox::Callout { generation, token, result });
+                inbox.send(Inbox::Callout { generation, token, result });
             });
             Delivery::InFlight { task: task.abort_handle() }
         }

@@ -35,7 +35,7 @@ pub(crate) struct Queues {
 struct Queue {
     items: VecDeque<Vec<u8>>,
     /// The registrant to notify: its worker's inbox, its root context, its VM generation.
-    notify: Option<(std::sync::mpsc::Sender<Inbox>, u32, u64)>,
+    notify: Option<(crate::worker::Mailbox, u32, u64)>,
 }
 
 fn register_queue(caller: &mut Caller<'_, HostState>, name: u32, name_size: u32, token_ptr: u32) -> HostResult {
@@ -91,7 +91,7 @@ fn enqueue(caller: &mut Caller<'_, HostState>, token: u32, data: u32, data_size:
     };
     queue.items.push_back(data);
     if let Some((inbox, root, generation)) = &queue.notify {
-        let _ = inbox.send(Inbox::QueueReady { generation: *generation, root: *root, token });
+        inbox.send(Inbox::QueueReady { generation: *generation, root: *root, token });
     }
     Ok(())
 }

@@ -1,29 +1,31 @@
 //! `wasm-host serve`: an HTTP/1.1 reverse proxy on loopback that runs the plugin as
 //! Envoy would, for trying a filter with `curl` and for measuring it under load.
 //!
-//! * N worker threads, each with its own VM; each accepted connection is assigned to one
-//!   worker (round robin), as Envoy assigns connections to its workers.
-//! * The real clock: ticks and callout timeouts fire on time.
-//! * Requests the filter forwards go to `--upstream`, or to a built-in echo upstream
-//!   that answers `200` with the request it received (method, path, headers, body).
-//!   An upstream that cannot be reached yields Envoy's `503` (`upstream connect error
-//!   ...`), which passes through the filter's response callbacks as Envoy's router
-//!   reply does.
+//! It is built like Envoy: N worker threads accept on one listening socket; each worker
+//! owns one VM and an event loop (a single-threaded runtime), and runs the filter inline
+//! on the thread that owns the connection. The real clock drives ticks and callout
+//! timeouts.
+//!
+//! * Requests the filter forwards go to `--upstream`, or to a built-in echo upstream that
+//!   answers `200` with the request it received (headers and body), so that `curl -i`
+//!   shows what the filter forwarded. An upstream that cannot be reached yields Envoy's
+//!   `503` (`upstream connect error ...`), which passes through the filter's response
+//!   callbacks as Envoy's router reply does.
 //! * Callouts to `--cluster NAME=ADDR` go to real HTTP/1.1 servers.
 //! * Bounded: at most `max_connections` connections (more wait in the kernel's accept
-//!   queue), request bodies over `max_request_bytes` get `413`, request heads over
-//!   64 KiB are refused, upstream responses are capped at 16 MiB.
-//! * Graceful shutdown: on the shutdown signal it stops accepting, lets requests in
-//!   progress finish (up to `drain_timeout`), then stops the workers.
+//!   queue), request bodies over `max_request_bytes` get `413`, request heads over 64 KiB
+//!   are refused, upstream responses are capped at 16 MiB and 30 s.
+//! * Graceful shutdown: when `shutdown` completes, workers stop accepting, let the
+//!   requests in progress finish (up to `drain_timeout`), then stop; the guest metrics
+//!   are printed.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,16 +34,15 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Notify, Semaphore, oneshot, watch};
 
 use crate::clock::SystemClock;
 use crate::headers::Headers;
-use crate::host::{FailurePolicy, Host, HostError};
+use crate::host::{FailurePolicy, Host, HostError, MetricsHandle};
 use crate::logs::LogLevel;
 use crate::metrics::MetricValue;
 use crate::request::{ClientResponse, Message, Outcome, Request, Response, StreamId};
-use crate::worker::{Inbox, Worker};
+use crate::worker::Worker;
 
 /// Everything `serve` needs to run.
 #[derive(Clone, Debug)]
@@ -52,11 +53,11 @@ pub struct ServeConfig {
     pub plugin_configuration: Vec<u8>,
     /// The VM configuration.
     pub vm_configuration: Vec<u8>,
-    /// `vm_id`, `root_id` and plugin `name`.
+    /// The `vm_id` (scopes shared data).
     pub vm_id: String,
-    /// See `vm_id`.
+    /// The `root_id`.
     pub root_id: String,
-    /// See `vm_id`.
+    /// The plugin name.
     pub plugin_name: String,
     /// Where to listen (port 0 picks a free port).
     pub listen: SocketAddr,
@@ -125,171 +126,15 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// A worker thread could not be started.
-    #[error("cannot start worker thread {index}")]
-    Thread {
-        /// The worker.
-        index: usize,
+    /// A thread or an event loop could not be started.
+    #[error("cannot start {what}")]
+    Start {
+        /// What.
+        what: String,
         /// Why.
         #[source]
         source: std::io::Error,
     },
-}
-
-/// A command from the HTTP front end to a worker thread.
-pub(crate) enum Command {
-    Request { request: Request, reply: oneshot::Sender<Decision> },
-    Respond { stream: StreamId, response: Response, reply: oneshot::Sender<Decision> },
-    Finish { stream: StreamId },
-    Shutdown,
-}
-
-/// What the filter decided about a stream, once it decided.
-pub(crate) enum Decision {
-    Forward { stream: StreamId, message: Message },
-    Respond { stream: StreamId, response: ClientResponse },
-    Reset { stream: StreamId },
-}
-
-/// The workers, each on its own thread.
-struct Workers {
-    metrics: crate::host::MetricsHandle,
-    senders: Vec<Sender<Inbox>>,
-    threads: Vec<JoinHandle<()>>,
-    next: AtomicUsize,
-}
-
-impl Workers {
-    fn start(config: &ServeConfig, wasm: &Path, handle: tokio::runtime::Handle) -> Result<Self, ServeError> {
-        let mut builder = Host::builder(wasm)
-            .plugin_configuration(config.plugin_configuration.clone())
-            .vm_configuration(config.vm_configuration.clone())
-            .vm_id(config.vm_id.clone())
-            .root_id(config.root_id.clone())
-            .plugin_name(config.plugin_name.clone())
-            .workers(config.workers)
-            .failure_policy(config.failure_policy)
-            .clock(Arc::new(SystemClock::new()))
-            .log_level(config.log_level)
-            .capture_logs(false)
-            .record_callouts(false)
-            .random_seed(None)
-            .log_printer(|record| eprintln!("{record}"))
-            .io_runtime(handle)
-            .serve_mode();
-        for (name, addr) in &config.clusters {
-            builder = builder.cluster(name.clone(), *addr);
-        }
-        let host = builder.build()?;
-        let metrics = host.metrics_handle();
-        let mut senders = Vec::new();
-        let mut threads = Vec::new();
-        for worker in host.into_workers() {
-            let index = worker.index();
-            senders.push(worker.inbox_sender());
-            let thread = std::thread::Builder::new()
-                .name(format!("wasm-host-worker-{index}"))
-                .spawn(move || worker_loop(worker))
-                .map_err(|source| ServeError::Thread { index, source })?;
-            threads.push(thread);
-        }
-        Ok(Self { metrics, senders, threads, next: AtomicUsize::new(0) })
-    }
-
-    fn pick(&self) -> Sender<Inbox> {
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.senders.len().max(1);
-        self.senders.get(index).cloned().unwrap_or_else(|| std::sync::mpsc::channel().0)
-    }
-
-    fn stop(self) {
-        for sender in &self.senders {
-            let _ = sender.send(Inbox::Serve(Command::Shutdown));
-        }
-        for thread in self.threads {
-            let _ = thread.join();
-        }
-        for (name, value) in self.metrics.all() {
-            let value = match value {
-                MetricValue::Counter(v) | MetricValue::Gauge(v) => v.to_string(),
-                MetricValue::Histogram(h) => format!("count={} sum={}", h.count, h.sum),
-            };
-            eprintln!("wasm-host serve: metric {name} = {value}");
-        }
-    }
-}
-
-/// One worker thread: waits for commands, callout completions and timers, and answers
-/// each waiting stream as soon as the filter has decided.
-fn worker_loop(mut worker: Worker) {
-    let mut waiters: HashMap<StreamId, oneshot::Sender<Decision>> = HashMap::new();
-    loop {
-        let timeout =
-            worker.next_deadline().map(|at| Duration::from_nanos(at.saturating_sub(worker.clock_monotonic())));
-        match worker.receive(timeout) {
-            Ok(message) => match worker.handle_inbox(message) {
-                Some(Command::Request { request, reply }) => {
-                    let stream = worker.request(request);
-                    waiters.insert(stream, reply);
-                }
-                Some(Command::Respond { stream, response, reply }) => {
-                    if worker.respond(stream, response).is_ok() {
-                        waiters.insert(stream, reply);
-                    } else {
-                        let _ = reply.send(Decision::Reset { stream });
-                    }
-                }
-                Some(Command::Finish { stream }) => {
-                    waiters.remove(&stream);
-                    let _ = worker.finish(stream);
-                }
-                Some(Command::Shutdown) => return,
-                None => {}
-            },
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        worker.fire_due();
-        let ready: Vec<(StreamId, Decision)> =
-            waiters.keys().filter_map(|stream| decide(&worker, *stream).map(|d| (*stream, d))).collect();
-        for (stream, decision) in ready {
-            if let Some(reply) = waiters.remove(&stream) {
-                let _ = reply.send(decision);
-            }
-        }
-    }
-}
-
-/// The decision for a stream, if the filter has made one.
-fn decide(worker: &Worker, stream: StreamId) -> Option<Decision> {
-    match worker.outcome(stream) {
-        Ok(Outcome::Forwarded(message)) => Some(Decision::Forward { stream, message: message.clone() }),
-        Ok(Outcome::Responded(response)) => Some(Decision::Respond { stream, response: response.clone() }),
-        Ok(Outcome::Reset) | Err(_) => Some(Decision::Reset { stream }),
-        Ok(Outcome::Paused | Outcome::ResponsePaused) => None,
-    }
-}
-
-/// Finishes the stream on its worker when the connection's handler ends, however it
-/// ends (the client may go away while the filter holds the request).
-struct FinishOnDrop {
-    worker: Sender<Inbox>,
-    stream: Option<StreamId>,
-}
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        if let Some(stream) = self.stream.take() {
-            let _ = self.worker.send(Inbox::Serve(Command::Finish { stream }));
-        }
-    }
-}
-
-/// What the front end shares between connections.
-struct Front {
-    workers: Option<Workers>,
-    upstream: Option<Upstream>,
-    client: Client<HttpConnector, Full<Bytes>>,
-    max_request_bytes: usize,
 }
 
 /// The largest upstream response body `serve` buffers.
@@ -300,6 +145,301 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The largest request head (request line and headers) accepted.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// How long a client may take to send a request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `serve` until `shutdown` completes, blocking the calling thread. Calls
+/// `on_listening` with the bound address once the workers accept connections.
+///
+/// # Errors
+/// [`ServeError`] when the plugin cannot start or the socket cannot be bound.
+pub fn run(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    // The plugin starts first: a bad module or configuration fails before the socket opens.
+    let host = config.wasm.as_deref().map(|wasm| build_host(&config, wasm)).transpose()?;
+    let metrics = host.as_ref().map(Host::metrics_handle);
+    let mut vms: Vec<Option<Worker>> = match host {
+        Some(host) => host.into_workers().into_iter().map(Some).collect(),
+        None => (0..config.workers.max(1)).map(|_| None).collect(),
+    };
+    let listener = std::net::TcpListener::bind(config.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
+    let settings = Arc::new(Settings {
+        upstream: config.upstream.clone(),
+        max_request_bytes: config.max_request_bytes,
+        drain_timeout: config.drain_timeout,
+        local,
+    });
+    let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let (stop, stopped) = watch::channel(false);
+    let mut threads = Vec::new();
+    for (index, vm) in vms.drain(..).enumerate() {
+        let listener =
+            listener.try_clone().map_err(|source| ServeError::Start { what: format!("worker {index}"), source })?;
+        let (settings, permits, stopped) = (Arc::clone(&settings), Arc::clone(&permits), stopped.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("wasm-host-worker-{index}"))
+            .spawn(move || worker_thread(vm, listener, settings, permits, stopped))
+            .map_err(|source| ServeError::Start { what: format!("worker thread {index}"), source })?;
+        threads.push(thread);
+    }
+    drop(listener);
+    let signals = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ServeError::Start { what: "the signal handler".to_owned(), source })?;
+    // Poll `shutdown` once before announcing the address, so that signal handlers are in
+    // place by the time anyone can act on the announcement.
+    let mut shutdown = std::pin::pin!(shutdown);
+    let already = signals.block_on(async {
+        tokio::select! {
+            biased;
+            () = &mut shutdown => true,
+            () = std::future::ready(()) => false,
+        }
+    });
+    on_listening(local);
+    if !already {
+        signals.block_on(shutdown);
+    }
+    let _ = stop.send(true);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    if let Some(metrics) = metrics {
+        print_metrics(&metrics);
+    }
+    Ok(())
+}
+
+fn build_host(config: &ServeConfig, wasm: &Path) -> Result<Host, HostError> {
+    let mut builder = Host::builder(wasm)
+        .plugin_configuration(config.plugin_configuration.clone())
+        .vm_configuration(config.vm_configuration.clone())
+        .vm_id(config.vm_id.clone())
+        .root_id(config.root_id.clone())
+        .plugin_name(config.plugin_name.clone())
+        .workers(config.workers)
+        .failure_policy(config.failure_policy)
+        .clock(Arc::new(SystemClock::new()))
+        .log_level(config.log_level)
+        .capture_logs(false)
+        .record_callouts(false)
+        .random_seed(None)
+        .log_printer(|record| eprintln!("{record}"))
+        .serve_mode();
+    for (name, addr) in &config.clusters {
+        builder = builder.cluster(name.clone(), *addr);
+    }
+    builder.build()
+}
+
+fn print_metrics(metrics: &MetricsHandle) {
+    for (name, value) in metrics.all() {
+        let value = match value {
+            MetricValue::Counter(v) | MetricValue::Gauge(v) => v.to_string(),
+            MetricValue::Histogram(h) => format!("count={} sum={}", h.count, h.sum),
+        };
+        eprintln!("wasm-host serve: metric {name} = {value}");
+    }
+}
+
+/// What every worker thread needs to know.
+struct Settings {
+    upstream: Option<Upstream>,
+    max_request_bytes: usize,
+    drain_timeout: Duration,
+    local: SocketAddr,
+}
+
+/// One worker thread: an event loop that accepts connections, serves them, and drives
+/// its VM.
+fn worker_thread(
+    worker: Option<Worker>,
+    listener: std::net::TcpListener,
+    settings: Arc<Settings>,
+    permits: Arc<Semaphore>,
+    stopped: watch::Receiver<bool>,
+) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        eprintln!("wasm-host serve: a worker could not start its event loop");
+        return;
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+        let vm = worker.map(|mut worker| {
+            let wake = Arc::new(Notify::new());
+            worker.set_waker(Arc::clone(&wake));
+            Rc::new(Vm { worker: RefCell::new(worker), waiters: RefCell::new(HashMap::new()), wake })
+        });
+        if let Some(vm) = &vm {
+            tokio::task::spawn_local(drive(Rc::clone(vm)));
+        }
+        let front = Rc::new(Front { vm, client: Client::builder(TokioExecutor::new()).build_http(), settings });
+        let open = Rc::new(Cell::new(0usize));
+        let closed = Rc::new(Notify::new());
+        let mut stop = stopped.clone();
+        loop {
+            let permit = tokio::select! {
+                _ = stop.changed() => break,
+                permit = Arc::clone(&permits).acquire_owned() => match permit { Ok(p) => p, Err(_) => break },
+            };
+            let (socket, peer) = tokio::select! {
+                _ = stop.changed() => break,
+                accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => continue },
+            };
+            let _ = socket.set_nodelay(true);
+            open.set(open.get() + 1);
+            let (front, open, closed, mut stop) =
+                (Rc::clone(&front), Rc::clone(&open), Rc::clone(&closed), stopped.clone());
+            tokio::task::spawn_local(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let front = Rc::clone(&front);
+                    async move { handle(front, request, peer).await }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .max_buf_size(MAX_HEAD_BYTES)
+                    .serve_connection(TokioIo::new(socket), service);
+                tokio::pin!(connection);
+                tokio::select! {
+                    _ = connection.as_mut() => {}
+                    _ = stop.changed() => {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = connection.await;
+                    }
+                }
+                drop(permit);
+                open.set(open.get().saturating_sub(1));
+                closed.notify_one();
+            });
+        }
+        drop(listener);
+        let drain = async {
+            while open.get() > 0 {
+                closed.notified().await;
+            }
+        };
+        let _ = tokio::time::timeout(front.settings.drain_timeout, drain).await;
+    });
+}
+
+/// A worker's VM and the streams waiting for the filter to decide.
+struct Vm {
+    worker: RefCell<Worker>,
+    waiters: RefCell<HashMap<StreamId, oneshot::Sender<()>>>,
+    /// Wakes [`drive`]: a message arrived, or a deadline may have moved.
+    wake: Arc<Notify>,
+}
+
+impl Vm {
+    /// After the filter ran for a connection: wakes the streams it decided, and the
+    /// driver (the filter may have set a timer or dispatched a callout).
+    fn changed(&self) {
+        self.wake.notify_one();
+        self.wake_decided();
+    }
+
+    /// Wakes the streams whose fate the filter has decided.
+    fn wake_decided(&self) {
+        let Ok(worker) = self.worker.try_borrow() else { return };
+        let mut waiters = self.waiters.borrow_mut();
+        let decided: Vec<StreamId> = waiters
+            .keys()
+            .copied()
+            .filter(|s| !matches!(worker.outcome(*s), Ok(Outcome::Paused | Outcome::ResponsePaused)))
+            .collect();
+        for stream in decided {
+            if let Some(waiter) = waiters.remove(&stream) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+
+    /// Waits until the filter has decided what happens to `stream`.
+    async fn decision(&self, stream: StreamId) -> Decision {
+        loop {
+            let waiting = {
+                let worker = self.worker.borrow();
+                match worker.outcome(stream) {
+                    Ok(Outcome::Forwarded(message)) => return Decision::Forward(message.clone()),
+                    Ok(Outcome::Responded(response)) => return Decision::Respond(response.clone()),
+                    Ok(Outcome::Reset) | Err(_) => return Decision::Reset,
+                    Ok(Outcome::Paused | Outcome::ResponsePaused) => {
+                        let (tx, rx) = oneshot::channel();
+                        self.waiters.borrow_mut().insert(stream, tx);
+                        rx
+                    }
+                }
+            };
+            if waiting.await.is_err() {
+                return Decision::Reset;
+            }
+        }
+    }
+}
+
+/// What the filter decided about a stream.
+enum Decision {
+    Forward(Message),
+    Respond(ClientResponse),
+    Reset,
+}
+
+/// A worker's event loop for its VM: delivers callout completions and queue
+/// notifications as they arrive, and fires ticks and timeouts on time.
+async fn drive(vm: Rc<Vm>) {
+    loop {
+        let next = {
+            let mut worker = vm.worker.borrow_mut();
+            worker.handle_messages();
+            worker.fire_due();
+            worker.next_deadline().map(|at| Duration::from_nanos(at.saturating_sub(worker.clock_monotonic())))
+        };
+        vm.wake_decided();
+        match next {
+            Some(wait) => {
+                tokio::select! {
+                    () = vm.wake.notified() => {}
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            None => vm.wake.notified().await,
+        }
+    }
+}
+
+/// What every connection of a worker shares.
+struct Front {
+    vm: Option<Rc<Vm>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    settings: Arc<Settings>,
+}
+
+/// Finishes the stream on the filter when the handler ends, however it ends (the client
+/// may go away while the filter holds the request).
+struct FinishOnDrop {
+    vm: Rc<Vm>,
+    stream: StreamId,
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        self.vm.waiters.borrow_mut().remove(&self.stream);
+        if let Ok(mut worker) = self.vm.worker.try_borrow_mut() {
+            let _ = worker.finish(self.stream);
+        }
+        self.vm.changed();
+    }
+}
 
 /// The error that makes hyper drop a connection: what a client sees for a reset stream.
 #[derive(Debug)]
@@ -315,104 +455,17 @@ impl std::error::Error for StreamReset {}
 
 type HttpResponse = hyper::Response<Full<Bytes>>;
 
-fn plain(status: u16, body: &str) -> HttpResponse {
-    let mut response = hyper::Response::new(Full::new(Bytes::from(body.to_owned())));
-    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
-    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
-    response
-}
-
-/// Runs `serve` until `shutdown` completes. Calls `on_listening` with the bound address
-/// once the socket is open (before any request is accepted).
-///
-/// # Errors
-/// [`ServeError`] when the plugin cannot start or the socket cannot be bound.
-pub async fn run(
-    config: ServeConfig,
-    shutdown: impl Future<Output = ()>,
-    on_listening: impl FnOnce(SocketAddr),
-) -> Result<(), ServeError> {
-    let workers = match &config.wasm {
-        Some(wasm) => Some(Workers::start(&config, wasm, tokio::runtime::Handle::current())?),
-        None => None,
-    };
-    let listener =
-        TcpListener::bind(config.listen).await.map_err(|source| ServeError::Listen { addr: config.listen, source })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Listen { addr: config.listen, source })?;
-    on_listening(local);
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let front = Arc::new(Front {
-        workers,
-        upstream: config.upstream.clone(),
-        client,
-        max_request_bytes: config.max_request_bytes,
-    });
-    let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            permit = Arc::clone(&permits).acquire_owned() => match permit { Ok(p) => p, Err(_) => break },
-        };
-        let (socket, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(_) => continue,
-            },
-        };
-        let _ = socket.set_nodelay(true);
-        let worker = front.workers.as_ref().map(Workers::pick);
-        let front = Arc::clone(&front);
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let front = Arc::clone(&front);
-                let worker = worker.clone();
-                async move { handle(front, worker, request, peer, local).await }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .max_buf_size(MAX_HEAD_BYTES)
-                .serve_connection(TokioIo::new(socket), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = stop.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    // Every connection holds a permit: when all are back, every connection has closed.
-    let all = u32::try_from(config.max_connections.max(1)).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(config.drain_timeout, permits.acquire_many(all)).await;
-    if let Ok(front) = Arc::try_unwrap(front)
-        && let Some(workers) = front.workers
-    {
-        tokio::task::spawn_blocking(move || workers.stop()).await.ok();
-    }
-    Ok(())
-}
-
 async fn handle(
-    front: Arc<Front>,
-    worker: Option<Sender<Inbox>>,
+    front: Rc<Front>,
     request: hyper::Request<Incoming>,
     peer: SocketAddr,
-    local: SocketAddr,
 ) -> Result<HttpResponse, StreamReset> {
     let (parts, body) = request.into_parts();
-    let body = match Limited::new(body, front.max_request_bytes).collect().await {
+    let body = match Limited::new(body, front.settings.max_request_bytes).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(_) => return Ok(plain(413, "request body too large\n")),
+        Err(_) => return Ok(to_http(&Headers::from_pairs([(":status", "413")]), b"request body too large\n")),
     };
+    let local = front.settings.local;
     let mut headers = Headers::new();
     headers.add(":method", parts.method.as_str());
     headers.add(":scheme", "http");
@@ -433,45 +486,35 @@ async fn handle(
     if !body.is_empty() {
         request = request.body(body.to_vec());
     }
-    let Some(worker) = worker else {
+    let Some(vm) = front.vm.clone() else {
         // No filter: straight to the upstream.
-        let message = request.message.clone();
-        let response = forward(&front, &message).await;
-        return Ok(to_http(&response.message.headers, response.message.body.as_deref().unwrap_or_default()));
+        let response = forward(&front, &request.message).await;
+        return Ok(to_http(&response.message.headers, response.message.body_bytes()));
     };
-    let mut guard = FinishOnDrop { worker: worker.clone(), stream: None };
-    let (reply, decided) = oneshot::channel();
-    if worker.send(Inbox::Serve(Command::Request { request, reply })).is_err() {
-        return Ok(plain(503, "wasm-host is shutting down\n"));
-    }
-    let decision = decided.await.map_err(|_| StreamReset)?;
-    let (stream, message) = match decision {
-        Decision::Forward { stream, message } => (stream, message),
-        Decision::Respond { stream, response } => {
-            guard.stream = Some(stream);
-            return Ok(to_http(&response.headers, &response.body));
-        }
-        Decision::Reset { stream } => {
-            guard.stream = Some(stream);
-            return Err(StreamReset);
-        }
+    let stream = vm.worker.borrow_mut().request(request);
+    let _finish = FinishOnDrop { vm: Rc::clone(&vm), stream };
+    vm.changed();
+    let message = match vm.decision(stream).await {
+        Decision::Forward(message) => message,
+        Decision::Respond(response) => return Ok(to_http(&response.headers, &response.body)),
+        Decision::Reset => return Err(StreamReset),
     };
-    guard.stream = Some(stream);
     let upstream = forward(&front, &message).await;
-    let (reply, decided) = oneshot::channel();
-    if worker.send(Inbox::Serve(Command::Respond { stream, response: upstream, reply })).is_err() {
-        return Ok(plain(503, "wasm-host is shutting down\n"));
+    let accepted = vm.worker.borrow_mut().respond(stream, upstream).is_ok();
+    vm.changed();
+    if !accepted {
+        return Err(StreamReset);
     }
-    match decided.await.map_err(|_| StreamReset)? {
-        Decision::Respond { response, .. } => Ok(to_http(&response.headers, &response.body)),
-        Decision::Forward { .. } | Decision::Reset { .. } => Err(StreamReset),
+    match vm.decision(stream).await {
+        Decision::Respond(response) => Ok(to_http(&response.headers, &response.body)),
+        Decision::Forward(_) | Decision::Reset => Err(StreamReset),
     }
 }
 
 /// Sends a forwarded request to the upstream (or the echo upstream) and reads the
 /// response; an unreachable upstream yields Envoy's router reply.
 async fn forward(front: &Front, message: &Message) -> Response {
-    let Some(upstream) = &front.upstream else {
+    let Some(upstream) = &front.settings.upstream else {
         return echo(message);
     };
     match send_upstream(front, upstream, message).await {

@@ -215,3 +215,29 @@ fn serve_explains_a_missing_or_invalid_wasm() {
     assert!(!invalid_ok && invalid.contains("is not a file"), "{invalid}");
     assert!(!garbage_ok && garbage.contains("is not a valid WebAssembly module"), "{garbage}");
 }
+
+#[test]
+fn serve_fires_ticks_and_callout_timeouts_on_the_real_clock() {
+    let silent = TestServer::start(Behaviour::Hold);
+    let cluster = format!("upstream={}", silent.addr);
+    let serve = Serve::start(&[
+        "--wasm",
+        sluice_artifacts::TEST_GUEST_WASM,
+        "--config-inline",
+        "tick_ms=20",
+        "--cluster",
+        &cluster,
+        "--workers",
+        "1",
+    ]);
+
+    let resumed_by_tick = send(serve.addr, "GET", "/held", &[("x-test-op", "pause")], "");
+    let timed_out = send(serve.addr, "GET", "/call", &[("x-test-op", "callout"), ("x-timeout-ms", "100")], "");
+    let stderr = serve.stop();
+
+    assert_eq!(resumed_by_tick.status, 200);
+    assert_eq!(timed_out.status, 200);
+    assert!(timed_out.body.contains("x-callout-headers: 0\n"), "{}", timed_out.body);
+    assert!(timed_out.body.contains("x-callout-status-message: reset\n"), "{}", timed_out.body);
+    assert!(stderr.contains("metric test_guest.ticks = "), "{stderr}");
+}
