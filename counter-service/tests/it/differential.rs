@@ -107,7 +107,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let redis = RedisServer::start();
     let store = redis_store(&redis);
     let seed = std::env::var("SLUICE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_1234_ABCD_0001_u64);
-    let cases: u64 = std::env::var("SLUICE_DIFF_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let cases: u64 = std::env::var("SLUICE_DIFF_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
     let mut rng = Rng(seed);
     let mut compared = 0u64;
     let mut rejections = 0u64;
