@@ -361,3 +361,18 @@ async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
     assert!(metrics.contains("sluice_counter_refused_connections_total 1"), "{metrics}");
     running.stop().await.expect("clean stop");
 }
+
+#[tokio::test]
+async fn ten_thousand_entries_within_a_larger_body_limit_are_refused_as_too_many() {
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(Config { max_body_bytes: 4 << 20, ..Config::defaults() }).await;
+    let entries: Vec<Value> = (0..10_000).map(|i| json!({"key": format!("k{i}"), "limit": probe_limit()})).collect();
+
+    let (status, error) = http.post("/v1/check", &json!({"tag": "t", "entries": entries})).await;
+
+    assert_eq!((status, error["error"]["code"].as_str()), (400, Some("too_many_entries")), "{error}");
+    assert!(error["error"]["message"].as_str().unwrap_or_default().contains("10000 entries, at most 16"), "{error}");
+    let Store::Memory(memory) = running.app.store() else { unreachable!() };
+    assert!(memory.is_empty());
+    running.stop().await.expect("clean stop");
+}
