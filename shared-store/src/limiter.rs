@@ -81,7 +81,9 @@ pub struct Request<'a> {
 pub struct Admission {
     /// Whether every limit admitted the request. When false, nothing was spent.
     pub admitted: bool,
-    /// One decision per request, in order.
+    /// One decision per request, in order. When the request was not admitted, the
+    /// decisions of limits that alone would have admitted it report their state as it
+    /// stands (nothing was spent), with the verdict they would have given.
     pub decisions: Vec<Decision>,
     /// The clock reading the decisions were made at.
     pub at: Nanos,
@@ -243,6 +245,17 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 writes.push(next);
             }
             let admitted = decisions.iter().all(Decision::is_admitted);
+            if !admitted {
+                // Nothing is spent: limits that would have admitted report what they
+                // still hold, not what they would have held after this request.
+                for ((decision, request), plan) in decisions.iter_mut().zip(requests).zip(&plans) {
+                    if decision.is_admitted() {
+                        let (unspent, _) = request.limit.decide(plan.state.as_ref(), now, 0);
+                        decision.remaining = unspent.remaining;
+                        decision.reset_after = unspent.reset_after;
+                    }
+                }
+            }
             let mut conflict = false;
             if admitted {
                 for (index, ((request, plan), next)) in requests.iter().zip(&plans).zip(&writes).enumerate() {

@@ -140,6 +140,7 @@ fn a_request_rejected_by_one_limit_spends_nothing_from_the_others() {
 
     assert!(!rejected.admitted);
     assert!(rejected.decisions[0].is_admitted(), "the tenant limit alone would admit");
+    assert_eq!(rejected.decisions[0].remaining, 99, "and reports what it still holds, unspent");
     assert_eq!(store.get("tenant").unwrap(), tenant_before, "the tenant bucket is untouched");
 }
 
