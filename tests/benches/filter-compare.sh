@@ -23,8 +23,8 @@ cd "$ROOT"
 echo "== criterion, $RUNS runs"
 for run in $(seq 1 "$RUNS"); do
   cargo bench -q -p sluice-tests --bench filter >/dev/null 2>&1
-  for f in $(find "$TARGET/criterion/stream" -path '*/new/estimates.json'); do
-    name="${f#"$TARGET/criterion/stream/"}"
+  for f in $(find "$TARGET/criterion/filter" -path '*/new/estimates.json'); do
+    name="${f#"$TARGET/criterion/filter/"}"
     name="${name%/new/estimates.json}"
     python3 -c "import json; print('$name', json.load(open('$f'))['median']['point_estimate'])" >>"$OUT/criterion.txt"
   done

@@ -57,7 +57,7 @@ const NO_MATCH: &str = r#"{"name":"bench","match":{"path_prefix":"/admin"},"key"
 fn benches(c: &mut Criterion) {
     let request = request();
     let response = Response::ok().header("content-type", "text/plain").header("content-length", "2");
-    let mut group = c.benchmark_group("stream");
+    let mut group = c.benchmark_group("filter");
 
     let mut noop = host(sluice_artifacts::TEST_GUEST_WASM, "bench=noop");
     group.bench_function("noop", |b| {

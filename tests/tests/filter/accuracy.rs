@@ -100,3 +100,24 @@ fn no_rate_limit_headers_are_sent_when_none_are_configured() {
     assert_eq!(rejected.header_str("content-type"), Some("text/plain; charset=utf-8"));
     assert_eq!(rejected.response.unwrap().body_text(), "nope");
 }
+
+#[test]
+fn a_clock_that_steps_backwards_never_refills_a_bucket() {
+    let mut host = host(CONFIG);
+    for _ in 0..10 {
+        send(&mut host, request());
+    }
+    host.advance(secs(10));
+    let refilled = (0..25).filter(|_| status(&mut host, request()) == 200).count();
+
+    host.clock().unwrap().rewind(secs(5));
+    let after_rewind = (0..25).filter(|_| status(&mut host, request()) == 200).count();
+    host.advance(secs(6));
+    let after_catching_up = (0..25).filter(|_| status(&mut host, request()) == 200).count();
+
+    assert_eq!(refilled, 10);
+    assert_eq!(after_rewind, 0);
+    // Back at the time of the last admissions plus one second: 5 tokens.
+    assert_eq!(after_catching_up, 5);
+    assert!(host.traps().is_empty());
+}
