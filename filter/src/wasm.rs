@@ -32,6 +32,13 @@ struct Shared {
     paused: RefCell<BTreeMap<u32, (Nanos, Vec<usize>)>>,
 }
 
+/// Where counts go if the metrics are somehow borrowed already: never a panic.
+struct NoMetrics;
+
+impl Metrics for NoMetrics {
+    fn add(&mut self, _: usize, _: Counter, _: i64) {}
+}
+
 /// Metric ids per policy, in [`Counter::ALL`] order.
 struct HostMetrics(Vec<Vec<Option<u32>>>);
 
@@ -119,12 +126,15 @@ impl RootContext for Root {
         let Some(shared) = &self.state else { return };
         let now = shared.limiter.clock().now();
         let due: Vec<(u32, Vec<usize>)> = {
-            let mut paused = shared.paused.borrow_mut();
+            let Ok(mut paused) = shared.paused.try_borrow_mut() else { return };
             let ids: Vec<u32> = paused.iter().filter(|(_, (at, _))| *at <= now).map(|(id, _)| *id).collect();
             ids.into_iter().filter_map(|id| paused.remove(&id).map(|(_, policies)| (id, policies))).collect()
         };
         for (id, policies) in due {
-            shared.engine.release(&policies, &mut *shared.metrics.borrow_mut());
+            match shared.metrics.try_borrow_mut() {
+                Ok(mut metrics) => shared.engine.release(&policies, &mut *metrics),
+                Err(_) => shared.engine.release(&policies, &mut NoMetrics),
+            }
             if let Err(status) = abi::resume_request(id) {
                 log::debug!("sluice: could not resume request {id} (host status {})", status.0);
             }
@@ -164,9 +174,12 @@ impl Context for Filter {}
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let Some(shared) = &self.shared else { return Action::Continue };
-        let room = shared.paused.borrow().len()
-            < usize::try_from(shared.engine.config().shaping.max_paused).unwrap_or(usize::MAX);
-        let outcome = shared.engine.decide(&HostRequest, &shared.limiter, room, &mut *shared.metrics.borrow_mut());
+        let max_paused = usize::try_from(shared.engine.config().shaping.max_paused).unwrap_or(usize::MAX);
+        let room = shared.paused.try_borrow().is_ok_and(|paused| paused.len() < max_paused);
+        let outcome = match shared.metrics.try_borrow_mut() {
+            Ok(mut metrics) => shared.engine.decide(&HostRequest, &shared.limiter, room, &mut *metrics),
+            Err(_) => shared.engine.decide(&HostRequest, &shared.limiter, room, &mut NoMetrics),
+        };
         match outcome {
             Outcome::Continue { headers } => {
                 self.response_headers = headers;
@@ -182,8 +195,15 @@ impl HttpContext for Filter {
             }
             Outcome::Delay { due, headers, policies, .. } => {
                 self.response_headers = headers;
-                shared.paused.borrow_mut().insert(self.id, (due, policies));
-                Action::Pause
+                match shared.paused.try_borrow_mut() {
+                    Ok(mut paused) => {
+                        paused.insert(self.id, (due, policies));
+                        Action::Pause
+                    }
+                    // Cannot happen (nothing else holds the queue during this callback);
+                    // if it did, forwarding now is better than a request held forever.
+                    Err(_) => Action::Continue,
+                }
             }
         }
     }
