@@ -444,9 +444,13 @@ impl Limit {
         }
     }
 
-    /// Converts `state`, kept under the limit `old`, to this limit at `now`: what was
-    /// spent stays spent, and a bucket holds at most this limit's capacity. State of
-    /// another algorithm becomes [`Limit::exhausted`].
+    /// Converts `state`, kept under the limit `old`, to this limit at `now`.
+    ///
+    /// A bucket keeps the tokens it has available, clamped to the new capacity: a smaller
+    /// burst takes effect at once, and a larger one fills up at the new rate rather than
+    /// all at once (a reconfiguration never hands out allowance by itself). Windows and
+    /// logs keep what they counted. State of another algorithm becomes
+    /// [`Limit::exhausted`].
     pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
         if old == self {
             return state;
@@ -586,8 +590,8 @@ impl Gcra {
         }
     }
 
-    /// Re-expresses a bucket kept under `old` in this bucket's units, keeping what was
-    /// spent and clamping to this capacity. `None` when the arithmetic overflows.
+    /// Re-expresses a bucket kept under `old` in this bucket's units, keeping the tokens
+    /// available, clamped to this capacity. `None` when the arithmetic overflows.
     fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
         let old_now = old.now(now);
         let old_debt = tat.max(old_now) - old_now;
