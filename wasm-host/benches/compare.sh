@@ -6,7 +6,8 @@
 #      median estimate.
 #   2. `wasm-host serve` under wrk, RUNS times, alternating "no filter" and "no-op
 #      filter" so that both see the same machine load; prints median requests/s and
-#      latency of each, and their ratio.
+#      latency of each, and their ratio. serve runs one worker pinned to CPU 1, wrk one
+#      thread pinned to CPU 0, so that the proxy's single core is what saturates.
 #
 # Usage: wasm-host/benches/compare.sh [RUNS] [WRK_SECONDS]   (needs `wrk`: apt-get install -y wrk)
 set -euo pipefail
@@ -37,14 +38,14 @@ for name, values in sorted(runs.items()):
     print(f"{name:28} median {statistics.median(values):10.0f} ns   runs {[round(v) for v in values]}")
 EOF
 
-echo "== serve under wrk, $RUNS runs of ${SECONDS_PER_RUN}s, 2 threads, 32 connections"
+echo "== serve (1 worker, CPU 1) under wrk (1 thread, CPU 0, 16 connections), $RUNS runs of ${SECONDS_PER_RUN}s"
 cargo build -q --release -p wasm-host --bin wasm-host
 cargo test -q -p wasm-host --test host -- --list >/dev/null 2>&1  # builds the test guest
 GUEST="$TARGET/guests/wasm32-wasip1/release/sluice_test_guest.wasm"
 BIN="$TARGET/release/wasm-host"
 PORT=18089
 serve() {
-  "$BIN" serve --listen "127.0.0.1:$PORT" --workers 2 --log-level warn "$@" >"$OUT/serve.out" 2>"$OUT/serve.err" &
+  taskset -c 1 "$BIN" serve --listen "127.0.0.1:$PORT" --workers 1 --log-level warn "$@" >"$OUT/serve.out" 2>"$OUT/serve.err" &
   SERVE_PID=$!
   for _ in $(seq 1 200); do grep -q listening "$OUT/serve.out" 2>/dev/null && return; sleep 0.05; done
   echo "serve did not start"; cat "$OUT/serve.err"; exit 1
@@ -52,7 +53,7 @@ serve() {
 for run in $(seq 1 "$RUNS"); do
   for mode in none noop; do
     if [ "$mode" = none ]; then serve --no-filter; else serve --wasm "$GUEST" --config-inline "bench=noop"; fi
-    wrk -t2 -c32 -d"${SECONDS_PER_RUN}s" --latency "http://127.0.0.1:$PORT/api/items" >"$OUT/wrk.txt"
+    taskset -c 0 wrk -t1 -c16 -d"${SECONDS_PER_RUN}s" --latency "http://127.0.0.1:$PORT/api/items" >"$OUT/wrk.txt"
     rps="$(awk '/Requests\/sec/ {print $2}' "$OUT/wrk.txt")"
     p50="$(awk '$1=="50%" {print $2}' "$OUT/wrk.txt")"
     p99="$(awk '$1=="99%" {print $2}' "$OUT/wrk.txt")"

@@ -6,7 +6,8 @@
 //!   on the filter: `proxy_on_context_create`, `proxy_on_request_headers`,
 //!   `proxy_on_response_headers`, `proxy_on_done`, `proxy_on_log`, `proxy_on_delete`.
 //! * `wasm_host_stream/request_only`: the same without a response (`proxy_on_response_headers`
-//!   not called).
+//!   not called); `request_only_no_time_limit`: the same on an engine without the epoch
+//!   checks that enforce the call time limit.
 //! * `wasm_host_call/*`: a request whose `proxy_on_request_headers` makes one host call
 //!   `CALLS` times; (time − `wasm_host_stream/request_only`) / `CALLS` is the cost of one call.
 //!   `get_header` and `get_property` return a string (a guest allocation and a copy);
@@ -24,8 +25,13 @@ use wasm_host::{Host, Request, Response, Worker};
 const CALLS: usize = 100;
 
 fn host(configuration: &str) -> Host {
+    host_with(configuration, Some(Duration::from_secs(10)))
+}
+
+fn host_with(configuration: &str, call_time_limit: Option<Duration>) -> Host {
     Host::builder(sluice_artifacts::TEST_GUEST_WASM)
         .plugin_configuration(configuration)
+        .call_time_limit(call_time_limit)
         .capture_logs(false)
         .record_callouts(false)
         .build()
@@ -55,6 +61,8 @@ fn benches(c: &mut Criterion) {
         b.iter(|| noop.worker(0).exchange(request.clone(), response.clone()).expect("forwarded"));
     });
     group.bench_function("request_only", |b| b.iter(|| request_only(noop.worker(0), &request)));
+    let mut unchecked = host_with("bench=noop", None);
+    group.bench_function("request_only_no_time_limit", |b| b.iter(|| request_only(unchecked.worker(0), &request)));
     group.finish();
 
     let mut group = c.benchmark_group("wasm_host_call");

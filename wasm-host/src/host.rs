@@ -386,7 +386,7 @@ pub struct HostBuilder {
     callout_failures: CalloutFailures,
     random_seed: Option<u64>,
     max_memory: usize,
-    call_time_limit: Duration,
+    call_time_limit: Option<Duration>,
     real_callout_wait: Duration,
     io_handle: Option<tokio::runtime::Handle>,
     record_callouts: bool,
@@ -426,7 +426,7 @@ impl HostBuilder {
             callout_failures: CalloutFailures::default(),
             random_seed: Some(0x5eed),
             max_memory: DEFAULT_MAX_MEMORY,
-            call_time_limit: DEFAULT_CALL_TIME_LIMIT,
+            call_time_limit: Some(DEFAULT_CALL_TIME_LIMIT),
             real_callout_wait: Duration::from_secs(10),
             io_handle: None,
             record_callouts: true,
@@ -576,8 +576,9 @@ impl HostBuilder {
 
     /// How long (in real time) one guest callback may run before the host traps it as a
     /// runaway (10 s by default, measured in steps of 10 ms). Envoy sets no such limit;
-    /// here it keeps a looping guest from hanging a test.
-    pub fn call_time_limit(mut self, limit: Duration) -> Self {
+    /// here it keeps a looping guest from hanging a test. `None` removes the limit and
+    /// the epoch checks it compiles into the guest's code.
+    pub fn call_time_limit(mut self, limit: Option<Duration>) -> Self {
         self.call_time_limit = limit;
         self
     }
@@ -616,7 +617,7 @@ impl HostBuilder {
             }
             Wasm::Bytes(bytes) => bytes.clone(),
         };
-        let engine = engine();
+        let engine = engine(self.call_time_limit.is_some());
         let module = Module::new(&engine, &bytes)
             .map_err(|e| HostError::InvalidModule { origin: origin.clone(), reason: format!("{e:#}") })?;
         check_abi(&module, &origin)?;
@@ -648,10 +649,9 @@ impl HostBuilder {
             callout_failures: self.callout_failures,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,
-            call_ticks: (self.call_time_limit.as_millis() / EPOCH_TICK.as_millis())
-                .try_into()
-                .unwrap_or(u64::MAX)
-                .max(1),
+            call_ticks: self.call_time_limit.map_or(u64::MAX, |limit| {
+                (limit.as_millis() / EPOCH_TICK.as_millis()).try_into().unwrap_or(u64::MAX).max(1)
+            }),
             wait_for_real_callouts: virtual_clock.is_some().then_some(self.real_callout_wait),
             record_callouts: self.record_callouts,
             serve_mode: self.serve_mode,
@@ -687,17 +687,20 @@ impl HostBuilder {
 /// How often the engine's epoch advances; a call's time limit is counted in these.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// The engine every host uses: configuration only, no state a test could observe. Its
-/// epoch advances every [`EPOCH_TICK`] on a background thread, so that a guest stuck in
-/// a loop traps at its call time limit instead of hanging the worker.
-fn engine() -> Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE
-        .get_or_init(|| {
-            let mut config = Config::new();
-            config.cranelift_opt_level(OptLevel::Speed);
-            config.epoch_interruption(true);
-            let engine = Engine::new(&config).unwrap_or_default();
+/// The engines hosts use: configuration only, no state a test could observe. With a
+/// call time limit, the engine's epoch advances every [`EPOCH_TICK`] on a background
+/// thread, so that a guest stuck in a loop traps at the limit instead of hanging the
+/// worker; without one, generated code carries no epoch checks.
+fn engine(interruptible: bool) -> Engine {
+    static INTERRUPTIBLE: OnceLock<Engine> = OnceLock::new();
+    static PLAIN: OnceLock<Engine> = OnceLock::new();
+    let cell = if interruptible { &INTERRUPTIBLE } else { &PLAIN };
+    cell.get_or_init(|| {
+        let mut config = Config::new();
+        config.cranelift_opt_level(OptLevel::Speed);
+        config.epoch_interruption(interruptible);
+        let engine = Engine::new(&config).unwrap_or_default();
+        if interruptible {
             let weak = engine.weak();
             let _ = std::thread::Builder::new().name("wasm-host-epoch".to_owned()).spawn(move || {
                 while let Some(engine) = weak.upgrade() {
@@ -706,9 +709,10 @@ fn engine() -> Engine {
                     std::thread::sleep(EPOCH_TICK);
                 }
             });
-            engine
-        })
-        .clone()
+        }
+        engine
+    })
+    .clone()
 }
 
 /// proxy-wasm-cpp-host refuses a module that advertises no ABI version it knows.

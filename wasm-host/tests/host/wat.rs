@@ -102,7 +102,7 @@ fn a_module_importing_memory_cannot_be_instantiated() {
 #[test]
 fn a_guest_stuck_in_a_loop_is_interrupted_at_its_call_time_limit() {
     let wasm = module("", "(i32.const 1024)", "(loop $forever (br $forever)) (i32.const 0)");
-    let mut host = Host::builder(wasm).call_time_limit(Duration::from_millis(50)).build().unwrap();
+    let mut host = Host::builder(wasm).call_time_limit(Some(Duration::from_millis(50))).build().unwrap();
 
     let exchange = host.worker(0).exchange(Request::get("/"), Response::ok()).unwrap();
 
