@@ -36,6 +36,7 @@
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 /// The owner recorded on a policy's overflow bucket; table owners are never zero.
 pub const OVERFLOW_OWNER: u64 = 0;
@@ -91,8 +92,9 @@ pub struct Placement {
     /// The fingerprint that marks the slot as this client's.
     pub owner: u64,
     /// The policy's overflow bucket, used while the slot is held by an active owner.
-    /// `None` for a key that is not shared (one key, one client).
-    pub overflow: Option<String>,
+    /// `None` for a key that is not shared (one key, one client). Shared with the table,
+    /// so placing a request allocates only its slot key.
+    pub overflow: Option<Arc<str>>,
 }
 
 impl Placement {
@@ -108,14 +110,14 @@ impl Placement {
 pub struct SlotTable {
     prefix: String,
     slots: NonZeroU32,
-    overflow: String,
+    overflow: Arc<str>,
 }
 
 impl SlotTable {
     /// A table of `slots` keys under `prefix`.
     pub fn new(prefix: impl Into<String>, slots: NonZeroU32) -> Self {
         let prefix = prefix.into();
-        let overflow = format!("{prefix}overflow");
+        let overflow = Arc::from(format!("{prefix}overflow"));
         Self { prefix, slots, overflow }
     }
 
@@ -139,7 +141,7 @@ impl SlotTable {
         // Low half picks the slot, high half identifies the owner: independent bits.
         let index = (fingerprint as u64) % u64::from(self.slots.get());
         let owner = ((fingerprint >> 64) as u64) | 1;
-        Placement { key: format!("{}{index}", self.prefix), owner, overflow: Some(self.overflow.clone()) }
+        Placement { key: format!("{}{index}", self.prefix), owner, overflow: Some(Arc::clone(&self.overflow)) }
     }
 }
 

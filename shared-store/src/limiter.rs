@@ -151,6 +151,8 @@ struct Plan<'a> {
     cas: Option<Cas>,
     /// The state to decide on; `None` for a fresh key.
     state: Option<State>,
+    /// The state to write, once decided; `None` when nothing is to be written.
+    next: Option<State>,
     overflowed: bool,
 }
 
@@ -238,11 +240,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             }
 
             let mut decisions = Vec::with_capacity(requests.len());
-            let mut writes = Vec::with_capacity(requests.len());
-            for (request, plan) in requests.iter().zip(&plans) {
+            for (request, plan) in requests.iter().zip(&mut plans) {
                 let (decision, next) = request.limit.decide(plan.state.as_ref(), now, request.cost);
                 decisions.push(decision);
-                writes.push(next);
+                plan.next = next;
             }
             let admitted = decisions.iter().all(Decision::is_admitted);
             if !admitted {
@@ -258,8 +259,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             }
             let mut conflict = false;
             if admitted {
-                for (index, ((request, plan), next)) in requests.iter().zip(&plans).zip(&writes).enumerate() {
-                    let Some(next) = next else { continue };
+                for (index, (request, plan)) in requests.iter().zip(&plans).enumerate() {
+                    let Some(next) = &plan.next else { continue };
                     let bytes = Record { owner: plan.owner, limit: *request.limit, state: next.clone() }.encode();
                     let swap = match plan.cas {
                         Some(cas) => self.store.set(plan.key, &bytes, Some(cas)),
@@ -268,12 +269,12 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                     match swap {
                         Ok(Swap::Written) => {}
                         Ok(Swap::Conflict) => {
-                            unrefunded += self.refund_all(requests, &plans, &writes, index);
+                            unrefunded += self.refund_all(requests, &plans, index);
                             conflict = true;
                             break;
                         }
                         Err(e) => {
-                            let _ = self.refund_all(requests, &plans, &writes, index);
+                            let _ = self.refund_all(requests, &plans, index);
                             return Err(e.into());
                         }
                     }
@@ -312,7 +313,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     fn plan<'a>(&self, request: &Request<'a>, now: Nanos) -> Result<Result<Plan<'a>, (&'a str, Cas)>, StoreError> {
         let place = request.place;
         let limit = request.limit;
-        let own = |cas, state| Plan { key: &place.key, owner: place.owner, cas, state, overflowed: false };
+        let own = |cas, state| Plan { key: &place.key, owner: place.owner, cas, state, next: None, overflowed: false };
         let (cas, record) = match self.read(&place.key)? {
             Read::Missing => return Ok(Ok(own(None, None))),
             Read::Damaged(cas) => return Ok(Err((&place.key, cas))),
@@ -346,7 +347,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             Err(damaged) => Err(damaged),
             Ok(found) => {
                 let (cas, state) = found.map_or((None, None), |(cas, s)| (cas, Some(s)));
-                Ok(Plan { key: overflow, owner: OVERFLOW_OWNER, cas, state, overflowed: true })
+                Ok(Plan { key: overflow, owner: OVERFLOW_OWNER, cas, state, next: None, overflowed: true })
             }
         })
     }
@@ -363,10 +364,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
     /// Gives back what the writes made before `failed` spent. Returns how many refunds
     /// could not be written.
-    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], writes: &[Option<State>], failed: usize) -> u32 {
+    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], failed: usize) -> u32 {
         let mut unrefunded = 0;
-        for ((request, plan), written) in requests.iter().zip(plans).zip(writes).take(failed) {
-            if let Some(written) = written
+        for (request, plan) in requests.iter().zip(plans).take(failed) {
+            if let Some(written) = &plan.next
                 && !self.refund(plan, request, written)
             {
                 unrefunded += 1;
