@@ -25,7 +25,7 @@ pub(crate) struct HostState {
     /// recognised and dropped.
     pub(crate) generation: u64,
     pub(crate) memory: Option<Memory>,
-    pub(crate) allocate: Option<TypedFunc<i32, i32>>,
+    pub(crate) allocate: Option<Arc<TypedFunc<i32, i32>>>,
     /// Set while the guest's allocator runs: Envoy allows only logging and clocks then.
     pub(crate) in_allocator: bool,
     pub(crate) limits: StoreLimits,

@@ -60,7 +60,9 @@ pub(crate) enum Inbox {
     QueueReady { generation: u64, root: u32, token: u32 },
 }
 
-type Func<P, R> = Option<TypedFunc<P, R>>;
+/// A guest export; shared so that calling it costs a reference count, not a clone of
+/// its registered type.
+type Func<P, R> = Option<Arc<TypedFunc<P, R>>>;
 
 /// The guest's callbacks; each is optional, as the ABI says.
 struct Exports {
@@ -94,7 +96,7 @@ impl Exports {
                 None => Ok(None),
                 Some(func) => func
                     .typed::<P, R>(&*store)
-                    .map(Some)
+                    .map(|typed| Some(Arc::new(typed)))
                     .map_err(|e| format!("its export `{name}` has the wrong signature: {e:#}")),
             }
         }
@@ -197,7 +199,8 @@ fn instantiate(
     let memory = instance.get_memory(&mut store, "memory");
     let allocate = ["proxy_on_memory_allocate", "malloc"]
         .into_iter()
-        .find_map(|name| instance.get_typed_func::<i32, i32>(&mut store, name).ok());
+        .find_map(|name| instance.get_typed_func::<i32, i32>(&mut store, name).ok())
+        .map(Arc::new);
     if allocate.is_none() {
         return Err(fail("the allocator export (proxy_on_memory_allocate or malloc) is not `(i32) -> i32`".to_owned()));
     }

@@ -277,7 +277,12 @@ fn worker_thread(
         let vm = worker.map(|mut worker| {
             let wake = Arc::new(Notify::new());
             worker.set_waker(Arc::clone(&wake));
-            Rc::new(Vm { worker: RefCell::new(worker), waiters: RefCell::new(HashMap::new()), wake })
+            Rc::new(Vm {
+                worker: RefCell::new(worker),
+                waiters: RefCell::new(HashMap::new()),
+                wake,
+                armed: Cell::new(None),
+            })
         });
         if let Some(vm) = &vm {
             tokio::task::spawn_local(drive(Rc::clone(vm)));
@@ -336,15 +341,22 @@ fn worker_thread(
 struct Vm {
     worker: RefCell<Worker>,
     waiters: RefCell<HashMap<StreamId, oneshot::Sender<()>>>,
-    /// Wakes [`drive`]: a message arrived, or a deadline may have moved.
+    /// Wakes [`drive`]: a message arrived, or a deadline moved earlier.
     wake: Arc<Notify>,
+    /// The deadline [`drive`] sleeps until (`None`: until woken).
+    armed: Cell<Option<u64>>,
 }
 
 impl Vm {
     /// After the filter ran for a connection: wakes the streams it decided, and the
-    /// driver (the filter may have set a timer or dispatched a callout).
+    /// driver if the filter set a timer (or a callout timeout) earlier than it sleeps.
     fn changed(&self) {
-        self.wake.notify_one();
+        let next = self.worker.try_borrow().ok().and_then(|worker| worker.next_deadline());
+        if let Some(next) = next
+            && self.armed.get().is_none_or(|armed| next < armed)
+        {
+            self.wake.notify_one();
+        }
         self.wake_decided();
     }
 
@@ -398,12 +410,14 @@ enum Decision {
 /// notifications as they arrive, and fires ticks and timeouts on time.
 async fn drive(vm: Rc<Vm>) {
     loop {
-        let next = {
+        let (deadline, next) = {
             let mut worker = vm.worker.borrow_mut();
             worker.handle_messages();
             worker.fire_due();
-            worker.next_deadline().map(|at| Duration::from_nanos(at.saturating_sub(worker.clock_monotonic())))
+            let deadline = worker.next_deadline();
+            (deadline, deadline.map(|at| Duration::from_nanos(at.saturating_sub(worker.clock_monotonic()))))
         };
+        vm.armed.set(deadline);
         vm.wake_decided();
         match next {
             Some(wait) => {
