@@ -21,6 +21,13 @@ for tool in cargo curl; do
   command -v "$tool" >/dev/null || { echo "demo.sh: $tool is required" >&2; exit 1; }
 done
 
+# rust-toolchain.toml lists the wasm target, but rustup adds listed targets only when it
+# installs the toolchain itself; on a machine that already had it, add the target here.
+if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip1; then
+  echo "==> adding the wasm32-wasip1 target"
+  rustup target add wasm32-wasip1
+fi
+
 echo "==> building sluice.wasm (wasm32-wasip1, release) and wasm-host"
 cargo build --quiet --release --target wasm32-wasip1 -p sluice-filter
 # wasm-host in the dev profile: its dependencies are optimised there too (see the
