@@ -361,9 +361,11 @@ impl Limit {
             }
         };
         match (*self, state) {
-            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => Gcra::new(rate, burst).bucket(*tat, now, cost),
+            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => {
+                Gcra::new(rate, burst).step(*tat, now, cost, None)
+            }
             (Self::LeakyBucket { rate, max_queue, max_wait }, State::Gcra { tat }) => {
-                Gcra::new(rate, max_queue).shape(*tat, now, cost, max_wait)
+                Gcra::new(rate, max_queue).step(*tat, now, cost, Some(max_wait))
             }
             (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
                 fixed_window(limit, window, (*index, *count), now, cost)
@@ -527,7 +529,11 @@ impl Gcra {
         }
     }
 
-    fn bucket(&self, tat: u128, now: Nanos, cost: u64) -> (Decision, Option<State>) {
+    /// One GCRA step. Without `max_wait` this is a token bucket: debt is credit already
+    /// spent, and a request fits if the debt it adds stays within the burst. With
+    /// `max_wait` it is a shaper: debt is the queue ahead, which the request waits out,
+    /// and it must also not wait longer than `max_wait`.
+    fn step(&self, tat: u128, now: Nanos, cost: u64, max_wait: Option<Nanos>) -> (Decision, Option<State>) {
         let now = self.now(now);
         let base = tat.max(now);
         let debt = base - now;
@@ -538,37 +544,9 @@ impl Gcra {
             return (self.unchanged(Verdict::Exceeds, debt), None);
         }
         let increment = u128::from(cost) * self.per;
+        let delay = if max_wait.is_some() { self.drain(debt) } else { Nanos::ZERO };
         match (debt.checked_add(increment), base.checked_add(increment)) {
-            (Some(need), Some(next)) if need <= self.capacity => (
-                Decision {
-                    verdict: Verdict::Allowed,
-                    limit: self.burst,
-                    remaining: self.units(self.capacity - need),
-                    reset_after: self.drain(need),
-                },
-                Some(State::Gcra { tat: next }),
-            ),
-            _ => {
-                let excess = debt.saturating_add(increment).saturating_sub(self.capacity);
-                (self.unchanged(Verdict::Rejected { retry_after: self.drain(excess) }, debt), None)
-            }
-        }
-    }
-
-    fn shape(&self, tat: u128, now: Nanos, cost: u64, max_wait: Nanos) -> (Decision, Option<State>) {
-        let now = self.now(now);
-        let base = tat.max(now);
-        let debt = base - now;
-        if cost == 0 {
-            return (self.unchanged(Verdict::Allowed, debt), None);
-        }
-        if cost > self.burst {
-            return (self.unchanged(Verdict::Exceeds, debt), None);
-        }
-        let increment = u128::from(cost) * self.per;
-        let delay = self.drain(debt);
-        match (debt.checked_add(increment), base.checked_add(increment)) {
-            (Some(need), Some(next)) if need <= self.capacity && delay <= max_wait => {
+            (Some(need), Some(next)) if need <= self.capacity && max_wait.is_none_or(|wait| delay <= wait) => {
                 let verdict = if delay == Nanos::ZERO { Verdict::Allowed } else { Verdict::Delayed(delay) };
                 (
                     Decision {
@@ -581,10 +559,10 @@ impl Gcra {
                 )
             }
             _ => {
-                let queue_wait = debt.saturating_add(increment).saturating_sub(self.capacity);
-                let longest = u128::from(max_wait.0).saturating_mul(self.amount);
-                let delay_wait = debt.saturating_sub(longest);
-                let retry_after = self.drain(queue_wait.max(delay_wait));
+                let room_wait = debt.saturating_add(increment).saturating_sub(self.capacity);
+                let delay_wait =
+                    max_wait.map_or(0, |wait| debt.saturating_sub(u128::from(wait.0).saturating_mul(self.amount)));
+                let retry_after = self.drain(room_wait.max(delay_wait));
                 (self.unchanged(Verdict::Rejected { retry_after }, debt), None)
             }
         }
