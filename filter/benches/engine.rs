@@ -1,0 +1,40 @@
+//! The policy engine natively: one admitted request through `Engine::decide` with one
+//! token-bucket policy keyed on a header, over `MemoryStore` (Envoy's shared-data
+//! model). This is the filter's own compute, without the wasm boundary or host calls;
+//! `tests/benches/filter.rs` measures the compiled module in wasm-host.
+//!
+//! Run: `cargo bench -p sluice-filter --bench engine`.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use shared_store::{HashKey, Limiter, ManualClock, MemoryStore, Nanos};
+use sluice::config::Config;
+use sluice::engine::{Engine, Outcome};
+use sluice::host::{Counter, FakeRequest, Metrics};
+use std::hint::black_box;
+
+struct Discard;
+
+impl Metrics for Discard {
+    fn add(&mut self, _: usize, _: Counter, _: i64) {}
+}
+
+const CONFIG: &str = r#"{"policies":[{"name":"per-key","key":[{"header":"x-api-key"}],
+  "rate":"1000000/second","burst":1000}]}"#;
+
+fn admitted(c: &mut Criterion) {
+    let config = Config::from_json(CONFIG.as_bytes()).expect("the bench configuration is valid");
+    let engine = Engine::new(config, "sluice/bench/root/", HashKey::new([7; 16]));
+    let clock = ManualClock::at(Nanos::from_secs(1000));
+    let limiter = Limiter::new(MemoryStore::new(), clock.clone());
+    let request = FakeRequest::get("/").with_header("x-api-key", "alice");
+    c.bench_function("engine/admitted", |b| {
+        b.iter(|| {
+            clock.advance(Nanos(1_000));
+            let outcome = engine.decide(black_box(&request), &limiter, true, &mut Discard);
+            black_box(matches!(outcome, Outcome::Continue { .. }))
+        });
+    });
+}
+
+criterion_group!(benches, admitted);
+criterion_main!(benches);
