@@ -30,9 +30,7 @@ enum Command {
     /// answers 200 with the request it received, so `curl -i` shows what the filter
     /// forwarded. Stops gracefully on Ctrl-C or SIGTERM.
     ///
-    /// Example:
-    ///   wasm-host serve --wasm target/guests/wasm32-wasip1/release/sluice.wasm \
-    ///     --config examples/config.json --listen 127.0.0.1:8080 --workers 2
+    /// Example: wasm-host serve --wasm sluice.wasm --config config.json --listen 127.0.0.1:8080 --workers 2
     Serve(ServeArgs),
 }
 
