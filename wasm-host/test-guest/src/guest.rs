@@ -44,6 +44,7 @@ struct Config {
     generation: Option<String>,
     bench: Option<Bench>,
     calls: usize,
+    queue: bool,
     ops: Option<String>,
 }
 
@@ -70,6 +71,7 @@ impl Config {
                 }
                 "calls" => config.calls = value.parse().unwrap_or(1),
                 "ops" => config.ops = Some(value),
+                "queue" => config.queue = value == "1",
                 _ => {}
             }
         }
@@ -135,8 +137,33 @@ impl RootContext for Root {
             self.set_tick_period(Duration::from_millis(ms));
         }
         self.ticks_metric = hostcalls::define_metric(MetricType::Counter, "test_guest.ticks").ok();
+        if config.queue {
+            let queue = self.register_shared_queue("events");
+            log::info!("root {} registered queue {queue}", self.id);
+        }
         self.config = Rc::new(config);
         true
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        loop {
+            match self.dequeue_shared_queue(queue_id) {
+                Ok(Some(item)) => {
+                    log::info!("root {} dequeued {}", self.id, String::from_utf8_lossy(&item));
+                    if let Ok(id) = hostcalls::define_metric(MetricType::Counter, "test_guest.dequeued") {
+                        let _ = hostcalls::increment_metric(id, 1);
+                    }
+                }
+                Ok(None) => {
+                    log::info!("root {} found queue {queue_id} empty", self.id);
+                    break;
+                }
+                Err(status) => {
+                    log::warn!("root {} could not dequeue: {status:?}", self.id);
+                    break;
+                }
+            }
+        }
     }
 
     fn on_tick(&mut self) {
@@ -440,6 +467,21 @@ impl HttpStream {
                     self.put(&format!("x-raw-{name}"), status.to_string());
                 }
             }
+            "enqueue" => {
+                let result = match self.resolve_shared_queue("", "events") {
+                    Some(queue) => {
+                        let value = self.request_header("x-value").unwrap_or_default();
+                        match self.enqueue_shared_queue(queue, Some(value.as_bytes())) {
+                            Ok(()) => "ok".to_owned(),
+                            Err(status) => format!("{status:?}"),
+                        }
+                    }
+                    None => "not-found".to_owned(),
+                };
+                self.put("x-enqueue", result);
+                let missing = self.resolve_shared_queue("", "no-such-queue").map_or("none", |_| "found");
+                self.put("x-resolve-missing", missing);
+            }
             "header-size" => {
                 let (status, size) = raw::header_map_size(0);
                 self.put("x-header-size", format!("{status}:{size}"));
@@ -586,6 +628,14 @@ impl HttpContext for HttpStream {
         if self.has("resp-pause") {
             PAUSED_RESPONSES.with(|p| p.borrow_mut().push(self.id));
             return Action::Pause;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if self.has("resp-trailers") {
+            self.set_http_response_trailer_bytes("grpc-status", Some(b"0"));
+            self.add_http_response_trailer_bytes("x-trailer-filtered", b"yes");
         }
         Action::Continue
     }

@@ -171,3 +171,14 @@ fn continuing_a_stream_releases_its_request_headers_at_once() {
         host.logs_at(LogLevel::Info).contains(&"after continue, reading a request header gives status 2".to_owned())
     );
 }
+
+#[test]
+fn the_filter_edits_response_trailers() {
+    let mut host = guest().build().unwrap();
+    let upstream = Response::ok().body("data").trailer("grpc-status", "2");
+
+    let exchange = host.worker(0).exchange(ops("resp-trailers"), upstream).unwrap();
+
+    let trailers = exchange.response.unwrap().trailers.unwrap();
+    assert_eq!(trailers, Headers::from_pairs([("grpc-status", "0"), ("x-trailer-filtered", "yes")]));
+}

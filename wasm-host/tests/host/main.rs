@@ -8,6 +8,7 @@ mod headers;
 mod lifecycle;
 mod metrics;
 mod properties;
+mod queues;
 mod reconfigure;
 mod serve;
 mod shared_data;
