@@ -174,7 +174,7 @@ fn continuing_a_stream_releases_its_request_headers_at_once() {
 
 #[test]
 fn the_filter_edits_response_trailers() {
-    let mut host = guest().build().unwrap();
+    let mut host = host("");
     let upstream = Response::ok().body("data").trailer("grpc-status", "2");
 
     let exchange = host.worker(0).exchange(ops("resp-trailers"), upstream).unwrap();
