@@ -194,3 +194,15 @@ fn a_response_for_a_request_that_did_not_go_upstream_is_refused() {
 
     assert!(matches!(result, Err(HostError::NotForwarded { .. })), "{result:?}");
 }
+
+#[test]
+fn each_workers_linear_memory_size_is_reported_in_whole_pages() {
+    let mut host = guest().workers(2).build().unwrap();
+
+    forward(host.worker(0), ops("headers,props"));
+    let sizes = host.memory_sizes();
+
+    assert_eq!(sizes.len(), 2);
+    assert!(sizes.iter().all(|size| *size > 0 && size % 65_536 == 0), "{sizes:?}");
+    assert_eq!(sizes[1], host.worker(1).memory_size());
+}
