@@ -24,9 +24,10 @@
 use crate::config::{Config, FailureOutcome, HeaderSets, MissingKey, Policy};
 use crate::host::{Counter, Metrics, RequestFacts};
 use shared_store::{
-    Admission, Cas, Clock, Decision, HashKey, LimitError, Limiter, Nanos, Placement, Request, SlotTable, Store,
-    StoreError, Swap, descriptor,
+    Admission, Cas, Clock, Decision, HashKey, LimitError, Limiter, MAX_INLINE_LIMITS, Nanos, Placement, Request,
+    SlotTable, Store, StoreError, Swap,
 };
+use smallvec::SmallVec;
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,22 +206,21 @@ impl Engine {
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Outcome {
-        let mut enforcing: Vec<Resolved> = Vec::new();
-        let mut shadows: Vec<Resolved> = Vec::new();
-        let mut offered: Vec<usize> = Vec::new();
+        // Inline up to MAX_INLINE_LIMITS policies: deciding a request does not allocate
+        // for its own bookkeeping (this runs on every request).
+        let mut enforcing: SmallVec<[Resolved; MAX_INLINE_LIMITS]> = SmallVec::new();
+        let mut shadows: SmallVec<[Resolved; MAX_INLINE_LIMITS]> = SmallVec::new();
+        let mut offered: SmallVec<[usize; MAX_INLINE_LIMITS]> = SmallVec::new();
         let mut missing_rejects = false;
         for (index, policy) in self.config.policies.iter().enumerate() {
             if !policy.matcher.matches(request) {
                 continue;
             }
-            let place = match policy.key_values(request) {
-                Some(values) => {
-                    let key = descriptor(&policy.name, policy.version, values.iter().map(Vec::as_slice));
-                    match self.tables.get(index) {
-                        Some(table) => table.place(self.secret.fingerprint(&key)),
-                        None => continue,
-                    }
-                }
+            let place = match policy.fingerprint(request, &self.secret) {
+                Some(fingerprint) => match self.tables.get(index) {
+                    Some(table) => table.place(fingerprint),
+                    None => continue,
+                },
                 None => {
                     metrics.add(index, Counter::MissingKey, 1);
                     match policy.on_missing_key {
@@ -259,7 +259,7 @@ impl Engine {
         let admission = if enforcing.is_empty() {
             None
         } else {
-            let requests: Vec<Request<'_>> = enforcing
+            let requests: SmallVec<[Request<'_>; MAX_INLINE_LIMITS]> = enforcing
                 .iter()
                 .filter_map(|r| {
                     let limit = &self.config.policies.get(r.policy)?.limit;
@@ -304,7 +304,7 @@ impl Engine {
             }
             count_all(&mut |i| metrics.add(i, Counter::Queued, 1), &offered);
             let at = admission.as_ref().map_or(Nanos::ZERO, |a| a.at);
-            return Outcome::Delay { delay, due: at.saturating_add(delay), headers, policies: offered };
+            return Outcome::Delay { delay, due: at.saturating_add(delay), headers, policies: offered.into_vec() };
         }
         count_all(&mut |i| metrics.add(i, Counter::Allowed, 1), &offered);
         Outcome::Continue { headers }

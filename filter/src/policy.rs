@@ -4,6 +4,8 @@
 
 use crate::config::{Cost, HeaderCondition, KeyPart, Matcher, Policy};
 use crate::host::RequestFacts;
+use shared_store::HashKey;
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The request's `:path` without its query string.
@@ -104,8 +106,9 @@ pub fn masked_address(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> Vec<u8> {
 }
 
 /// Reads one key part; `None` when the request does not carry it.
-fn key_part(part: &KeyPart, request: &impl RequestFacts) -> Option<Vec<u8>> {
-    match part {
+fn key_part<'a>(part: &'a KeyPart, request: &impl RequestFacts) -> Option<Cow<'a, [u8]>> {
+    let value = match part {
+        KeyPart::Constant(value) => return Some(Cow::Borrowed(value.as_bytes())),
         KeyPart::Header(name) => request.header(name),
         KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => {
             let address = request.property(&["source", "address"])?;
@@ -122,14 +125,19 @@ fn key_part(part: &KeyPart, request: &impl RequestFacts) -> Option<Vec<u8>> {
             let segments: Vec<&str> = path.iter().map(String::as_str).collect();
             request.property(&segments)
         }
-        KeyPart::Constant(value) => Some(value.as_bytes().to_vec()),
-    }
+    };
+    value.map(Cow::Owned)
 }
 
 impl Policy {
-    /// The caller's key values, one per part; `None` when any part is missing.
-    pub fn key_values(&self, request: &impl RequestFacts) -> Option<Vec<Vec<u8>>> {
-        self.key.iter().map(|part| key_part(part, request)).collect()
+    /// The caller's fingerprint: the keyed hash of the policy's descriptor (name,
+    /// version, one value per key part); `None` when any part is missing.
+    pub fn fingerprint(&self, request: &impl RequestFacts, secret: &HashKey) -> Option<u128> {
+        let mut hasher = secret.fingerprinter(&self.name, self.version);
+        for part in &self.key {
+            hasher.part(&key_part(part, request)?);
+        }
+        Some(hasher.finish())
     }
 
     /// What the request costs under this policy.

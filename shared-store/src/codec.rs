@@ -20,6 +20,9 @@ pub const FORMAT: u8 = 1;
 const HEADER: usize = 2 + 8 + 4 * 8;
 const CHECKSUM: usize = 4;
 
+/// The longest record that is not a sliding log (a window state).
+const INLINE: usize = HEADER + 3 * 8 + CHECKSUM;
+
 /// What a key holds: whose state it is, under which limit, and the state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -102,33 +105,60 @@ fn limit_from(kind: u8, [a, b, c, d]: [u64; 4]) -> Option<Limit> {
 impl Record {
     /// The bytes to store.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(<[u8]>::to_vec)
+    }
+
+    /// Encodes the record and hands the bytes to `use_bytes`: every state but a sliding
+    /// log is encoded on the stack, so writing a bucket (on every admitted request)
+    /// neither allocates nor copies the bytes again.
+    pub fn encode_with<R>(&self, use_bytes: impl FnOnce(&[u8]) -> R) -> R {
+        let payload = match &self.state {
+            State::Gcra { .. } => 16,
+            State::Window { .. } => 24,
+            State::Log { entries } => 2 + 16 * entries.len().min(usize::from(u16::MAX)),
+        };
+        let len = HEADER + payload + CHECKSUM;
+        let mut inline = [0u8; INLINE];
+        let mut heap = Vec::new();
+        let out = match inline.get_mut(..len) {
+            Some(out) => out,
+            None => {
+                heap.resize(len, 0);
+                heap.as_mut_slice()
+            }
+        };
+        self.fill(out);
+        use_bytes(out)
+    }
+
+    /// Writes the record into `out`, which is exactly its encoded length.
+    fn fill(&self, out: &mut [u8]) {
         let (kind, params) = kind_and_params(&self.limit);
-        let mut out = Vec::with_capacity(HEADER + 24 + CHECKSUM);
-        out.push(FORMAT);
-        out.push(kind);
-        out.extend_from_slice(&self.owner.to_le_bytes());
+        let mut writer = Writer { out, at: 0 };
+        writer.put(&[FORMAT, kind]);
+        writer.put(&self.owner.to_le_bytes());
         for param in params {
-            out.extend_from_slice(&param.to_le_bytes());
+            writer.put(&param.to_le_bytes());
         }
         match &self.state {
-            State::Gcra { tat } => out.extend_from_slice(&tat.to_le_bytes()),
+            State::Gcra { tat } => writer.put(&tat.to_le_bytes()),
             State::Window { index, count, previous } => {
                 for value in [index, count, previous] {
-                    out.extend_from_slice(&value.to_le_bytes());
+                    writer.put(&value.to_le_bytes());
                 }
             }
             State::Log { entries } => {
                 let len = u16::try_from(entries.len()).unwrap_or(u16::MAX);
-                out.extend_from_slice(&len.to_le_bytes());
+                writer.put(&len.to_le_bytes());
                 for entry in entries.iter().take(usize::from(len)) {
-                    out.extend_from_slice(&entry.at.to_le_bytes());
-                    out.extend_from_slice(&entry.cost.to_le_bytes());
+                    writer.put(&entry.at.to_le_bytes());
+                    writer.put(&entry.cost.to_le_bytes());
                 }
             }
         }
-        let sum = checksum(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out
+        let Writer { out, at: body } = writer;
+        let sum = checksum(out.get(..body).unwrap_or_default());
+        Writer { out, at: body }.put(&sum.to_le_bytes());
     }
 
     /// Parses stored bytes.
@@ -136,6 +166,17 @@ impl Record {
     /// # Errors
     /// A [`DecodeError`] saying why the bytes are not a record this code wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_expecting(bytes, None)
+    }
+
+    /// Parses stored bytes that were most likely written under `expected`: when the
+    /// stored numbers are exactly `expected`'s, it is used as is instead of being derived
+    /// and validated again (the common case, on every request). The result is the same
+    /// as [`Record::decode`]'s.
+    ///
+    /// # Errors
+    /// As [`Record::decode`].
+    pub fn decode_expecting(bytes: &[u8], expected: Option<&Limit>) -> Result<Self, DecodeError> {
         let mut reader = Reader(bytes);
         let format = reader.u8().ok_or(DecodeError::Length)?;
         if format != FORMAT {
@@ -156,7 +197,10 @@ impl Record {
         for param in &mut params {
             *param = reader.u64().ok_or(DecodeError::Length)?;
         }
-        let limit = limit_from(kind, params).ok_or(DecodeError::Params)?;
+        let limit = match expected {
+            Some(limit) if kind_and_params(limit) == (kind, params) => *limit,
+            _ => limit_from(kind, params).ok_or(DecodeError::Params)?,
+        };
         let state = match limit {
             Limit::TokenBucket { .. } | Limit::LeakyBucket { .. } => {
                 State::Gcra { tat: reader.u128().ok_or(DecodeError::Length)? }
@@ -188,6 +232,23 @@ impl Record {
             return Err(DecodeError::Length);
         }
         Ok(Self { owner, limit, state })
+    }
+}
+
+/// Fills a buffer sized in advance; a write past its end is dropped (the sizes above
+/// make that impossible, and the checksum would reject such bytes anyway).
+struct Writer<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        let end = self.at.saturating_add(bytes.len());
+        if let Some(slot) = self.out.get_mut(self.at..end) {
+            slot.copy_from_slice(bytes);
+        }
+        self.at = end;
     }
 }
 
@@ -252,6 +313,16 @@ mod tests {
     fn every_record_survives_a_round_trip() {
         for record in records() {
             assert_eq!(Record::decode(&record.encode()), Ok(record));
+        }
+    }
+
+    #[test]
+    fn decoding_against_the_expected_limit_gives_the_same_record() {
+        let other = Limit::fixed_window(1, Nanos(1)).unwrap();
+        for record in records() {
+            let bytes = record.encode();
+            assert_eq!(Record::decode_expecting(&bytes, Some(&record.limit)), Ok(record.clone()));
+            assert_eq!(Record::decode_expecting(&bytes, Some(&other)), Ok(record));
         }
     }
 

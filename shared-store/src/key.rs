@@ -82,6 +82,34 @@ impl HashKey {
         hasher.write(descriptor);
         hasher.finish128().as_u128()
     }
+
+    /// Starts the fingerprint of a descriptor of `policy` at `version`; add its values
+    /// with [`Fingerprinter::part`].
+    pub fn fingerprinter(&self, policy: &str, version: u64) -> Fingerprinter {
+        let mut hasher = Fingerprinter(SipHasher13::new_with_key(&self.0));
+        hasher.part(policy.as_bytes());
+        hasher.0.write(&version.to_le_bytes());
+        hasher
+    }
+}
+
+/// Hashes a [`descriptor`] part by part, without building it: the result equals
+/// [`HashKey::fingerprint`] of the descriptor of the same parts. Made by
+/// [`HashKey::fingerprinter`]; this is what runs on every request.
+#[derive(Clone, Debug)]
+pub struct Fingerprinter(SipHasher13);
+
+impl Fingerprinter {
+    /// Adds the next descriptor value.
+    pub fn part(&mut self, value: &[u8]) {
+        self.0.write(&(value.len() as u64).to_le_bytes());
+        self.0.write(value);
+    }
+
+    /// The fingerprint of the policy, version and parts given so far.
+    pub fn finish(self) -> u128 {
+        self.0.finish128().as_u128()
+    }
 }
 
 /// Where one client's state lives.
@@ -141,7 +169,32 @@ impl SlotTable {
         // Low half picks the slot, high half identifies the owner: independent bits.
         let index = (fingerprint as u64) % u64::from(self.slots.get());
         let owner = ((fingerprint >> 64) as u64) | 1;
-        Placement { key: format!("{}{index}", self.prefix), owner, overflow: Some(Arc::clone(&self.overflow)) }
+        // Built by hand: `format!` costs more than the rest of placing (it is on every
+        // request, and the formatting machinery is slow in wasm).
+        let mut key = String::with_capacity(self.prefix.len() + MAX_DECIMAL_DIGITS);
+        key.push_str(&self.prefix);
+        push_decimal(&mut key, index);
+        Placement { key, owner, overflow: Some(Arc::clone(&self.overflow)) }
+    }
+}
+
+/// Digits in `u64::MAX`.
+const MAX_DECIMAL_DIGITS: usize = 20;
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; MAX_DECIMAL_DIGITS];
+    let mut start = MAX_DECIMAL_DIGITS;
+    for slot in digits.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
+        start -= 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &digit in digits.get(start..).unwrap_or_default() {
+        out.push(char::from(digit));
     }
 }
 
@@ -174,9 +227,32 @@ mod tests {
     }
 
     #[test]
+    fn hashing_part_by_part_gives_the_fingerprint_of_the_whole_descriptor() {
+        let key = HashKey::new([9; 16]);
+        let parts: [&[u8]; 3] = [b"tenant-1", b"", b"\xff\x00/a"];
+        for n in 0..=parts.len() {
+            let mut hasher = key.fingerprinter("policy", 7);
+            parts.iter().take(n).for_each(|p| hasher.part(p));
+            assert_eq!(hasher.finish(), key.fingerprint(&descriptor("policy", 7, parts.iter().take(n).copied())));
+        }
+    }
+
+    #[test]
     fn a_different_secret_gives_different_fingerprints() {
         let d = descriptor("p", 1, [b"alice".as_slice()]);
         assert_ne!(HashKey::new([1; 16]).fingerprint(&d), HashKey::new([2; 16]).fingerprint(&d));
+    }
+
+    #[test]
+    fn slot_keys_are_the_prefix_and_the_decimal_index() {
+        for n in [0, 7, 10, 99, 4_294_967_295, u64::MAX] {
+            let mut key = String::from("t/");
+            push_decimal(&mut key, n);
+            assert_eq!(key, format!("t/{n}"));
+        }
+        let table = SlotTable::new("t/", NonZeroU32::new(1000).unwrap());
+        let placement = table.place(123_456);
+        assert_eq!(placement.key, format!("t/{}", 123_456 % 1000));
     }
 
     #[test]

@@ -51,7 +51,9 @@ pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
 pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor};
 pub use limit::{InvalidLimit, Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
-pub use limiter::{Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, LimitError, Limiter, Request};
+pub use limiter::{
+    Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Request,
+};
 pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap};
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
 pub use time::MonotonicClock;

@@ -55,6 +55,7 @@ use crate::key::{OVERFLOW_OWNER, Placement};
 use crate::limit::{Limit, State};
 use crate::store::{Cas, Store, StoreError, Swap};
 use crate::time::{Clock, Nanos};
+use smallvec::SmallVec;
 
 /// How many times a decision is retried when another worker wrote first. Every retry
 /// means some other worker's write succeeded, so the system as a whole makes progress;
@@ -64,6 +65,14 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 16;
 /// The shared-data key the limiter writes to obtain a fresh CAS token when it creates
 /// a key (see the module docs). Must differ from every limit key.
 pub const DEFAULT_ANCHOR_KEY: &str = "sluice/anchor";
+
+/// How many limits one request can have before deciding it allocates: requests with
+/// up to this many limits (nearly all) are decided without touching the heap for the
+/// decision's own bookkeeping.
+pub const MAX_INLINE_LIMITS: usize = 4;
+
+/// One decision per limit of a request, in order.
+pub type Decisions = SmallVec<[Decision; MAX_INLINE_LIMITS]>;
 
 /// One limit to apply to a request.
 #[derive(Clone, Copy, Debug)]
@@ -84,7 +93,7 @@ pub struct Admission {
     /// One decision per request, in order. When the request was not admitted, the
     /// decisions of limits that alone would have admitted it report their state as it
     /// stands (nothing was spent), with the verdict they would have given.
-    pub decisions: Vec<Decision>,
+    pub decisions: Decisions,
     /// The clock reading the decisions were made at.
     pub at: Nanos,
     /// Writes that lost a CAS race and were retried.
@@ -214,7 +223,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let mut unrefunded = 0;
         for _ in 0..self.max_attempts {
             let now = self.clock.now();
-            let mut plans = Vec::with_capacity(requests.len());
+            let mut plans: SmallVec<[Plan<'_>; MAX_INLINE_LIMITS]> = SmallVec::new();
             let mut damaged = false;
             for request in requests {
                 match self.plan(request, now)? {
@@ -239,7 +248,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 continue;
             }
 
-            let mut decisions = Vec::with_capacity(requests.len());
+            let mut decisions = Decisions::new();
             for (request, plan) in requests.iter().zip(&mut plans) {
                 let (decision, next) = request.limit.decide(plan.state.as_ref(), now, request.cost);
                 decisions.push(decision);
@@ -261,11 +270,11 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             if admitted {
                 for (index, (request, plan)) in requests.iter().zip(&plans).enumerate() {
                     let Some(next) = &plan.next else { continue };
-                    let bytes = Record { owner: plan.owner, limit: *request.limit, state: next.clone() }.encode();
-                    let swap = match plan.cas {
-                        Some(cas) => self.store.set(plan.key, &bytes, Some(cas)),
-                        None => self.create(plan.key, &bytes),
-                    };
+                    let record = Record { owner: plan.owner, limit: *request.limit, state: next.clone() };
+                    let swap = record.encode_with(|bytes| match plan.cas {
+                        Some(cas) => self.store.set(plan.key, bytes, Some(cas)),
+                        None => self.create(plan.key, bytes),
+                    });
                     match swap {
                         Ok(Swap::Written) => {}
                         Ok(Swap::Conflict) => {
@@ -297,10 +306,10 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Err(LimitError::Contended { attempts: self.max_attempts })
     }
 
-    fn read(&self, key: &str) -> Result<Read, StoreError> {
+    fn read(&self, key: &str, limit: &Limit) -> Result<Read, StoreError> {
         Ok(match self.store.get(key)? {
             None => Read::Missing,
-            Some(entry) => match Record::decode(&entry.value) {
+            Some(entry) => match Record::decode_expecting(&entry.value, Some(limit)) {
                 Ok(record) => Read::Found(entry.cas, record),
                 Err(_) => Read::Damaged(entry.cas),
             },
@@ -314,7 +323,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let place = request.place;
         let limit = request.limit;
         let own = |cas, state| Plan { key: &place.key, owner: place.owner, cas, state, next: None, overflowed: false };
-        let (cas, record) = match self.read(&place.key)? {
+        let (cas, record) = match self.read(&place.key, limit)? {
             Read::Missing => return Ok(Ok(own(None, None))),
             Read::Damaged(cas) => return Ok(Err((&place.key, cas))),
             Read::Found(cas, record) => (cas, record),
@@ -337,13 +346,13 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         if limit.is_idle(&state, now) {
             // The holder's state carries no information: take the slot, starting from
             // the overflow bucket (where this client may have been spending) if busy.
-            let start = match overflow_state(self.read(overflow)?) {
+            let start = match overflow_state(self.read(overflow, limit)?) {
                 Err(damaged) => return Ok(Err(damaged)),
                 Ok(found) => found.map(|(_, s)| s).filter(|s| !limit.is_idle(s, now)),
             };
             return Ok(Ok(own(Some(cas), start)));
         }
-        Ok(match overflow_state(self.read(overflow)?) {
+        Ok(match overflow_state(self.read(overflow, limit)?) {
             Err(damaged) => Err(damaged),
             Ok(found) => {
                 let (cas, state) = found.map_or((None, None), |(cas, s)| (cas, Some(s)));
@@ -378,7 +387,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
     fn refund(&self, plan: &Plan<'_>, request: &Request<'_>, written: &State) -> bool {
         for _ in 0..self.max_attempts {
-            let Ok(Read::Found(cas, record)) = self.read(plan.key) else { return false };
+            let Ok(Read::Found(cas, record)) = self.read(plan.key, request.limit) else { return false };
             if record.owner != plan.owner {
                 // The slot changed hands: our spend went with the old state.
                 return true;
@@ -387,8 +396,8 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             let now = self.clock.now();
             let current = request.limit.adopt(&record.limit, record.state, now);
             let state = request.limit.refund(&current, written, now, request.cost);
-            let bytes = Record { owner: plan.owner, limit: *request.limit, state }.encode();
-            match self.store.set(plan.key, &bytes, Some(cas)) {
+            let record = Record { owner: plan.owner, limit: *request.limit, state };
+            match record.encode_with(|bytes| self.store.set(plan.key, bytes, Some(cas))) {
                 Ok(Swap::Written) => return true,
                 Ok(Swap::Conflict) => continue,
                 Err(_) => return false,

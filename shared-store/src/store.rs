@@ -181,15 +181,13 @@ impl MemoryStore {
     }
 }
 
-impl Inner {
-    /// cpp-host's `nextCas()`: one counter for every key, skipping 0 on wrap.
-    fn next_cas(&mut self) -> Cas {
-        self.last_cas = self.last_cas.wrapping_add(1);
-        if self.last_cas == 0 {
-            self.last_cas = 1;
-        }
-        Cas::new(self.last_cas).unwrap_or(Cas(NonZeroU32::MIN))
+/// cpp-host's `nextCas()`: one counter for every key, skipping 0 on wrap.
+fn next_cas(last_cas: &mut u32) -> Cas {
+    *last_cas = last_cas.wrapping_add(1);
+    if *last_cas == 0 {
+        *last_cas = 1;
     }
+    Cas::new(*last_cas).unwrap_or(Cas(NonZeroU32::MIN))
 }
 
 impl Store for MemoryStore {
@@ -199,22 +197,22 @@ impl Store for MemoryStore {
 
     fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<Swap, StoreError> {
         let mut inner = self.lock();
-        let token = match inner.map.get(key) {
-            Some((_, stored)) if cas.is_some_and(|expected| expected != *stored) => return Ok(Swap::Conflict),
-            _ => inner.next_cas(),
-        };
-        match inner.map.get_mut(key) {
-            // Overwrite in place: no new key allocation for the common case.
-            Some(entry) => {
-                entry.0.clear();
-                entry.0.extend_from_slice(value);
-                entry.1 = token;
+        let Inner { map, last_cas } = &mut *inner;
+        match map.get_mut(key) {
+            Some((_, stored)) if cas.is_some_and(|expected| expected != *stored) => Ok(Swap::Conflict),
+            // Overwrite in place: one lookup, no new key allocation for the common case.
+            Some((stored_value, stored)) => {
+                stored_value.clear();
+                stored_value.extend_from_slice(value);
+                *stored = next_cas(last_cas);
+                Ok(Swap::Written)
             }
             None => {
-                inner.map.insert(key.to_owned(), (value.to_vec(), token));
+                let token = next_cas(last_cas);
+                map.insert(key.to_owned(), (value.to_vec(), token));
+                Ok(Swap::Written)
             }
         }
-        Ok(Swap::Written)
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use shared_store::store::MemoryStore;
-use wasmtime::{Config, Engine, ExternType, InstancePre, Linker, Module, OptLevel, format_err};
+use wasmtime::{Config, Engine, ExternType, InstancePre, Linker, Module, OptLevel, ProfilingStrategy, format_err};
 
 use crate::callout::{Answer, CalloutFailures, CalloutRequest, Cluster};
 use crate::clock::{Clock, VirtualClock};
@@ -687,6 +687,9 @@ impl HostBuilder {
 /// How often the engine's epoch advances; a call's time limit is counted in these.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 
+/// Set to `perfmap` to let `perf` name the guest's functions (see docs/benchmarks.md).
+pub const PROFILE_ENV: &str = "WASM_HOST_PROFILE";
+
 /// The engines hosts use: configuration only, no state a test could observe. With a
 /// call time limit, the engine's epoch advances every [`EPOCH_TICK`] on a background
 /// thread, so that a guest stuck in a loop traps at the limit instead of hanging the
@@ -699,6 +702,10 @@ fn engine(interruptible: bool) -> Engine {
         let mut config = Config::new();
         config.cranelift_opt_level(OptLevel::Speed);
         config.epoch_interruption(interruptible);
+        if std::env::var_os(PROFILE_ENV).is_some_and(|v| v == "perfmap") {
+            // Names generated code for `perf report` (writes /tmp/perf-<pid>.map).
+            config.profiler(ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).unwrap_or_default();
         if interruptible {
             let weak = engine.weak();

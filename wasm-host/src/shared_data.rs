@@ -37,16 +37,24 @@ impl SharedData {
     }
 
     fn store_key(&self, key: &[u8]) -> String {
+        // Built by hand rather than with `format!`: this runs on every shared-data call.
+        let mut out = String::with_capacity(self.prefix.len() + 1 + 2 * key.len());
+        out.push_str(&self.prefix);
         match std::str::from_utf8(key) {
-            Ok(text) => format!("{}u{text}", self.prefix),
+            Ok(text) => {
+                out.push('u');
+                out.push_str(text);
+            }
             Err(_) => {
-                let mut out = format!("{}x", self.prefix);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push('x');
                 for byte in key {
-                    out.push_str(&format!("{byte:02x}"));
+                    out.push(char::from(HEX[usize::from(byte >> 4)]));
+                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
                 }
-                out
             }
         }
+        out
     }
 
     fn guest_key(&self, store_key: &str) -> Option<Vec<u8>> {

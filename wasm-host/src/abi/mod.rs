@@ -93,10 +93,16 @@ fn memory(caller: &Caller<'_, HostState>) -> HostResult<Memory> {
 
 /// A copy of `len` bytes of guest memory at `ptr`.
 pub(crate) fn read(caller: &Caller<'_, HostState>, ptr: u32, len: u32) -> HostResult<Vec<u8>> {
+    view(caller, ptr, len).map(<[u8]>::to_vec)
+}
+
+/// `len` bytes of guest memory at `ptr`, borrowed: for host calls that only look at
+/// their arguments (shared data), which then need no copy.
+pub(crate) fn view<'a>(caller: &'a Caller<'_, HostState>, ptr: u32, len: u32) -> HostResult<&'a [u8]> {
     let data = memory(caller)?.data(caller);
     let start = ptr as usize;
     let end = start.checked_add(len as usize).ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))?;
-    data.get(start..end).map(<[u8]>::to_vec).ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))
+    data.get(start..end).ok_or(Failure::Status(status::INVALID_MEMORY_ACCESS))
 }
 
 /// Writes `bytes` at `ptr` in guest memory.

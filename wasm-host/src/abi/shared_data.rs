@@ -5,7 +5,7 @@
 
 use wasmtime::{Caller, Linker};
 
-use super::{HostResult, check_writable, copy_out, fail, read, register, status, write_u32};
+use super::{HostResult, check_writable, copy_out, fail, register, status, view, write_u32};
 use crate::shared_data::SetOutcome;
 use crate::state::HostState;
 
@@ -23,8 +23,8 @@ fn get_shared_data(
     size_ptr: u32,
     cas_ptr: u32,
 ) -> HostResult {
-    let key = read(caller, key, key_size)?;
-    let Some((value, cas)) = caller.data().vm.shared_data.get(&key) else {
+    let key = view(caller, key, key_size)?;
+    let Some((value, cas)) = caller.data().vm.shared_data.get(key) else {
         return fail(status::NOT_FOUND);
     };
     check_writable(caller, cas_ptr, 4)?;
@@ -40,9 +40,9 @@ fn set_shared_data(
     value_size: u32,
     cas: u32,
 ) -> HostResult {
-    let key = read(caller, key, key_size)?;
-    let value = read(caller, value, value_size)?;
-    match caller.data().vm.shared_data.set(&key, &value, cas) {
+    let key = view(caller, key, key_size)?;
+    let value = view(caller, value, value_size)?;
+    match caller.data().vm.shared_data.set(key, value, cas) {
         SetOutcome::Written => Ok(()),
         SetOutcome::CasMismatch => fail(status::CAS_MISMATCH),
     }
