@@ -11,6 +11,7 @@
 //! (where `<n>` is the byte length of the vm_id); any other key as
 //! `"<n>:<vm_id>x<hex>"`. The mapping is injective, so distinct guest keys never collide.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use shared_store::store::{Cas, MemoryStore, Store, Swap};
@@ -20,6 +21,9 @@ use shared_store::store::{Cas, MemoryStore, Store, Swap};
 pub struct SharedData {
     store: Arc<MemoryStore>,
     prefix: String,
+    /// Where store keys are built, reused so that a shared-data call does not allocate
+    /// for its key (one `SharedData` per VM, used by one thread at a time).
+    scratch: RefCell<String>,
 }
 
 /// The outcome of a write, in proxy-wasm terms.
@@ -33,12 +37,27 @@ pub enum SetOutcome {
 
 impl SharedData {
     pub(crate) fn new(store: Arc<MemoryStore>, vm_id: &str) -> Self {
-        Self { store, prefix: format!("{}:{vm_id}", vm_id.len()) }
+        Self { store, prefix: format!("{}:{vm_id}", vm_id.len()), scratch: RefCell::default() }
     }
 
-    fn store_key(&self, key: &[u8]) -> String {
-        // Built by hand rather than with `format!`: this runs on every shared-data call.
-        let mut out = String::with_capacity(self.prefix.len() + 1 + 2 * key.len());
+    /// Runs `f` on the store key of a guest key.
+    fn with_store_key<R>(&self, key: &[u8], f: impl FnOnce(&str) -> R) -> R {
+        match self.scratch.try_borrow_mut() {
+            Ok(mut out) => {
+                out.clear();
+                self.push_store_key(&mut out, key);
+                f(&out)
+            }
+            // Not reachable (nothing re-enters while a key is in use); correct anyway.
+            Err(_) => {
+                let mut out = String::new();
+                self.push_store_key(&mut out, key);
+                f(&out)
+            }
+        }
+    }
+
+    fn push_store_key(&self, out: &mut String, key: &[u8]) {
         out.push_str(&self.prefix);
         match std::str::from_utf8(key) {
             Ok(text) => {
@@ -54,7 +73,6 @@ impl SharedData {
                 }
             }
         }
-        out
     }
 
     fn guest_key(&self, store_key: &str) -> Option<Vec<u8>> {
@@ -72,13 +90,14 @@ impl SharedData {
     /// The value of `key` and its CAS token, as `proxy_get_shared_data` returns them.
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<(Vec<u8>, u32)> {
         // MemoryStore never fails; an error would mean a different Store, not a missing key.
-        self.store.get(&self.store_key(key.as_ref())).ok().flatten().map(|entry| (entry.value, entry.cas.get()))
+        let entry = self.with_store_key(key.as_ref(), |key| self.store.get(key));
+        entry.ok().flatten().map(|entry| (entry.value, entry.cas.get()))
     }
 
     /// Writes `value` under `key` as `proxy_set_shared_data` does: a non-zero `cas` must
     /// match the key's token, unless the key does not exist yet.
     pub fn set(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>, cas: u32) -> SetOutcome {
-        match self.store.set(&self.store_key(key.as_ref()), value.as_ref(), Cas::new(cas)) {
+        match self.with_store_key(key.as_ref(), |key| self.store.set(key, value.as_ref(), Cas::new(cas))) {
             Ok(Swap::Written) => SetOutcome::Written,
             Ok(Swap::Conflict) | Err(_) => SetOutcome::CasMismatch,
         }
