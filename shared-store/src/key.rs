@@ -181,8 +181,9 @@ impl SlotTable {
 /// Digits in `u64::MAX`.
 const MAX_DECIMAL_DIGITS: usize = 20;
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: u64) {
+/// Appends `n` in decimal: what `write!(out, "{n}")` does, without the formatting
+/// machinery, which is slow in wasm (callers build keys and headers per request).
+pub fn push_decimal(out: &mut String, mut n: u64) {
     let mut digits = [0u8; MAX_DECIMAL_DIGITS];
     let mut start = MAX_DECIMAL_DIGITS;
     for slot in digits.iter_mut().rev() {

@@ -49,7 +49,7 @@ pub mod time;
 
 pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
-pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor};
+pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_decimal};
 pub use limit::{InvalidLimit, Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
 pub use limiter::{
     Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Request,
