@@ -96,8 +96,15 @@ impl HashKey {
 /// Hashes a [`descriptor`] part by part, without building it: the result equals
 /// [`HashKey::fingerprint`] of the descriptor of the same parts. Made by
 /// [`HashKey::fingerprinter`]; this is what runs on every request.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Fingerprinter(SipHasher13);
+
+impl std::fmt::Debug for Fingerprinter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The hasher's state holds the secret key: never print it (as `HashKey`).
+        f.write_str("Fingerprinter(..)")
+    }
+}
 
 impl Fingerprinter {
     /// Adds the next descriptor value.
@@ -236,6 +243,13 @@ mod tests {
             parts.iter().take(n).for_each(|p| hasher.part(p));
             assert_eq!(hasher.finish(), key.fingerprint(&descriptor("policy", 7, parts.iter().take(n).copied())));
         }
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_secret() {
+        let key = HashKey::new([0xab; 16]);
+        assert_eq!(format!("{key:?}"), "HashKey(..)");
+        assert_eq!(format!("{:?}", key.fingerprinter("p", 1)), "Fingerprinter(..)");
     }
 
     #[test]
