@@ -1,1 +1,8 @@
-//! End-to-end tests live in `tests/`.
+//! Support for the end-to-end tests in `tests/tests/`: a real Envoy per test
+//! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
+//! ([`upstream`]), and the reference bucket admissions are replayed through ([`oracle`]).
+
+pub mod envoy;
+pub mod http;
+pub mod oracle;
+pub mod upstream;

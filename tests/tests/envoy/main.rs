@@ -1,0 +1,13 @@
+//! `sluice.wasm` (the release build) in the official Envoy release (V8): what the
+//! project claims about the filter, checked in the reference host. Each test starts its
+//! own Envoy (see `sluice_tests::envoy`).
+
+mod configs;
+
+use sluice_tests::envoy::Envoy;
+use sluice_tests::http::{Request, Response};
+
+/// Sends `request` on a fresh connection.
+pub fn send(envoy: &Envoy, request: &Request) -> Response {
+    envoy.send(request)
+}
