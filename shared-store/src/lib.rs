@@ -53,8 +53,9 @@ pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_de
 pub use limit::{InvalidLimit, Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
 pub use limiter::{
     Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Request,
+    Reservation,
 };
-pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap};
+pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap, create};
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
 pub use time::MonotonicClock;
 pub use time::{Clock, ManualClock, Nanos};

@@ -396,29 +396,40 @@ impl Limit {
     }
 
     /// Gives back `cost` that an admission spent, after the request was rejected by
-    /// another limit (all-or-nothing across limits).
+    /// another limit (all-or-nothing across limits) or by the counter service.
     ///
     /// `written` is the state that admission stored, `current` what the key holds now
-    /// (other requests may have spent since). The result is never more generous than
-    /// the state the key would hold had the refunded request never been admitted: for
-    /// counters (windows, logs) the refund is exact; for buckets it is exact when no
-    /// other write intervened and otherwise limited to what cannot have been lost to the
-    /// bucket's cap (`now` must not be earlier than the clock reads of those writes).
-    pub fn refund(&self, current: &State, written: &State, now: Nanos, cost: u64) -> State {
-        match (*self, current, written) {
+    /// (other requests may have spent or given back since). The result is never more
+    /// generous than the state the key would hold had the refunded request never been
+    /// admitted:
+    ///
+    /// * counters (windows, logs) commute, so the refund is exact whatever happened in
+    ///   between (in the same window; a window that has passed keeps its count);
+    /// * a bucket (GCRA) gives back exactly when it still holds what the admission
+    ///   wrote, and otherwise gives back nothing. A bucket's state does not record how
+    ///   it got there: once other spends and refunds interleave, no refund computed from
+    ///   the current state alone is safe (a refund of an older spend can lower the state
+    ///   under a younger one, whose own refund would then count the spends in between
+    ///   short: a property test found exactly that). Stricter, never looser.
+    ///
+    /// `None` means "cannot be given back safely" (a bucket written by someone else);
+    /// `Some` is the state to write, which may equal `current` when there is nothing
+    /// left to give back (the window has passed). `now` is unused by buckets and
+    /// counters today; it stays in the signature so that a refund is always decided at a
+    /// clock reading not earlier than the writes seen.
+    pub fn refund(&self, current: &State, written: &State, now: Nanos, cost: u64) -> Option<State> {
+        let _ = now;
+        Some(match (*self, current, written) {
             (
                 Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. },
                 State::Gcra { tat: current },
                 State::Gcra { tat: written },
             ) => {
-                if current < written {
-                    // Someone reset the key since (reconfiguration, repair): refund nothing.
-                    return State::Gcra { tat: *current };
+                if current != written {
+                    return None;
                 }
                 let increment = u128::from(cost).saturating_mul(u128::from(rate.per.0));
-                let now_scaled = u128::from(now.0).saturating_mul(u128::from(rate.amount));
-                let floor = now_scaled.saturating_add(current - written);
-                State::Gcra { tat: (*current).min(current.saturating_sub(increment).max(floor)) }
+                State::Gcra { tat: current.saturating_sub(increment) }
             }
             (
                 Self::FixedWindow { .. } | Self::SlidingWindow { .. },
@@ -443,7 +454,7 @@ impl Limit {
                 State::Log { entries }
             }
             _ => current.clone(),
-        }
+        })
     }
 
     /// Converts `state`, kept under the limit `old`, to this limit at `now`.

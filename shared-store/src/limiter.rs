@@ -19,6 +19,28 @@
 //! admit, the states are written one by one; if a later write conflicts, the writes
 //! already made are refunded ([`Limit::refund`]) and the whole decision is retried.
 //!
+//! # Reservations: decide now, keep or give back later
+//!
+//! A request whose fate also depends on something outside shared data (the counter
+//! service, for global policies) is decided in two phases. [`Limiter::reserve`] is
+//! [`Limiter::check`] that also returns a [`Reservation`]: the record of exactly what
+//! the admission wrote. When the outside answer comes, [`Limiter::commit`] keeps the
+//! spend and [`Limiter::refund`] gives it back. Why nothing is spent twice or lost:
+//!
+//! * **Spent once.** The spend happens inside `reserve`, under the same read–decide–CAS
+//!   rules as `check`; a reservation exists only when every write succeeded
+//!   (all-or-nothing), and is empty when the request was not admitted.
+//! * **Given back at most once.** A reservation is not `Clone`, and `commit` and
+//!   `refund` take it by value: the type system allows one of them, once.
+//! * **Never given back more than was spent.** A refund uses [`Limit::refund`], which is
+//!   never more generous than the state the key would hold had the request never been
+//!   admitted, and re-reads the key under CAS: spends made by other workers in between
+//!   stay spent. A slot that changed hands took the spend with it (nothing to give back).
+//! * **A refund that cannot be written is counted**, not retried forever: the limit is
+//!   then stricter than it should be, never looser.
+//! * **Dropping a reservation keeps the spend** (like `commit`): forgetting to decide
+//!   errs on the strict side.
+//!
 //! # Creating a key without losing an update
 //!
 //! Envoy has no atomic create: a write to a missing key succeeds whatever CAS token it
@@ -53,7 +75,7 @@ use crate::codec::Record;
 use crate::decision::Decision;
 use crate::key::{OVERFLOW_OWNER, Placement};
 use crate::limit::{Limit, State};
-use crate::store::{Cas, Store, StoreError, Swap};
+use crate::store::{Cas, Store, StoreError, Swap, create};
 use crate::time::{Clock, Nanos};
 use smallvec::SmallVec;
 
@@ -112,6 +134,42 @@ impl Admission {
     pub fn delay(&self) -> Nanos {
         self.decisions.iter().map(Decision::delay).max().unwrap_or(Nanos::ZERO)
     }
+}
+
+/// What an admission spent, to keep ([`Limiter::commit`]) or give back
+/// ([`Limiter::refund`]) once the rest of the request is decided (see the module docs).
+#[must_use = "a reservation is kept (commit) or given back (refund)"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    spends: SmallVec<[Spend; MAX_INLINE_LIMITS]>,
+}
+
+impl Reservation {
+    /// A reservation that spent nothing.
+    pub fn empty() -> Self {
+        Self { spends: SmallVec::new() }
+    }
+
+    /// Whether nothing was spent.
+    pub fn is_empty(&self) -> bool {
+        self.spends.is_empty()
+    }
+
+    /// Joins two reservations (both kept or given back together).
+    pub fn join(mut self, other: Self) -> Self {
+        self.spends.extend(other.spends);
+        self
+    }
+}
+
+/// One write an admission made.
+#[derive(Debug, PartialEq, Eq)]
+struct Spend {
+    key: String,
+    owner: u64,
+    limit: Limit,
+    cost: u64,
+    written: State,
 }
 
 /// Why no decision could be made. The caller applies its configured failure outcome.
@@ -218,6 +276,38 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// [`LimitError::Store`] when the store fails. In both cases nothing stays spent
     /// (refunds permitting, see [`Admission::unrefunded`]).
     pub fn check(&self, requests: &[Request<'_>]) -> Result<Admission, LimitError> {
+        self.decide_all(requests, None)
+    }
+
+    /// [`Limiter::check`], keeping the record of what an admission spent so that it can
+    /// be given back later (see the module docs). The reservation is empty when the
+    /// request was not admitted.
+    ///
+    /// # Errors
+    /// As [`Limiter::check`].
+    pub fn reserve(&self, requests: &[Request<'_>]) -> Result<(Admission, Reservation), LimitError> {
+        let mut reservation = Reservation::empty();
+        let admission = self.decide_all(requests, Some(&mut reservation))?;
+        Ok((admission, reservation))
+    }
+
+    /// Keeps what a reservation spent.
+    pub fn commit(&self, reservation: Reservation) {
+        drop(reservation);
+    }
+
+    /// Gives back what a reservation spent. Returns how many of its spends could not be
+    /// given back (each leaves its limit stricter, never looser).
+    pub fn refund(&self, reservation: Reservation) -> u32 {
+        let failed = reservation
+            .spends
+            .iter()
+            .filter(|spend| !self.refund_one(&spend.key, spend.owner, &spend.limit, spend.cost, &spend.written))
+            .count();
+        u32::try_from(failed).unwrap_or(u32::MAX)
+    }
+
+    fn decide_all(&self, requests: &[Request<'_>], keep: Option<&mut Reservation>) -> Result<Admission, LimitError> {
         let mut conflicts = 0;
         let mut repaired = 0;
         let mut unrefunded = 0;
@@ -293,6 +383,19 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 conflicts += 1;
                 continue;
             }
+            if admitted && let Some(reservation) = keep {
+                for (request, plan) in requests.iter().zip(&plans) {
+                    if let Some(written) = &plan.next {
+                        reservation.spends.push(Spend {
+                            key: plan.key.to_owned(),
+                            owner: plan.owner,
+                            limit: *request.limit,
+                            cost: request.cost,
+                            written: written.clone(),
+                        });
+                    }
+                }
+            }
             return Ok(Admission {
                 admitted,
                 decisions,
@@ -363,12 +466,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
     /// Creates a missing key without losing a concurrent creation (see the module docs).
     fn create(&self, key: &str, bytes: &[u8]) -> Result<Swap, StoreError> {
-        let _ = self.store.set(&self.anchor, &[], None)?;
-        match self.store.get(&self.anchor)? {
-            Some(anchor) => self.store.set(key, bytes, Some(anchor.cas)),
-            // A store that loses the anchor: do not guess, let the caller retry.
-            None => Ok(Swap::Conflict),
-        }
+        create(&self.store, &self.anchor, key, bytes)
     }
 
     /// Gives back what the writes made before `failed` spent. Returns how many refunds
@@ -377,7 +475,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let mut unrefunded = 0;
         for (request, plan) in requests.iter().zip(plans).take(failed) {
             if let Some(written) = &plan.next
-                && !self.refund(plan, request, written)
+                && !self.refund_one(plan.key, plan.owner, request.limit, request.cost, written)
             {
                 unrefunded += 1;
             }
@@ -385,19 +483,22 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         unrefunded
     }
 
-    fn refund(&self, plan: &Plan<'_>, request: &Request<'_>, written: &State) -> bool {
+    fn refund_one(&self, key: &str, owner: u64, limit: &Limit, cost: u64, written: &State) -> bool {
         for _ in 0..self.max_attempts {
-            let Ok(Read::Found(cas, record)) = self.read(plan.key, request.limit) else { return false };
-            if record.owner != plan.owner {
+            let Ok(Read::Found(cas, record)) = self.read(key, limit) else { return false };
+            if record.owner != owner {
                 // The slot changed hands: our spend went with the old state.
                 return true;
             }
             // Read the clock after the store, so it is not earlier than any write seen.
             let now = self.clock.now();
-            let current = request.limit.adopt(&record.limit, record.state, now);
-            let state = request.limit.refund(&current, written, now, request.cost);
-            let record = Record { owner: plan.owner, limit: *request.limit, state };
-            match record.encode_with(|bytes| self.store.set(plan.key, bytes, Some(cas))) {
+            let current = limit.adopt(&record.limit, record.state, now);
+            let Some(state) = limit.refund(&current, written, now, cost) else { return false };
+            if state == current {
+                return true;
+            }
+            let record = Record { owner, limit: *limit, state };
+            match record.encode_with(|bytes| self.store.set(key, bytes, Some(cas))) {
                 Ok(Swap::Written) => return true,
                 Ok(Swap::Conflict) => continue,
                 Err(_) => return false,

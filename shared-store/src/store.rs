@@ -117,6 +117,25 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
 }
 
+/// Creates `key` with `bytes` unless another writer created it first, on a store with no
+/// atomic create: writes the `anchor` key and reads back its token `T`, then writes `key`
+/// with CAS `T`. A missing key is created whatever the token; a key another writer
+/// created in the meantime carries that write's token, which is not `T` (a token belongs
+/// to one write), so the write answers [`Swap::Conflict`] and the caller re-reads. The
+/// argument and its one gap (a token counter wrap between the two writes) are in
+/// `limiter`'s module docs.
+///
+/// # Errors
+/// When the store fails.
+pub fn create(store: &impl Store, anchor: &str, key: &str, bytes: &[u8]) -> Result<Swap, StoreError> {
+    let _ = store.set(anchor, &[], None)?;
+    match store.get(anchor)? {
+        Some(entry) => store.set(key, bytes, Some(entry.cas)),
+        // A store that loses the anchor: do not guess, let the caller retry.
+        None => Ok(Swap::Conflict),
+    }
+}
+
 /// An in-memory [`Store`] with Envoy's shared-data semantics, including the ones that make
 /// a limiter hard to write: no atomic create, and one token counter for all keys.
 ///

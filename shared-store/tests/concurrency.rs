@@ -196,3 +196,92 @@ fn layered_limits_stay_exact_for_every_layer_under_contention() {
     }
     assert!(admits.len() > 1000);
 }
+
+/// How a reservation is given back in [`reserve_and_refund_half`].
+#[derive(Clone, Copy)]
+enum GiveBack {
+    /// `Limiter::refund`.
+    Refund,
+    /// A plausible mistake: restore the bytes the key held before the spend, blindly.
+    RestoreSnapshot,
+}
+
+/// One token per 1000 ns: with about 150 ns of clock per decision and half the
+/// reservations given back, kept demand is about three times the supply, so the bucket
+/// runs empty and every erased spend shows up as an extra admission.
+const REFUNDED_LIMIT: (u64, u64, u64) = (1, 1000, 4);
+
+/// `threads` threads reserve on one key and give back about half of the reservations;
+/// returns the admissions that were kept.
+fn reserve_and_refund_half(give_back: GiveBack, threads: usize, decisions: usize) -> Vec<(u64, u64)> {
+    let (amount, per, burst) = REFUNDED_LIMIT;
+    let limit = Limit::token_bucket(Rate::new(amount, Nanos(per)).unwrap(), burst).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let clock = Ticking::default();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (store, clock, limit) = (Arc::clone(&store), clock.clone(), limit);
+            thread::spawn(move || {
+                let limiter = Limiter::new(Arc::clone(&store), clock);
+                let place = Placement::dedicated("key");
+                let mut rng = Rng(t as u64 + 101);
+                let mut kept = Vec::new();
+                for _ in 0..decisions {
+                    let before = store.get("key").unwrap();
+                    let Ok((admission, reservation)) =
+                        limiter.reserve(&[Request { place: &place, limit: &limit, cost: 1 }])
+                    else {
+                        continue;
+                    };
+                    if !admission.admitted {
+                        continue;
+                    }
+                    if rng.below(2) == 0 {
+                        limiter.commit(reservation);
+                        kept.push((admission.at.0, 1));
+                        continue;
+                    }
+                    match give_back {
+                        // Under contention most bucket refunds are refused (see `Limit::refund`).
+                        GiveBack::Refund => {
+                            let _ = limiter.refund(reservation);
+                        }
+                        GiveBack::RestoreSnapshot => {
+                            limiter.commit(reservation);
+                            if let Some(entry) = before {
+                                let _ = store.set("key", &entry.value, None).unwrap();
+                            }
+                        }
+                    }
+                }
+                kept
+            })
+        })
+        .collect();
+    handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn kept_reservations_stay_within_the_limit_when_others_are_refunded_under_contention() {
+    let (amount, per, burst) = REFUNDED_LIMIT;
+    let mut kept = reserve_and_refund_half(GiveBack::Refund, 8, 50_000);
+
+    let over = over_admission(amount, per, burst, &mut kept);
+
+    assert_eq!(over, 0, "{over} over-admissions among {} kept", kept.len());
+    assert!(kept.len() > 1000, "the test must keep enough to mean something ({})", kept.len());
+}
+
+#[test]
+fn the_oracle_catches_a_refund_that_restores_a_snapshot() {
+    let (amount, per, burst) = REFUNDED_LIMIT;
+    let mut over = 0;
+    for _ in 0..5 {
+        let mut kept = reserve_and_refund_half(GiveBack::RestoreSnapshot, 8, 50_000);
+        over += over_admission(amount, per, burst, &mut kept);
+        if over > 0 {
+            break;
+        }
+    }
+    assert!(over > 0, "restoring a snapshot erases other workers' spends and must over-admit");
+}

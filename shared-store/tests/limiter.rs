@@ -257,3 +257,95 @@ fn an_idle_slot_is_taken_over_and_a_spilled_client_starts_from_the_overflow_stat
     assert_eq!(record.owner, second.owner);
     assert!(matches!(record.state, State::Gcra { .. }));
 }
+
+#[test]
+fn a_refunded_reservation_leaves_the_bucket_as_if_the_request_never_came() {
+    let store = MemoryStore::new();
+    let limiter = Limiter::new(&store, clock());
+    let (limit, key) = (per_second(1, 3), Placement::dedicated("k"));
+    let _ = limiter.check_one(&key, &limit, 1).unwrap();
+    let before = store.get("k").unwrap().unwrap().value;
+
+    let (admission, reservation) = limiter.reserve(&[Request { place: &key, limit: &limit, cost: 2 }]).unwrap();
+    let unrefunded = limiter.refund(reservation);
+
+    assert!(admission.admitted);
+    assert_eq!(unrefunded, 0);
+    let after = Record::decode(&store.get("k").unwrap().unwrap().value).unwrap();
+    assert_eq!(after.state, Record::decode(&before).unwrap().state);
+}
+
+#[test]
+fn a_committed_reservation_keeps_its_spend() {
+    let limiter = Limiter::new(MemoryStore::new(), clock());
+    let (limit, key) = (per_second(1, 2), Placement::dedicated("k"));
+
+    let (_, reservation) = limiter.reserve(&[Request { place: &key, limit: &limit, cost: 2 }]).unwrap();
+    limiter.commit(reservation);
+
+    assert!(!limiter.check_one(&key, &limit, 1).unwrap().admitted);
+}
+
+#[test]
+fn a_rejected_reservation_spends_nothing_and_is_empty() {
+    let limiter = Limiter::new(MemoryStore::new(), clock());
+    let (limit, key) = (per_second(1, 2), Placement::dedicated("k"));
+    let _ = limiter.check_one(&key, &limit, 2).unwrap();
+
+    let (admission, reservation) = limiter.reserve(&[Request { place: &key, limit: &limit, cost: 1 }]).unwrap();
+
+    assert!(!admission.admitted);
+    assert!(reservation.is_empty());
+}
+
+#[test]
+fn a_bucket_gives_back_nothing_once_another_worker_wrote_it() {
+    let store = MemoryStore::new();
+    let clock = clock();
+    let (limit, key) = (per_second(1, 4), Placement::dedicated("k"));
+    let ours = Limiter::new(&store, clock.clone());
+    let theirs = Limiter::new(&store, clock.clone());
+
+    let (_, reservation) = ours.reserve(&[Request { place: &key, limit: &limit, cost: 2 }]).unwrap();
+    assert!(theirs.check_one(&key, &limit, 2).unwrap().admitted);
+    let unrefunded = ours.refund(reservation);
+
+    // Stricter, never looser: the bucket cannot tell what is safe to give back.
+    assert_eq!(unrefunded, 1);
+    assert!(!theirs.check_one(&key, &limit, 1).unwrap().admitted);
+}
+
+#[test]
+fn a_window_refund_is_exact_through_other_workers_writes() {
+    let store = MemoryStore::new();
+    let clock = clock();
+    let limit = Limit::fixed_window(4, Nanos::from_secs(60)).unwrap();
+    let key = Placement::dedicated("k");
+    let ours = Limiter::new(&store, clock.clone());
+    let theirs = Limiter::new(&store, clock.clone());
+
+    let (_, reservation) = ours.reserve(&[Request { place: &key, limit: &limit, cost: 2 }]).unwrap();
+    assert!(theirs.check_one(&key, &limit, 1).unwrap().admitted);
+    assert_eq!(ours.refund(reservation), 0);
+
+    // Their 1 stays spent; our 2 came back.
+    assert!(theirs.check_one(&key, &limit, 3).unwrap().admitted);
+    assert!(!theirs.check_one(&key, &limit, 1).unwrap().admitted);
+}
+
+#[test]
+fn a_refund_on_a_slot_that_changed_hands_gives_nothing_to_the_new_holder() {
+    let store = MemoryStore::new();
+    let clock = clock();
+    let limit = per_second(1, 2);
+    let table = SlotTable::new("t/", NonZeroU32::new(1).unwrap());
+    let (alice, bob) = (table.place(1 << 64 | 7), table.place(2 << 64 | 7));
+    let limiter = Limiter::new(&store, clock.clone());
+
+    let (_, reservation) = limiter.reserve(&[Request { place: &alice, limit: &limit, cost: 2 }]).unwrap();
+    clock.advance(Nanos::from_secs(10));
+    assert!(limiter.check_one(&bob, &limit, 2).unwrap().admitted);
+    assert_eq!(limiter.refund(reservation), 0);
+
+    assert!(!limiter.check_one(&bob, &limit, 1).unwrap().admitted, "bob's bucket must not gain alice's refund");
+}
