@@ -1,150 +1,15 @@
-//! The JSON API: request and response bodies, and their validation into store plans.
+//! The JSON API: strict parsing of request bodies and their validation into store plans.
 //!
-//! Every request body is parsed strictly (unknown fields are errors) and validated
-//! completely before any store is touched, so a request that gets a 4xx never changes a
-//! counter. See the crate README for the full protocol with examples.
+//! The bodies themselves are defined once, for the service and the filter, in
+//! `sluice-protocol`. Every request body is parsed strictly (unknown fields are errors)
+//! and validated completely before any store is touched, so a request that gets a 4xx
+//! never changes a counter. See the crate README for the full protocol with examples.
 
-use serde::{Deserialize, Serialize};
-use shared_store::{Decision, Verdict};
+use sluice_protocol::{
+    CheckRequest, LeaseRequest, LimitSpec, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
+};
 
-use crate::spec::{LimitSpec, Policy, SpecError};
-
-/// Longest `key`, in bytes.
-pub const MAX_KEY_BYTES: usize = 512;
-/// Longest `tag`, in bytes.
-pub const MAX_TAG_BYTES: usize = 128;
-/// Longest lease, in milliseconds.
-pub const MAX_LEASE_TTL_MS: u64 = 300_000;
-
-/// `POST /v1/check`: one all-or-nothing decision over one or several entries.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckRequest {
-    /// The hash tag every entry's counter lives under. Required when there is more than
-    /// one entry; defaults to the entry's key otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tag: Option<String>,
-    /// The limits to apply, each with its key and cost.
-    pub entries: Vec<EntryRequest>,
-}
-
-/// One (key, limit, cost) entry of a check.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct EntryRequest {
-    /// The counter's name within its tag (callers hash identities before sending them).
-    pub key: String,
-    /// The policy version: a new version starts from fresh state.
-    #[serde(default)]
-    pub policy_version: u64,
-    /// The limit's algorithm and numbers.
-    pub limit: LimitSpec,
-    /// What this request costs (0 queries without spending).
-    #[serde(default = "one")]
-    pub cost: u64,
-}
-
-const fn one() -> u64 {
-    1
-}
-
-/// `POST /v1/lease`: take up to `tokens` of a key's budget for a bounded time.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseRequest {
-    /// The hash tag; defaults to `key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tag: Option<String>,
-    /// The counter's name.
-    pub key: String,
-    /// The policy version.
-    #[serde(default)]
-    pub policy_version: u64,
-    /// The limit's algorithm and numbers (not `leaky_bucket`).
-    pub limit: LimitSpec,
-    /// How many tokens the proxy asks for (1..=capacity).
-    pub tokens: u64,
-    /// How long the proxy may spend them, in milliseconds (1..=300000).
-    pub ttl_ms: u64,
-}
-
-/// One entry's answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EntryResponse {
-    /// `allowed`, `delayed` or `rejected`.
-    pub verdict: VerdictName,
-    /// Capacity: burst, window limit or queue depth.
-    pub limit: u64,
-    /// What is left after this decision.
-    pub remaining: u64,
-    /// Nanoseconds until the limit is full again.
-    pub reset_after_ns: u64,
-    /// When rejected: the exact wait (ns) after which this cost would be admitted.
-    /// Zero otherwise.
-    pub retry_after_ns: u64,
-    /// When delayed (leaky bucket): how long to hold the request (ns). Zero otherwise.
-    pub delay_ns: u64,
-}
-
-/// A verdict's name in JSON.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VerdictName {
-    /// Admitted now.
-    Allowed,
-    /// Admitted after `delay_ns`.
-    Delayed,
-    /// Not admitted.
-    Rejected,
-}
-
-impl From<&Decision> for EntryResponse {
-    fn from(d: &Decision) -> Self {
-        let (verdict, retry, delay) = match d.verdict {
-            Verdict::Allowed => (VerdictName::Allowed, 0, 0),
-            Verdict::Delayed(delay) => (VerdictName::Delayed, 0, delay.as_u64()),
-            Verdict::Rejected { retry_after } => (VerdictName::Rejected, retry_after.as_u64(), 0),
-            // Validation keeps cost ≤ capacity, so this does not reach a response; if it
-            // did, "never" is the honest answer.
-            Verdict::Exceeds => (VerdictName::Rejected, u64::MAX, 0),
-        };
-        Self {
-            verdict,
-            limit: d.limit,
-            remaining: d.remaining,
-            reset_after_ns: d.reset_after.as_u64(),
-            retry_after_ns: retry,
-            delay_ns: delay,
-        }
-    }
-}
-
-/// The answer to a check.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckResponse {
-    /// Whether every entry admitted; when false nothing was spent.
-    pub admitted: bool,
-    /// The time the store decided at: Unix nanoseconds (Redis `TIME` for the Redis store).
-    pub at_ns: u64,
-    /// One answer per entry, in request order.
-    pub entries: Vec<EntryResponse>,
-}
-
-/// The answer to a lease.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseResponse {
-    /// Tokens granted (0..=tokens asked), already deducted from the global budget.
-    pub granted: u64,
-    /// How long the proxy may spend them, in milliseconds; unused tokens are forfeited.
-    pub expires_in_ms: u64,
-    /// The time the store decided at (Unix ns).
-    pub at_ns: u64,
-    /// The limit's state after the grant (`retry_after_ns` set when nothing was granted).
-    pub entry: EntryResponse,
-}
+use crate::spec::Policy;
 
 /// An API error: a stable code, the HTTP status, and a message naming what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,11 +31,14 @@ impl ApiError {
 
 impl From<SpecError> for ApiError {
     fn from(e: SpecError) -> Self {
-        let code = match e {
-            SpecError::Invalid { .. } => "invalid_limit",
-            SpecError::OutsideEnvelope { .. } => "outside_envelope",
-        };
-        Self::bad_request(code, e.to_string())
+        Self::bad_request(e.code(), e.to_string())
+    }
+}
+
+impl ApiError {
+    /// The JSON body this error is answered with.
+    pub fn body(&self) -> sluice_protocol::ErrorBody {
+        sluice_protocol::ErrorBody::new(self.code, self.message.clone())
     }
 }
 
@@ -257,22 +125,22 @@ fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -
     Ok(PlannedEntry { storage_key: storage_key(tag, version, &policy, key), policy, cost })
 }
 
-impl CheckRequest {
-    /// Validates the request into a plan.
+impl CheckPlan {
+    /// Validates `request` into a plan.
     ///
     /// # Errors
     /// A 400 [`ApiError`] naming the first problem found.
-    pub fn plan(&self, max_entries: usize) -> Result<CheckPlan, ApiError> {
-        if self.entries.is_empty() {
+    pub fn new(request: &CheckRequest, max_entries: usize) -> Result<Self, ApiError> {
+        if request.entries.is_empty() {
             return Err(ApiError::bad_request("no_entries", "entries: must hold at least one entry"));
         }
-        if self.entries.len() > max_entries {
+        if request.entries.len() > max_entries {
             return Err(ApiError::bad_request(
                 "too_many_entries",
-                format!("entries: {} entries, at most {max_entries} per check", self.entries.len()),
+                format!("entries: {} entries, at most {max_entries} per check", request.entries.len()),
             ));
         }
-        let tag = match (&self.tag, self.entries.as_slice()) {
+        let tag = match (&request.tag, request.entries.as_slice()) {
             (Some(tag), _) => tag.as_str(),
             (None, [only]) => only.key.as_str(),
             (None, _) => {
@@ -283,8 +151,8 @@ impl CheckRequest {
             }
         };
         check_tag(tag)?;
-        let mut entries = Vec::with_capacity(self.entries.len());
-        for (index, e) in self.entries.iter().enumerate() {
+        let mut entries = Vec::with_capacity(request.entries.len());
+        for (index, e) in request.entries.iter().enumerate() {
             let planned =
                 plan_entry(tag, &e.key, e.policy_version, e.limit, e.cost).map_err(|err| with_index(index, err))?;
             if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
@@ -295,42 +163,42 @@ impl CheckRequest {
             }
             entries.push(planned);
         }
-        Ok(CheckPlan { entries })
+        Ok(Self { entries })
     }
 }
 
-impl LeaseRequest {
-    /// Validates the request into a plan.
+impl LeasePlan {
+    /// Validates `request` into a plan.
     ///
     /// # Errors
     /// A 400 [`ApiError`] naming the first problem found.
-    pub fn plan(&self) -> Result<LeasePlan, ApiError> {
-        let tag = self.tag.as_deref().unwrap_or(&self.key);
+    pub fn new(request: &LeaseRequest) -> Result<Self, ApiError> {
+        let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
-        let entry = plan_entry(tag, &self.key, self.policy_version, self.limit, 0)?;
+        let entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
         if !entry.policy.leasable() {
             return Err(ApiError::bad_request(
                 "lease_unsupported",
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
             ));
         }
-        if self.tokens == 0 || self.tokens > entry.policy.capacity() {
+        if request.tokens == 0 || request.tokens > entry.policy.capacity() {
             return Err(ApiError::bad_request(
                 "invalid_tokens",
                 format!(
                     "tokens: {} is not between 1 and the limit's capacity ({})",
-                    self.tokens,
+                    request.tokens,
                     entry.policy.capacity()
                 ),
             ));
         }
-        if self.ttl_ms == 0 || self.ttl_ms > MAX_LEASE_TTL_MS {
+        if request.ttl_ms == 0 || request.ttl_ms > MAX_LEASE_TTL_MS {
             return Err(ApiError::bad_request(
                 "invalid_ttl",
-                format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", self.ttl_ms),
+                format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", request.ttl_ms),
             ));
         }
-        Ok(LeasePlan { entry, tokens: self.tokens, ttl_ms: self.ttl_ms })
+        Ok(Self { entry, tokens: request.tokens, ttl_ms: request.ttl_ms })
     }
 }
 

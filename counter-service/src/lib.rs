@@ -7,12 +7,13 @@
 //! node that owns the keys, timed by Redis' own clock.
 //!
 //! The protocol, the error codes and the numeric envelope are documented with examples
-//! in `counter-service/README.md`.
+//! in `counter-service/README.md`. The request and response bodies, the limits and the
+//! envelope are defined once, for this service and the filter, in `sluice-protocol`.
 //!
 //! # Layout
 //!
-//! * [`api`] holds request and response bodies, strict parsing, validation into plans.
-//! * [`spec`] holds limits as requests carry them, and the numeric envelope.
+//! * [`api`] holds strict parsing and the validation of requests into plans.
+//! * [`spec`] holds validated limits with what the Redis script runs.
 //! * [`store`] holds [`store::MemoryStore`] (shared-store's algorithms behind a sharded map)
 //!   and [`store::RedisStore`] (the same algorithms as one Lua script).
 //! * [`server`] holds routes, bounds (body size, requests in flight, store deadline),

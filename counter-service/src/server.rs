@@ -16,7 +16,9 @@ use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{self, ApiError, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse};
+use sluice_protocol::{CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse};
+
+use crate::api::{self, ApiError, CheckPlan, LeasePlan};
 use crate::config::{Config, StoreKind};
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
@@ -84,8 +86,7 @@ impl App {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
-        (status, axum::Json(body)).into_response()
+        (status, axum::Json(self.body())).into_response()
     }
 }
 
@@ -181,7 +182,7 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
 async fn check(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.max_body).await?;
     let request: CheckRequest = api::parse(&bytes)?;
-    let plan = request.plan(app.max_entries)?;
+    let plan = CheckPlan::new(&request, app.max_entries)?;
     let outcome = app.timed(app.store.check(&plan, None)).await?;
     app.metrics.decision(outcome.admitted);
     Ok(json(&CheckResponse {
@@ -194,7 +195,7 @@ async fn check(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiE
 async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(body, app.max_body).await?;
     let request: LeaseRequest = api::parse(&bytes)?;
-    let plan = request.plan()?;
+    let plan = LeasePlan::new(&request)?;
     let outcome = app.timed(app.store.lease(&plan, None)).await?;
     app.metrics.lease(outcome.granted);
     Ok(json(&LeaseResponse {

@@ -4,9 +4,9 @@
 //! override), so nothing sleeps.
 
 use shared_store::{Nanos, Verdict};
-use sluice_counter::api::EntryRequest;
-use sluice_counter::spec::LimitSpec;
 use sluice_counter::store::Store;
+use sluice_protocol::EntryRequest;
+use sluice_protocol::LimitSpec;
 
 use crate::support::*;
 

@@ -4,7 +4,8 @@
 //! idle gaps and backward steps) and random costs, checks and leases.
 
 use shared_store::{Decision, Limit, Nanos, State};
-use sluice_counter::spec::{LimitSpec, MAX_PERIOD_MS, Policy};
+use sluice_counter::spec::Policy;
+use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
 use crate::support::{RedisServer, entry, lease_plan, plan, redis_store, t_us};
 

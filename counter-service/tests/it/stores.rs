@@ -4,8 +4,8 @@
 use serde_json::json;
 use shared_store::Verdict;
 use sluice_counter::config::Config;
-use sluice_counter::spec::LimitSpec;
 use sluice_counter::store::{MemoryConfig, MemoryStore, Store, StoreError, Topology};
+use sluice_protocol::LimitSpec;
 
 use crate::api::{redis_config, start};
 use crate::support::*;

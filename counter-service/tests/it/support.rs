@@ -21,11 +21,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use shared_store::Nanos;
-use sluice_counter::api::{CheckPlan, CheckRequest, EntryRequest, LeasePlan, LeaseRequest};
-use sluice_counter::spec::LimitSpec;
+use sluice_counter::api::{CheckPlan, LeasePlan};
 use sluice_counter::store::{
     CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
 };
+use sluice_protocol::{CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.
 pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
@@ -323,7 +323,7 @@ pub fn entry(key: &str, limit: LimitSpec, cost: u64) -> EntryRequest {
 }
 
 pub fn plan(tag: &str, entries: Vec<EntryRequest>) -> CheckPlan {
-    CheckRequest { tag: Some(tag.to_owned()), entries }.plan(64).expect("a valid check")
+    CheckPlan::new(&CheckRequest { tag: Some(tag.to_owned()), entries }, 64).expect("a valid check")
 }
 
 pub async fn check(store: &Store, tag: &str, entries: Vec<EntryRequest>, at: Nanos) -> CheckOutcome {
@@ -331,9 +331,9 @@ pub async fn check(store: &Store, tag: &str, entries: Vec<EntryRequest>, at: Nan
 }
 
 pub fn lease_plan(tag: &str, key: &str, limit: LimitSpec, tokens: u64) -> LeasePlan {
-    LeaseRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, tokens, ttl_ms: 1000 }
-        .plan()
-        .expect("a valid lease")
+    let request =
+        LeaseRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, tokens, ttl_ms: 1000 };
+    LeasePlan::new(&request).expect("a valid lease")
 }
 
 pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {

@@ -1,0 +1,309 @@
+//! The request and response bodies of `/v1/check`, `/v1/lease` and `/v1/charge`, and
+//! the error body every failure is answered with.
+//!
+//! Requests are parsed strictly: every request type denies unknown fields, so a typo is
+//! an error rather than a silently ignored setting. Responses deny unknown fields too,
+//! which keeps the two sides honest in tests; a client that must tolerate a newer
+//! service should parse responses into its own lenient types.
+//!
+//! Times in responses are nanoseconds, durations in requests whole milliseconds.
+
+use serde::{Deserialize, Serialize};
+use shared_store::{Decision, Nanos, Verdict};
+
+use crate::limit::LimitSpec;
+
+/// Longest `key`, in bytes.
+pub const MAX_KEY_BYTES: usize = 512;
+/// Longest `tag`, in bytes.
+pub const MAX_TAG_BYTES: usize = 128;
+/// Longest lease, in milliseconds.
+pub const MAX_LEASE_TTL_MS: u64 = 300_000;
+
+/// `POST /v1/check`: one all-or-nothing decision over one or several entries.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    /// The hash tag every entry's counter lives under. Required when there is more than
+    /// one entry; defaults to the entry's key otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The limits to apply, each with its key and cost.
+    pub entries: Vec<EntryRequest>,
+}
+
+/// One (key, limit, cost) entry of a check.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryRequest {
+    /// The counter's name within its tag (callers hash identities before sending them).
+    pub key: String,
+    /// The policy version: a new version starts from fresh state.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers.
+    pub limit: LimitSpec,
+    /// What this request costs (0 queries without spending).
+    #[serde(default = "one")]
+    pub cost: u64,
+}
+
+const fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/lease`: take up to `tokens` of a key's budget for a bounded time.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// The hash tag; defaults to `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The counter's name.
+    pub key: String,
+    /// The policy version.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers (not `leaky_bucket`).
+    pub limit: LimitSpec,
+    /// How many tokens the proxy asks for (1..=capacity).
+    pub tokens: u64,
+    /// How long the proxy may spend them, in milliseconds (1..=[`MAX_LEASE_TTL_MS`]).
+    pub ttl_ms: u64,
+}
+
+/// `POST /v1/charge`: report `cost` units already admitted (while the service could not
+/// be reached), to be spent unconditionally, leaving the counter at most `max_debt`
+/// units below empty. What does not fit is forgiven.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeRequest {
+    /// The hash tag; defaults to `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The counter's name.
+    pub key: String,
+    /// The policy version.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers (not `leaky_bucket`).
+    pub limit: LimitSpec,
+    /// Units admitted without the service, to spend now (0..=2^40).
+    pub cost: u64,
+    /// How far below empty the charge may push the counter, in the limit's units
+    /// (0..=capacity).
+    pub max_debt: u64,
+}
+
+/// One entry's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryResponse {
+    /// `allowed`, `delayed` or `rejected`.
+    pub verdict: VerdictName,
+    /// Capacity: burst, window limit or queue depth.
+    pub limit: u64,
+    /// What is left after this decision.
+    pub remaining: u64,
+    /// Nanoseconds until the limit is full again.
+    pub reset_after_ns: u64,
+    /// When rejected: the exact wait (ns) after which this cost would be admitted;
+    /// `u64::MAX` for never. Zero otherwise.
+    pub retry_after_ns: u64,
+    /// When delayed (leaky bucket): how long to hold the request (ns). Zero otherwise.
+    pub delay_ns: u64,
+}
+
+/// A verdict's name in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictName {
+    /// Admitted now.
+    Allowed,
+    /// Admitted after `delay_ns`.
+    Delayed,
+    /// Not admitted.
+    Rejected,
+}
+
+impl From<&Decision> for EntryResponse {
+    fn from(d: &Decision) -> Self {
+        let (verdict, retry, delay) = match d.verdict {
+            Verdict::Allowed => (VerdictName::Allowed, 0, 0),
+            Verdict::Delayed(delay) => (VerdictName::Delayed, 0, delay.as_u64()),
+            Verdict::Rejected { retry_after } => (VerdictName::Rejected, retry_after.as_u64(), 0),
+            // The service keeps cost ≤ capacity, so this does not reach a response; if it
+            // did, "never" is the honest answer.
+            Verdict::Exceeds => (VerdictName::Rejected, u64::MAX, 0),
+        };
+        Self {
+            verdict,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after_ns: d.reset_after.as_u64(),
+            retry_after_ns: retry,
+            delay_ns: delay,
+        }
+    }
+}
+
+impl EntryResponse {
+    /// The decision this answer carries, for a caller that renders headers from
+    /// [`Decision`]s. The inverse of `From<&Decision>` except for
+    /// [`Verdict::Exceeds`], which travels as a rejection with `retry_after_ns` =
+    /// `u64::MAX` and comes back as one.
+    pub const fn decision(&self) -> Decision {
+        let verdict = match self.verdict {
+            VerdictName::Allowed => Verdict::Allowed,
+            VerdictName::Delayed if self.delay_ns > 0 => Verdict::Delayed(Nanos(self.delay_ns)),
+            // A zero delay is an admission now (shared-store's Delayed is never zero).
+            VerdictName::Delayed => Verdict::Allowed,
+            VerdictName::Rejected => Verdict::Rejected { retry_after: Nanos(self.retry_after_ns) },
+        };
+        Decision { verdict, limit: self.limit, remaining: self.remaining, reset_after: Nanos(self.reset_after_ns) }
+    }
+}
+
+/// The answer to a check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckResponse {
+    /// Whether every entry admitted; when false nothing was spent.
+    pub admitted: bool,
+    /// The time the store decided at: Unix nanoseconds (Redis `TIME` for the Redis store).
+    pub at_ns: u64,
+    /// One answer per entry, in request order.
+    pub entries: Vec<EntryResponse>,
+}
+
+/// The answer to a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseResponse {
+    /// Tokens granted (0..=tokens asked), already deducted from the global budget.
+    pub granted: u64,
+    /// How long the proxy may spend them, in milliseconds; unused tokens are forfeited.
+    pub expires_in_ms: u64,
+    /// The time the store decided at (Unix ns).
+    pub at_ns: u64,
+    /// The limit's state after the grant (`retry_after_ns` set when nothing was granted).
+    pub entry: EntryResponse,
+}
+
+/// The answer to a charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeResponse {
+    /// Units spent (0..=cost).
+    pub charged: u64,
+    /// Units that did not fit within `max_debt` and were dropped: `cost - charged`.
+    pub forgiven: u64,
+    /// The time the store charged at (Unix ns).
+    pub at_ns: u64,
+    /// The limit after the charge: `remaining` (0 while in debt), `reset_after_ns` (until
+    /// full again, debt included) and, when nothing is left, `verdict: rejected` with
+    /// the exact wait until one unit is admitted again.
+    pub entry: EntryResponse,
+}
+
+/// The body of every error answer: `{"error": {"code": …, "message": …}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// A stable machine-readable code and a message for a human.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Stable code (`invalid_limit`, `store_unavailable`, `unauthorized`, …); the
+    /// counter service's README lists them all.
+    pub code: String,
+    /// What is wrong, naming the field (with its JSON path) when there is one.
+    pub message: String,
+}
+
+impl ErrorBody {
+    /// An error body with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { error: ErrorDetail { code: code.into(), message: message.into() } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(verdict: Verdict) -> Decision {
+        Decision { verdict, limit: 10, remaining: 3, reset_after: Nanos(1_500) }
+    }
+
+    #[test]
+    fn an_entry_answer_carries_its_decision_both_ways() {
+        for verdict in [Verdict::Allowed, Verdict::Delayed(Nanos(7)), Verdict::Rejected { retry_after: Nanos(9) }] {
+            let d = decision(verdict);
+
+            assert_eq!(EntryResponse::from(&d).decision(), d);
+        }
+    }
+
+    #[test]
+    fn a_cost_that_can_never_be_admitted_travels_as_a_rejection_forever() {
+        let answer = EntryResponse::from(&decision(Verdict::Exceeds));
+
+        assert_eq!((answer.verdict, answer.retry_after_ns), (VerdictName::Rejected, u64::MAX));
+    }
+
+    #[test]
+    fn a_check_defaults_the_cost_to_one_and_the_version_to_zero() {
+        let body = r#"{"entries":[{"key":"k","limit":{"algorithm":"fixed_window","limit":1,"window_ms":1000}}]}"#;
+
+        let request: CheckRequest = serde_json::from_str(body).unwrap();
+
+        assert_eq!((request.tag.as_deref(), request.entries[0].cost, request.entries[0].policy_version), (None, 1, 0));
+    }
+
+    #[test]
+    fn a_charge_needs_its_cost_and_its_debt_bound() {
+        let limit = r#"{"algorithm":"token_bucket","amount":1,"per_ms":1000,"burst":5}"#;
+
+        let without_debt = serde_json::from_str::<ChargeRequest>(&format!(r#"{{"key":"k","limit":{limit},"cost":3}}"#));
+        let complete =
+            serde_json::from_str::<ChargeRequest>(&format!(r#"{{"key":"k","limit":{limit},"cost":3,"max_debt":2}}"#));
+
+        assert!(without_debt.unwrap_err().to_string().contains("missing field `max_debt`"));
+        assert_eq!(complete.unwrap().max_debt, 2);
+    }
+
+    #[test]
+    fn a_lease_has_no_cost_field() {
+        let body = r#"{"key":"k","tokens":1,"ttl_ms":1,"cost":1,
+                       "limit":{"algorithm":"fixed_window","limit":1,"window_ms":1000}}"#;
+
+        let err = serde_json::from_str::<LeaseRequest>(body).unwrap_err();
+
+        assert!(err.to_string().contains("unknown field `cost`"), "{err}");
+    }
+
+    #[test]
+    fn the_error_body_is_an_object_under_error() {
+        let body = ErrorBody::new("unauthorized", "missing bearer token");
+
+        let json = serde_json::to_string(&body).unwrap();
+
+        assert_eq!(json, r#"{"error":{"code":"unauthorized","message":"missing bearer token"}}"#);
+        assert_eq!(serde_json::from_str::<ErrorBody>(&json).unwrap(), body);
+    }
+
+    #[test]
+    fn verdicts_are_snake_case_words() {
+        let names = [VerdictName::Allowed, VerdictName::Delayed, VerdictName::Rejected].map(|v| {
+            let json = serde_json::to_string(&v).unwrap();
+            json.trim_matches('"').to_owned()
+        });
+
+        assert_eq!(names, ["allowed", "delayed", "rejected"]);
+    }
+}
