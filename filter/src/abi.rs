@@ -52,6 +52,7 @@ unsafe extern "C" {
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
     fn proxy_set_effective_context(context: u32) -> u32;
     fn proxy_continue_stream(stream: u32) -> u32;
+    fn proxy_close_stream(stream: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
 }
@@ -61,10 +62,14 @@ const NOT_FOUND: u32 = 1;
 const CAS_MISMATCH: u32 = 8;
 
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
+/// `BufferType::HttpCallResponseBody`.
+pub const CALL_RESPONSE_BODY: u32 = 4;
 /// `MapType::HttpRequestHeaders`.
 pub const REQUEST_HEADERS: u32 = 0;
 /// `MapType::HttpResponseHeaders`.
 pub const RESPONSE_HEADERS: u32 = 2;
+/// `MapType::HttpCallResponseHeaders`.
+pub const CALL_RESPONSE_HEADERS: u32 = 6;
 const STREAM_HTTP_REQUEST: u32 = 0;
 
 /// Takes ownership of a buffer the host allocated in guest memory.
@@ -108,13 +113,27 @@ pub fn plugin_configuration() -> Result<Vec<u8>, Status> {
     }
 }
 
-/// The first value of a header in `map`, as bytes.
-pub fn header(map: u32, name: &str) -> Option<Vec<u8>> {
+/// The first value of a header in `map`, as bytes: `Ok(None)` when there is none,
+/// `Err` when the host fails the call (a map that is not available in this phase, as
+/// after a failed callout).
+pub fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, Status> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the name pointer and length describe `name`; out-pointers are valid.
     match unsafe { proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size) } {
-        OK => Some(unsafe { owned(data, size) }),
-        _ => None,
+        OK => Ok(Some(unsafe { owned(data, size) })),
+        NOT_FOUND => Ok(None),
+        status => Err(Status(status)),
+    }
+}
+
+/// Up to `max` bytes of a buffer from its start.
+pub fn buffer(kind: u32, max: usize) -> Result<Vec<u8>, Status> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: out-pointers are valid; the buffer returned is ours (see `owned`).
+    match unsafe { proxy_get_buffer_bytes(kind, 0, max, &mut data, &mut size) } {
+        OK => Ok(unsafe { owned(data, size) }),
+        NOT_FOUND => Ok(Vec::new()),
+        status => Err(Status(status)),
     }
 }
 
@@ -127,14 +146,15 @@ pub fn replace_header(map: u32, name: &str, value: &[u8]) -> Result<(), Status> 
     }
 }
 
-/// A host property; `None` when it is missing or the host fails the call.
-pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+/// A host property: `Ok(None)` when it is missing, `Err` when the host fails the call.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     let serialized = path.join("\0");
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the path pointer and length describe `serialized`; out-pointers are valid.
     match unsafe { proxy_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size) } {
-        OK => Some(unsafe { owned(data, size) }),
-        _ => None,
+        OK => Ok(Some(unsafe { owned(data, size) })),
+        NOT_FOUND => Ok(None),
+        status => Err(Status(status)),
     }
 }
 
@@ -191,15 +211,28 @@ pub fn set_tick_period(millis: u32) -> Result<(), Status> {
     }
 }
 
-/// Resumes a paused request of another context (from the root context's tick).
-pub fn resume_request(context_id: u32) -> Result<(), Status> {
+/// Makes `context_id` the context the next calls act for (from the root context's tick).
+pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
     // SAFETY: no pointers.
     match unsafe { proxy_set_effective_context(context_id) } {
-        OK => {}
-        status => return Err(Status(status)),
+        OK => Ok(()),
+        status => Err(Status(status)),
     }
+}
+
+/// Resumes the current context's paused request.
+pub fn continue_request() -> Result<(), Status> {
     // SAFETY: no pointers.
     match unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) } {
+        OK => Ok(()),
+        status => Err(Status(status)),
+    }
+}
+
+/// Resets the current context's request (Envoy resets the stream).
+pub fn close_request() -> Result<(), Status> {
+    // SAFETY: no pointers.
+    match unsafe { proxy_close_stream(STREAM_HTTP_REQUEST) } {
         OK => Ok(()),
         status => Err(Status(status)),
     }

@@ -1,181 +1,206 @@
-//! The port between the policy engine and the proxy: what the engine may ask about a
-//! request, and where it reports counts. The wasm glue implements both over proxy-wasm;
-//! tests use [`FakeRequest`] and [`RecordedMetrics`].
+//! The ports between the policy engine and the proxy: what the engine may ask about a
+//! request ([`RequestFacts`]), where it reports counts ([`Metrics`]), and how it calls the
+//! counter service ([`Callouts`]). The wasm glue implements them over proxy-wasm; native
+//! tests use the fakes in `testing` (not compiled into `sluice.wasm`).
 
-use std::collections::HashMap;
+/// A host call that failed: the host answered a status other than OK or NOT_FOUND. Not
+/// the same as "missing": a policy whose key cannot be read takes its `on_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostFailure {
+    /// The proxy-wasm status the host answered.
+    pub status: u32,
+}
 
 /// What the engine reads about one request. Values are bytes: HTTP allows non-UTF-8
 /// header values, and nothing here may fail on them.
 pub trait RequestFacts {
     /// The first value of a request header (lower-case name), or of a pseudo-header
-    /// (`:path`, `:method`, `:authority`).
-    fn header(&self, name: &str) -> Option<Vec<u8>>;
-    /// A host property, such as `["source", "address"]`.
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// (`:path`, `:method`, `:authority`); `Ok(None)` when the request has none.
+    ///
+    /// # Errors
+    /// When the host fails the call.
+    fn header(&self, name: &str) -> Result<Option<Vec<u8>>, HostFailure>;
+
+    /// A host property, such as `["source", "address"]`; `Ok(None)` when missing.
+    ///
+    /// # Errors
+    /// When the host fails the call.
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostFailure>;
 }
 
-/// Per-policy counters and the queued gauge; see [`Counter`].
+/// One HTTP callout to the counter service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call<'a> {
+    /// The proxy's cluster name for the service.
+    pub cluster: &'a str,
+    /// Request headers, pseudo-headers (`:method`, `:path`, `:authority`) included.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The JSON body.
+    pub body: &'a [u8],
+    /// The host's timeout for the call, in milliseconds (never 0: 0 means none).
+    pub timeout_ms: u32,
+}
+
+/// The host would not send a callout (unknown cluster, bad headers, host failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchError {
+    /// The proxy-wasm status the host answered.
+    pub status: u32,
+}
+
+/// Sends callouts. The answer arrives later, through the glue, as a [`CalloutAnswer`].
+pub trait Callouts {
+    /// Dispatches `call`; returns the host's token for its answer.
+    ///
+    /// # Errors
+    /// When the host refuses to send it.
+    fn dispatch(&mut self, call: &Call<'_>) -> Result<u32, DispatchError>;
+}
+
+/// What came back from a callout, as read from the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CalloutAnswer {
+    /// A response (Envoy also answers this way for a refused connection or a timeout:
+    /// `503` and `504` replies of its own).
+    Response {
+        /// `:status`.
+        status: u16,
+        /// The body (bounded by the glue).
+        body: Vec<u8>,
+    },
+    /// The call failed without a response (Envoy: zero headers, a reset).
+    Failed,
+    /// The filter's own deadline passed first.
+    TimedOut,
+}
+
+/// Counts reported per policy and per plugin; see [`Counter`] and [`PluginCounter`].
 pub trait Metrics {
     /// Adds `delta` to `counter` of the policy at `policy` (its index in the configuration).
-    /// Only [`Counter::Queued`] is ever given a negative delta.
+    /// Only gauges are ever given a negative delta.
     fn add(&mut self, policy: usize, counter: Counter, delta: i64);
+
+    /// Adds `delta` to a plugin-wide counter.
+    fn add_plugin(&mut self, counter: PluginCounter, delta: i64);
 }
 
-/// The counters kept per policy. Names are `<stat_prefix>.<policy>.<name>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Counter {
-    /// Requests the policy applied to (matched, key resolved or handled).
-    Offered,
-    /// Of those, requests forwarded upstream (now, after a shaping delay, or by a failure
-    /// outcome of `allow`). A queued request whose client left also counts here: it spent
-    /// its place in the queue (see `Abandoned`).
-    Allowed,
-    /// Of those, requests answered with a rejection, whichever policy caused it.
-    Rejected,
-    /// Gauge: requests paused by shaping right now. `Offered = Allowed + Rejected + Queued`.
-    Queued,
-    /// This policy's own decision said no (the policy that binds).
-    OverLimit,
-    /// This shadow policy would have rejected the request.
-    ShadowRejected,
-    /// Requests missing a key part.
-    MissingKey,
-    /// CAS writes that lost a race and were retried.
-    CasConflicts,
-    /// Decisions abandoned after every CAS attempt conflicted.
-    CasExhausted,
-    /// Decisions that failed because the shared-data store failed.
-    StoreErrors,
-    /// Undecodable shared-data states replaced by exhausted ones.
-    Repaired,
-    /// Decisions made on the overflow bucket because the caller's slot was held.
-    Overflowed,
-    /// Refunds (all-or-nothing across policies) that could not be written.
-    Unrefunded,
-    /// Requests forwarded by the failure outcome `allow`.
-    FailureAllowed,
-    /// Requests denied by the failure outcome `deny`.
-    FailureDenied,
-    /// Queued requests whose stream ended before their release.
-    Abandoned,
-}
-
-impl Counter {
-    /// Every counter, in a fixed order.
-    pub const ALL: [Self; 16] = [
-        Self::Offered,
-        Self::Allowed,
-        Self::Rejected,
-        Self::Queued,
-        Self::OverLimit,
-        Self::ShadowRejected,
-        Self::MissingKey,
-        Self::CasConflicts,
-        Self::CasExhausted,
-        Self::StoreErrors,
-        Self::Repaired,
-        Self::Overflowed,
-        Self::Unrefunded,
-        Self::FailureAllowed,
-        Self::FailureDenied,
-        Self::Abandoned,
-    ];
-
-    /// The metric name suffix.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Offered => "offered",
-            Self::Allowed => "allowed",
-            Self::Rejected => "rejected",
-            Self::Queued => "queued",
-            Self::OverLimit => "over_limit",
-            Self::ShadowRejected => "shadow_rejected",
-            Self::MissingKey => "missing_key",
-            Self::CasConflicts => "cas_conflicts",
-            Self::CasExhausted => "cas_exhausted",
-            Self::StoreErrors => "store_errors",
-            Self::Repaired => "repaired",
-            Self::Overflowed => "overflowed",
-            Self::Unrefunded => "unrefunded",
-            Self::FailureAllowed => "failure_allowed",
-            Self::FailureDenied => "failure_denied",
-            Self::Abandoned => "abandoned",
+macro_rules! counters {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = $text:literal $(gauge $gauge:tt)?,)* }) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $($(#[$doc])* $variant,)*
         }
-    }
 
-    /// Whether the metric is a gauge (it goes down as well as up).
-    pub const fn is_gauge(self) -> bool {
-        matches!(self, Self::Queued)
-    }
+        impl $name {
+            /// Every counter, in a fixed order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)*];
 
-    /// Position in [`Counter::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
+            /// The metric name suffix.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
+
+            /// Whether the metric is a gauge (it goes down as well as up).
+            pub const fn is_gauge(self) -> bool {
+                match self {
+                    $(Self::$variant => counters!(@gauge $($gauge)?),)*
+                }
+            }
+
+            /// Position in [`Self::ALL`].
+            pub const fn index(self) -> usize {
+                self as usize
+            }
+        }
+    };
+    (@gauge) => { false };
+    (@gauge $t:tt) => { true };
+}
+
+counters! {
+    /// The counters kept per policy. Names are `<stat_prefix>.<policy>.<name>`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Counter {
+        /// Requests the policy applied to, counted when their fate is known.
+        /// `Offered = Allowed + Rejected + Queued` at all times.
+        Offered = "offered",
+        /// Of those, requests forwarded upstream (now, after a shaping delay, or by a
+        /// failure rule). A queued request whose client left also counts here: it spent
+        /// its place in the queue (see `Abandoned`).
+        Allowed = "allowed",
+        /// Of those, requests answered with a rejection, whichever policy caused it.
+        Rejected = "rejected",
+        /// Gauge: requests paused by shaping right now.
+        Queued = "queued" gauge *,
+        /// This policy's own decision said no (the policy that binds): locally, or the
+        /// counter service for a global policy.
+        OverLimit = "over_limit",
+        /// This shadow policy would have rejected the request.
+        ShadowRejected = "shadow_rejected",
+        /// Requests missing a key part.
+        MissingKey = "missing_key",
+        /// Requests for which a host call failed while reading the key, the cost or a
+        /// match condition: the policy's `on_failure` decided.
+        ReadFailures = "read_failures",
+        /// CAS writes that lost a race and were retried.
+        CasConflicts = "cas_conflicts",
+        /// Decisions abandoned after every CAS attempt conflicted.
+        CasExhausted = "cas_exhausted",
+        /// Decisions that failed because the shared-data store failed.
+        StoreErrors = "store_errors",
+        /// Undecodable shared-data states replaced by exhausted ones.
+        Repaired = "repaired",
+        /// Decisions made on the overflow bucket because the caller's slot was held.
+        Overflowed = "overflowed",
+        /// Spends that could not be given back (all-or-nothing refunds): stricter, never looser.
+        Unrefunded = "unrefunded",
+        /// Requests forwarded by the failure action `allow`.
+        FailureAllowed = "failure_allowed",
+        /// Requests denied by the failure action `deny`.
+        FailureDenied = "failure_denied",
+        /// Queued requests whose stream ended before their release.
+        Abandoned = "abandoned",
+        /// Global: the counter service did not answer in time (Envoy's 504 or the filter's deadline).
+        DegradedTimeout = "degraded.timeout",
+        /// Global: the connection to the service was refused (Envoy's 503 "connection failure").
+        DegradedRefused = "degraded.refused",
+        /// Global: the call was reset (no response, a reset mid-answer, a protocol error).
+        DegradedReset = "degraded.reset",
+        /// Global: the service answered a status other than 200 (401 aside).
+        DegradedBadStatus = "degraded.bad_status",
+        /// Global: the service's answer could not be read.
+        DegradedBadBody = "degraded.bad_body",
+        /// Global: the service refused the filter's token (401).
+        DegradedUnauthorized = "degraded.unauthorized",
+        /// Global: the circuit breaker was open; no callout was made.
+        DegradedCircuitOpen = "degraded.circuit_open",
+        /// Global: the proxy refused to send the callout (unknown cluster).
+        DegradedDispatchFailed = "degraded.dispatch_failed",
+        /// Global: admitted by the emergency cap while the service could not decide.
+        EmergencyAllowed = "emergency.allowed",
+        /// Global: rejected by the emergency cap while the service could not decide.
+        EmergencyRejected = "emergency.rejected",
     }
 }
 
-/// A request built in a test: headers and properties as bytes.
-#[derive(Debug, Clone, Default)]
-pub struct FakeRequest {
-    headers: Vec<(String, Vec<u8>)>,
-    properties: HashMap<Vec<String>, Vec<u8>>,
-}
-
-impl FakeRequest {
-    /// A `GET` of `path` from `127.0.0.1`.
-    pub fn get(path: &str) -> Self {
-        Self::default()
-            .with_header(":method", "GET")
-            .with_header(":path", path)
-            .with_header(":authority", "example.com")
-            .with_property(&["source", "address"], "127.0.0.1:50000")
-    }
-
-    /// Adds a header.
-    #[must_use]
-    pub fn with_header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
-        self.headers.push((name.to_owned(), value.as_ref().to_vec()));
-        self
-    }
-
-    /// Sets a property.
-    #[must_use]
-    pub fn with_property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
-        self.properties.insert(path.iter().map(|s| (*s).to_owned()).collect(), value.as_ref().to_vec());
-        self
-    }
-
-    /// Removes a property.
-    #[must_use]
-    pub fn without_property(mut self, path: &[&str]) -> Self {
-        self.properties.remove(&path.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        self
-    }
-}
-
-impl RequestFacts for FakeRequest {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
-    }
-
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        self.properties.get(&path.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).cloned()
-    }
-}
-
-/// Metrics kept in memory, for tests.
-#[derive(Debug, Clone, Default)]
-pub struct RecordedMetrics(pub HashMap<(usize, Counter), i64>);
-
-impl RecordedMetrics {
-    /// The value of one counter.
-    pub fn get(&self, policy: usize, counter: Counter) -> i64 {
-        self.0.get(&(policy, counter)).copied().unwrap_or(0)
-    }
-}
-
-impl Metrics for RecordedMetrics {
-    fn add(&mut self, policy: usize, counter: Counter, delta: i64) {
-        *self.0.entry((policy, counter)).or_insert(0) += delta;
+counters! {
+    /// Counters kept once per plugin. Names are `<stat_prefix>.<name>`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum PluginCounter {
+        /// Callouts sent to the counter service.
+        Callouts = "counter_service.callouts",
+        /// Gauge: requests waiting for the counter service right now.
+        Waiting = "counter_service.waiting" gauge *,
+        /// Times this proxy's circuit breaker opened.
+        CircuitOpened = "counter_service.circuit_opened",
+        /// Shared-data keys this plugin created for buckets (bounded by the slot tables).
+        KeysCreated = "keys_created",
+        /// Local replies the host refused; the request was then reset or, if that failed
+        /// too, forwarded (and counted as allowed).
+        ReplyFailures = "reply_failures",
+        /// Paused requests the host would not resume (their stream had ended).
+        ResumeFailures = "resume_failures",
     }
 }

@@ -3,11 +3,15 @@
 //!
 //! # Layout
 //!
+//! Modules import only downwards: `wasm` → `engine` → `policy` → `config`, `host`.
+//!
 //! * [`config`]: the JSON configuration, parsed strictly and validated.
+//! * [`host`]: the ports the engine works through: request facts, metrics, callouts.
 //! * [`policy`]: request → does a policy apply, the caller's key, the cost.
-//! * [`engine`]: one atomic decision across all matching policies, and the response plan.
-//! * [`host`]: the port the engine reads requests through and reports metrics to, with
-//!   fakes for tests.
+//! * [`engine`]: one decision across every matching policy, local and global, in two
+//!   phases when the counter service is consulted; the response plan; the failure rule.
+//! * [`due`]: requests a worker holds, ordered by when they are due.
+//! * `testing` (native only, never in `sluice.wasm`): fakes of the ports.
 //! * `wasm` (wasm32 only): the proxy-wasm glue, and `abi`, the raw host calls wrapped so
 //!   that no host status can panic the VM.
 //!
@@ -16,9 +20,12 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod due;
 pub mod engine;
 pub mod host;
 pub mod policy;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
 
 #[cfg(target_arch = "wasm32")]
 mod abi;
@@ -26,4 +33,4 @@ mod abi;
 mod wasm;
 
 pub use config::{Config, ConfigError};
-pub use engine::{Engine, LocalResponse, Outcome};
+pub use engine::{Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, Tally};

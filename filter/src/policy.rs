@@ -1,9 +1,11 @@
 //! From a request to a policy's inputs: does the policy apply, what is the caller's key,
-//! what does the request cost. Everything works on bytes and never fails: a value that
-//! cannot be read is "missing", never an error.
+//! what does the request cost. Everything works on bytes and never panics. A value the
+//! request does not carry is "missing" (`Ok(None)`); a host call that fails is a
+//! [`HostFailure`], which the engine turns into the policy's `on_failure`, never into
+//! "missing" (that would let `on_missing_key: skip` admit silently).
 
 use crate::config::{Cost, HeaderCondition, KeyPart, Matcher, Policy};
-use crate::host::RequestFacts;
+use crate::host::{HostFailure, RequestFacts};
 use shared_store::HashKey;
 use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -35,31 +37,40 @@ fn query_parameter(path: &[u8], name: &[u8]) -> Option<Vec<u8>> {
 
 impl Matcher {
     /// Whether every condition holds for the request.
-    pub fn matches(&self, request: &impl RequestFacts) -> bool {
+    ///
+    /// # Errors
+    /// When the host fails a read the decision needs.
+    pub fn matches(&self, request: &impl RequestFacts) -> Result<bool, HostFailure> {
         if self.path_exact.is_some() || self.path_prefix.is_some() {
-            let Some(path) = request.header(":path") else { return false };
+            let Some(path) = request.header(":path")? else { return Ok(false) };
             let path = path_only(&path);
             if let Some(exact) = &self.path_exact
                 && path != exact.as_bytes()
             {
-                return false;
+                return Ok(false);
             }
             if let Some(prefix) = &self.path_prefix
                 && !path.starts_with(prefix.as_bytes())
             {
-                return false;
+                return Ok(false);
             }
         }
         if let Some(methods) = &self.methods {
-            let Some(method) = request.header(":method") else { return false };
+            let Some(method) = request.header(":method")? else { return Ok(false) };
             if !methods.iter().any(|m| m.as_bytes() == method.as_slice()) {
-                return false;
+                return Ok(false);
             }
         }
-        self.headers.iter().all(|condition| match condition {
-            HeaderCondition::Present(name, present) => request.header(name).is_some() == *present,
-            HeaderCondition::Equals(name, value) => request.header(name).is_some_and(|v| v == value.as_bytes()),
-        })
+        for condition in &self.headers {
+            let holds = match condition {
+                HeaderCondition::Present(name, present) => request.header(name)?.is_some() == *present,
+                HeaderCondition::Equals(name, value) => request.header(name)?.is_some_and(|v| v == value.as_bytes()),
+            };
+            if !holds {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -105,50 +116,76 @@ pub fn masked_address(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> Vec<u8> {
     }
 }
 
-/// Reads one key part; `None` when the request does not carry it.
-fn key_part<'a>(part: &'a KeyPart, request: &impl RequestFacts) -> Option<Cow<'a, [u8]>> {
+/// Reads one key part; `Ok(None)` when the request does not carry it.
+fn key_part<'a>(part: &'a KeyPart, request: &impl RequestFacts) -> Result<Option<Cow<'a, [u8]>>, HostFailure> {
     let value = match part {
-        KeyPart::Constant(value) => return Some(Cow::Borrowed(value.as_bytes())),
-        KeyPart::Header(name) => request.header(name),
-        KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => {
-            let address = request.property(&["source", "address"])?;
-            parse_address(&address).map(|ip| masked_address(ip, *ipv4_prefix, *ipv6_prefix))
-        }
-        KeyPart::Authority => request.header(":authority").map(|mut a| {
+        KeyPart::Constant(value) => return Ok(Some(Cow::Borrowed(value.as_bytes()))),
+        KeyPart::Header(name) => request.header(name)?,
+        KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => request
+            .property(&["source", "address"])?
+            .and_then(|address| parse_address(&address))
+            .map(|ip| masked_address(ip, *ipv4_prefix, *ipv6_prefix)),
+        KeyPart::Authority => request.header(":authority")?.map(|mut a| {
             a.make_ascii_lowercase();
             a
         }),
-        KeyPart::Path => request.header(":path").map(|p| path_only(&p).to_vec()),
-        KeyPart::Method => request.header(":method"),
-        KeyPart::QueryParameter(name) => query_parameter(&request.header(":path")?, name.as_bytes()),
+        KeyPart::Path => request.header(":path")?.map(|p| path_only(&p).to_vec()),
+        KeyPart::Method => request.header(":method")?,
+        KeyPart::QueryParameter(name) => {
+            request.header(":path")?.and_then(|path| query_parameter(&path, name.as_bytes()))
+        }
         KeyPart::Property(path) => {
             let segments: Vec<&str> = path.iter().map(String::as_str).collect();
-            request.property(&segments)
+            request.property(&segments)?
         }
     };
-    value.map(Cow::Owned)
+    Ok(value.map(Cow::Owned))
 }
 
 impl Policy {
     /// The caller's fingerprint: the keyed hash of the policy's descriptor (name,
-    /// version, one value per key part); `None` when any part is missing.
-    pub fn fingerprint(&self, request: &impl RequestFacts, secret: &HashKey) -> Option<u128> {
-        let mut hasher = secret.fingerprinter(&self.name, self.version);
-        for part in &self.key {
-            hasher.part(&key_part(part, request)?);
-        }
-        Some(hasher.finish())
+    /// version, one value per key part); `Ok(None)` when any part is missing.
+    ///
+    /// # Errors
+    /// When the host fails a read.
+    pub fn fingerprint(&self, request: &impl RequestFacts, secret: &HashKey) -> Result<Option<u128>, HostFailure> {
+        fingerprint_parts(&self.name, self.version, &self.key, request, secret)
     }
 
     /// What the request costs under this policy.
-    pub fn cost_of(&self, request: &impl RequestFacts) -> u64 {
-        match &self.cost {
+    ///
+    /// # Errors
+    /// When the host fails to read the cost header.
+    pub fn cost_of(&self, request: &impl RequestFacts) -> Result<u64, HostFailure> {
+        Ok(match &self.cost {
             Cost::Constant(cost) => *cost,
             Cost::Header { name, default, min, max } => {
-                request.header(name).and_then(|v| parse_cost(&v)).map_or(*default, |c| c.clamp(*min, *max))
+                request.header(name)?.and_then(|v| parse_cost(&v)).map_or(*default, |c| c.clamp(*min, *max))
             }
+        })
+    }
+}
+
+/// The keyed hash of `parts` as read from the request, under the name and version given
+/// (a policy's, or the partition's); `Ok(None)` when any part is missing.
+///
+/// # Errors
+/// When the host fails a read.
+pub fn fingerprint_parts(
+    name: &str,
+    version: u64,
+    parts: &[KeyPart],
+    request: &impl RequestFacts,
+    secret: &HashKey,
+) -> Result<Option<u128>, HostFailure> {
+    let mut hasher = secret.fingerprinter(name, version);
+    for part in parts {
+        match key_part(part, request)? {
+            Some(value) => hasher.part(&value),
+            None => return Ok(None),
         }
     }
+    Ok(Some(hasher.finish()))
 }
 
 /// A decimal integer, optionally surrounded by spaces or tabs; saturates at `u64::MAX`.

@@ -127,6 +127,9 @@ pub struct Admission {
     /// Refunds (after a partial all-or-nothing write) that could not be written. Each one
     /// leaves a limit slightly stricter than it should be, never looser.
     pub unrefunded: u32,
+    /// Keys this decision created (a slot or bucket written for the first time): what
+    /// a caller counts to show that shared data stays within its bounds.
+    pub created: u32,
 }
 
 impl Admission {
@@ -311,6 +314,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         let mut conflicts = 0;
         let mut repaired = 0;
         let mut unrefunded = 0;
+        let mut created = 0;
         for _ in 0..self.max_attempts {
             let now = self.clock.now();
             let mut plans: SmallVec<[Plan<'_>; MAX_INLINE_LIMITS]> = SmallVec::new();
@@ -366,7 +370,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                         None => self.create(plan.key, bytes),
                     });
                     match swap {
-                        Ok(Swap::Written) => {}
+                        Ok(Swap::Written) => created += u32::from(plan.cas.is_none()),
                         Ok(Swap::Conflict) => {
                             unrefunded += self.refund_all(requests, &plans, index);
                             conflict = true;
@@ -404,6 +408,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 repaired,
                 overflowed: u32::try_from(plans.iter().filter(|p| p.overflowed).count()).unwrap_or(u32::MAX),
                 unrefunded,
+                created,
             });
         }
         Err(LimitError::Contended { attempts: self.max_attempts })

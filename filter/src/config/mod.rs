@@ -7,8 +7,10 @@
 //! validation then reports every semantic problem it finds, one per line. Values the
 //! admission arithmetic cannot represent are rejected here, never discovered per request.
 
+pub mod global;
 pub mod raw;
 
+pub use global::{Breaker, CounterService, Global, Secret, SecretSource, Strategy};
 use raw::{
     DurationSpec, RawAlgorithm, RawConfig, RawCost, RawFailureAction, RawHeaderSet, RawKeyPart, RawMatch,
     RawMissingKey, RawOverflow, RawPolicy, RawResponse, RawShaping,
@@ -51,6 +53,8 @@ pub struct Config {
     pub shaping: Shaping,
     /// Metric name prefix.
     pub stat_prefix: String,
+    /// The counter service, for global policies.
+    pub counter_service: Option<CounterService>,
 }
 
 /// One validated policy.
@@ -76,6 +80,17 @@ pub struct Policy {
     pub slots: NonZeroU32,
     /// What happens when no decision can be made.
     pub on_failure: FailureOutcome,
+    /// Global policies: how the policy consults the counter service. `None`: local.
+    pub global: Option<Global>,
+    /// Global policies: the local cap that decides first while the service cannot.
+    pub emergency: Option<Limit>,
+}
+
+impl Policy {
+    /// Whether the policy's budget is kept by the counter service.
+    pub const fn is_global(&self) -> bool {
+        self.global.is_some()
+    }
 }
 
 /// One part of a key.
@@ -195,6 +210,8 @@ pub struct Response {
     pub on_rejected: HeaderSets,
     /// Headers on allowed responses.
     pub on_allowed: HeaderSets,
+    /// The header that names the fallback that decided, if configured.
+    pub fallback_header: Option<String>,
 }
 
 /// Pausing of shaped requests.
@@ -418,8 +435,30 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if !is_name(&stat_prefix) {
         issues.add("stat_prefix", format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {stat_prefix:?}"));
     }
+    let counter_service = raw.counter_service.map(|service| global::validate_counter_service(&mut issues, service));
+    for (index, policy) in policies.iter().enumerate() {
+        if !policy.is_global() {
+            continue;
+        }
+        let Some(service) = &counter_service else {
+            issues.add(
+                format!("policies[{index}].global"),
+                "needs a counter_service (at the top level) to keep its budget",
+            );
+            continue;
+        };
+        if let Some(missing) = service.partition.iter().find(|part| !policy.key.contains(part)) {
+            issues.add(
+                format!("policies[{index}].key"),
+                format!(
+                    "a global policy's key must include every part of counter_service.partition (missing {})",
+                    global::describe(missing)
+                ),
+            );
+        }
+    }
     if issues.0.is_empty() {
-        Ok(Config { policies, response, shaping, stat_prefix })
+        Ok(Config { policies, response, shaping, stat_prefix, counter_service })
     } else {
         Err(ConfigError::Invalid(issues.0))
     }
@@ -434,7 +473,22 @@ fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Po
         );
     }
     let limit = validate_limit(issues, path, &raw);
-    let key = validate_key(issues, path, raw.key);
+    let global = match (&raw.global, &limit) {
+        (Some(global), Some(limit)) => global::validate_global(issues, path, &raw, global, limit),
+        _ => None,
+    };
+    let emergency = match raw.on_failure.as_ref().and_then(|f| f.emergency.as_ref()) {
+        Some(_) if raw.global.is_none() => {
+            issues.add(
+                format!("{path}.on_failure.emergency"),
+                "only global policies have an emergency cap (a local policy decides in the proxy already)",
+            );
+            None
+        }
+        Some(emergency) => global::validate_emergency(issues, &format!("{path}.on_failure.emergency"), emergency),
+        None => None,
+    };
+    let key = validate_key(issues, &format!("{path}.key"), raw.key, false);
     let matcher = validate_match(issues, &format!("{path}.match"), raw.matcher.unwrap_or_default());
     let cost = limit.and_then(|limit| validate_cost(issues, path, raw.cost.as_ref(), limit.capacity()));
     let slots = match raw.slots {
@@ -482,19 +536,18 @@ fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Po
         version: raw.version,
         slots: slots?,
         on_failure,
+        global,
+        emergency,
     })
 }
 
-fn validate_key(issues: &mut Issues, path: &str, parts: Vec<RawKeyPart>) -> Vec<KeyPart> {
-    if parts.is_empty() {
-        issues.add(
-            format!("{path}.key"),
-            "expected at least one key part (use {\"constant\": \"all\"} for one shared bucket)",
-        );
+fn validate_key(issues: &mut Issues, path: &str, parts: Vec<RawKeyPart>, may_be_empty: bool) -> Vec<KeyPart> {
+    if parts.is_empty() && !may_be_empty {
+        issues.add(path, "expected at least one key part (use {\"constant\": \"all\"} for one shared bucket)");
     }
     let mut key = Vec::with_capacity(parts.len());
     for (i, part) in parts.into_iter().enumerate() {
-        let at = format!("{path}.key[{i}]");
+        let at = format!("{path}[{i}]");
         key.push(match part {
             RawKeyPart::Header(name) => {
                 header_name(issues, &format!("{at}.header"), &name);
@@ -823,7 +876,13 @@ fn validate_response(issues: &mut Issues, raw: RawResponse) -> Response {
     );
     let on_allowed =
         header_sets(issues, "response.headers_on_allowed", raw.headers_on_allowed.as_deref().unwrap_or(&[]), false);
-    Response { status, body, headers, on_rejected, on_allowed }
+    if let Some(name) = &raw.fallback_header {
+        header_name(issues, "response.fallback_header", name);
+        if RESERVED_HEADERS.contains(&name.as_str()) || headers.iter().any(|(n, _)| n == name) {
+            issues.add("response.fallback_header", format!("{name:?} is already a header of the response"));
+        }
+    }
+    Response { status, body, headers, on_rejected, on_allowed, fallback_header: raw.fallback_header }
 }
 
 fn validate_shaping(issues: &mut Issues, raw: RawShaping) -> Shaping {

@@ -29,6 +29,90 @@ pub struct RawConfig {
     /// Prefix of every metric name (`<stat_prefix>.<policy>.<counter>`). Default `sluice`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stat_prefix: Option<String>,
+    /// The central counter service that keeps the budgets of global policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter_service: Option<RawCounterService>,
+}
+
+/// How the filter reaches `sluice-counter`: one callout per request, for all of the
+/// request's global policies together.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCounterService {
+    /// The proxy's cluster for the service (in Envoy, a cluster name).
+    pub cluster: String,
+    /// The `:authority` of the callouts. Default: the cluster name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    /// The deadline of one callout, from `1ms` to `10s`; the filter enforces it itself
+    /// even if the proxy's own timeout never fires. Default `100ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationSpec>,
+    /// The bearer token the service expects, inline. It then appears in the proxy's
+    /// configuration dump: prefer `token_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// The name of the VM environment variable that holds the bearer token (Envoy:
+    /// `vm_config.environment_variables`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+    /// The key global keys are hashed with, inline: at least 16 bytes, the same on every
+    /// proxy. Prefer `hash_key_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<String>,
+    /// The name of the VM environment variable that holds the hash key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key_env: Option<String>,
+    /// Key parts whose hashed values name the hash tag of a check (on Redis Cluster: the
+    /// slot that decides all of a request's global policies). Every global policy's key
+    /// must include them. Default: none, so every counter shares one tag.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition: Vec<RawKeyPart>,
+    /// When to stop calling a failing service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<RawCircuitBreaker>,
+}
+
+/// The circuit breaker shared by the proxy's workers.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCircuitBreaker {
+    /// Consecutive failed callouts that open the circuit, 1 to 1000. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub failures: Option<u32>,
+    /// How long the circuit stays open before one probe may close it, `1ms` to `5m`.
+    /// Default `2s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown: Option<DurationSpec>,
+}
+
+/// A global policy: one budget across every proxy, kept by the counter service.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawGlobal {
+    /// How the proxy consults the service. `check`: every request waits for its decision.
+    pub strategy: RawStrategy,
+}
+
+/// How a global policy consults the counter service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RawStrategy {
+    /// Each request waits for the service's decision (one callout per request).
+    Check,
+}
+
+/// A local bucket that decides a global policy while the counter service cannot.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmergency {
+    /// Sustained rate per caller and proxy, as `"<n>/<second|minute|hour|day>"`.
+    pub rate: RateSpec,
+    /// The largest burst. Default: the rate's `<n>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
+    pub burst: Option<u64>,
 }
 
 /// One rate-limit policy.
@@ -88,10 +172,15 @@ pub struct RawPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_048_576))]
     pub slots: Option<u32>,
-    /// What happens when no decision can be made (CAS attempts exhausted, store error).
-    /// Default: deny with status 503.
+    /// What happens when no decision can be made (CAS attempts exhausted, store error, a
+    /// failed read of the request; for a global policy also a counter service that is
+    /// slow, unreachable or answers garbage). Default: deny with status 503.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<RawFailure>,
+    /// Makes the policy global: its budget is kept by the counter service and shared by
+    /// every proxy. Default: local (a budget per proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<RawGlobal>,
 }
 
 /// One part of a policy's key.
@@ -261,6 +350,10 @@ pub struct RawFailure {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 400, max = 599))]
     pub status: Option<u16>,
+    /// Global policies only: a local cap per caller that decides first while the counter
+    /// service cannot; `action` applies when the cap itself cannot decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emergency: Option<RawEmergency>,
 }
 
 /// Allow or deny.
@@ -296,6 +389,11 @@ pub struct RawResponse {
     /// Rate-limit headers on an allowed response. Default none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers_on_allowed: Option<Vec<RawHeaderSet>>,
+    /// A header (lower-case name) added to responses decided by a fallback while the
+    /// counter service could not decide: `emergency`, `fail_open` or `fail_closed`, with
+    /// the reason, such as `emergency; reason=timeout`. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_header: Option<String>,
 }
 
 /// A family of rate-limit headers.

@@ -1,13 +1,47 @@
 use super::*;
 use crate::config::Config;
-use crate::host::{FakeRequest, RecordedMetrics};
+use crate::config::MissingKey;
+use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics};
+use shared_store::{Cas, StoreError, Swap};
 use shared_store::{Entry, ManualClock, MemoryStore};
 use std::cell::Cell;
 
 const SECRET: HashKey = HashKey::new([7; 16]);
 
 fn engine(json: &str) -> Engine {
-    Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", SECRET)
+    Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", SECRET, |_| None).unwrap()
+}
+
+/// Decides a request with local policies only and settles it as the glue would.
+fn decide_tallied<S: Store, C: Clock>(
+    engine: &Engine,
+    request: &FakeRequest,
+    limiter: &Limiter<S, C>,
+    room: bool,
+    metrics: &mut RecordedMetrics,
+) -> (Outcome, Tally) {
+    let Begun::Decided(Decided { outcome, tally }) =
+        engine.begin(request, limiter, &mut FakeCallouts::default(), room, metrics)
+    else {
+        panic!("a local decision never waits")
+    };
+    let disposition = match &outcome {
+        Outcome::Continue { .. } => Disposition::Allowed,
+        Outcome::Reject(_) => Disposition::Rejected,
+        Outcome::Delay { .. } => Disposition::Queued,
+    };
+    engine.settle(&tally, disposition, metrics);
+    (outcome, tally)
+}
+
+fn decide<S: Store, C: Clock>(
+    engine: &Engine,
+    request: &FakeRequest,
+    limiter: &Limiter<S, C>,
+    room: bool,
+    metrics: &mut RecordedMetrics,
+) -> Outcome {
+    decide_tallied(engine, request, limiter, room, metrics).0
 }
 
 fn limiter() -> Limiter<MemoryStore, ManualClock> {
@@ -39,7 +73,7 @@ fn a_token_bucket_admits_its_burst_then_rejects_with_exact_headers() {
     let mut metrics = RecordedMetrics::default();
     let request = FakeRequest::get("/").with_header("x-api-key", "alice");
 
-    let outcomes: Vec<Outcome> = (0..4).map(|_| engine.decide(&request, &limiter, true, &mut metrics)).collect();
+    let outcomes: Vec<Outcome> = (0..4).map(|_| decide(&engine, &request, &limiter, true, &mut metrics)).collect();
 
     assert!(outcomes[..3].iter().all(is_continue));
     let response = rejected(&outcomes[3]);
@@ -66,13 +100,13 @@ fn a_caller_who_waits_the_exact_retry_after_is_admitted() {
     let mut metrics = RecordedMetrics::default();
     let request = FakeRequest::get("/").with_header("x-api-key", "alice");
     for _ in 0..3 {
-        engine.decide(&request, &limiter, true, &mut metrics);
+        decide(&engine, &request, &limiter, true, &mut metrics);
     }
 
     limiter.clock().advance(Nanos::from_millis(499));
-    let early = engine.decide(&request, &limiter, true, &mut metrics);
+    let early = decide(&engine, &request, &limiter, true, &mut metrics);
     limiter.clock().advance(Nanos::from_millis(1));
-    let on_time = engine.decide(&request, &limiter, true, &mut metrics);
+    let on_time = decide(&engine, &request, &limiter, true, &mut metrics);
 
     assert!(matches!(early, Outcome::Reject(_)));
     assert!(is_continue(&on_time));
@@ -84,10 +118,10 @@ fn different_keys_have_different_buckets() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
     for _ in 0..3 {
-        engine.decide(&FakeRequest::get("/").with_header("x-api-key", "alice"), &limiter, true, &mut metrics);
+        decide(&engine, &FakeRequest::get("/").with_header("x-api-key", "alice"), &limiter, true, &mut metrics);
     }
 
-    let bob = engine.decide(&FakeRequest::get("/").with_header("x-api-key", "bob"), &limiter, true, &mut metrics);
+    let bob = decide(&engine, &FakeRequest::get("/").with_header("x-api-key", "bob"), &limiter, true, &mut metrics);
 
     assert!(is_continue(&bob));
 }
@@ -101,7 +135,7 @@ fn a_rotating_forwarded_for_header_grants_nothing() {
     let admitted = (0..50)
         .filter(|i| {
             let request = FakeRequest::get("/").with_header("x-forwarded-for", format!("10.0.0.{i}"));
-            is_continue(&engine.decide(&request, &limiter, true, &mut metrics))
+            is_continue(&decide(&engine, &request, &limiter, true, &mut metrics))
         })
         .count();
 
@@ -122,8 +156,8 @@ fn a_request_rejected_by_one_policy_spends_nothing_in_the_others() {
     let other = FakeRequest::get("/items").with_header("x-tenant", "t1");
 
     let reports: Vec<bool> =
-        (0..5).map(|_| is_continue(&engine.decide(&report, &limiter, true, &mut metrics))).collect();
-    let others = (0..20).filter(|_| is_continue(&engine.decide(&other, &limiter, true, &mut metrics))).count();
+        (0..5).map(|_| is_continue(&decide(&engine, &report, &limiter, true, &mut metrics))).collect();
+    let others = (0..20).filter(|_| is_continue(&decide(&engine, &other, &limiter, true, &mut metrics))).count();
 
     assert_eq!(reports, [true, true, false, false, false]);
     // The tenant bucket (10) lost only the two admitted reports.
@@ -143,7 +177,7 @@ fn shadow_policies_count_but_never_reject_or_change_enforcement() {
     let mut metrics = RecordedMetrics::default();
     let request = FakeRequest::get("/").with_header("x-api-key", "k");
 
-    let admitted = (0..8).filter(|_| is_continue(&engine.decide(&request, &limiter, true, &mut metrics))).count();
+    let admitted = (0..8).filter(|_| is_continue(&decide(&engine, &request, &limiter, true, &mut metrics))).count();
 
     assert_eq!(admitted, 5);
     assert_eq!(metrics.get(1, Counter::ShadowRejected), 3);
@@ -165,11 +199,11 @@ fn requests_missing_the_key_share_one_bucket_by_default() {
     let mut metrics = RecordedMetrics::default();
 
     let admitted =
-        (0..5).filter(|_| is_continue(&engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+        (0..5).filter(|_| is_continue(&decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
 
     assert_eq!(admitted, 2);
     assert_eq!(metrics.get(0, Counter::MissingKey), 5);
-    assert_eq!(engine.config().policies[0].on_missing_key, MissingKey::Shared);
+    assert_eq!(engine.policies().next().unwrap().on_missing_key, MissingKey::Shared);
 }
 
 #[test]
@@ -179,7 +213,7 @@ fn requests_missing_the_key_skip_the_policy_when_configured() {
     let mut metrics = RecordedMetrics::default();
 
     let admitted =
-        (0..5).filter(|_| is_continue(&engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+        (0..5).filter(|_| is_continue(&decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
 
     assert_eq!(admitted, 5);
     assert_eq!(metrics.get(0, Counter::Offered), 0);
@@ -191,7 +225,7 @@ fn requests_missing_the_key_are_rejected_when_configured() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
 
-    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let outcome = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
     let response = rejected(&outcome);
     assert_eq!(response.status, 429);
@@ -212,7 +246,7 @@ fn header_costs_are_clamped_to_their_bounds() {
         if let Some(cost) = cost {
             request = request.with_header("x-cost", cost);
         }
-        engine.decide(&request, &limiter, true, metrics)
+        decide(&engine, &request, &limiter, true, metrics)
     };
 
     // 5 (clamped from 100) + 2 (clamped from 0) + 3 (default, unparsable) = 10.
@@ -233,7 +267,7 @@ fn the_strictest_policy_decides_the_allowed_headers() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
 
-    let Outcome::Continue { headers } = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics) else {
+    let Outcome::Continue { headers } = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics) else {
         panic!("expected an admission")
     };
 
@@ -251,9 +285,9 @@ fn the_policy_with_the_longest_wait_decides_the_rejection_headers() {
     );
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
-    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
-    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let outcome = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
     let response = rejected(&outcome);
     assert_eq!(header(&response.headers, "retry-after"), Some("60"));
@@ -270,7 +304,7 @@ fn a_shaping_policy_delays_requests_at_its_rate_and_bounds_the_queue() {
     let mut metrics = RecordedMetrics::default();
 
     let outcomes: Vec<Outcome> =
-        (0..4).map(|_| engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics)).collect();
+        (0..4).map(|_| decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics)).collect();
 
     assert!(is_continue(&outcomes[0]));
     let delays: Vec<Nanos> = outcomes[1..3]
@@ -294,11 +328,11 @@ fn released_and_abandoned_requests_keep_the_accounting_identity() {
     let engine = engine(SHAPED);
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
-    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
-    let delayed: Vec<Vec<usize>> = (0..2)
-        .map(|_| match engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics) {
-            Outcome::Delay { policies, .. } => policies,
-            other => panic!("expected a delay, got {other:?}"),
+    decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let delayed: Vec<Tally> = (0..2)
+        .map(|_| match decide_tallied(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics) {
+            (Outcome::Delay { .. }, tally) => tally,
+            (other, _) => panic!("expected a delay, got {other:?}"),
         })
         .collect();
 
@@ -316,9 +350,9 @@ fn a_delayed_request_is_rejected_when_no_more_can_be_paused() {
     let engine = engine(SHAPED);
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
-    engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
-    let outcome = engine.decide(&FakeRequest::get("/"), &limiter, false, &mut metrics);
+    let outcome = decide(&engine, &FakeRequest::get("/"), &limiter, false, &mut metrics);
 
     assert!(matches!(outcome, Outcome::Reject(_)));
     assert_eq!(metrics.get(0, Counter::Queued), 0);
@@ -333,8 +367,8 @@ fn a_policer_rejects_what_a_shaper_would_delay() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
 
-    let first = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
-    let second = engine.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let first = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
+    let second = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
     assert!(is_continue(&first));
     assert_eq!(header(&rejected(&second).headers, "retry-after"), Some("1"));
@@ -373,7 +407,7 @@ fn a_store_error_denies_with_the_default_failure_status() {
     let mut metrics = RecordedMetrics::default();
 
     let outcome =
-        engine.decide(&FakeRequest::get("/").with_header("x-api-key", "a"), &broken(false), true, &mut metrics);
+        decide(&engine, &FakeRequest::get("/").with_header("x-api-key", "a"), &broken(false), true, &mut metrics);
 
     assert_eq!(rejected(&outcome).status, 503);
     assert_eq!(metrics.get(0, Counter::StoreErrors), 1);
@@ -388,7 +422,7 @@ fn exhausted_cas_attempts_follow_the_configured_allow_outcome_and_are_counted() 
     );
     let mut metrics = RecordedMetrics::default();
 
-    let outcome = engine.decide(&FakeRequest::get("/"), &broken(true), true, &mut metrics);
+    let outcome = decide(&engine, &FakeRequest::get("/"), &broken(true), true, &mut metrics);
 
     assert!(is_continue(&outcome));
     assert_eq!(metrics.get(0, Counter::CasExhausted), 1);
@@ -406,7 +440,7 @@ fn any_deny_among_the_failing_policies_denies() {
     );
     let mut metrics = RecordedMetrics::default();
 
-    let outcome = engine.decide(&FakeRequest::get("/"), &broken(true), true, &mut metrics);
+    let outcome = decide(&engine, &FakeRequest::get("/"), &broken(true), true, &mut metrics);
 
     assert_eq!(rejected(&outcome).status, 429);
 }
@@ -461,7 +495,13 @@ fn keys_in_shared_data_carry_no_raw_identity() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
 
-    engine.decide(&FakeRequest::get("/").with_header("x-api-key", "secret-api-key-123"), &limiter, true, &mut metrics);
+    decide(
+        &engine,
+        &FakeRequest::get("/").with_header("x-api-key", "secret-api-key-123"),
+        &limiter,
+        true,
+        &mut metrics,
+    );
 
     for (key, value) in limiter.store().entries() {
         assert!(!key.contains("secret-api-key"), "{key}");
@@ -485,11 +525,11 @@ fn a_changed_burst_carries_buckets_over_instead_of_refilling_them() {
     let before = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":10}]}"#);
     let raised = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":20}]}"#);
     for _ in 0..10 {
-        before.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+        decide(&before, &FakeRequest::get("/"), &limiter, true, &mut metrics);
     }
 
     let admitted =
-        (0..30).filter(|_| is_continue(&raised.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+        (0..30).filter(|_| is_continue(&decide(&raised, &FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
 
     // The empty bucket stays empty: a raise is no reason to hand out a fresh burst.
     assert_eq!(admitted, 0);
@@ -501,10 +541,11 @@ fn a_lowered_burst_clamps_existing_buckets() {
     let mut metrics = RecordedMetrics::default();
     let before = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":10}]}"#);
     let lowered = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":3}]}"#);
-    before.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+    decide(&before, &FakeRequest::get("/"), &limiter, true, &mut metrics);
 
-    let admitted =
-        (0..30).filter(|_| is_continue(&lowered.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+    let admitted = (0..30)
+        .filter(|_| is_continue(&decide(&lowered, &FakeRequest::get("/"), &limiter, true, &mut metrics)))
+        .count();
 
     assert_eq!(admitted, 3);
 }
@@ -516,11 +557,11 @@ fn a_version_bump_starts_fresh_buckets() {
     let v0 = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":2}]}"#);
     let v1 = engine(r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":2,"version":1}]}"#);
     for _ in 0..2 {
-        v0.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics);
+        decide(&v0, &FakeRequest::get("/"), &limiter, true, &mut metrics);
     }
 
     let admitted =
-        (0..5).filter(|_| is_continue(&v1.decide(&FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
+        (0..5).filter(|_| is_continue(&decide(&v1, &FakeRequest::get("/"), &limiter, true, &mut metrics))).count();
 
     assert_eq!(admitted, 2);
 }
@@ -541,7 +582,7 @@ fn hostile_header_bytes_get_a_decision() {
         .with_header(":authority", [0xfe, b'A'])
         .with_property(&["source", "address"], [0xff, 0x00]);
 
-    let outcome = engine.decide(&request, &limiter, true, &mut metrics);
+    let outcome = decide(&engine, &request, &limiter, true, &mut metrics);
 
     assert!(is_continue(&outcome));
 }

@@ -1,0 +1,304 @@
+//! The configuration of global policies: the counter service, how a policy consults it,
+//! and its emergency cap. The numbers a global policy sends are validated with the
+//! service's own rules ([`sluice_protocol::LimitSpec::validate`]), so a configuration
+//! the filter accepts is never refused by the service.
+
+use super::raw::{
+    DurationSpec, RateSpec, RawAlgorithm, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawPolicy,
+    RawStrategy,
+};
+use super::{Issues, KeyPart, amount, is_header_value, validate_key};
+use shared_store::{Limit, Nanos, Rate};
+use sluice_protocol::LimitSpec;
+use std::fmt;
+
+/// Shortest callout deadline.
+pub const MIN_TIMEOUT_MS: u128 = 1;
+/// Longest callout deadline: a request waits at most this long for the service.
+pub const MAX_TIMEOUT_MS: u128 = 10_000;
+/// Default callout deadline.
+pub const DEFAULT_TIMEOUT_MS: u32 = 100;
+/// Default consecutive failures that open the circuit.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// Default time the circuit stays open.
+pub const DEFAULT_BREAKER_COOLDOWN_MS: u64 = 2_000;
+/// Longest time the circuit stays open.
+pub const MAX_BREAKER_COOLDOWN_MS: u128 = 5 * 60 * 1000;
+/// Shortest hash key: 128 bits.
+pub const MIN_HASH_KEY_BYTES: usize = 16;
+/// Longest secret (token or hash key).
+pub const MAX_SECRET_BYTES: usize = 4096;
+
+/// A secret read from the configuration or the VM's environment. Its `Debug` form never
+/// shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Where a secret comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// Written in the configuration.
+    Inline(Secret),
+    /// An environment variable of the VM, read when the configuration is applied.
+    Env(String),
+}
+
+/// How the filter reaches the counter service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterService {
+    /// The proxy's cluster name.
+    pub cluster: String,
+    /// `:authority` of the callouts.
+    pub authority: String,
+    /// Deadline of one callout, in milliseconds (never 0).
+    pub timeout_ms: u32,
+    /// The bearer token, if the service needs one.
+    pub token: Option<SecretSource>,
+    /// The key global keys are hashed with.
+    pub hash_key: SecretSource,
+    /// Key parts naming a check's hash tag.
+    pub partition: Vec<KeyPart>,
+    /// The circuit breaker.
+    pub breaker: Breaker,
+}
+
+impl CounterService {
+    /// The deadline as a duration.
+    pub fn timeout(&self) -> Nanos {
+        Nanos::from_millis(u64::from(self.timeout_ms))
+    }
+}
+
+/// When the circuit opens and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    /// Consecutive failures that open it.
+    pub failures: u32,
+    /// How long it stays open before a probe.
+    pub cooldown: Nanos,
+}
+
+/// How a global policy consults the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every request waits for the service's decision.
+    Check,
+}
+
+/// A global policy's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Global {
+    /// How it consults the service.
+    pub strategy: Strategy,
+    /// Its limit as the service receives it.
+    pub spec: LimitSpec,
+}
+
+fn env_name(issues: &mut Issues, path: &str, name: &str) {
+    if name.is_empty() || name.len() > 256 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        issues.add(path, format!("expected an environment variable name (A-Z a-z 0-9 _), got {name:?}"));
+    }
+}
+
+fn secret_source(
+    issues: &mut Issues,
+    path: &str,
+    (inline_field, inline): (&str, Option<String>),
+    (env_field, env): (&str, Option<String>),
+) -> Option<SecretSource> {
+    match (inline, env) {
+        (Some(_), Some(_)) => {
+            issues.add(format!("{path}.{inline_field}"), format!("cannot be combined with {env_field}"));
+            None
+        }
+        (Some(value), None) => {
+            if value.is_empty() || value.len() > MAX_SECRET_BYTES || !value.bytes().all(|b| b.is_ascii_graphic()) {
+                // Never echo a secret in a message.
+                issues.add(
+                    format!("{path}.{inline_field}"),
+                    format!("expected 1 to {MAX_SECRET_BYTES} visible ASCII characters without spaces"),
+                );
+            }
+            Some(SecretSource::Inline(Secret(value)))
+        }
+        (None, Some(name)) => {
+            env_name(issues, &format!("{path}.{env_field}"), &name);
+            Some(SecretSource::Env(name))
+        }
+        (None, None) => None,
+    }
+}
+
+fn timeout_ms(issues: &mut Issues, path: &str, spec: Option<DurationSpec>) -> u32 {
+    let Some(spec) = spec else { return DEFAULT_TIMEOUT_MS };
+    if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&spec.millis) {
+        issues.add(path, format!("must be between 1ms and 10s, got \"{}{}\"", spec.amount, spec.unit));
+        return DEFAULT_TIMEOUT_MS;
+    }
+    u32::try_from(spec.millis).unwrap_or(DEFAULT_TIMEOUT_MS)
+}
+
+fn breaker(issues: &mut Issues, path: &str, raw: Option<RawCircuitBreaker>) -> Breaker {
+    let raw = raw.unwrap_or(RawCircuitBreaker { failures: None, cooldown: None });
+    let failures = raw.failures.unwrap_or(DEFAULT_BREAKER_FAILURES);
+    if !(1..=1000).contains(&failures) {
+        issues.add(format!("{path}.failures"), format!("must be between 1 and 1000, got {failures}"));
+    }
+    let cooldown = match raw.cooldown {
+        None => Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS),
+        Some(spec) if (1..=MAX_BREAKER_COOLDOWN_MS).contains(&spec.millis) => {
+            Nanos::from_millis(u64::try_from(spec.millis).unwrap_or(DEFAULT_BREAKER_COOLDOWN_MS))
+        }
+        Some(spec) => {
+            issues.add(
+                format!("{path}.cooldown"),
+                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
+            );
+            Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS)
+        }
+    };
+    Breaker { failures, cooldown }
+}
+
+/// Validates the `counter_service` block.
+pub(super) fn validate_counter_service(issues: &mut Issues, raw: RawCounterService) -> CounterService {
+    let path = "counter_service";
+    if raw.cluster.is_empty() || raw.cluster.len() > 256 || !is_header_value(&raw.cluster) {
+        issues.add(format!("{path}.cluster"), format!("expected a cluster name, got {:?}", raw.cluster));
+    }
+    let authority = raw.authority.unwrap_or_else(|| raw.cluster.clone());
+    if authority.is_empty() || !authority.bytes().all(|b| b.is_ascii_graphic()) {
+        issues.add(
+            format!("{path}.authority"),
+            format!("expected a host name such as \"sluice-counter\", got {authority:?}"),
+        );
+    }
+    let timeout_ms = timeout_ms(issues, &format!("{path}.timeout"), raw.timeout);
+    let token = secret_source(issues, path, ("token", raw.token), ("token_env", raw.token_env));
+    let hash_key = secret_source(issues, path, ("hash_key", raw.hash_key), ("hash_key_env", raw.hash_key_env));
+    if let Some(SecretSource::Inline(key)) = &hash_key
+        && key.0.len() < MIN_HASH_KEY_BYTES
+    {
+        issues.add(format!("{path}.hash_key"), format!("must be at least {MIN_HASH_KEY_BYTES} bytes"));
+    }
+    let hash_key = hash_key.unwrap_or_else(|| {
+        issues.add(
+            path,
+            "expected hash_key_env (or hash_key): the key global keys are hashed with, the same on every proxy",
+        );
+        SecretSource::Env(String::new())
+    });
+    let partition = validate_key(issues, &format!("{path}.partition"), raw.partition, true);
+    let breaker = breaker(issues, &format!("{path}.circuit_breaker"), raw.circuit_breaker);
+    CounterService { cluster: raw.cluster, authority, timeout_ms, token, hash_key, partition, breaker }
+}
+
+/// The service's form of a policy's limit, validated by the service's own rules.
+pub(super) fn validate_global(
+    issues: &mut Issues,
+    path: &str,
+    raw: &RawPolicy,
+    global: &RawGlobal,
+    limit: &Limit,
+) -> Option<Global> {
+    let strategy = match global.strategy {
+        RawStrategy::Check => Strategy::Check,
+    };
+    if raw.shadow {
+        issues.add(format!("{path}.shadow"), "is not available for global policies");
+        return None;
+    }
+    let rate_ms = |rate: Option<RateSpec>| rate.map(|r| (r.amount, r.per_secs.saturating_mul(1000)));
+    let millis = |spec: Option<DurationSpec>| spec.map(|d| u64::try_from(d.millis).unwrap_or(u64::MAX));
+    let spec = match (raw.algorithm, *limit) {
+        (RawAlgorithm::TokenBucket, Limit::TokenBucket { burst, .. }) => {
+            let (amount, per_ms) = rate_ms(raw.rate)?;
+            LimitSpec::TokenBucket { amount, per_ms, burst }
+        }
+        (RawAlgorithm::LeakyBucket, Limit::LeakyBucket { max_queue, .. }) => {
+            let (amount, per_ms) = rate_ms(raw.rate)?;
+            LimitSpec::LeakyBucket { amount, per_ms, max_queue, max_wait_ms: millis(raw.max_wait).unwrap_or(0) }
+        }
+        (RawAlgorithm::FixedWindow, Limit::FixedWindow { limit, .. }) => {
+            LimitSpec::FixedWindow { limit, window_ms: millis(raw.window)? }
+        }
+        (RawAlgorithm::SlidingWindow, Limit::SlidingWindow { limit, .. }) => {
+            LimitSpec::SlidingWindow { limit, window_ms: millis(raw.window)? }
+        }
+        (RawAlgorithm::SlidingLog, Limit::SlidingLog { limit, .. }) => {
+            LimitSpec::SlidingLog { limit, window_ms: millis(raw.window)? }
+        }
+        _ => return None,
+    };
+    if let Err(error) = spec.validate() {
+        let field = match error.field() {
+            "limit.amount" | "limit.per_ms" => "rate",
+            "limit.burst" => "burst",
+            "limit.limit" => "limit",
+            "limit.window_ms" => "window",
+            "limit.max_queue" => "queue",
+            "limit.max_wait_ms" => "max_wait",
+            _ => "global",
+        };
+        let text = error.to_string();
+        let reason = text.strip_prefix(&format!("{}: ", error.field())).unwrap_or(&text).to_owned();
+        issues.add(format!("{path}.{field}"), format!("the counter service cannot hold this limit: {reason}"));
+        return None;
+    }
+    Some(Global { strategy, spec })
+}
+
+/// The emergency cap: a token bucket per caller and proxy.
+pub(super) fn validate_emergency(issues: &mut Issues, path: &str, raw: &RawEmergency) -> Option<Limit> {
+    let amount = amount(issues, &format!("{path}.rate"), raw.rate.amount)?;
+    let burst = amount_or(issues, &format!("{path}.burst"), raw.burst, raw.rate.amount)?;
+    let rate = Rate::new(amount, Nanos::from_secs(raw.rate.per_secs))?;
+    let refill = u128::from(burst) * u128::from(rate.per().0) / u128::from(rate.amount());
+    if refill > u128::from(u64::MAX) {
+        issues.add(format!("{path}.burst"), "takes longer than 584 years to refill at this rate");
+        return None;
+    }
+    Limit::token_bucket(rate, burst).ok()
+}
+
+fn amount_or(issues: &mut Issues, path: &str, value: Option<u64>, default: u64) -> Option<u64> {
+    match value {
+        Some(value) => amount(issues, path, value),
+        None => Some(default),
+    }
+}
+
+/// How a key part is written in the configuration, for messages.
+pub(super) fn describe(part: &KeyPart) -> String {
+    match part {
+        KeyPart::Header(name) => format!("{{\"header\": {name:?}}}"),
+        KeyPart::ClientAddress { ipv4_prefix: 32, ipv6_prefix: 128 } => "\"client_address\"".to_owned(),
+        KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => {
+            format!("{{\"masked_client_address\": {{\"ipv4_prefix\": {ipv4_prefix}, \"ipv6_prefix\": {ipv6_prefix}}}}}")
+        }
+        KeyPart::Authority => "\"authority\"".to_owned(),
+        KeyPart::Path => "\"path\"".to_owned(),
+        KeyPart::Method => "\"method\"".to_owned(),
+        KeyPart::QueryParameter(name) => format!("{{\"query_parameter\": {name:?}}}"),
+        KeyPart::Property(path) => format!("{{\"property\": {path:?}}}"),
+        KeyPart::Constant(value) => format!("{{\"constant\": {value:?}}}"),
+    }
+}

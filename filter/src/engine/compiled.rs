@@ -1,0 +1,91 @@
+//! One compiled struct per policy: the validated policy with everything the request
+//! path needs beside it (its slot table, the key shared by callers missing a key part,
+//! or for a global policy the limit the service receives and the emergency cap).
+
+use super::namespace::{emergency_table, local_table};
+use crate::config::Policy;
+use shared_store::{Limit, Placement, SlotTable};
+use sluice_protocol::LimitSpec;
+
+/// A policy, compiled against one plugin's namespace.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    /// Its position in the configuration: the metric index.
+    pub(crate) index: usize,
+    /// As configured.
+    pub(crate) policy: Policy,
+    /// Where its budget lives.
+    pub(crate) home: Home,
+}
+
+/// Where a policy's budget lives.
+#[derive(Debug)]
+pub(crate) enum Home {
+    /// In this proxy's shared data.
+    Local(Table),
+    /// At the counter service; `cap` decides while the service cannot.
+    Global {
+        /// The limit as the service receives it.
+        spec: LimitSpec,
+        /// The emergency cap, a local bucket per caller.
+        cap: Option<Cap>,
+    },
+}
+
+/// A slot table with its companions in shared data.
+#[derive(Debug)]
+pub(crate) struct Table {
+    /// The callers' slots and the overflow bucket.
+    pub(crate) slots: SlotTable,
+    /// The bucket shared by requests missing a key part.
+    pub(crate) missing: Placement,
+    /// The key recording the table's size.
+    pub(crate) meta: String,
+}
+
+impl Table {
+    fn new(base: String, slots: std::num::NonZeroU32) -> Self {
+        let missing = Placement::dedicated(format!("{base}missing"));
+        let meta = format!("{base}meta");
+        Self { slots: SlotTable::new(base, slots), missing, meta }
+    }
+
+    /// Every key the table can create: slots, overflow, missing bucket and size record.
+    pub(crate) fn max_keys(&self) -> u64 {
+        self.slots.max_keys().saturating_add(2)
+    }
+}
+
+/// A global policy's emergency cap.
+#[derive(Debug)]
+pub(crate) struct Cap {
+    /// Its numbers.
+    pub(crate) limit: Limit,
+    /// Its buckets.
+    pub(crate) table: Table,
+}
+
+impl Compiled {
+    /// Compiles `policy`, the `index`-th of the configuration, under `prefix`.
+    pub(crate) fn new(index: usize, policy: Policy, prefix: &str) -> Self {
+        let home = match (&policy.global, policy.emergency) {
+            (Some(global), emergency) => Home::Global {
+                spec: global.spec,
+                cap: emergency.map(|limit| Cap {
+                    limit,
+                    table: Table::new(emergency_table(prefix, &policy.name, policy.version), policy.slots),
+                }),
+            },
+            (None, _) => Home::Local(Table::new(local_table(prefix, &policy.name, policy.version), policy.slots)),
+        };
+        Self { index, policy, home }
+    }
+
+    /// The slot tables it keeps in shared data (none, or one).
+    pub(crate) fn table(&self) -> Option<&Table> {
+        match &self.home {
+            Home::Local(table) => Some(table),
+            Home::Global { cap, .. } => cap.as_ref().map(|c| &c.table),
+        }
+    }
+}

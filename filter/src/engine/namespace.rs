@@ -1,0 +1,103 @@
+//! Where everything lives in shared data: one namespace per plugin, keys derived from
+//! the plugin's identity, the policy and its version, never from request data.
+//!
+//! ```text
+//! sluice/<plugin_name>/<root_id>/secret            the per-proxy hash secret
+//! sluice/<plugin_name>/<root_id>/anchor            written to obtain fresh CAS tokens
+//! sluice/<plugin_name>/<root_id>/breaker           the counter service's circuit breaker
+//! sluice/<plugin_name>/<root_id>/p/<policy>/v<n>/  a local policy's slot table, `missing`, `meta`
+//! sluice/<plugin_name>/<root_id>/e/<policy>/v<n>/  a global policy's emergency-cap table
+//! ```
+
+use shared_store::{HashKey, Store, StoreError, Swap};
+
+/// Encodes a plugin identity (name and root id, any bytes) into a key prefix that
+/// cannot collide with another identity: bytes outside `A-Z a-z 0-9 _ . -` are
+/// percent-encoded, and `/` separates the parts.
+pub fn plugin_prefix(plugin_name: &[u8], root_id: &[u8]) -> String {
+    fn encode(out: &mut String, bytes: &[u8]) {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        for &b in bytes {
+            if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-') {
+                out.push(char::from(b));
+            } else {
+                out.push('%');
+                out.push(char::from(HEX.get(usize::from(b >> 4)).copied().unwrap_or(b'0')));
+                out.push(char::from(HEX.get(usize::from(b & 15)).copied().unwrap_or(b'0')));
+            }
+        }
+    }
+    let mut out = String::from("sluice/");
+    encode(&mut out, plugin_name);
+    out.push('/');
+    encode(&mut out, root_id);
+    out.push('/');
+    out
+}
+
+/// The key under which the plugin's hash secret is kept.
+pub fn secret_key(prefix: &str) -> String {
+    format!("{prefix}secret")
+}
+
+/// The key the limiter writes to create keys atomically.
+pub fn anchor_key(prefix: &str) -> String {
+    format!("{prefix}anchor")
+}
+
+/// The key of the counter service's circuit breaker.
+pub fn breaker_key(prefix: &str) -> String {
+    format!("{prefix}breaker")
+}
+
+/// The prefix of a local policy's keys.
+pub fn local_table(prefix: &str, policy: &str, version: u64) -> String {
+    format!("{prefix}p/{policy}/v{version}/")
+}
+
+/// The prefix of a global policy's emergency-cap keys.
+pub fn emergency_table(prefix: &str, policy: &str, version: u64) -> String {
+    format!("{prefix}e/{policy}/v{version}/")
+}
+
+/// Establishes the hash secret all workers of a proxy share: the first worker to get
+/// here stores `candidate`; every other worker, racing or later, adopts the stored one
+/// (created with [`shared_store::create`], so a second creator conflicts instead of
+/// overwriting).
+///
+/// # Errors
+/// When the store fails, or keeps conflicting.
+pub fn establish_secret(store: &impl Store, prefix: &str, candidate: [u8; 16]) -> Result<HashKey, StoreError> {
+    let key = secret_key(prefix);
+    let anchor = anchor_key(prefix);
+    for _ in 0..shared_store::DEFAULT_MAX_ATTEMPTS {
+        if let Some(entry) = store.get(&key)? {
+            if let Ok(bytes) = <[u8; 16]>::try_from(entry.value.as_slice()) {
+                return Ok(HashKey::new(bytes));
+            }
+            // Damaged: replace it, conditionally, so racing repairs agree.
+            let _: Swap = store.set(&key, &candidate, Some(entry.cas))?;
+            continue;
+        }
+        // Written or Conflict: either way, read back what won.
+        let _: Swap = shared_store::create(store, &anchor, &key, &candidate)?;
+    }
+    Err(StoreError { operation: "create of the hash secret", status: None })
+}
+
+/// The key global keys are hashed with, derived from the operator's secret: the same on
+/// every proxy that is given the same secret, and unrelated to it for anyone who is not.
+pub fn global_hash_key(secret: &[u8]) -> HashKey {
+    // SipHash keyed with zeros is a fixed public function here: what makes the result
+    // secret is the operator's input (at least 128 bits, enforced by the configuration).
+    let mut input = b"sluice/global-hash-key/v1\0".to_vec();
+    input.extend_from_slice(secret);
+    HashKey::new(HashKey::new([0; 16]).fingerprint(&input).to_le_bytes())
+}
+
+/// A 128-bit fingerprint as 32 lower-case hex digits: how global keys and tags reach the
+/// counter service.
+pub fn hex128(value: u128) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    (0..32).rev().map(|i| char::from(HEX.get(((value >> (i * 4)) & 15) as usize).copied().unwrap_or(b'0'))).collect()
+}
