@@ -36,7 +36,7 @@ pub mod namespace;
 mod resolve;
 pub mod wire;
 
-use crate::config::{Config, FailureOutcome, Policy, Response, SecretSource, Shaping};
+use crate::config::{Config, FailureOutcome, Policy, Response, Secret, SecretSource, Shaping};
 use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
 use breaker::{Admit, CircuitBreaker};
 use compiled::{Compiled, Home};
@@ -142,7 +142,8 @@ struct Service {
     authority: String,
     timeout_ms: u32,
     timeout: Nanos,
-    authorization: Option<String>,
+    /// `Bearer <token>`: a [`Secret`] so that no `Debug` print shows it.
+    authorization: Option<Secret>,
     partition: Vec<crate::config::KeyPart>,
     secret: HashKey,
     breaker: CircuitBreaker,
@@ -213,7 +214,7 @@ impl Engine {
                 let hash_key =
                     self::secret(&service.hash_key, "hash_key", &env, crate::config::global::MIN_HASH_KEY_BYTES)?;
                 let authorization = match &service.token {
-                    Some(source) => Some(format!("Bearer {}", self::secret(source, "token", &env, 1)?)),
+                    Some(source) => Some(Secret::new(format!("Bearer {}", self::secret(source, "token", &env, 1)?))),
                     None => None,
                 };
                 let timeout = service.timeout();
@@ -389,7 +390,7 @@ impl Engine {
             ("content-type", "application/json"),
         ];
         if let Some(authorization) = &service.authorization {
-            headers.push(("authorization", authorization));
+            headers.push(("authorization", authorization.expose()));
         }
         let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
         match callouts.dispatch(&call) {
@@ -702,5 +703,7 @@ fn count_error(metrics: &mut impl Metrics, policy: usize, error: &LimitError) {
     }
 }
 
+#[cfg(test)]
+mod global_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,477 @@
+//! Global policies natively: the check the engine sends, what it makes of every kind of
+//! answer, the failure rule, the circuit breaker, all-or-nothing with local policies.
+
+use super::*;
+use crate::config::Config;
+use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics};
+use shared_store::{ManualClock, MemoryStore};
+
+const SECRET: HashKey = HashKey::new([7; 16]);
+const HASH_KEY: &str = "0123456789abcdef-operator-key";
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "HASH" => Some(HASH_KEY.to_owned()),
+        "TOKEN" => Some("s3cret-token".to_owned()),
+        _ => None,
+    }
+}
+
+fn engine(json: &str) -> Engine {
+    engine_with_secret(json, SECRET)
+}
+
+fn engine_with_secret(json: &str, secret: HashKey) -> Engine {
+    Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", secret, env).unwrap()
+}
+
+fn limiter() -> Limiter<MemoryStore, ManualClock> {
+    Limiter::new(MemoryStore::new(), ManualClock::at(Nanos::from_secs(1000)))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+/// A local per-client window and a global per-tenant bucket with an emergency cap.
+const LAYERED: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "token_env": "TOKEN", "timeout": "50ms",
+                      "circuit_breaker": {"failures": 3, "cooldown": "1s"}},
+  "policies": [
+    {"name": "client", "key": [{"header": "x-client"}], "algorithm": "fixed_window", "limit": 3, "window": "1m"},
+    {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/minute", "burst": 10,
+     "global": {"strategy": "check"},
+     "on_failure": {"action": "deny", "emergency": {"rate": "1/minute", "burst": 2}}}
+  ],
+  "response": {"fallback_header": "x-sluice-fallback", "headers_on_allowed": ["ratelimit"]}
+}"#;
+
+fn request() -> FakeRequest {
+    FakeRequest::get("/").with_header("x-client", "alice").with_header("x-tenant", "acme")
+}
+
+fn begin(
+    engine: &Engine,
+    request: &FakeRequest,
+    limiter: &Limiter<MemoryStore, ManualClock>,
+    callouts: &mut FakeCallouts,
+    metrics: &mut RecordedMetrics,
+) -> Begun {
+    engine.begin(request, limiter, callouts, true, metrics)
+}
+
+fn waiting(begun: Begun) -> Box<Pending> {
+    match begun {
+        Begun::Waiting(pending) => pending,
+        Begun::Decided(decided) => panic!("expected a callout, got {decided:?}"),
+    }
+}
+
+fn decided(begun: Begun) -> Decided {
+    match begun {
+        Begun::Decided(decided) => decided,
+        Begun::Waiting(pending) => panic!("expected a decision, got a callout {}", pending.token),
+    }
+}
+
+fn entry(verdict: &str, remaining: u64, retry_after_ns: u64) -> String {
+    format!(
+        r#"{{"verdict":"{verdict}","limit":10,"remaining":{remaining},"reset_after_ns":6000000000,
+            "retry_after_ns":{retry_after_ns},"delay_ns":0}}"#
+    )
+}
+
+fn answer(admitted: bool, entries: &[String]) -> CalloutAnswer {
+    let body = format!(r#"{{"admitted":{admitted},"at_ns":1,"entries":[{}]}}"#, entries.join(","));
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
+}
+
+fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
+    let disposition = match decided.outcome {
+        Outcome::Continue { .. } => Disposition::Allowed,
+        Outcome::Reject(_) => Disposition::Rejected,
+        Outcome::Delay { .. } => Disposition::Queued,
+    };
+    engine.settle(&decided.tally, disposition, metrics);
+}
+
+fn status(decided: &Decided) -> u16 {
+    match &decided.outcome {
+        Outcome::Reject(response) => response.status,
+        Outcome::Continue { .. } | Outcome::Delay { .. } => 200,
+    }
+}
+
+fn response_headers(decided: &Decided) -> &[(String, String)] {
+    match &decided.outcome {
+        Outcome::Reject(response) => &response.headers,
+        Outcome::Continue { headers } | Outcome::Delay { headers, .. } => headers,
+    }
+}
+
+#[test]
+fn one_check_carries_every_global_policy_with_hashed_keys_and_the_token() {
+    let engine = engine(
+        r#"{"counter_service": {"cluster": "counter", "authority": "counter.internal", "hash_key_env": "HASH",
+                                "token_env": "TOKEN", "timeout": "50ms"},
+            "policies": [
+              {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/minute", "global": {"strategy": "check"}},
+              {"name": "route", "key": ["path"], "algorithm": "sliding_window", "limit": 500, "window": "1m",
+               "version": 3, "global": {"strategy": "check"}}
+            ]}"#,
+    );
+    let mut callouts = FakeCallouts::default();
+
+    let pending = waiting(begin(&engine, &request(), &limiter(), &mut callouts, &mut RecordedMetrics::default()));
+
+    assert_eq!(callouts.sent.len(), 1);
+    let call = &callouts.sent[0];
+    assert_eq!(call.cluster, "counter");
+    assert_eq!(call.timeout_ms, 50);
+    let sent = |name: &str| call.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    assert_eq!(sent(":path"), Some("/v1/check"));
+    assert_eq!(sent(":authority"), Some("counter.internal"));
+    assert_eq!(sent("authorization"), Some("Bearer s3cret-token"));
+    let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+    let entries = body["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(
+        entries[0]["limit"],
+        serde_json::json!({"algorithm": "token_bucket", "amount": 100, "per_ms": 60000, "burst": 100})
+    );
+    assert_eq!(entries[1]["policy_version"], 3);
+    assert_eq!(body["tag"].as_str().map(str::len), Some(32));
+    for entry in entries {
+        let key = entry["key"].as_str().unwrap();
+        assert_eq!(key.len(), 32);
+        assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+    assert!(!call.body.contains("acme") && !call.body.contains("s3cret"), "{}", call.body);
+    assert_eq!(pending.deadline, Nanos::from_secs(1000).saturating_add(Nanos::from_millis(50)));
+}
+
+#[test]
+fn every_proxy_names_the_same_global_counter_whatever_its_own_secret() {
+    let (a, b) =
+        (engine_with_secret(LAYERED, HashKey::new([1; 16])), engine_with_secret(LAYERED, HashKey::new([2; 16])));
+    let (mut calls_a, mut calls_b) = (FakeCallouts::default(), FakeCallouts::default());
+
+    let _ = begin(&a, &request(), &limiter(), &mut calls_a, &mut RecordedMetrics::default());
+    let _ = begin(&b, &request(), &limiter(), &mut calls_b, &mut RecordedMetrics::default());
+
+    assert_eq!(calls_a.sent[0].body, calls_b.sent[0].body);
+}
+
+#[test]
+fn a_partition_names_the_hash_tag_and_differs_by_its_value() {
+    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH", "partition": [{"header": "x-tenant"}]},
+        "policies": [{"name": "user", "key": [{"header": "x-tenant"}, {"header": "x-user"}], "rate": "10/second",
+                      "global": {"strategy": "check"}}]}"#;
+    let engine = engine(config);
+    let mut callouts = FakeCallouts::default();
+    for tenant in ["acme", "acme", "globex"] {
+        let request = FakeRequest::get("/").with_header("x-tenant", tenant).with_header("x-user", "u");
+        let _ = begin(&engine, &request, &limiter(), &mut callouts, &mut RecordedMetrics::default());
+    }
+
+    let tags: Vec<String> = callouts
+        .sent
+        .iter()
+        .map(|c| serde_json::from_str::<serde_json::Value>(&c.body).unwrap()["tag"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tags[0], tags[1]);
+    assert_ne!(tags[0], tags[2]);
+    assert_eq!(tags[0].len(), 32);
+}
+
+#[test]
+fn without_a_partition_every_check_shares_one_tag() {
+    let engine = engine(LAYERED);
+    let mut callouts = FakeCallouts::default();
+    for tenant in ["acme", "globex"] {
+        let request = FakeRequest::get("/").with_header("x-client", tenant).with_header("x-tenant", tenant);
+        let _ = begin(&engine, &request, &limiter(), &mut callouts, &mut RecordedMetrics::default());
+    }
+
+    let tag = |i: usize| serde_json::from_str::<serde_json::Value>(&callouts.sent[i].body).unwrap()["tag"].clone();
+    assert_eq!(tag(0), tag(1));
+}
+
+#[test]
+fn a_local_rejection_makes_no_callout() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    for _ in 0..3 {
+        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+        let decided = engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics);
+        settle(&engine, &decided, &mut metrics);
+    }
+
+    let fourth = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+
+    assert_eq!(status(&fourth), 429);
+    assert_eq!(callouts.sent.len(), 3);
+    assert_eq!(metrics.get(0, Counter::OverLimit), 1);
+}
+
+#[test]
+fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+
+    for _ in 0..5 {
+        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+        let rejected = answer(false, &[entry("rejected", 0, 2_500_000_000)]);
+        let decided = engine.complete(pending, &rejected, &limiter, true, &mut metrics);
+        assert_eq!(status(&decided), 429);
+        assert_eq!(header(response_headers(&decided), "retry-after"), Some("3"));
+        assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=0;t=3"));
+        settle(&engine, &decided, &mut metrics);
+    }
+    // Five rejections later, the local window (3 per minute) is still untouched.
+    let mut admitted = 0;
+    for _ in 0..3 {
+        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+        let decided = engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics);
+        admitted += usize::from(status(&decided) == 200);
+        settle(&engine, &decided, &mut metrics);
+    }
+
+    assert_eq!(admitted, 3);
+    assert_eq!(metrics.get(1, Counter::OverLimit), 5);
+    assert_eq!(metrics.get(0, Counter::Unrefunded), 0);
+    for policy in [0, 1] {
+        assert_eq!(metrics.get(policy, Counter::Offered), 8);
+        assert_eq!(
+            metrics.get(policy, Counter::Offered),
+            metrics.get(policy, Counter::Allowed) + metrics.get(policy, Counter::Rejected)
+        );
+    }
+}
+
+#[test]
+fn an_admission_takes_its_headers_from_the_policy_with_the_least_remaining() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+
+    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+    let decided = engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics);
+
+    assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=1;t=6"));
+}
+
+#[test]
+fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
+    let classes: Vec<(CalloutAnswer, Counter)> = vec![
+        (CalloutAnswer::TimedOut, Counter::DegradedTimeout),
+        (CalloutAnswer::Failed, Counter::DegradedReset),
+        (CalloutAnswer::Response { status: 504, body: b"upstream request timeout".to_vec() }, Counter::DegradedTimeout),
+        (
+            CalloutAnswer::Response {
+                status: 503,
+                body: b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
+                    .to_vec(),
+            },
+            Counter::DegradedRefused,
+        ),
+        (CalloutAnswer::Response { status: 500, body: b"{}".to_vec() }, Counter::DegradedBadStatus),
+        (CalloutAnswer::Response { status: 200, body: b"garbage".to_vec() }, Counter::DegradedBadBody),
+        (CalloutAnswer::Response { status: 401, body: b"{}".to_vec() }, Counter::DegradedUnauthorized),
+    ];
+    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH",
+                                         "circuit_breaker": {"failures": 1000}},
+        "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "10/second", "global": {"strategy": "check"}}],
+        "response": {"fallback_header": "x-sluice-fallback"}}"#;
+    for (class, counter) in classes {
+        let engine = engine(config);
+        let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+
+        let decided = engine.complete(pending, &class, &limiter, true, &mut metrics);
+
+        // The default rule: fail closed with 503, and say so.
+        assert_eq!(status(&decided), 503, "{class:?}");
+        let value = header(response_headers(&decided), "x-sluice-fallback").unwrap();
+        assert!(value.starts_with("fail_closed; reason="), "{value}");
+        assert_eq!(metrics.get(0, counter), 1, "{class:?}");
+        assert_eq!(metrics.get(0, Counter::FailureDenied), 1);
+    }
+}
+
+#[test]
+fn fail_open_forwards_and_names_the_fallback_on_the_response() {
+    let engine = engine(
+        r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH"},
+            "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "10/second",
+                          "global": {"strategy": "check"}, "on_failure": {"action": "allow"}}],
+            "response": {"fallback_header": "x-sluice-fallback"}}"#,
+    );
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+
+    let decided = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+
+    assert_eq!(status(&decided), 200);
+    assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("fail_open; reason=timeout"));
+    assert_eq!(metrics.get(0, Counter::FailureAllowed), 1);
+}
+
+#[test]
+fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_headers() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for client in ["a", "b", "c"] {
+        let request = FakeRequest::get("/").with_header("x-client", client).with_header("x-tenant", "acme");
+        let pending = waiting(begin(&engine, &request, &limiter, &mut callouts, &mut metrics));
+        let decided = engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics);
+        statuses.push(status(&decided));
+        settle(&engine, &decided, &mut metrics);
+        last = Some(decided);
+    }
+    let last = last.unwrap();
+
+    assert_eq!(statuses, [200, 200, 429]);
+    let headers = response_headers(&last);
+    assert_eq!(header(headers, "x-sluice-fallback"), Some("emergency; reason=reset"));
+    assert_eq!(header(headers, "ratelimit-policy"), Some("\"tenant\";q=2;w=120"));
+    assert_eq!(header(headers, "retry-after"), Some("60"));
+    assert_eq!(metrics.get(1, Counter::EmergencyAllowed), 2);
+    assert_eq!(metrics.get(1, Counter::EmergencyRejected), 1);
+    // The rejected request gave its local spend back: client c has all 3 left.
+    assert_eq!(metrics.get(0, Counter::Unrefunded), 0);
+}
+
+#[test]
+fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_probe_closes_it() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let client =
+        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
+    for i in 0..3 {
+        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
+        let _ = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+    }
+    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
+
+    let open = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
+    assert_eq!(callouts.sent.len(), 3, "no callout while the circuit is open");
+    assert_eq!(header(response_headers(&open), "x-sluice-fallback"), Some("emergency; reason=circuit_open"));
+    assert_eq!(metrics.get(1, Counter::DegradedCircuitOpen), 1);
+
+    limiter.clock().advance(Nanos::from_secs(1));
+    let probe = waiting(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
+    let during_probe = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
+    assert!(matches!(during_probe, Begun::Decided(_)), "one probe at a time");
+    let _ = engine.complete(probe, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics);
+
+    let closed = begin(&engine, &client(13), &limiter, &mut callouts, &mut metrics);
+    assert!(matches!(closed, Begun::Waiting(_)), "the probe's success closed the circuit");
+    assert_eq!(callouts.sent.len(), 5);
+}
+
+#[test]
+fn a_callout_the_proxy_refuses_to_send_is_decided_by_the_failure_rule_at_once() {
+    let engine = engine(LAYERED);
+    let (limiter, mut metrics) = (limiter(), RecordedMetrics::default());
+    let mut callouts = FakeCallouts { refuse: Some(2), ..FakeCallouts::default() };
+
+    let decided = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+
+    assert_eq!(status(&decided), 200);
+    assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("emergency; reason=dispatch_failed"));
+    assert_eq!(metrics.get(1, Counter::DegradedDispatchFailed), 1);
+}
+
+#[test]
+fn a_stream_that_ends_while_waiting_gives_its_local_spend_back() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    for _ in 0..3 {
+        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+        engine.forget(pending, &limiter, &mut metrics);
+    }
+
+    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+
+    assert!(pending.deadline > Nanos::ZERO, "the window still had room: nothing stayed spent");
+    assert_eq!(metrics.get(0, Counter::Abandoned), 3);
+    assert_eq!(metrics.plugin(PluginCounter::Waiting), 1);
+}
+
+#[test]
+fn a_header_the_host_fails_to_read_takes_on_failure_even_where_a_missing_one_is_skipped() {
+    let engine = engine(
+        r#"{"policies": [{"name": "k", "key": [{"header": "x-api-key"}], "rate": "1/minute", "burst": 1,
+                          "on_missing_key": "skip"}]}"#,
+    );
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let failing = FakeRequest::get("/").failing("x-api-key");
+
+    let decided = decided(begin(&engine, &failing, &limiter, &mut callouts, &mut metrics));
+
+    assert_eq!(status(&decided), 503);
+    assert_eq!(metrics.get(0, Counter::ReadFailures), 1);
+    assert_eq!(metrics.get(0, Counter::FailureDenied), 1);
+    assert_eq!(metrics.get(0, Counter::MissingKey), 0);
+}
+
+#[test]
+fn a_property_the_host_fails_to_read_with_on_failure_allow_is_counted_and_forwarded() {
+    let engine = engine(
+        r#"{"policies": [{"name": "ip", "key": ["client_address"], "rate": "1/minute", "burst": 1,
+                          "on_failure": {"action": "allow"}}]}"#,
+    );
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let failing = FakeRequest::get("/").failing("source.address");
+
+    let decided = decided(begin(&engine, &failing, &limiter, &mut callouts, &mut metrics));
+
+    assert_eq!(status(&decided), 200);
+    assert_eq!(metrics.get(0, Counter::ReadFailures), 1);
+    assert_eq!(metrics.get(0, Counter::FailureAllowed), 1);
+}
+
+#[test]
+fn a_delay_from_a_global_leaky_bucket_holds_the_request() {
+    let engine = engine(
+        r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH"},
+            "policies": [{"name": "s", "key": [{"constant": "all"}], "algorithm": "leaky_bucket", "rate": "2/second",
+                          "queue": 4, "max_wait": "2s", "global": {"strategy": "check"}}]}"#,
+    );
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+    let delayed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"delayed","limit":4,"remaining":2,
+        "reset_after_ns":1000000000,"retry_after_ns":0,"delay_ns":500000000}]}"#;
+
+    let decided = engine.complete(
+        pending,
+        &CalloutAnswer::Response { status: 200, body: delayed.as_bytes().to_vec() },
+        &limiter,
+        true,
+        &mut metrics,
+    );
+
+    let Outcome::Delay { due, .. } = decided.outcome else { panic!("expected a delay, got {:?}", decided.outcome) };
+    assert_eq!(due, Nanos::from_secs(1000).saturating_add(Nanos::from_millis(500)));
+}
+
+#[test]
+fn a_missing_environment_secret_refuses_the_configuration_without_showing_any_secret() {
+    let config = Config::from_json(
+        br#"{"counter_service": {"cluster": "c", "hash_key_env": "NOPE"},
+             "policies": [{"name": "t", "key": [{"header": "x"}], "rate": "1/second", "global": {"strategy": "check"}}]}"#,
+    )
+    .unwrap();
+
+    let error = Engine::new(config, "p/", SECRET, env).unwrap_err();
+
+    assert_eq!(
+        error,
+        "counter_service.hash_key_env: the VM has no environment variable \"NOPE\" (set it in vm_config.environment_variables)"
+    );
+    let engine = engine(LAYERED);
+    let debug = format!("{engine:?}");
+    assert!(!debug.contains("s3cret") && !debug.contains(HASH_KEY), "{debug}");
+}
