@@ -276,6 +276,12 @@ impl Store for HostStore {
 
     fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<Swap, StoreError> {
         let token = cas.map_or(0, Cas::get);
+        // The test-only mutant (see Cargo.toml): every write is unconditional.
+        #[cfg(feature = "mutant-blind-writes")]
+        let token = {
+            let _ = token;
+            0
+        };
         // SAFETY: pointers and lengths describe `key` and `value`.
         match unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), token) } {
             OK => Ok(Swap::Written),

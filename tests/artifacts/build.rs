@@ -35,41 +35,60 @@ fn main() {
     }
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut command = Command::new(cargo);
-    command
-        .current_dir(&root)
-        .args(["build", "--release", "--target", "wasm32-wasip1", "--target-dir"])
-        .arg(&target_dir);
-    for (package, _, _) in GUESTS {
-        command.args(["-p", package]);
-    }
-    for var in [
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_MAKEFLAGS",
-        "MAKEFLAGS",
-        "MFLAGS",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "CARGO_LLVM_COV",
-        "LLVM_PROFILE_FILE",
-    ] {
-        command.env_remove(var);
-    }
-    let status = command.status().expect("could not start cargo to build the wasm guests");
-    assert!(status.success(), "building the wasm guests for wasm32-wasip1 failed: {status}");
+    let build = |packages: &[&str], features: Option<&str>| {
+        let mut command = Command::new(&cargo);
+        command
+            .current_dir(&root)
+            .args(["build", "--release", "--target", "wasm32-wasip1", "--target-dir"])
+            .arg(&target_dir);
+        for package in packages {
+            command.args(["-p", package]);
+        }
+        if let Some(features) = features {
+            command.args(["--features", features]);
+        }
+        for var in [
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTFLAGS",
+            "CARGO_BUILD_RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_MAKEFLAGS",
+            "MAKEFLAGS",
+            "MFLAGS",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_LLVM_COV",
+            "LLVM_PROFILE_FILE",
+        ] {
+            command.env_remove(var);
+        }
+        let status = command.status().expect("could not start cargo to build the wasm guests");
+        assert!(status.success(), "building the wasm guests for wasm32-wasip1 failed: {status}");
+    };
+    let release = target_dir.join("wasm32-wasip1/release");
+
+    // The test-only mutant first (its artifact has the same name), copied aside; then the
+    // real guests, so that `release/sluice.wasm` is always the real filter.
+    build(&["sluice-filter"], Some("sluice-filter/mutant-blind-writes"));
+    let mutant = target_dir.join("sluice-mutant-blind-writes.wasm");
+    std::fs::copy(release.join("sluice.wasm"), &mutant).expect("could not copy the mutant aside");
+    let packages: Vec<&str> = GUESTS.iter().map(|(package, _, _)| *package).collect();
+    build(&packages, None);
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let mut generated = String::new();
     for (package, file, constant) in GUESTS {
-        let path = target_dir.join("wasm32-wasip1/release").join(file);
+        let path = release.join(file);
         assert!(path.exists(), "{package} built, but {} is missing", path.display());
         generated.push_str(&format!(
             "/// Path of `{file}`, built from the `{package}` package for `wasm32-wasip1` (release).\npub const {constant}: &str = {:?};\n",
             path.display().to_string()
         ));
     }
+    generated.push_str(&format!(
+        "/// Path of a TEST-ONLY mutant of `sluice.wasm` whose shared-data writes ignore CAS (feature \
+         `mutant-blind-writes`): tests show their oracles catch it.\npub const SLUICE_MUTANT_BLIND_WRITES_WASM: &str = {:?};\n",
+        mutant.display().to_string()
+    ));
     std::fs::write(out_dir.join("artifacts.rs"), generated).expect("could not write artifacts.rs");
 }

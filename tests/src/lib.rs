@@ -2,6 +2,7 @@
 //! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
 //! ([`upstream`]), and the reference bucket admissions are replayed through ([`oracle`]).
 
+pub mod deploy;
 pub mod envoy;
 pub mod http;
 pub mod oracle;

@@ -2,9 +2,10 @@
 //! project claims about the filter, checked in the reference host. Each test starts its
 //! own Envoy (see `sluice_tests::envoy`).
 
+mod accuracy;
 mod configs;
 
-use sluice_tests::envoy::Envoy;
+use sluice_tests::envoy::{Envoy, sluice};
 use sluice_tests::http::{Request, Response};
 
 /// Sends `request` on a fresh connection.

@@ -1,0 +1,68 @@
+//! The deployment configurations in `envoy-config/`, read as the tests need them.
+
+use crate::envoy::repo;
+use serde_json::{Map, Value};
+use yaml_rust2::{Yaml, YamlLoader};
+
+/// A YAML document as JSON (what Envoy's bootstrap loader sees).
+pub fn yaml_to_json(yaml: &Yaml) -> Value {
+    match yaml {
+        Yaml::Real(text) => text.parse::<f64>().map_or(Value::Null, Value::from),
+        Yaml::Integer(n) => Value::from(*n),
+        Yaml::String(s) => Value::from(s.clone()),
+        Yaml::Boolean(b) => Value::from(*b),
+        Yaml::Array(items) => Value::Array(items.iter().map(yaml_to_json).collect()),
+        Yaml::Hash(map) => Value::Object(
+            map.iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        k.as_str().map(str::to_owned).or_else(|| k.as_i64().map(|n| n.to_string()))?,
+                        yaml_to_json(v),
+                    ))
+                })
+                .collect::<Map<String, Value>>(),
+        ),
+        Yaml::Alias(_) | Yaml::Null | Yaml::BadValue => Value::Null,
+    }
+}
+
+/// `envoy-config/envoy.yaml` as JSON.
+///
+/// # Panics
+/// When the file is missing or not YAML.
+pub fn bootstrap_json() -> Value {
+    let text = std::fs::read_to_string(repo().join("envoy-config/envoy.yaml")).expect("envoy-config/envoy.yaml");
+    let docs = YamlLoader::load_from_str(&text).expect("envoy.yaml is YAML");
+    yaml_to_json(docs.first().expect("envoy.yaml has a document"))
+}
+
+/// Every Sluice filter configuration embedded in a bootstrap (the `configuration` value
+/// of each wasm filter).
+pub fn filter_configurations(node: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    match node {
+        Value::Object(map) => {
+            if map.get("@type").and_then(Value::as_str).is_some_and(|t| t.ends_with("filters.http.wasm.v3.Wasm"))
+                && let Some(value) = node["config"]["configuration"]["value"].as_str()
+            {
+                found.push(value.to_owned());
+            }
+            for value in map.values() {
+                found.extend(filter_configurations(value));
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| found.extend(filter_configurations(v))),
+        _ => {}
+    }
+    found
+}
+
+/// The one Sluice filter configuration of a bootstrap.
+///
+/// # Panics
+/// When there is not exactly one.
+pub fn embedded_filter_configuration(bootstrap: &Value) -> String {
+    let mut found = filter_configurations(bootstrap);
+    assert_eq!(found.len(), 1, "the bootstrap has one Sluice filter");
+    found.remove(0)
+}
