@@ -4,6 +4,11 @@
 
 mod accuracy;
 mod configs;
+mod contract;
+mod hostile;
+mod memory;
+mod reconfigure;
+mod shaping;
 
 use sluice_tests::envoy::{Envoy, sluice};
 use sluice_tests::http::{Request, Response};

@@ -1,0 +1,79 @@
+//! Shaping in Envoy: requests held and released by the tick at the right times (never
+//! early), `max_paused` per worker, and a client that leaves while held is counted as
+//! abandoned, its stream cleaned up.
+
+use super::*;
+use sluice_tests::http::Connection;
+use std::time::{Duration, Instant};
+
+const SHAPED: &str = r#"{"policies":[{"name":"shaper","key":[{"constant":"x"}],"algorithm":"leaky_bucket",
+  "rate":"2/second","queue":3,"max_wait":"2s"}],"shaping":{"tick_ms":10}}"#;
+
+/// Sends `n` requests at once, each on its own connection; returns (status, latency).
+fn burst(envoy: &Envoy, n: usize) -> Vec<(u16, Duration)> {
+    let mut connections: Vec<Connection> = (0..n).map(|_| envoy.connect()).collect();
+    let starts: Vec<Instant> = connections
+        .iter_mut()
+        .map(|c| {
+            let start = Instant::now();
+            c.write(&Request::get("/").encode()).unwrap();
+            // In order: the shaper's turns follow arrival.
+            std::thread::sleep(Duration::from_millis(20));
+            start
+        })
+        .collect();
+    connections.iter_mut().zip(starts).map(|(c, start)| (c.read().unwrap().status, start.elapsed())).collect()
+}
+
+#[test]
+fn held_requests_leave_at_the_shaping_rate_and_never_early() {
+    let envoy = Envoy::with_sluice(SHAPED, 1);
+
+    let results = burst(&envoy, 5);
+
+    let statuses: Vec<u16> = results.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "a queue of 3: one leaving now and two waiting");
+    // Turns are 500 ms apart from the first decision; requests were sent 20 ms apart.
+    for (i, (_, latency)) in results.iter().enumerate().take(3) {
+        let due = Duration::from_millis(500 * i as u64).saturating_sub(Duration::from_millis(20 * i as u64));
+        assert!(*latency + Duration::from_millis(5) >= due, "request {i} left after {latency:?}, before {due:?}");
+        assert!(*latency <= due + Duration::from_millis(400), "request {i} took {latency:?} for a turn at {due:?}");
+    }
+    assert_eq!(envoy.metric("shaper", "queued"), 0);
+    assert_eq!(envoy.metric("shaper", "allowed"), 3);
+    assert_eq!(envoy.metric("shaper", "offered"), 5);
+}
+
+#[test]
+fn a_worker_holds_at_most_max_paused_requests() {
+    let config = SHAPED.replace(r#""tick_ms":10"#, r#""tick_ms":10,"max_paused":1"#);
+    let envoy = Envoy::with_sluice(&config, 1);
+
+    let statuses: Vec<u16> = burst(&envoy, 3).into_iter().map(|(s, _)| s).collect();
+
+    assert_eq!(statuses, [200, 200, 429], "one held, the next rejected");
+}
+
+#[test]
+fn a_client_that_leaves_while_held_is_counted_as_abandoned_and_its_stream_is_freed() {
+    let envoy = Envoy::with_sluice(SHAPED, 1);
+    assert_eq!(send(&envoy, &Request::get("/")).status, 200);
+    let mut held = envoy.connect();
+    held.write(&Request::get("/").encode()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(envoy.metric("shaper", "queued"), 1);
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while envoy.metric("shaper", "abandoned") == 0 {
+        assert!(Instant::now() < deadline, "the abandoned request was never counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    assert_eq!(envoy.metric("shaper", "queued"), 0);
+    let stats = envoy.stats();
+    assert_eq!(stats.get("http.ingress_http.downstream_rq_active"), Some(&0), "no stream left behind");
+    // Its place in the queue stays spent: the next request waits its turn.
+    let (status, _) = burst(&envoy, 1)[0];
+    assert_eq!(status, 200);
+}
