@@ -5,6 +5,7 @@
 mod accuracy;
 mod configs;
 mod contract;
+mod differential;
 mod hostile;
 mod memory;
 mod reconfigure;
