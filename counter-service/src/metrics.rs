@@ -23,6 +23,9 @@ pub struct Metrics {
     leases_granted: AtomicU64,
     leases_empty: AtomicU64,
     tokens_leased: AtomicU64,
+    charges: AtomicU64,
+    tokens_charged: AtomicU64,
+    tokens_forgiven: AtomicU64,
     store_errors: [AtomicU64; ERROR_KINDS.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
@@ -46,6 +49,13 @@ impl Metrics {
         let counter = if granted > 0 { &self.leases_granted } else { &self.leases_empty };
         counter.fetch_add(1, Ordering::Relaxed);
         self.tokens_leased.fetch_add(granted, Ordering::Relaxed);
+    }
+
+    /// Counts one charge: the units spent and the units forgiven.
+    pub fn charge(&self, charged: u64, forgiven: u64) {
+        self.charges.fetch_add(1, Ordering::Relaxed);
+        self.tokens_charged.fetch_add(charged, Ordering::Relaxed);
+        self.tokens_forgiven.fetch_add(forgiven, Ordering::Relaxed);
     }
 
     /// Records one store call's latency.
@@ -114,6 +124,18 @@ impl Metrics {
         let _ = writeln!(out, "# HELP sluice_counter_leased_tokens_total Tokens granted through leases.");
         let _ = writeln!(out, "# TYPE sluice_counter_leased_tokens_total counter");
         let _ = writeln!(out, "sluice_counter_leased_tokens_total {}", get(&self.tokens_leased));
+        let _ = writeln!(out, "# HELP sluice_counter_charges_total Charges answered (admissions reported afterwards).");
+        let _ = writeln!(out, "# TYPE sluice_counter_charges_total counter");
+        let _ = writeln!(out, "sluice_counter_charges_total {}", get(&self.charges));
+        let _ = writeln!(out, "# HELP sluice_counter_charged_tokens_total Units spent by charges.");
+        let _ = writeln!(out, "# TYPE sluice_counter_charged_tokens_total counter");
+        let _ = writeln!(out, "sluice_counter_charged_tokens_total {}", get(&self.tokens_charged));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_forgiven_tokens_total Units of charges dropped because they exceeded max_debt."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_forgiven_tokens_total counter");
+        let _ = writeln!(out, "sluice_counter_forgiven_tokens_total {}", get(&self.tokens_forgiven));
         let _ = writeln!(out, "# HELP sluice_counter_store_latency_seconds Latency of store calls.");
         let _ = writeln!(out, "# TYPE sluice_counter_store_latency_seconds histogram");
         let mut cumulative = 0;

@@ -16,9 +16,11 @@ use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use sluice_protocol::{CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse};
+use sluice_protocol::{
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
+};
 
-use crate::api::{self, ApiError, CheckPlan, LeasePlan};
+use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
 use crate::config::{Config, StoreKind};
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
@@ -95,6 +97,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/lease", post(lease))
+        .route("/v1/charge", post(charge))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -201,6 +204,21 @@ async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiE
     Ok(json(&LeaseResponse {
         granted: outcome.granted,
         expires_in_ms: plan.ttl_ms,
+        at_ns: outcome.at.as_u64(),
+        entry: EntryResponse::from(&outcome.decision),
+    }))
+}
+
+async fn charge(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body, app.max_body).await?;
+    let request: ChargeRequest = api::parse(&bytes)?;
+    let plan = ChargePlan::new(&request)?;
+    let outcome = app.timed(app.store.charge(&plan, None)).await?;
+    let forgiven = plan.entry.cost.saturating_sub(outcome.charged);
+    app.metrics.charge(outcome.charged, forgiven);
+    Ok(json(&ChargeResponse {
+        charged: outcome.charged,
+        forgiven,
         at_ns: outcome.at.as_u64(),
         entry: EntryResponse::from(&outcome.decision),
     }))

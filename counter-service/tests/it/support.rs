@@ -21,11 +21,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use shared_store::Nanos;
-use sluice_counter::api::{CheckPlan, LeasePlan};
+use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
-    CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
+    ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
 };
-use sluice_protocol::{CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
+use sluice_protocol::{ChargeRequest, CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.
 pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
@@ -338,6 +338,23 @@ pub fn lease_plan(tag: &str, key: &str, limit: LimitSpec, tokens: u64) -> LeaseP
 
 pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
     store.lease(&lease_plan(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
+}
+
+pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: u64) -> ChargePlan {
+    let request =
+        ChargeRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, cost, max_debt };
+    ChargePlan::new(&request).expect("a valid charge")
+}
+
+pub async fn charge(
+    store: &Store,
+    tag: &str,
+    key: &str,
+    limit: LimitSpec,
+    (cost, max_debt): (u64, u64),
+    at: Nanos,
+) -> ChargeOutcome {
+    store.charge(&charge_plan(tag, key, limit, cost, max_debt), Some(at)).await.expect("the store answers")
 }
 
 /// A small HTTP/1.1 JSON client.
