@@ -13,7 +13,7 @@ use crate::store::{Store, StoreError};
 const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
-const STATUSES: [u16; 9] = [200, 400, 404, 405, 413, 500, 503, 429, 0];
+const STATUSES: [u16; 10] = [200, 400, 401, 404, 405, 413, 500, 503, 429, 0];
 
 /// All counters of one service instance.
 #[derive(Debug, Default)]
@@ -32,6 +32,7 @@ pub struct Metrics {
     latency_sum_ns: AtomicU64,
     in_flight: AtomicI64,
     shed: AtomicU64,
+    unauthorized: AtomicU64,
     refused_connections: AtomicU64,
     open_connections: AtomicI64,
     responses: [AtomicU64; STATUSES.len()],
@@ -91,6 +92,11 @@ impl Metrics {
     /// Counts a request refused because too many were in flight.
     pub fn shed(&self) {
         self.shed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request refused for lack of the right bearer token.
+    pub fn unauthorized(&self) {
+        self.unauthorized.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a connection closed at once because too many were open.
@@ -170,6 +176,12 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE sluice_counter_shed_requests_total counter");
         let _ = writeln!(out, "sluice_counter_shed_requests_total {}", get(&self.shed));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_unauthorized_total Requests refused for lack of the right bearer token."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_unauthorized_total counter");
+        let _ = writeln!(out, "sluice_counter_unauthorized_total {}", get(&self.unauthorized));
         let _ = writeln!(out, "# HELP sluice_counter_open_connections Client connections open.");
         let _ = writeln!(out, "# TYPE sluice_counter_open_connections gauge");
         let _ = writeln!(out, "sluice_counter_open_connections {}", self.open_connections.load(Ordering::Relaxed));
