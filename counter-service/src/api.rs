@@ -6,7 +6,8 @@
 //! never changes a counter. See the crate README for the full protocol with examples.
 
 use sluice_protocol::{
-    CheckRequest, LeaseRequest, LimitSpec, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
+    ChargeRequest, CheckRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES,
+    SpecError,
 };
 
 use crate::spec::Policy;
@@ -69,6 +70,16 @@ pub struct LeasePlan {
     pub tokens: u64,
     /// Lease duration (ms).
     pub ttl_ms: u64,
+}
+
+/// A validated charge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargePlan {
+    /// The key's storage key, limit, and the cost to charge (which may exceed the
+    /// capacity: what does not fit is forgiven).
+    pub entry: PlannedEntry,
+    /// How far below empty the counter may go, in the limit's units (≤ capacity).
+    pub max_debt: u64,
 }
 
 /// The storage key of one counter. Injective: the tag cannot contain braces, the
@@ -199,6 +210,47 @@ impl LeasePlan {
             ));
         }
         Ok(Self { entry, tokens: request.tokens, ttl_ms: request.ttl_ms })
+    }
+}
+
+impl ChargePlan {
+    /// Validates `request` into a plan.
+    ///
+    /// `max_debt` is at most the limit's capacity: a counter then holds at most twice
+    /// its capacity, which keeps the Redis script's integers inside the numeric envelope
+    /// (and a debt larger than a full limit would keep a client out for longer than the
+    /// limit's own period).
+    ///
+    /// # Errors
+    /// A 400 [`ApiError`] naming the first problem found.
+    pub fn new(request: &ChargeRequest) -> Result<Self, ApiError> {
+        let tag = request.tag.as_deref().unwrap_or(&request.key);
+        check_tag(tag)?;
+        let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
+        if !entry.policy.leasable() {
+            return Err(ApiError::bad_request(
+                "not_chargeable",
+                "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
+            ));
+        }
+        if request.cost > MAX_AMOUNT {
+            return Err(ApiError::bad_request(
+                "outside_envelope",
+                format!(
+                    "cost: {} is above the largest charge, {MAX_AMOUNT} (numeric envelope: see the counter service's README)",
+                    request.cost
+                ),
+            ));
+        }
+        let capacity = entry.policy.capacity();
+        if request.max_debt > capacity {
+            return Err(ApiError::bad_request(
+                "invalid_max_debt",
+                format!("max_debt: {} is more than the limit's capacity ({capacity})", request.max_debt),
+            ));
+        }
+        entry.cost = request.cost;
+        Ok(Self { entry, max_debt: request.max_debt })
     }
 }
 

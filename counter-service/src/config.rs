@@ -1,10 +1,13 @@
 //! Command-line flags and environment variables.
 
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::auth::{Auth, Token};
 use crate::store::{MemoryConfig, RedisConfig, Topology};
 
 /// The default listen address: loopback only, port 8710.
@@ -28,6 +31,24 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// A secret as given on the command line or in the environment: kept as is until
+/// [`Config::auth`] validates it, and never shown by `Debug` (nor echoed by a parse
+/// error, since parsing it cannot fail).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 /// sluice-counter: the central counter service for Sluice's global rate-limit policies.
@@ -93,6 +114,17 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_SHUTDOWN_GRACE_MS", default_value_t = 5000)]
     pub shutdown_grace_ms: u64,
 
+    /// File holding the bearer token callers must present on `/v1/*` (`authorization:
+    /// Bearer <token>`; trailing line breaks are ignored). Without a token (or
+    /// `--token`), anyone who can connect may call the service.
+    #[arg(long, env = "SLUICE_COUNTER_TOKEN_FILE", value_name = "PATH", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+
+    /// The bearer token itself. Prefer `--token-file` or the environment variable:
+    /// a flag's value shows in `ps`.
+    #[arg(long, env = "SLUICE_COUNTER_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<Secret>,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
     pub log: String,
@@ -120,8 +152,23 @@ impl Config {
             memory_shards: 64,
             sweep_interval_ms: 1000,
             shutdown_grace_ms: 5000,
+            token_file: None,
+            token: None,
             log: "info".to_owned(),
             log_format: LogFormat::Text,
+        }
+    }
+
+    /// Who may call the service: reads `--token-file` or validates `--token`.
+    ///
+    /// # Errors
+    /// A message naming the flag when the file cannot be read, or the token is empty or
+    /// not a single run of visible ASCII characters. It never includes the token.
+    pub fn auth(&self) -> Result<Auth, String> {
+        match (&self.token_file, &self.token) {
+            (Some(path), _) => Token::from_file(path).map(Auth::Bearer),
+            (None, Some(Secret(text))) => Token::new(text, "--token").map(Auth::Bearer),
+            (None, None) => Ok(Auth::Open),
         }
     }
 
@@ -148,6 +195,32 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_never_shows_in_the_debug_form_of_the_config() {
+        let config = Config::try_parse_from(["sluice-counter", "--token", "hunter2-abc"]).unwrap();
+
+        let shown = format!("{config:?}");
+
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(config.auth().unwrap().is_required());
+    }
+
+    #[test]
+    fn a_token_file_and_a_token_cannot_both_be_given() {
+        let err =
+            Config::try_parse_from(["sluice-counter", "--token", "hunter2-abc", "--token-file", "/t"]).unwrap_err();
+
+        let message = err.to_string();
+        assert!(message.contains("--token-file") && !message.contains("hunter2"), "{message}");
+    }
+
+    #[test]
+    fn an_empty_token_refuses_to_start_naming_the_flag() {
+        let config = Config::try_parse_from(["sluice-counter", "--token", ""]).unwrap();
+
+        assert_eq!(config.auth().unwrap_err(), "--token: the token is empty");
+    }
 
     #[test]
     fn the_documented_defaults_are_the_flag_defaults() {

@@ -20,6 +20,7 @@
 //!   graceful shutdown.
 //! * [`metrics`] renders Prometheus text.
 //! * [`config`] reads flags and environment variables.
+//! * [`auth`] checks callers' bearer token.
 //!
 //! # Embedding and tests
 //!
@@ -37,6 +38,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod metrics;
 pub mod server;
@@ -56,16 +58,25 @@ pub use server::App;
 /// Builds the configured store and serves on `listener` until `shutdown` completes.
 ///
 /// # Errors
-/// When the store cannot be built (bad Redis URL) or the listener fails.
+/// When the token cannot be read, the store cannot be built (bad Redis URL) or the
+/// listener fails.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let auth = config.auth().map_err(anyhow::Error::msg)?;
     let store = server::build_store(&config).await?;
-    let app = Arc::new(App::new(store, &config));
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, store = app.store().name(), "sluice-counter serving");
+    if !auth.is_required() && local.is_some_and(|a| !a.ip().is_loopback()) {
+        tracing::warn!(
+            addr = ?local,
+            "serving beyond loopback without a bearer token: anyone who can connect can spend any counter; \
+             set --token-file"
+        );
+    }
+    let app = Arc::new(App::new(store, &config, auth));
+    tracing::info!(addr = ?local, store = app.store().name(), auth = app.auth_name(), "sluice-counter serving");
     server::serve(
         listener,
         app,
@@ -91,10 +102,12 @@ impl Running {
     /// Starts a service on `listener` with `config`.
     ///
     /// # Errors
-    /// When the store cannot be built or the listener has no address.
+    /// When the token cannot be read, the store cannot be built or the listener has no
+    /// address.
     pub async fn start(listener: TcpListener, config: Config) -> anyhow::Result<Self> {
+        let auth = config.auth().map_err(anyhow::Error::msg)?;
         let store = server::build_store(&config).await?;
-        let app = Arc::new(App::new(store, &config));
+        let app = Arc::new(App::new(store, &config, auth));
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(

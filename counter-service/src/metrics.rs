@@ -13,7 +13,7 @@ use crate::store::{Store, StoreError};
 const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
-const STATUSES: [u16; 9] = [200, 400, 404, 405, 413, 500, 503, 429, 0];
+const STATUSES: [u16; 10] = [200, 400, 401, 404, 405, 413, 500, 503, 429, 0];
 
 /// All counters of one service instance.
 #[derive(Debug, Default)]
@@ -23,12 +23,16 @@ pub struct Metrics {
     leases_granted: AtomicU64,
     leases_empty: AtomicU64,
     tokens_leased: AtomicU64,
+    charges: AtomicU64,
+    tokens_charged: AtomicU64,
+    tokens_forgiven: AtomicU64,
     store_errors: [AtomicU64; ERROR_KINDS.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_ns: AtomicU64,
     in_flight: AtomicI64,
     shed: AtomicU64,
+    unauthorized: AtomicU64,
     refused_connections: AtomicU64,
     open_connections: AtomicI64,
     responses: [AtomicU64; STATUSES.len()],
@@ -46,6 +50,13 @@ impl Metrics {
         let counter = if granted > 0 { &self.leases_granted } else { &self.leases_empty };
         counter.fetch_add(1, Ordering::Relaxed);
         self.tokens_leased.fetch_add(granted, Ordering::Relaxed);
+    }
+
+    /// Counts one charge: the units spent and the units forgiven.
+    pub fn charge(&self, charged: u64, forgiven: u64) {
+        self.charges.fetch_add(1, Ordering::Relaxed);
+        self.tokens_charged.fetch_add(charged, Ordering::Relaxed);
+        self.tokens_forgiven.fetch_add(forgiven, Ordering::Relaxed);
     }
 
     /// Records one store call's latency.
@@ -83,6 +94,11 @@ impl Metrics {
         self.shed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a request refused for lack of the right bearer token.
+    pub fn unauthorized(&self) {
+        self.unauthorized.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a connection closed at once because too many were open.
     pub fn refused_connection(&self) {
         self.refused_connections.fetch_add(1, Ordering::Relaxed);
@@ -114,6 +130,18 @@ impl Metrics {
         let _ = writeln!(out, "# HELP sluice_counter_leased_tokens_total Tokens granted through leases.");
         let _ = writeln!(out, "# TYPE sluice_counter_leased_tokens_total counter");
         let _ = writeln!(out, "sluice_counter_leased_tokens_total {}", get(&self.tokens_leased));
+        let _ = writeln!(out, "# HELP sluice_counter_charges_total Charges answered (admissions reported afterwards).");
+        let _ = writeln!(out, "# TYPE sluice_counter_charges_total counter");
+        let _ = writeln!(out, "sluice_counter_charges_total {}", get(&self.charges));
+        let _ = writeln!(out, "# HELP sluice_counter_charged_tokens_total Units spent by charges.");
+        let _ = writeln!(out, "# TYPE sluice_counter_charged_tokens_total counter");
+        let _ = writeln!(out, "sluice_counter_charged_tokens_total {}", get(&self.tokens_charged));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_forgiven_tokens_total Units of charges dropped because they exceeded max_debt."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_forgiven_tokens_total counter");
+        let _ = writeln!(out, "sluice_counter_forgiven_tokens_total {}", get(&self.tokens_forgiven));
         let _ = writeln!(out, "# HELP sluice_counter_store_latency_seconds Latency of store calls.");
         let _ = writeln!(out, "# TYPE sluice_counter_store_latency_seconds histogram");
         let mut cumulative = 0;
@@ -148,6 +176,12 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE sluice_counter_shed_requests_total counter");
         let _ = writeln!(out, "sluice_counter_shed_requests_total {}", get(&self.shed));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_unauthorized_total Requests refused for lack of the right bearer token."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_unauthorized_total counter");
+        let _ = writeln!(out, "sluice_counter_unauthorized_total {}", get(&self.unauthorized));
         let _ = writeln!(out, "# HELP sluice_counter_open_connections Client connections open.");
         let _ = writeln!(out, "# TYPE sluice_counter_open_connections gauge");
         let _ = writeln!(out, "sluice_counter_open_connections {}", self.open_connections.load(Ordering::Relaxed));

@@ -16,9 +16,12 @@ use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use sluice_protocol::{CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse};
+use sluice_protocol::{
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
+};
 
-use crate::api::{self, ApiError, CheckPlan, LeasePlan};
+use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
+use crate::auth::{Auth, Refusal};
 use crate::config::{Config, StoreKind};
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
@@ -28,6 +31,7 @@ use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 pub struct App {
     store: Store,
     metrics: Metrics,
+    auth: Auth,
     max_entries: usize,
     max_body: usize,
     in_flight: Arc<Semaphore>,
@@ -39,11 +43,13 @@ pub struct App {
 }
 
 impl App {
-    /// An app serving `store` with `config`'s bounds.
-    pub fn new(store: Store, config: &Config) -> Self {
+    /// An app serving `store` with `config`'s bounds, to the callers `auth` admits
+    /// ([`Config::auth`] reads them from the configuration).
+    pub fn new(store: Store, config: &Config, auth: Auth) -> Self {
         Self {
             store,
             metrics: Metrics::default(),
+            auth,
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
             in_flight: Arc::new(Semaphore::new(usize::try_from(config.max_in_flight).unwrap_or(1024))),
@@ -61,6 +67,11 @@ impl App {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// How callers are authenticated, for the startup log line: `bearer` or `none`.
+    pub const fn auth_name(&self) -> &'static str {
+        if self.auth.is_required() { "bearer" } else { "none" }
     }
 
     fn log_store_error(&self, error: &StoreError) {
@@ -95,6 +106,7 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/lease", post(lease))
+        .route("/v1/charge", post(charge))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -104,11 +116,23 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// Sheds requests beyond `max_in_flight` (except liveness and metrics, which must answer
-/// under overload), keeps the in-flight gauge and counts statuses.
+/// Refuses callers without the configured token (except on the probes, which
+/// orchestrators and scrapers call without one), sheds requests beyond `max_in_flight`
+/// (except liveness and metrics, which must answer under overload), keeps the in-flight
+/// gauge and counts statuses.
 async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    if matches!(request.uri().path(), "/healthz" | "/metrics") {
+    let path = request.uri().path();
+    if matches!(path, "/healthz" | "/metrics") {
         return next.run(request).await;
+    }
+    // Before the in-flight bound: a refused caller costs a header comparison, no permit.
+    if path != "/readyz"
+        && let Err(refusal) = app.auth.check(request.headers())
+    {
+        tracing::debug!(%refusal, "caller refused");
+        app.metrics.unauthorized();
+        app.metrics.response(401);
+        return unauthorized(refusal);
     }
     let response = match app.in_flight.clone().try_acquire_owned() {
         Ok(permit) => {
@@ -128,6 +152,16 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
         }
     };
     app.metrics.response(response.status().as_u16());
+    response
+}
+
+/// `401 unauthorized` with `WWW-Authenticate: Bearer` (RFC 6750 §3). The message says
+/// which rule failed, never what was sent.
+fn unauthorized(refusal: Refusal) -> Response {
+    let mut response = ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }.into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sluice-counter\""));
     response
 }
 
@@ -201,6 +235,21 @@ async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiE
     Ok(json(&LeaseResponse {
         granted: outcome.granted,
         expires_in_ms: plan.ttl_ms,
+        at_ns: outcome.at.as_u64(),
+        entry: EntryResponse::from(&outcome.decision),
+    }))
+}
+
+async fn charge(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body, app.max_body).await?;
+    let request: ChargeRequest = api::parse(&bytes)?;
+    let plan = ChargePlan::new(&request)?;
+    let outcome = app.timed(app.store.charge(&plan, None)).await?;
+    let forgiven = plan.entry.cost.saturating_sub(outcome.charged);
+    app.metrics.charge(outcome.charged, forgiven);
+    Ok(json(&ChargeResponse {
+        charged: outcome.charged,
+        forgiven,
         at_ns: outcome.at.as_u64(),
         entry: EntryResponse::from(&outcome.decision),
     }))

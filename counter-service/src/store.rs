@@ -7,7 +7,7 @@ pub mod redis;
 
 use shared_store::{Decision, Nanos};
 
-use crate::api::{CheckPlan, LeasePlan};
+use crate::api::{ChargePlan, CheckPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryStore};
 pub use redis::{RedisConfig, RedisStore, Topology};
 
@@ -31,6 +31,17 @@ pub struct LeaseOutcome {
     pub at: Nanos,
     /// The limit's decision: after spending `granted`, or the rejection of one token
     /// when nothing could be granted.
+    pub decision: Decision,
+}
+
+/// The outcome of a charge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargeOutcome {
+    /// Units spent (the rest of the cost was forgiven).
+    pub charged: u64,
+    /// The time the charge was made at (Unix ns).
+    pub at: Nanos,
+    /// The limit after the charge: [`shared_store::Limit::status`].
     pub decision: Decision,
 }
 
@@ -128,6 +139,17 @@ impl Store {
         match self {
             Self::Memory(m) => m.lease(plan, at),
             Self::Redis(r) => r.lease(plan, at).await,
+        }
+    }
+
+    /// Charges a key at the store's time (`at` overrides it: tests only).
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+        match self {
+            Self::Memory(m) => m.charge(plan, at),
+            Self::Redis(r) => r.charge(plan, at).await,
         }
     }
 

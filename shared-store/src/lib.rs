@@ -7,7 +7,8 @@
 //!
 //! # Layout
 //!
-//! * [`limit`]: the algorithms as pure functions, `decide(state, now, cost)`.
+//! * [`limit`]: the algorithms as pure functions, `decide(state, now, cost)`, and
+//!   `charge(state, now, cost, max_debt)` for admissions made elsewhere.
 //! * [`decision`]: what they answer (admitted or not, limit, remaining, reset, retry).
 //! * [`codec`]: the versioned binary form of a key's state.
 //! * [`store`]: the [`Store`] trait, with Envoy's exact shared-data semantics, and

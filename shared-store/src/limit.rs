@@ -20,6 +20,9 @@
 //!
 //! Time may step backwards (another worker's clock read, a host clock step): no
 //! algorithm refills on it, and a step forward refills at most to capacity.
+//!
+//! Besides deciding, a limit can be **charged** ([`Limit::charge`]): spent without
+//! asking, for requests already admitted elsewhere, down to a bounded debt below empty.
 
 use crate::decision::{Decision, Verdict};
 use crate::time::Nanos;
@@ -381,6 +384,69 @@ impl Limit {
         }
     }
 
+    /// Spends up to `cost` at `now` unconditionally, for requests that were already
+    /// admitted (by a proxy that could not reach the counter service and reports them
+    /// afterwards), without ever leaving the limit more than `max_debt` units below
+    /// empty. Returns the state to store and the units charged; `cost - charged` is
+    /// forgiven. Pure, like [`Limit::decide`]; `state` is `None` for a key never seen.
+    ///
+    /// | algorithm | after the charge |
+    /// |---|---|
+    /// | token bucket | the theoretical arrival time is at most `burst + max_debt` emission intervals past `now` |
+    /// | fixed window | this window's count is at most `limit + max_debt` (the debt ends with the window) |
+    /// | sliding window | the weighted count of the trailing window is at most `limit + max_debt` |
+    /// | sliding log | the live entries cost at most `limit + max_debt`, and there are at most [`MAX_LOG_ENTRIES`] of them: a charge that needs another entry when the log is full is forgiven |
+    /// | leaky bucket | nothing: a shaper's state is its queue, and requests it never delayed cannot join it afterwards |
+    ///
+    /// Charges are in whole units, and maximal: when `charged < cost`, one more unit
+    /// would have crossed the bound. A charge that fits in what is left stores exactly
+    /// what a check of the same cost would. A limit below empty admits nothing until it
+    /// has refilled past empty: a decision on it rejects, with the exact wait that
+    /// includes the debt. When nothing is charged, the state is returned as it stands
+    /// (and need not be written).
+    pub fn charge(&self, state: Option<&State>, now: Nanos, cost: u64, max_debt: u64) -> (State, u64) {
+        let current = match state {
+            Some(s) if self.accepts(s) => s.clone(),
+            Some(_) => self.exhausted(now),
+            None => self.fresh(),
+        };
+        let charged = match (*self, &current) {
+            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => {
+                Gcra::new(rate, burst).charge(*tat, now, cost, max_debt).map(|(tat, c)| (State::Gcra { tat }, c))
+            }
+            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
+                Some(charge_fixed_window(limit, window, (*index, *count), now, cost, max_debt))
+            }
+            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
+                Some(charge_sliding_window(limit, window, (*index, *count, *previous), now, cost, max_debt))
+            }
+            (Self::SlidingLog { limit, window }, State::Log { entries }) => {
+                charge_sliding_log(limit, window, entries, now, cost, max_debt)
+            }
+            _ => None,
+        };
+        match charged {
+            Some((next, charged)) if charged > 0 => (next, charged),
+            _ => (current, 0),
+        }
+    }
+
+    /// Where the limit stands at `now`, without spending: a query's answer (capacity,
+    /// remaining, time until full), except that when nothing is left the verdict is
+    /// [`Verdict::Rejected`] with the exact wait until one unit is admitted again. This
+    /// is what a charge answers with, so that a proxy learns when a limit in debt
+    /// admits again.
+    pub fn status(&self, state: Option<&State>, now: Nanos) -> Decision {
+        let (query, _) = self.decide(state, now, 0);
+        if query.remaining > 0 {
+            return query;
+        }
+        match self.decide(state, now, 1).0.verdict {
+            verdict @ Verdict::Rejected { .. } => Decision { verdict, ..query },
+            _ => query,
+        }
+    }
+
     /// Whether `state` is the kind of state this algorithm keeps.
     pub const fn accepts(&self, state: &State) -> bool {
         matches!(
@@ -579,6 +645,20 @@ impl Gcra {
         }
     }
 
+    /// Spends up to `cost` whole units, keeping the debt within `burst + max_debt`
+    /// units' worth of scaled time. `None` when the arithmetic overflows (nothing is
+    /// charged then).
+    fn charge(&self, tat: u128, now: Nanos, cost: u64, max_debt: u64) -> Option<(u128, u64)> {
+        let now = self.now(now);
+        let base = tat.max(now);
+        let debt = base - now;
+        let ceiling = u128::from(self.burst).checked_add(u128::from(max_debt))?.checked_mul(self.per)?;
+        let room = floor_div(ceiling.saturating_sub(debt), self.per);
+        let charged = u64::try_from(room.min(u128::from(cost))).ok()?;
+        let next = base.checked_add(u128::from(charged).checked_mul(self.per)?)?;
+        Some((next, charged))
+    }
+
     /// Re-expresses a bucket kept under `old` in this bucket's units, keeping the tokens
     /// available, clamped to this capacity. `None` when the arithmetic overflows.
     fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
@@ -630,6 +710,84 @@ fn fixed_window(
     }
 }
 
+/// A sliding window's counters as they stand at `now` (window length `w`, not zero):
+/// `(index, previous, count, offset into window index)`. A clock that went back is
+/// treated as the start of the stored window.
+fn slide(w: u64, (index, count, previous): (u64, u64, u64), now: Nanos) -> (u64, u64, u64, u64) {
+    let (current, offset) = (now.0 / w, now.0 % w);
+    if index > current {
+        (index, previous, count, 0)
+    } else if index == current {
+        (index, previous, count, offset)
+    } else if index.checked_add(1) == Some(current) {
+        (current, count, 0, offset)
+    } else {
+        (current, 0, 0, offset)
+    }
+}
+
+/// The trailing window's weighted count, scaled by the window length `w` so that the
+/// weighting is exact: `previous × (w − offset) + count × w`.
+fn weighted(w: u64, previous: u64, count: u64, offset: u64) -> u128 {
+    let w128 = u128::from(w);
+    (u128::from(previous) * (w128 - u128::from(offset.min(w)))).saturating_add(u128::from(count) * w128)
+}
+
+fn charge_fixed_window(
+    limit: u64,
+    window: Nanos,
+    (index, count): (u64, u64),
+    now: Nanos,
+    cost: u64,
+    max_debt: u64,
+) -> (State, u64) {
+    let current = now.0 / window.0.max(1);
+    let (index, count) = if index >= current { (index, count) } else { (current, 0) };
+    let charged = cost.min(limit.saturating_add(max_debt).saturating_sub(count));
+    (State::Window { index, count: count.saturating_add(charged), previous: 0 }, charged)
+}
+
+fn charge_sliding_window(
+    limit: u64,
+    window: Nanos,
+    (index, count, previous): (u64, u64, u64),
+    now: Nanos,
+    cost: u64,
+    max_debt: u64,
+) -> (State, u64) {
+    let w = window.0.max(1);
+    let (index, previous, count, offset) = slide(w, (index, count, previous), now);
+    let ceiling = u128::from(limit.saturating_add(max_debt)) * u128::from(w);
+    let room = ceiling.saturating_sub(weighted(w, previous, count, offset)) / u128::from(w);
+    let charged = u64::try_from(room.min(u128::from(cost))).unwrap_or(0);
+    (State::Window { index, count: count.saturating_add(charged), previous }, charged)
+}
+
+/// `None` when nothing can be charged (the log is full, or already `max_debt` below
+/// empty), so that the log is left exactly as it is.
+fn charge_sliding_log(
+    limit: u64,
+    window: Nanos,
+    entries: &[LogEntry],
+    now: Nanos,
+    cost: u64,
+    max_debt: u64,
+) -> Option<(State, u64)> {
+    let mut live: Vec<LogEntry> = entries.iter().copied().filter(|e| e.at.saturating_add(window.0) > now.0).collect();
+    if u64::try_from(live.len()).unwrap_or(u64::MAX) >= MAX_LOG_ENTRIES {
+        return None;
+    }
+    let used: u64 = live.iter().fold(0u64, |sum, e| sum.saturating_add(e.cost));
+    let charged = cost.min(limit.saturating_add(max_debt).saturating_sub(used));
+    if charged == 0 {
+        return None;
+    }
+    // Entries stay sorted, as in `sliding_log`.
+    let at = live.last().map_or(now.0, |last| last.at.max(now.0));
+    live.push(LogEntry { at, cost: charged });
+    Some((State::Log { entries: live }, charged))
+}
+
 fn sliding_window(
     limit: u64,
     window: Nanos,
@@ -638,22 +796,12 @@ fn sliding_window(
     cost: u64,
 ) -> (Decision, Option<State>) {
     let w = window.0.max(1);
-    let (current, offset) = (now.0 / w, now.0 % w);
-    // A clock that went back is treated as the start of the stored window.
-    let (index, previous, count, offset) = if index > current {
-        (index, previous, count, 0)
-    } else if index == current {
-        (index, previous, count, offset)
-    } else if index.checked_add(1) == Some(current) {
-        (current, count, 0, offset)
-    } else {
-        (current, 0, 0, offset)
-    };
+    let (index, previous, count, offset) = slide(w, (index, count, previous), now);
     let (w128, limit128) = (u128::from(w), u128::from(limit));
     let at =
         |window_index: u64, offset: u128| -> Nanos { ns((u128::from(window_index) * w128).saturating_add(offset)) };
     // Every count below is scaled by the window length, so the weighting is exact.
-    let used = (u128::from(previous) * (w128 - u128::from(offset))).saturating_add(u128::from(count) * w128);
+    let used = weighted(w, previous, count, offset);
     let allowance = limit128 * w128;
     let reset_after = |count: u64| -> Nanos {
         if count > 0 {
@@ -751,5 +899,164 @@ fn sliding_log(limit: u64, window: Nanos, entries: &[LogEntry], now: Nanos, cost
                 .map_or(Nanos::MAX, |e| expiry(Some(e)));
             (Decision { verdict: Verdict::Rejected { retry_after }, ..idle }, None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+    const T0: Nanos = Nanos(1 << 40);
+
+    fn at(offset: u64) -> Nanos {
+        Nanos(T0.0 + offset)
+    }
+
+    fn bucket() -> Limit {
+        // One token every 100 ms, bursts of 5.
+        Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 5).unwrap()
+    }
+
+    #[test]
+    fn a_charge_within_what_is_left_stores_what_a_check_of_that_cost_would() {
+        let limits = [
+            bucket(),
+            Limit::fixed_window(5, Nanos(S)).unwrap(),
+            Limit::sliding_window(5, Nanos(S)).unwrap(),
+            Limit::sliding_log(5, Nanos(S)).unwrap(),
+        ];
+        for limit in limits {
+            let (_, spent) = limit.decide(None, T0, 2);
+
+            let (charged_state, charged) = limit.charge(spent.as_ref(), at(MS), 3, 0);
+            let (_, checked_state) = limit.decide(spent.as_ref(), at(MS), 3);
+
+            assert_eq!(charged, 3, "{limit:?}");
+            assert_eq!(Some(charged_state), checked_state, "{limit:?}");
+        }
+    }
+
+    #[test]
+    fn a_token_bucket_is_charged_down_to_its_debt_bound_and_forgives_the_rest() {
+        let (state, charged) = bucket().charge(None, T0, 20, 3);
+
+        let status = bucket().status(Some(&state), T0);
+        assert_eq!(charged, 8, "5 in the bucket and 3 of debt");
+        assert_eq!(status.remaining, 0);
+        // 8 tokens at 100 ms each: full again in 800 ms, one token admitted after 400 ms.
+        assert_eq!(status.reset_after, Nanos(800 * MS));
+        assert_eq!(status.verdict, Verdict::Rejected { retry_after: Nanos(400 * MS) });
+    }
+
+    #[test]
+    fn a_bucket_in_debt_admits_nothing_until_the_debt_is_repaid_and_then_exactly_on_time() {
+        let (state, _) = bucket().charge(None, T0, 8, 3);
+
+        let early = bucket().decide(Some(&state), at(400 * MS - 1), 1);
+        let on_time = bucket().decide(Some(&state), at(400 * MS), 1);
+
+        assert!(matches!(early.0.verdict, Verdict::Rejected { retry_after: Nanos(1) }), "{early:?}");
+        assert!(on_time.0.is_admitted());
+    }
+
+    #[test]
+    fn a_bucket_already_at_its_debt_bound_is_charged_nothing_more() {
+        let (state, _) = bucket().charge(None, T0, 8, 3);
+
+        let (again, charged) = bucket().charge(Some(&state), T0, 5, 3);
+        let (deeper, more) = bucket().charge(Some(&state), T0, 5, 4);
+
+        assert_eq!((again, charged), (state, 0));
+        assert_eq!(more, 1, "a larger bound lets one more unit in");
+        assert_eq!(bucket().status(Some(&deeper), T0).reset_after, Nanos(900 * MS));
+    }
+
+    #[test]
+    fn a_fixed_window_carries_its_debt_only_until_the_window_ends() {
+        let limit = Limit::fixed_window(4, Nanos(S)).unwrap();
+
+        let (state, charged) = limit.charge(None, at(0), 10, 2);
+        let in_window = limit.decide(Some(&state), at(S - (T0.0 % S) - 1), 1).0;
+        let next_window = limit.decide(Some(&state), at(S - (T0.0 % S)), 1).0;
+
+        assert_eq!(charged, 6);
+        assert!(matches!(in_window.verdict, Verdict::Rejected { .. }));
+        assert_eq!((next_window.verdict, next_window.remaining), (Verdict::Allowed, 3));
+    }
+
+    #[test]
+    fn a_sliding_window_in_debt_weighs_it_into_the_next_window() {
+        let limit = Limit::sliding_window(4, Nanos(S)).unwrap();
+        let start = Nanos((T0.0 / S + 1) * S);
+
+        let (state, charged) = limit.charge(None, start, 6, 2);
+        // Half into the next window, half of the 6 still counts: 3 of 4, one left.
+        let half = limit.status(Some(&state), Nanos(start.0 + S + S / 2));
+        let before = limit.decide(Some(&state), Nanos(start.0 + S + S / 4), 1).0;
+
+        assert_eq!(charged, 6);
+        assert_eq!(half.remaining, 1);
+        assert_eq!(before.verdict, Verdict::Rejected { retry_after: Nanos(S / 4) });
+    }
+
+    #[test]
+    fn a_sliding_log_records_a_charge_as_one_entry_and_never_grows_past_its_bound() {
+        let limit = Limit::sliding_log(MAX_LOG_ENTRIES, Nanos(S)).unwrap();
+        let mut state = None;
+        for i in 0..MAX_LOG_ENTRIES {
+            let (next, charged) = limit.charge(state.as_ref(), at(i), 1, MAX_LOG_ENTRIES);
+            assert_eq!(charged, 1);
+            state = Some(next);
+        }
+
+        let (full, charged) = limit.charge(state.as_ref(), at(MAX_LOG_ENTRIES), 5, MAX_LOG_ENTRIES);
+
+        assert_eq!(charged, 0, "a full log forgives what it cannot record");
+        let State::Log { entries } = full else { unreachable!() };
+        assert_eq!(entries.len() as u64, MAX_LOG_ENTRIES);
+    }
+
+    #[test]
+    fn a_sliding_log_charge_expires_with_its_entry() {
+        let limit = Limit::sliding_log(3, Nanos(S)).unwrap();
+
+        let (state, charged) = limit.charge(None, T0, 9, 2);
+        let status = limit.status(Some(&state), T0);
+        let after = limit.decide(Some(&state), at(S), 3).0;
+
+        assert_eq!(charged, 5);
+        assert_eq!(status.verdict, Verdict::Rejected { retry_after: Nanos(S) });
+        assert!(after.is_admitted());
+    }
+
+    #[test]
+    fn a_leaky_bucket_is_never_charged() {
+        let limit = Limit::leaky_bucket(Rate::new(1, Nanos(S)).unwrap(), 3, Nanos(S)).unwrap();
+
+        let (state, charged) = limit.charge(None, T0, 2, 3);
+
+        assert_eq!((state, charged), (limit.fresh(), 0));
+    }
+
+    #[test]
+    fn state_of_another_algorithm_is_charged_as_the_exhausted_limit() {
+        let window = State::Window { index: 0, count: 0, previous: 0 };
+
+        let (state, charged) = bucket().charge(Some(&window), T0, 10, 2);
+
+        assert_eq!(charged, 2, "only the debt: the unreadable state counts as empty");
+        assert_eq!(bucket().status(Some(&state), T0).reset_after, Nanos(700 * MS));
+    }
+
+    #[test]
+    fn the_status_of_a_limit_with_something_left_is_the_query() {
+        let (_, state) = bucket().decide(None, T0, 2);
+
+        let status = bucket().status(state.as_ref(), T0);
+
+        assert_eq!(status, bucket().decide(state.as_ref(), T0, 0).0);
+        assert_eq!((status.verdict, status.remaining), (Verdict::Allowed, 3));
     }
 }

@@ -1,17 +1,18 @@
 -- sluice-counter: one atomic decision over one or several counters.
 --
--- Runs shared-store's algorithms (shared-store/src/limit.rs) with exactly the same
--- answers, in Lua doubles: every integer below stays under 2^53 for limits inside the
--- numeric envelope the service validates (counter-service/src/spec.rs). Times are whole
--- microseconds (Redis TIME); results are nanoseconds, as in shared-store.
+-- Runs shared-store's algorithms (shared-store/src/limit.rs: decide, charge, status)
+-- with exactly the same answers, in Lua doubles: every integer below stays under 2^53
+-- for limits inside the numeric envelope the service validates
+-- (counter-service/protocol/src/limit.rs). Times are whole microseconds (Redis TIME);
+-- results are nanoseconds, as in shared-store.
 --
 -- Redis runs a script atomically and never expires a key in the middle of one, so the
 -- reads, the decision and the writes below cannot interleave with another decision.
 --
 -- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot)
 -- ARGV[1]  time override in microseconds, "" in production (tests only)
--- ARGV[2]  "check" or "lease"
--- ARGV[3]  tokens asked for (lease), else 0
+-- ARGV[2]  "check", "lease" or "charge"
+-- ARGV[3]  tokens asked for (lease), max_debt (charge), else 0
 -- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
@@ -27,7 +28,14 @@
 --
 -- Reply: {sec, usec, admitted, granted, then per entry: verdict, limit, remaining,
 -- reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait = delay), 2 rejected
--- (wait = retry_after, -1 = never), 3 exceeds.
+-- (wait = retry_after, -1 = never), 3 exceeds. For a lease, granted is the grant; for a
+-- charge, the units charged, and the entry is the limit's status after the charge.
+--
+-- A charge may leave a counter up to max_debt (<= its capacity) below empty: debt and
+-- counts at most double, which keeps every integer below 2^53 within the envelope.
+
+-- shared_store::MAX_LOG_ENTRIES: the most entries a sliding log holds.
+local MAX_LOG = 256
 
 local GRACE_MS = 1000
 
@@ -73,20 +81,21 @@ end
 -- Each algorithm: (state, now_us, cost, p1..p4) ->
 --   verdict, limit, remaining, reset_ns, wait_ns, new_state_or_nil, ns_until_idle
 
+-- A bucket's debt at now (GCRA's tat - now, scaled), from its state "last debt".
+local function bucket_debt(st, now, a, cap)
+  if not st then return 0 end
+  if not st[2] then return cap end -- undecodable: the most conservative state, as shared-store does
+  local debt = st[2]
+  if debt > 0 then
+    local elapsed = now - st[1]
+    if elapsed >= cdiv(debt, a) then debt = 0 else debt = debt - elapsed * a end
+  end
+  return debt
+end
+
 local function gcra(st, now, cost, a, p, units, max_wait_us, shaping)
   local cap = units * p
-  local debt = 0
-  if st then
-    if st[2] then
-      debt = st[2]
-      if debt > 0 then
-        local elapsed = now - st[1]
-        if elapsed >= cdiv(debt, a) then debt = 0 else debt = debt - elapsed * a end
-      end
-    else
-      debt = cap -- undecodable: the most conservative state, as shared-store does
-    end
-  end
+  local debt = bucket_debt(st, now, a, cap)
   local remaining = 0
   if cap > debt then remaining = fdiv(cap - debt, p) end
   local reset = drain(debt, a)
@@ -140,11 +149,11 @@ local function fixed(st, now, cost, limit, wms)
   return 2, limit, remaining, reset, until_end, nil, 0
 end
 
-local function sliding(st, now, cost, limit, wms)
-  local w = wms * 1000 -- window in us
-  local wns = w * 1000
-  local now_ms = fdiv(now, 1000)
-  local cur = fdiv(now_ms, wms)
+-- A sliding window's counters at now: index, count, previous, offset (us) into window
+-- index; a clock that went back is treated as the start of the stored window.
+local function slide(st, now, limit, wms)
+  local w = wms * 1000
+  local cur = fdiv(fdiv(now, 1000), wms)
   local offset = now - cur * w
   local index, count, previous = cur, 0, 0
   if st then
@@ -160,6 +169,13 @@ local function sliding(st, now, cost, limit, wms)
       index, previous, count = cur, sc, 0
     end
   end
+  return index, count, previous, offset
+end
+
+local function sliding(st, now, cost, limit, wms)
+  local w = wms * 1000 -- window in us
+  local wns = w * 1000
+  local index, count, previous, offset = slide(st, now, limit, wms)
   -- ns from now until window i starts, never negative
   local function until_start(i)
     local v = (i * w - now) * 1000
@@ -207,8 +223,8 @@ local function sliding(st, now, cost, limit, wms)
   return 2, limit, remaining, reset_for(count), target, nil, 0
 end
 
-local function slog(st, now, cost, limit, wms)
-  local w = wms * 1000
+-- A sliding log's live entries at now (flat: at1, cost1, at2, cost2, ...) and their sum.
+local function live_log(st, now, limit, w)
   local live = {}
   local used = 0
   if st then
@@ -225,6 +241,12 @@ local function slog(st, now, cost, limit, wms)
       used = limit
     end
   end
+  return live, used
+end
+
+local function slog(st, now, cost, limit, wms)
+  local w = wms * 1000
+  local live, used = live_log(st, now, limit, w)
   local function expiry(at)
     local v = (at + w - now) * 1000
     if v < 0 then v = 0 end
@@ -267,6 +289,96 @@ local function run(code, st, now, cost, p1, p2, p3, p4)
   return slog(st, now, cost, p1, p2)
 end
 
+-- Charges: (state, now_us, cost, max_debt, p1..p3) -> new state (a table in the parsed
+-- form, first field now) or nil when nothing is charged, units charged, ns until idle.
+-- Whole units, at most max_debt below empty (shared_store::Limit::charge).
+
+local function charge_gcra(st, now, cost, d, a, p, units)
+  local debt = bucket_debt(st, now, a, units * p)
+  local ceiling = (units + d) * p
+  local room = 0
+  if ceiling > debt then room = fdiv(ceiling - debt, p) end
+  local c = math.min(cost, room)
+  if c <= 0 then return nil, 0, 0 end
+  local need = debt + c * p
+  return { now, need }, c, drain(need, a)
+end
+
+local function charge_fixed(st, now, cost, d, limit, wms)
+  local now_ms = fdiv(now, 1000)
+  local cur = fdiv(now_ms, wms)
+  local index, count = cur, 0
+  if st then
+    if st[4] then
+      if st[2] >= cur then index, count = st[2], st[3] end
+    else
+      index, count = cur, limit
+    end
+  end
+  local room = limit + d - count
+  local c = math.min(cost, room)
+  if c <= 0 then return nil, 0, 0 end
+  local until_end = ((index + 1) * wms - now_ms) * 1000000 - (now - now_ms * 1000) * 1000
+  if until_end < 0 then until_end = 0 end
+  return { now, index, count + c, 0 }, c, until_end
+end
+
+local function charge_sliding(st, now, cost, d, limit, wms)
+  local w = wms * 1000
+  local index, count, previous, offset = slide(st, now, limit, wms)
+  local used = previous * (w - offset) + count * w
+  local ceiling = (limit + d) * w
+  local room = 0
+  if ceiling > used then room = fdiv(ceiling - used, w) end
+  local c = math.min(cost, room)
+  if c <= 0 then return nil, 0, 0 end
+  local idle = ((index + 2) * w - now) * 1000
+  if idle < 0 then idle = 0 end
+  return { now, index, count + c, previous }, c, idle
+end
+
+local function charge_slog(st, now, cost, d, limit, wms)
+  local w = wms * 1000
+  local live, used = live_log(st, now, limit, w)
+  if #live / 2 >= MAX_LOG then return nil, 0, 0 end
+  local c = math.min(cost, limit + d - used)
+  if c <= 0 then return nil, 0, 0 end
+  local at = now
+  if #live > 0 and live[#live - 1] > now then at = live[#live - 1] end
+  local state = { now }
+  for i = 1, #live do state[#state + 1] = live[i] end
+  state[#state + 1] = at
+  state[#state + 1] = c
+  local idle = (at + w - now) * 1000
+  if idle < 0 then idle = 0 end
+  return state, c, idle
+end
+
+local function charge(code, st, now, cost, d, p1, p2, p3)
+  if code == 'tb' then return charge_gcra(st, now, cost, d, p1, p2, p3) end
+  if code == 'fw' then return charge_fixed(st, now, cost, d, p1, p2) end
+  if code == 'sw' then return charge_sliding(st, now, cost, d, p1, p2) end
+  if code == 'sl' then return charge_slog(st, now, cost, d, p1, p2) end
+  return nil, 0, 0 -- a leaky bucket is never charged
+end
+
+-- shared_store::Limit::status: a query, whose verdict is the rejection of one unit
+-- (with its exact wait) when nothing is left.
+local function status(code, st, now, p1, p2, p3, p4)
+  local v, limit, remaining, reset, wait = run(code, st, now, 0, p1, p2, p3, p4)
+  if remaining == 0 then
+    local v1, _, _, _, wait1 = run(code, st, now, 1, p1, p2, p3, p4)
+    if v1 == 2 then v, wait = v1, wait1 end
+  end
+  return v, limit, remaining, reset, wait
+end
+
+local function serialize(t)
+  local parts = {}
+  for i = 1, #t do parts[i] = fmt(t[i]) end
+  return table.concat(parts, ' ')
+end
+
 local real_now
 local override = ARGV[1]
 if override ~= '' then
@@ -300,6 +412,14 @@ for i = 1, n do
     local g = math.min(tokens, left)
     v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, 1), p1, p2, p3, p4)
     if g > 0 and v <= 1 then granted = g else state = nil end
+  elseif op == 'charge' then
+    local charged_st, c, charged_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
+    local after = st
+    if charged_st then
+      after, granted, idle = charged_st, c, charged_idle
+      state = serialize(charged_st)
+    end
+    v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
   else
     v, limit, remaining, reset, wait, state, idle = run(code, st, now, cost, p1, p2, p3, p4)
     if v > 1 then admitted = false end
@@ -315,7 +435,7 @@ for i = 1, n do
   reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait
 end
 
-if op == 'lease' then
+if op == 'lease' or op == 'charge' then
   reply[4] = granted
   admitted = granted > 0
 end

@@ -22,8 +22,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shared_store::{Decision, Limit, Nanos, State};
 
-use super::{CheckOutcome, LeaseOutcome, StoreError, decide_lease};
-use crate::api::{CheckPlan, LeasePlan, PlannedEntry};
+use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease};
+use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
 
 /// How long a shard that was found full of active keys is not swept again.
 const FULL_RECHECK: Nanos = Nanos::from_millis(100);
@@ -270,5 +270,26 @@ impl MemoryStore {
         self.reserve(&mut guards, &entries, &pending, now)?;
         Self::apply(&mut guards, &entries, pending);
         Ok(LeaseOutcome { granted, at: now, decision })
+    }
+
+    /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the
+    /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Full`] when the key is new and does not fit.
+    pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+        let entries = [&plan.entry];
+        let shard = self.shard_of(&plan.entry.storage_key);
+        let mut guards = self.lock_all(&[shard]);
+        let now = at.unwrap_or_else(|| self.now());
+        let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&plan.entry.storage_key));
+        let decided_at = slot.map_or(now, |s| s.last.max(now));
+        let limit = &plan.entry.policy.limit;
+        let (next, charged) = limit.charge(slot.map(|s| &s.state), decided_at, plan.entry.cost, plan.max_debt);
+        let decision = limit.status(Some(&next), decided_at);
+        let pending = vec![Pending { shard, decision, next: (charged > 0).then_some(next), at: decided_at }];
+        self.reserve(&mut guards, &entries, &pending, now)?;
+        Self::apply(&mut guards, &entries, pending);
+        Ok(ChargeOutcome { charged, at: now, decision })
     }
 }

@@ -1,10 +1,11 @@
 //! The Redis store: every decision is one Lua script (`decide.lua`) on one Redis node.
 //!
 //! * **Atomic.** The script reads every counter of a check, decides with Redis' own
-//!   clock (`TIME`), and writes only if all admit. All keys of one check share a hash
+//!   clock (`TIME`), and writes only if all admit. Leases and charges are one key each,
+//!   decided and written in the same script. All keys of one check share a hash
 //!   tag, so on Redis Cluster they live in one slot and the script runs on its owner.
 //! * **Exact.** The script reproduces `shared-store`'s integer algorithms in Lua doubles
-//!   within the numeric envelope of [`crate::spec`].
+//!   within the numeric envelope of `sluice-protocol`.
 //! * **Every key has a TTL**, set by the same `SET .. PX` that writes it, long enough
 //!   for the state to become idle (when dropping it changes no answer), plus a second.
 //! * **Scripts by hash.** `EVALSHA` first; only a `NOSCRIPT` answer (which means the
@@ -27,8 +28,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use shared_store::{Decision, Nanos, Verdict};
 
-use super::{CheckOutcome, LeaseOutcome, StoreError};
-use crate::api::{CheckPlan, LeasePlan, PlannedEntry};
+use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError};
+use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
 
 /// The decision script.
 pub const SCRIPT: &str = include_str!("decide.lua");
@@ -357,6 +358,19 @@ impl RedisStore {
             .next()
             .ok_or_else(|| StoreError::Protocol("lease reply without a decision".into()))?;
         Ok(LeaseOutcome { granted, at, decision })
+    }
+
+    /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script.
+    ///
+    /// # Errors
+    /// See [`StoreError`].
+    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+        let (at, _, charged, decisions) = self.decide("charge", plan.max_debt, &[&plan.entry], at).await?;
+        let decision = decisions
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Protocol("charge reply without a decision".into()))?;
+        Ok(ChargeOutcome { charged, at, decision })
     }
 
     /// `PING` within the deadline.

@@ -171,6 +171,43 @@ fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> 
             400,
             "invalid_ttl",
         ),
+        (
+            "charge of a leaky bucket",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 0,
+                   "limit": {"algorithm": "leaky_bucket", "amount": 1, "per_ms": 1000, "max_queue": 5, "max_wait_ms": 100}})
+            .to_string(),
+            400,
+            "not_chargeable",
+        ),
+        (
+            "charge with a debt bound above the capacity",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 11, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_max_debt",
+        ),
+        (
+            "charge above 2^40",
+            "/v1/charge",
+            json!({"key": "probe", "cost": (1_u64 << 40) + 1, "max_debt": 1, "limit": probe_limit()}).to_string(),
+            400,
+            "outside_envelope",
+        ),
+        (
+            "charge without a debt bound",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "limit": probe_limit()}).to_string(),
+            400,
+            "missing_field",
+        ),
+        (
+            "charge with a lease's fields",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "tokens": 1, "limit": probe_limit()}).to_string(),
+            400,
+            "unknown_field",
+        ),
         ("unknown route", "/v2/check", json!({"entries": [probe]}).to_string(), 404, "not_found"),
     ]
 }
@@ -261,6 +298,42 @@ async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
     assert_eq!((first["granted"].as_u64(), first["expires_in_ms"].as_u64()), (Some(8), Some(2000)));
     assert_eq!(first["entry"]["remaining"], 2);
     assert_eq!(second["granted"], 2);
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it() {
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(Config::defaults()).await;
+    let charge = |cost: u64| json!({"key": "route", "cost": cost, "max_debt": 3, "limit": probe_limit()});
+
+    let (status, first) = http.post("/v1/charge", &charge(15)).await;
+    let (_, second) = http.post("/v1/charge", &charge(1)).await;
+    let (_, check) = http.post("/v1/check", &json!({"entries": [{"key": "route", "limit": probe_limit()}]})).await;
+    let (_, metrics) = http.get("/metrics").await;
+
+    assert_eq!(status, 200, "{first}");
+    assert_eq!((first["charged"].as_u64(), first["forgiven"].as_u64()), (Some(13), Some(2)), "{first}");
+    assert!(first["at_ns"].as_u64().expect("at_ns") > 1_700_000_000_000_000_000);
+    let entry = &first["entry"];
+    assert_eq!(
+        (entry["verdict"].as_str(), entry["remaining"].as_u64(), entry["limit"].as_u64()),
+        (Some("rejected"), Some(0), Some(10))
+    );
+    // 13 tokens of debt at one a day: one token is admitted again once 4 have refilled.
+    let retry = entry["retry_after_ns"].as_u64().expect("retry");
+    let four_days = 4 * 86_400_000_000_000_u64;
+    assert!(retry <= four_days && retry > four_days - 60_000_000_000, "{entry}");
+    assert!(entry["reset_after_ns"].as_u64().expect("reset") > 12 * 86_400_000_000_000, "{entry}");
+    assert_eq!((second["charged"].as_u64(), second["forgiven"].as_u64()), (Some(0), Some(1)), "at the bound: {second}");
+    assert_eq!((check["admitted"].as_bool(), check["entries"][0]["verdict"].as_str()), (Some(false), Some("rejected")));
+    for line in [
+        "sluice_counter_charges_total 2",
+        "sluice_counter_charged_tokens_total 13",
+        "sluice_counter_forgiven_tokens_total 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
     running.stop().await.expect("clean stop");
 }
 

@@ -200,6 +200,78 @@ async fn time_that_steps_backwards_never_refills(store: &Store, tag: &str) {
     assert_eq!(later.verdict, Verdict::Allowed);
 }
 
+async fn a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound(store: &Store, tag: &str) {
+    one(store, tag, entry("k", bucket(), 1), 0).await;
+
+    let charged = charge(store, tag, "k", bucket(), (10, 2), t_us(0)).await;
+    let check_after = one(store, tag, entry("k", bucket(), 1), 0).await;
+
+    // 3 left in the bucket, then 2 below empty: 5 charged, 5 forgiven.
+    assert_eq!(charged.charged, 5);
+    assert_eq!(charged.at, t_us(0));
+    assert_eq!((charged.decision.remaining, charged.decision.limit), (0, 4));
+    // 6 tokens' worth of debt at 500 ms each: full again in 3 s, one token after 1.5 s.
+    assert_eq!(charged.decision.reset_after, Nanos::from_millis(3000));
+    assert_eq!(charged.decision.verdict, rejected(1500));
+    assert_eq!(check_after.verdict, rejected(1500));
+}
+
+async fn a_counter_in_debt_admits_nothing_until_repaid_and_then_exactly_on_time(store: &Store, tag: &str) {
+    let window = LimitSpec::SlidingWindow { limit: 4, window_ms: 1000 };
+    charge(store, tag, "bucket", bucket(), (8, 4), t_us(0)).await;
+    charge(store, tag, "window", window, (6, 4), t_us(0)).await;
+
+    let bucket_early = one(store, tag, entry("bucket", bucket(), 1), 2500 * MS - 1).await;
+    let bucket_on_time = one(store, tag, entry("bucket", bucket(), 1), 2500 * MS).await;
+    // 6 counted in window 0: in window 1, 6 × (1 − e) + 1 ≤ 4 from e = 1/2 on.
+    let window_early = one(store, tag, entry("window", window, 1), 1500 * MS - 1).await;
+    let window_on_time = one(store, tag, entry("window", window, 1), 1500 * MS).await;
+
+    assert_eq!(bucket_early.verdict, Verdict::Rejected { retry_after: Nanos(1000) });
+    assert_eq!(bucket_on_time.verdict, Verdict::Allowed);
+    assert!(matches!(window_early.verdict, Verdict::Rejected { .. }), "{window_early:?}");
+    assert_eq!(window_on_time.verdict, Verdict::Allowed);
+}
+
+async fn a_fixed_window_charge_carries_its_debt_only_to_the_end_of_the_window(store: &Store, tag: &str) {
+    let limit = LimitSpec::FixedWindow { limit: 3, window_ms: 1000 };
+
+    let charged = charge(store, tag, "k", limit, (5, 1), t_us(250 * MS)).await;
+    let again = charge(store, tag, "k", limit, (5, 1), t_us(300 * MS)).await;
+    let next_window = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
+
+    assert_eq!((charged.charged, charged.decision.verdict), (4, rejected(750)));
+    assert_eq!((again.charged, again.decision.remaining), (0, 0), "already at the bound");
+    assert_eq!((next_window.verdict, next_window.remaining), (Verdict::Allowed, 2));
+}
+
+async fn a_sliding_log_records_at_most_256_entries_of_charges(store: &Store, tag: &str) {
+    let limit = LimitSpec::SlidingLog { limit: 256, window_ms: 60_000 };
+    let mut charged = 0;
+    for i in 0..256 {
+        charged += charge(store, tag, "k", limit, (1, 256), t_us(i)).await.charged;
+    }
+
+    let full = charge(store, tag, "k", limit, (1, 256), t_us(256)).await;
+    let after_the_first_expires = charge(store, tag, "k", limit, (1, 256), t_us(60_000 * MS)).await;
+
+    assert_eq!(charged, 256);
+    assert_eq!((full.charged, full.decision.remaining), (0, 0), "a full log forgives what it cannot record");
+    assert_eq!(after_the_first_expires.charged, 1);
+}
+
+async fn a_charge_of_a_key_never_seen_starts_from_a_full_limit(store: &Store, tag: &str) {
+    let log = LimitSpec::SlidingLog { limit: 3, window_ms: 1000 };
+
+    let small = charge(store, tag, "a", bucket(), (1, 0), t_us(0)).await;
+    let logged = charge(store, tag, "b", log, (2, 3), t_us(0)).await;
+    let nothing = charge(store, tag, "c", bucket(), (0, 4), t_us(0)).await;
+
+    assert_eq!((small.charged, small.decision.verdict, small.decision.remaining), (1, Verdict::Allowed, 3));
+    assert_eq!((logged.charged, logged.decision.remaining), (2, 1));
+    assert_eq!((nothing.charged, nothing.decision.remaining), (0, 4));
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -241,4 +313,9 @@ on_every_store!(
     a_lease_deducts_the_granted_tokens_from_the_global_budget,
     a_cost_of_zero_queries_without_spending,
     time_that_steps_backwards_never_refills,
+    a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound,
+    a_counter_in_debt_admits_nothing_until_repaid_and_then_exactly_on_time,
+    a_fixed_window_charge_carries_its_debt_only_to_the_end_of_the_window,
+    a_sliding_log_records_at_most_256_entries_of_charges,
+    a_charge_of_a_key_never_seen_starts_from_a_full_limit,
 );

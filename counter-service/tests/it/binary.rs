@@ -32,10 +32,19 @@ impl Service {
 }
 
 fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_request(addr, "GET", path, "", "")
+}
+
+fn http_request(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     Some(response)
@@ -60,6 +69,9 @@ fn help_lists_every_setting_with_its_environment_variable() {
         "--max-entries",
         "--memory-max-keys",
         "--log-format",
+        "--token-file",
+        "SLUICE_COUNTER_TOKEN_FILE",
+        "SLUICE_COUNTER_TOKEN",
     ] {
         assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
     }
@@ -122,4 +134,69 @@ fn a_bad_setting_refuses_to_start_and_names_it() {
 
     assert!(!out.status.success());
     assert!(err.contains("--redis-pool-size"), "{err}");
+}
+
+#[test]
+fn help_never_shows_a_token_set_in_the_environment() {
+    let out = Command::new(BIN).arg("--help").env("SLUICE_COUNTER_TOKEN", "env-t0ken-9c1e").output().expect("runs");
+
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(!help.contains("env-t0ken-9c1e"), "{help}");
+}
+
+#[test]
+fn a_token_from_a_file_is_required_of_callers_and_never_logged_even_at_trace_level() {
+    const TOKEN: &str = "file-t0ken-5d2b88";
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("SLUICE_COUNTER_LISTEN", &addr)
+        .env("SLUICE_COUNTER_TOKEN_FILE", &path)
+        .args(["--log", "trace"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let service = Service(child);
+    let body = r#"{"entries":[{"key":"k","limit":{"algorithm":"fixed_window","limit":5,"window_ms":60000}}]}"#;
+
+    wait_until(Duration::from_secs(10), "GET /healthz", || http_get(&addr, "/healthz").is_some());
+    let anonymous = http_request(&addr, "POST", "/v1/check", "", body).expect("answered");
+    let wrong = http_request(&addr, "POST", "/v1/check", "Authorization: Bearer file-t0ken-5d2b89\r\n", body)
+        .expect("answered");
+    let right = http_request(&addr, "POST", "/v1/check", &format!("Authorization: Bearer {TOKEN}\r\n"), body)
+        .expect("answered");
+    let exit = service.terminate();
+    let logs: Vec<String> = BufReader::new(stderr).lines().map_while(Result::ok).collect();
+
+    assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+    assert!(right.starts_with("HTTP/1.1 200"), "{right}");
+    assert!(exit.success());
+    assert!(logs.iter().filter(|l| l.contains("caller refused")).count() == 2, "refusals are logged: {logs:#?}");
+    assert!(logs.iter().any(|l| l.contains("auth") && l.contains("bearer")), "the start line says a token is required");
+    assert!(logs.iter().all(|l| !l.contains(TOKEN)), "the token is in the logs: {logs:#?}");
+}
+
+#[test]
+fn an_empty_token_file_refuses_to_start_and_names_the_flag() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("token");
+    std::fs::write(&path, "").expect("write");
+
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("SLUICE_COUNTER_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .arg("--token-file")
+        .arg(&path)
+        .output()
+        .expect("runs");
+
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--token-file") && err.contains("empty"), "{err}");
 }

@@ -1,13 +1,14 @@
 //! Differential test: the Lua script on a real Redis against `shared-store`'s
 //! `Limit::decide`, over many random limits inside the numeric envelope, random
 //! times (including exact retry-after instants, one microsecond before them, long
-//! idle gaps and backward steps) and random costs, checks and leases.
+//! idle gaps and backward steps) and random costs, checks, leases and charges (which
+//! push counters below empty, so checks and leases also run on states in debt).
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::Policy;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
-use crate::support::{RedisServer, entry, lease_plan, plan, redis_store, t_us};
+use crate::support::{RedisServer, charge_plan, entry, lease_plan, plan, redis_store, t_us};
 
 /// xorshift64*: deterministic, seedable, no dependency.
 struct Rng(u64);
@@ -100,6 +101,19 @@ impl Reference {
             _ => (0, decision),
         }
     }
+
+    /// What the memory store does: `Limit::charge` at the key's latest time, the status
+    /// after it, and a write only when something was charged.
+    fn charge(&mut self, limit: &Limit, now: Nanos, cost: u64, max_debt: u64) -> (u64, Decision) {
+        let at = now.max(self.last);
+        let (next, charged) = limit.charge(self.state.as_ref(), at, cost, max_debt);
+        let status = limit.status(Some(&next), at);
+        if charged > 0 {
+            self.state = Some(next);
+            self.last = at;
+        }
+        (charged, status)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,6 +126,8 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut rng = Rng(seed);
     let mut compared = 0u64;
     let mut rejections = 0u64;
+    let mut charges = 0u64;
+    let mut forgiven = 0u64;
 
     for case in 0..cases {
         let spec = random_spec(&mut rng);
@@ -126,6 +142,24 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
             let now = t_us(now_us as u64);
             let context = || format!("seed {seed:#x} case {case} step {step}: {spec:?} at {now_us} us");
             if policy.leasable() && rng.chance(15) {
+                // From nothing to three times the capacity, and debt bounds from none to the most allowed.
+                let cost = rng.below(3 * policy.capacity() + 1);
+                let max_debt = if rng.chance(20) { policy.capacity() } else { rng.below(policy.capacity() + 1) };
+                let (charged, expected) = reference.charge(&policy.limit, now, cost, max_debt);
+                let got = store
+                    .charge(&charge_plan(&tag, "k", spec, cost, max_debt), Some(now))
+                    .await
+                    .expect("redis answers");
+                assert_eq!(
+                    (got.charged, got.decision),
+                    (charged, expected),
+                    "charge of {cost}, debt {max_debt}: {}",
+                    context()
+                );
+                charges += 1;
+                forgiven += u64::from(charged < cost);
+                last = expected;
+            } else if policy.leasable() && rng.chance(15) {
                 let tokens = 1 + rng.below(policy.capacity());
                 let (granted, expected) = reference.lease(&policy.limit, now, tokens);
                 let got = store.lease(&lease_plan(&tag, "k", spec, tokens), Some(now)).await.expect("redis answers");
@@ -150,5 +184,6 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     }
 
     assert!(rejections > compared / 20, "the random walk must reach rejections often: {rejections} of {compared}");
+    assert!(forgiven > charges / 10, "charges must reach their debt bound often: {forgiven} of {charges}");
     redis.assert_every_key_has_a_ttl();
 }

@@ -4,6 +4,7 @@
 //! (see `support`), and fail loudly when it is not installed.
 
 mod api;
+mod auth;
 mod behaviour;
 mod binary;
 mod concurrency;

@@ -21,11 +21,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use shared_store::Nanos;
-use sluice_counter::api::{CheckPlan, LeasePlan};
+use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
-    CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
+    ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
 };
-use sluice_protocol::{CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
+use sluice_protocol::{ChargeRequest, CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.
 pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
@@ -340,29 +340,97 @@ pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens
     store.lease(&lease_plan(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
 }
 
-/// A small HTTP/1.1 JSON client.
+pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: u64) -> ChargePlan {
+    let request =
+        ChargeRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, cost, max_debt };
+    ChargePlan::new(&request).expect("a valid charge")
+}
+
+pub async fn charge(
+    store: &Store,
+    tag: &str,
+    key: &str,
+    limit: LimitSpec,
+    (cost, max_debt): (u64, u64),
+    at: Nanos,
+) -> ChargeOutcome {
+    store.charge(&charge_plan(tag, key, limit, cost, max_debt), Some(at)).await.expect("the store answers")
+}
+
+/// Which HTTP the test client speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 with keep-alive.
+    Http1,
+    /// HTTP/2 over cleartext with prior knowledge (the client starts with the preface).
+    H2c,
+}
+
+/// Both protocols, for tests that must give the same answers over each.
+pub const PROTOCOLS: [Protocol; 2] = [Protocol::Http1, Protocol::H2c];
+
+/// A small JSON client over HTTP/1.1 or h2c, with optional extra headers on every
+/// request (an `authorization` header, say).
 #[derive(Clone, Debug)]
 pub struct Http {
     client: Client<HttpConnector, Full<Bytes>>,
     base: String,
+    protocol: Protocol,
+    headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
 }
 
 impl Http {
+    /// An HTTP/1.1 client.
     pub fn new(addr: std::net::SocketAddr) -> Self {
-        let client = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build_http();
-        Self { client, base: format!("http://{addr}") }
+        Self::with(addr, Protocol::Http1)
+    }
+
+    pub fn with(addr: std::net::SocketAddr, protocol: Protocol) -> Self {
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_max_idle_per_host(256);
+        if protocol == Protocol::H2c {
+            builder.http2_only(true);
+        }
+        Self { client: builder.build_http(), base: format!("http://{addr}"), protocol, headers: Vec::new() }
+    }
+
+    /// The same client, sending `name: value` on every request.
+    pub fn header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.push((
+            hyper::header::HeaderName::from_static(name),
+            hyper::header::HeaderValue::from_str(value).expect("a header value"),
+        ));
+        self
+    }
+
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// Sends a request; returns the status, the response headers and the body.
+    pub async fn exchange(&self, method: &str, path: &str, body: impl Into<Bytes>) -> (u16, hyper::HeaderMap, Bytes) {
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("content-type", "application/json");
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        let request = request.body(Full::new(body.into())).expect("a request");
+        let response = self.client.request(request).await.expect("the service answers");
+        let expected = match self.protocol {
+            Protocol::Http1 => hyper::Version::HTTP_11,
+            Protocol::H2c => hyper::Version::HTTP_2,
+        };
+        assert_eq!(response.version(), expected, "answered in the protocol asked for");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.into_body().collect().await.expect("a body").to_bytes();
+        (status, headers, body)
     }
 
     pub async fn send(&self, method: &str, path: &str, body: impl Into<Bytes>) -> (u16, Bytes) {
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(Full::new(body.into()))
-            .expect("a request");
-        let response = self.client.request(request).await.expect("the service answers");
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await.expect("a body").to_bytes();
+        let (status, _, body) = self.exchange(method, path, body).await;
         (status, body)
     }
 
