@@ -2,6 +2,7 @@
 //! project claims about the filter, checked in the reference host. Each test starts its
 //! own Envoy (see `sluice_tests::envoy`).
 
+mod callouts;
 mod configs;
 
 use sluice_tests::envoy::Envoy;
