@@ -1,12 +1,16 @@
 //! Support for the end-to-end tests in `tests/tests/`: a real Envoy per test
 //! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
-//! ([`upstream`]), a real `sluice-counter` ([`counter`]) and misbehaving peers
-//! ([`faults`]), and the reference bucket admissions are replayed through ([`oracle`]).
+//! ([`upstream`]), an upstream that echoes the request head ([`echo`]), loopback servers
+//! that misbehave on the wire in one chosen way ([`wire`]) or as a counter service can
+//! ([`faults`]), a real `sluice-counter` ([`counter`]), and the reference bucket
+//! admissions are replayed through ([`oracle`]).
 
 pub mod counter;
 pub mod deploy;
+pub mod echo;
 pub mod envoy;
 pub mod faults;
 pub mod http;
 pub mod oracle;
 pub mod upstream;
+pub mod wire;

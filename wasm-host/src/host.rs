@@ -12,7 +12,7 @@ use std::time::Duration;
 use shared_store::store::MemoryStore;
 use wasmtime::{Config, Engine, ExternType, InstancePre, Linker, Module, OptLevel, ProfilingStrategy, format_err};
 
-use crate::callout::{Answer, CalloutFailures, CalloutRequest, Cluster};
+use crate::callout::{Answer, CalloutRequest, Cluster};
 use crate::clock::{Clock, VirtualClock};
 use crate::logs::{LogLevel, LogRecord, LogSink, LogSource};
 use crate::metrics::{Histogram, MetricValue, Metrics};
@@ -269,7 +269,6 @@ pub(crate) struct Shared {
     pub(crate) properties: HashMap<Vec<u8>, Vec<u8>>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) entropy: Entropy,
-    pub(crate) callout_failures: CalloutFailures,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_memory: usize,
     /// Epoch ticks a single guest call may run before it traps.
@@ -383,7 +382,6 @@ pub struct HostBuilder {
     log_printer: Option<crate::logs::Printer>,
     env: Vec<(String, String)>,
     properties: HashMap<Vec<u8>, Vec<u8>>,
-    callout_failures: CalloutFailures,
     random_seed: Option<u64>,
     max_memory: usize,
     call_time_limit: Option<Duration>,
@@ -423,7 +421,6 @@ impl HostBuilder {
             log_printer: None,
             env: Vec::new(),
             properties: HashMap::new(),
-            callout_failures: CalloutFailures::default(),
             random_seed: Some(0x5eed),
             max_memory: DEFAULT_MAX_MEMORY,
             call_time_limit: Some(DEFAULT_CALL_TIME_LIMIT),
@@ -491,25 +488,20 @@ impl HostBuilder {
         self
     }
 
-    /// Maps a cluster name to a real HTTP/1.1 server.
+    /// Maps a cluster name to a real HTTP/1.1 server ([`Cluster::Http`]).
     pub fn cluster(mut self, name: impl Into<String>, addr: std::net::SocketAddr) -> Self {
         self.clusters.insert(name.into(), Cluster::Http(addr));
         self
     }
 
-    /// Maps a cluster name to a script that answers each callout.
+    /// Maps a cluster name to a script that answers each callout ([`Cluster::Scripted`]):
+    /// what the upstream does on the wire, and when.
     pub fn scripted_cluster(
         mut self,
         name: impl Into<String>,
         script: impl Fn(&CalloutRequest) -> Answer + Send + Sync + 'static,
     ) -> Self {
         self.clusters.insert(name.into(), Cluster::Scripted(Arc::new(script)));
-        self
-    }
-
-    /// How failed callouts reach the guest; [`CalloutFailures::ZeroHeaders`] by default.
-    pub fn callout_failures(mut self, failures: CalloutFailures) -> Self {
-        self.callout_failures = failures;
         self
     }
 
@@ -646,7 +638,6 @@ impl HostBuilder {
             properties: self.properties,
             env: self.env,
             entropy,
-            callout_failures: self.callout_failures,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,
             call_ticks: self.call_time_limit.map_or(u64::MAX, |limit| {

@@ -22,8 +22,10 @@
 //!   order, every tick and every callout answer or timeout that falls due, so a paused
 //!   request resumes without any sleep.
 //! * Callouts go to named clusters: a real HTTP/1.1 server ([`HostBuilder::cluster`]) or
-//!   a script ([`HostBuilder::scripted_cluster`] returning an [`Answer`]: a response, a
-//!   delay, a connection failure, or no answer).
+//!   a script ([`HostBuilder::scripted_cluster`] returning an [`Answer`]: what the
+//!   upstream does on the wire, and when). Either way the guest sees what Envoy's router
+//!   makes of it: a refused connection or a timeout is a `503` or `504` response, a
+//!   reset after the response head is `(0, 0, 0)` (see [`callout`]).
 //! * A trap is never swallowed: it is logged, counted (`wasm_host.traps`), listed by
 //!   [`Host::traps`] with the guest's panic message, and the [`FailurePolicy`] applies to
 //!   every stream of that VM; the other workers keep serving.
@@ -106,7 +108,11 @@
 //! Known differences: the body of a request or response reaches the filter in one
 //! chunk; the streams of a failed VM get the failure policy at once (Envoy applies it
 //! at each stream's next event); `proxy_send_local_response` with a status outside
-//! 100–999 is `BAD_ARGUMENT` (Envoy sends it); there are no gRPC calls.
+//! 100–999 is `BAD_ARGUMENT` (Envoy sends it); there are no gRPC calls. A real callout
+//! opens a fresh HTTP/1.1 connection (Envoy pools upstream connections and may reuse
+//! one, and speaks HTTP/2 to a cluster configured for it); a cluster's connect timeout
+//! is not modelled (only the guest's timeout ends a connect that hangs); a response body
+//! over 16 MiB resets the call (Envoy's limit was not measured).
 //!
 //! # Layout
 //!
@@ -128,7 +134,7 @@ pub mod shared_data;
 mod state;
 pub mod worker;
 
-pub use callout::{Answer, CalloutFailures, CalloutRequest, Cluster};
+pub use callout::{Answer, CalloutRequest, Cluster};
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use headers::Headers;
 pub use host::{FailurePolicy, Host, HostBuilder, HostError, MetricsHandle, TrapReport, Wasm};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use wasmtime::{Memory, StoreLimits, TypedFunc};
 
-use crate::callout::{CalloutFailure, CalloutResponse};
+use crate::callout::{CalloutResponse, Ending};
 use crate::host::Shared;
 use crate::metrics::MetricIds;
 use crate::request::{ClientResponse, Message, ResponseSource};
@@ -306,10 +306,25 @@ pub(crate) struct PendingCallout {
 /// How a pending callout will end.
 #[derive(Debug)]
 pub(crate) enum Delivery {
-    /// A scripted answer, due at this monotonic time.
-    Scheduled { at: u64, result: Result<CalloutResponse, CalloutFailure> },
-    /// A scripted "never": only the deadline ends it.
-    Never,
-    /// A real request in flight; its completion arrives through the worker's inbox.
-    InFlight { task: tokio::task::AbortHandle },
+    /// A scripted answer that ends this way at this monotonic time.
+    Scheduled { at: u64, ending: Ending },
+    /// A scripted answer that never ends (only the deadline does); its response head
+    /// arrives at `head_at`, or never.
+    Stalled { head_at: Option<u64> },
+    /// A real request in flight; its response head and its end arrive through the
+    /// worker's inbox.
+    InFlight { task: tokio::task::AbortHandle, head_arrived: bool },
+}
+
+impl Delivery {
+    /// Whether the response head had arrived by `now`: a timeout then resets the call
+    /// instead of answering `504`.
+    pub(crate) fn head_arrived(&self, now: u64) -> bool {
+        match self {
+            // A scripted ending is all or nothing: due later, nothing has arrived yet.
+            Self::Scheduled { .. } => false,
+            Self::Stalled { head_at } => head_at.is_some_and(|at| at <= now),
+            Self::InFlight { head_arrived, .. } => *head_arrived,
+        }
+    }
 }

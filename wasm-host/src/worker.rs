@@ -25,7 +25,7 @@ use std::time::Instant;
 use wasmtime::{Instance, Store, StoreLimitsBuilder, TypedFunc, WasmParams, WasmResults};
 
 use crate::abi::status;
-use crate::callout::{CalloutFailure, CalloutFailures, CalloutResponse};
+use crate::callout::Ending;
 use crate::headers::Headers;
 use crate::host::{FailurePolicy, HostError, Shared, TrapReport};
 use crate::logs::LogLevel;
@@ -54,8 +54,10 @@ impl Mailbox {
 
 /// Messages a worker receives from other threads.
 pub(crate) enum Inbox {
-    /// A real callout finished.
-    Callout { generation: u64, token: u32, result: Result<CalloutResponse, CalloutFailure> },
+    /// A real callout's response head arrived.
+    CalloutHead { generation: u64, token: u32 },
+    /// A real callout ended.
+    Callout { generation: u64, token: u32, ending: Ending },
     /// An item was enqueued on a shared queue this worker's root context registered.
     QueueReady { generation: u64, root: u32, token: u32 },
 }
@@ -414,7 +416,7 @@ impl Worker {
         self.failed = true;
         let vm = &mut self.store.data_mut().vm;
         for (_, callout) in vm.callouts.drain() {
-            if let Delivery::InFlight { task } = callout.delivery {
+            if let Delivery::InFlight { task, .. } = callout.delivery {
                 task.abort();
             }
         }
@@ -929,9 +931,17 @@ impl Worker {
     /// Handles a message from another thread.
     pub(crate) fn handle_inbox(&mut self, message: Inbox) {
         match message {
-            Inbox::Callout { generation, token, result } => {
+            Inbox::CalloutHead { generation, token } => {
+                if generation == self.generation
+                    && let Some(Delivery::InFlight { head_arrived, .. }) =
+                        self.store.data_mut().vm.callouts.get_mut(&token).map(|c| &mut c.delivery)
+                {
+                    *head_arrived = true;
+                }
+            }
+            Inbox::Callout { generation, token, ending } => {
                 if generation == self.generation {
-                    self.deliver_callout(token, result);
+                    self.deliver_callout(token, ending);
                 }
             }
             Inbox::QueueReady { generation, root, token } => {
@@ -977,7 +987,7 @@ impl Worker {
         let callouts = vm.callouts.iter().flat_map(|(token, callout)| {
             let answer = match callout.delivery {
                 Delivery::Scheduled { at, .. } => Some((at, Event::Answer(*token))),
-                Delivery::Never | Delivery::InFlight { .. } => None,
+                Delivery::Stalled { .. } | Delivery::InFlight { .. } => None,
             };
             let timeout = callout.deadline.map(|at| (at, Event::Timeout(*token)));
             answer.into_iter().chain(timeout)
@@ -996,15 +1006,17 @@ impl Worker {
             match event {
                 Event::Tick(root) => self.tick(root, now),
                 Event::Answer(token) => {
-                    let result = match self.store.data_mut().vm.callouts.get_mut(&token).map(|c| &mut c.delivery) {
-                        Some(Delivery::Scheduled { result, .. }) => {
-                            std::mem::replace(result, Err(CalloutFailure::Reset))
-                        }
+                    let ending = match self.store.data_mut().vm.callouts.get_mut(&token).map(|c| &mut c.delivery) {
+                        Some(Delivery::Scheduled { ending, .. }) => std::mem::replace(ending, Ending::Reset),
                         _ => continue,
                     };
-                    self.deliver_callout(token, result);
+                    self.deliver_callout(token, ending);
                 }
-                Event::Timeout(token) => self.deliver_callout(token, Err(CalloutFailure::Timeout)),
+                Event::Timeout(token) => {
+                    let Some(callout) = self.store.data().vm.callouts.get(&token) else { continue };
+                    let ending = Ending::timed_out(callout.delivery.head_arrived(now));
+                    self.deliver_callout(token, ending);
+                }
             }
         }
     }
@@ -1019,30 +1031,27 @@ impl Worker {
         }
     }
 
-    fn deliver_callout(&mut self, token: u32, result: Result<CalloutResponse, CalloutFailure>) {
+    fn deliver_callout(&mut self, token: u32, ending: Ending) {
         if self.failed {
             return;
         }
         let vm = &mut self.store.data_mut().vm;
         let Some(pending) = vm.callouts.remove(&token) else { return };
-        if let Delivery::InFlight { task } = &pending.delivery {
+        if let Delivery::InFlight { task, .. } = &pending.delivery {
             task.abort();
         }
         let root = pending.root;
         if !vm.roots.contains_key(&root) {
             return;
         }
-        let result = match result {
-            Err(failure) if self.shared.callout_failures == CalloutFailures::RouterReplies => {
-                failure.router_reply().ok_or(failure)
-            }
-            other => other,
-        };
-        let counts = match &result {
-            Ok(response) => {
+        let response = ending.into_response();
+        let counts = match &response {
+            Some(response) => {
                 (to_u32(response.headers.len()), to_u32(response.body.len()), to_u32(response.trailers.len()))
             }
-            Err(_) => {
+            None => {
+                // Envoy's `onHttpCallFailure`: the code stays for later calls, the
+                // message only for this callback.
                 if let Some(context) = vm.roots.get_mut(&root) {
                     context.status_code = status::BROKEN_CONNECTION;
                     context.status_message = b"reset".to_vec();
@@ -1050,8 +1059,8 @@ impl Worker {
                 (0, 0, 0)
             }
         };
-        let failed = result.is_err();
-        vm.call_response = Some(LiveCallResponse { root, response: result.ok() });
+        let failed = response.is_none();
+        vm.call_response = Some(LiveCallResponse { root, response });
         let func = self.exports.on_http_call_response.clone();
         let invoked = self.invoke(Callback::HttpCallResponse, root, &func, (root, token, counts.0, counts.1, counts.2));
         let vm = &mut self.store.data_mut().vm;
@@ -1154,7 +1163,7 @@ impl Worker {
         vm.roots.remove(&root);
         vm.callouts.retain(|_, callout| {
             let keep = callout.root != root;
-            if !keep && let Delivery::InFlight { task } = &callout.delivery {
+            if !keep && let Delivery::InFlight { task, .. } = &callout.delivery {
                 task.abort();
             }
             keep

@@ -3,6 +3,7 @@
 //! own Envoy (see `sluice_tests::envoy`).
 
 mod accuracy;
+mod callouts;
 mod configs;
 mod contract;
 mod differential;

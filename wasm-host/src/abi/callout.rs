@@ -5,7 +5,7 @@ use std::time::Duration;
 use wasmtime::{Caller, Linker};
 
 use super::{HostResult, check_writable, copy_out, fail, read, register, status, write_u32};
-use crate::callout::{AnswerKind, CalloutFailure, CalloutRequest, Cluster, send_http};
+use crate::callout::{CalloutRequest, Cluster, Plan, send};
 use crate::headers::{self, Headers};
 use crate::state::{Delivery, HostState, PendingCallout};
 use crate::worker::Inbox;
@@ -68,12 +68,11 @@ fn http_call(
     let token = state.vm.next_callout_token();
     let delivery = match cluster {
         Cluster::Scripted(script) => {
-            let answer = script(&request);
-            let at = now.saturating_add(u64::try_from(answer.delay.as_nanos()).unwrap_or(u64::MAX));
-            match answer.kind {
-                AnswerKind::Respond(response) => Delivery::Scheduled { at, result: Ok(response) },
-                AnswerKind::Fail => Delivery::Scheduled { at, result: Err(CalloutFailure::Connect) },
-                AnswerKind::Never => Delivery::Never,
+            let (delay, plan) = script(&request).plan();
+            let at = now.saturating_add(u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX));
+            match plan {
+                Plan::Ends(ending) => Delivery::Scheduled { at, ending },
+                Plan::Stalls { head } => Delivery::Stalled { head_at: head.then_some(at) },
             }
         }
         Cluster::Http(addr) => {
@@ -83,10 +82,12 @@ fn http_call(
             let inbox = state.inbox.clone();
             let generation = state.generation;
             let task = runtime.spawn(async move {
-                let result = send_http(addr, request).await;
-                inbox.send(Inbox::Callout { generation, token, result });
+                let head_inbox = inbox.clone();
+                let on_head = move || head_inbox.send(Inbox::CalloutHead { generation, token });
+                let ending = send(addr, &request, on_head).await;
+                inbox.send(Inbox::Callout { generation, token, ending });
             });
-            Delivery::InFlight { task: task.abort_handle() }
+            Delivery::InFlight { task: task.abort_handle(), head_arrived: false }
         }
     };
     state.vm.callouts.insert(token, PendingCallout { root, deadline, delivery });

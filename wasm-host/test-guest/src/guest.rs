@@ -516,11 +516,19 @@ impl Context for HttpStream {
             if let Some(value) = self.get_http_call_response_header_bytes("x-from-upstream") {
                 self.put("x-callout-x-from-upstream", value);
             }
+            // Every pair in order, one request header each: `x-callout-response-<i>: <name>: <value>`.
+            for (index, (name, value)) in self.get_http_call_response_headers_bytes().into_iter().enumerate() {
+                let mut pair = name.into_bytes();
+                pair.extend_from_slice(b": ");
+                pair.extend_from_slice(&value);
+                self.put(&format!("x-callout-response-{index}"), pair);
+            }
         } else {
             let (read_status, _) = raw::header_value(6, ":status");
             self.put("x-callout-read-status", read_status.to_string());
             let pairs = self.get_http_call_response_headers_bytes().len();
             self.put("x-callout-pairs", pairs.to_string());
+            self.put("x-callout-body-read-status", raw::buffer_status(4).to_string());
         }
         if self.has("callout-deny") && status.as_deref() == Some("429") {
             self.send_http_response(429, vec![("x-denied-by", "callout")], Some(b"rate limited"));

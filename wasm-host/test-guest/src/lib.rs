@@ -21,7 +21,14 @@
 //!
 //! A request names operations in `x-test-op` (comma-separated); results come back as
 //! request headers `x-*` on the forwarded request (or in the local reply). See
-//! `HttpStream::run` for the list.
+//! `HttpStream::on_http_request_headers` for the list.
+//!
+//! `callout` (to the cluster in `x-cluster`, default `upstream`, with the timeout in
+//! `x-timeout-ms`) reports what `proxy_on_http_call_response` saw: `x-callout-headers`,
+//! `-body-size`, `-trailers`, `-status-code` and `-status-message` (`proxy_get_status`),
+//! and then either `x-callout-status`, `-body` and one `x-callout-response-<i>: <name>:
+//! <value>` per response header in order, or, with no headers, the statuses of reading
+//! them (`x-callout-read-status`, `-pairs`, `-body-read-status`).
 
 #[cfg(target_arch = "wasm32")]
 mod guest;

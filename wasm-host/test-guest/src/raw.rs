@@ -99,6 +99,18 @@ pub(crate) fn misuse() -> Vec<(&'static str, u32)> {
     }
 }
 
+/// `proxy_get_buffer_bytes(kind, 0, 1)`: the status only (the SDK maps `NOT_FOUND` to
+/// `None` and panics on the others).
+pub(crate) fn buffer_status(kind: u32) -> u32 {
+    let mut out: *mut u8 = std::ptr::null_mut();
+    let mut len = 0usize;
+    let status = unsafe { proxy_get_buffer_bytes(kind, 0, 1, &mut out, &mut len) };
+    if status == 0 && !out.is_null() {
+        drop(unsafe { Vec::from_raw_parts(out, len, len) });
+    }
+    status
+}
+
 /// `proxy_get_metric` for a histogram id (Envoy refuses to read histograms).
 pub(crate) fn get_metric(id: u32) -> (u32, u64) {
     let mut value = 0u64;

@@ -1,16 +1,49 @@
-//! HTTP callouts: scripted and real, every outcome Envoy can deliver.
+//! HTTP callouts: scripted and real, every outcome Envoy can deliver (the same classes
+//! are compared with real Envoy in `tests/tests/envoy/callouts.rs`).
 
 use std::time::Duration;
 
-use wasm_host::{Answer, CalloutFailures, LogLevel, Outcome, Request};
+use wasm_host::{Answer, LogLevel, Message, Outcome, Request};
 
 use crate::common::{Behaviour, TestServer, forward, forwarded, guest, ops, refused_addr, text};
+
+const BEFORE_HEADERS: &str = "upstream connect error or disconnect/reset before headers. reset reason: ";
 
 fn callout(timeout_ms: u64) -> Request {
     ops("callout")
         .header("x-timeout-ms", timeout_ms.to_string())
         .header("x-callout-header", "extra")
         .header("x-callout-payload", "question")
+}
+
+/// The response header pairs the guest read, in order, as `name: value`.
+fn response_headers(message: &Message) -> Vec<String> {
+    (0..).map_while(|i| message.headers.get_str(format!("x-callout-response-{i}")).map(str::to_owned)).collect()
+}
+
+/// Asserts that the guest got Envoy's router reply with this status and body.
+fn assert_router_reply(message: &Message, status: &str, body: &str) {
+    assert_eq!(text(message, "x-callout-status"), status);
+    assert_eq!(text(message, "x-callout-body"), body);
+    let length = format!("content-length: {}", body.len());
+    assert_eq!(
+        response_headers(message),
+        [format!(":status: {status}"), length, "content-type: text/plain".to_owned()]
+    );
+    assert_eq!(text(message, "x-callout-status-code"), "0");
+}
+
+/// Asserts that the guest got `(0, 0, 0)` and the status of a reset.
+fn assert_reset(message: &Message) {
+    assert_eq!(text(message, "x-callout-headers"), "0");
+    assert_eq!(text(message, "x-callout-body-size"), "0");
+    assert_eq!(text(message, "x-callout-status-code"), "11");
+    assert_eq!(text(message, "x-callout-status-message"), "reset");
+    // Envoy: no response map after a reset; reading a value is BAD_ARGUMENT, pairs are
+    // empty, the body buffer is not found.
+    assert_eq!(text(message, "x-callout-read-status"), "2");
+    assert_eq!(text(message, "x-callout-pairs"), "0");
+    assert_eq!(text(message, "x-callout-body-read-status"), "1");
 }
 
 #[test]
@@ -23,7 +56,11 @@ fn a_scripted_answer_resumes_the_request_with_the_response() {
     let forwarded = forward(host.worker(0), callout(1000));
 
     assert_eq!(text(&forwarded, "x-callout-status"), "200");
-    assert_eq!(text(&forwarded, "x-callout-headers"), "2");
+    assert_eq!(text(&forwarded, "x-callout-headers"), "3");
+    assert_eq!(
+        response_headers(&forwarded),
+        [":status: 200", "x-from-upstream: yes", "x-envoy-upstream-service-time: 0"]
+    );
     assert_eq!(text(&forwarded, "x-callout-body"), "ok");
     assert_eq!(text(&forwarded, "x-callout-body-size"), "2");
     assert_eq!(text(&forwarded, "x-callout-x-from-upstream"), "yes");
@@ -46,7 +83,7 @@ fn a_non_2xx_answer_reaches_the_filter_as_a_response() {
     let forwarded = forward(host.worker(0), callout(1000));
 
     assert_eq!(text(&forwarded, "x-callout-status"), "503");
-    assert_eq!(text(&forwarded, "x-callout-headers"), "1");
+    assert_eq!(text(&forwarded, "x-callout-headers"), "2");
 }
 
 #[test]
@@ -62,45 +99,120 @@ fn a_delayed_answer_arrives_when_the_clock_reaches_it() {
     host.advance(Duration::from_millis(1));
 
     assert!(before);
-    assert_eq!(text(&forwarded(host.worker(0), stream), "x-callout-status"), "200");
+    let forwarded = forwarded(host.worker(0), stream);
+    assert_eq!(text(&forwarded, "x-callout-status"), "200");
+    assert_eq!(response_headers(&forwarded)[1], "x-envoy-upstream-service-time: 300");
 }
 
 #[test]
-fn a_callout_that_times_out_reaches_the_filter_with_zero_headers() {
+fn an_answer_later_than_the_timeout_is_a_504_from_the_router() {
     let mut host =
         guest().scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_secs(2))).build().unwrap();
     let stream = host.worker(0).request(callout(500));
 
     host.advance(Duration::from_millis(500));
 
-    let forwarded = forwarded(host.worker(0), stream);
-    assert_eq!(text(&forwarded, "x-callout-headers"), "0");
-    assert_eq!(text(&forwarded, "x-callout-body-size"), "0");
-    assert_eq!(text(&forwarded, "x-callout-status-code"), "11");
-    assert_eq!(text(&forwarded, "x-callout-status-message"), "reset");
-    // Envoy: no response map after a failure; reading a value is BAD_ARGUMENT, pairs are empty.
-    assert_eq!(text(&forwarded, "x-callout-read-status"), "2");
-    assert_eq!(text(&forwarded, "x-callout-pairs"), "0");
+    assert_router_reply(&forwarded(host.worker(0), stream), "504", "upstream request timeout");
 }
 
 #[test]
-fn a_never_answered_callout_ends_at_its_timeout() {
+fn a_never_answered_callout_is_a_504_at_its_timeout() {
     let mut host = guest().scripted_cluster("upstream", |_| Answer::never()).build().unwrap();
     let stream = host.worker(0).request(callout(250));
 
-    host.advance(Duration::from_secs(10));
+    host.advance(Duration::from_millis(249));
+    let before = host.worker(0).outcome(stream).unwrap().is_paused();
+    host.advance(Duration::from_millis(1));
 
-    assert_eq!(text(&forwarded(host.worker(0), stream), "x-callout-headers"), "0");
+    assert!(before);
+    assert_router_reply(&forwarded(host.worker(0), stream), "504", "upstream request timeout");
 }
 
 #[test]
-fn a_connection_failure_reaches_the_filter_with_zero_headers() {
-    let mut host = guest().scripted_cluster("upstream", |_| Answer::reset()).build().unwrap();
+fn a_never_answered_callout_without_a_timeout_never_ends() {
+    let mut host = guest().scripted_cluster("upstream", |_| Answer::never()).build().unwrap();
+    let stream = host.worker(0).request(callout(0));
+
+    host.advance(Duration::from_secs(3600));
+
+    assert!(host.worker(0).outcome(stream).unwrap().is_paused());
+}
+
+#[test]
+fn a_refused_connection_is_a_503_from_the_router() {
+    let mut host = guest().scripted_cluster("upstream", |_| Answer::refused()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(1000));
 
-    assert_eq!(text(&forwarded, "x-callout-headers"), "0");
-    assert_eq!(text(&forwarded, "x-callout-status-code"), "11");
+    assert_router_reply(&forwarded, "503", &format!("{BEFORE_HEADERS}remote connection failure"));
+}
+
+#[test]
+fn a_connection_closed_before_answering_is_a_503_from_the_router() {
+    let mut host = guest().scripted_cluster("upstream", |_| Answer::closed()).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(1000));
+
+    assert_router_reply(&forwarded, "503", &format!("{BEFORE_HEADERS}connection termination"));
+}
+
+#[test]
+fn an_answer_that_is_not_http_is_a_502_from_the_router() {
+    let mut host = guest().scripted_cluster("upstream", |_| Answer::not_http()).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(1000));
+
+    assert_router_reply(&forwarded, "502", &format!("{BEFORE_HEADERS}protocol error"));
+}
+
+#[test]
+fn a_reset_after_the_response_head_reaches_the_filter_with_zero_headers() {
+    let mut host = guest()
+        .scripted_cluster("upstream", |_| Answer::status(200).header("content-length", "10").body("part").then_reset())
+        .build()
+        .unwrap();
+
+    let forwarded = forward(host.worker(0), callout(1000));
+
+    assert_reset(&forwarded);
+}
+
+#[test]
+fn a_body_slower_than_the_timeout_reaches_the_filter_with_zero_headers() {
+    let mut host = guest()
+        .scripted_cluster("upstream", |_| {
+            Answer::status(200).body("part").then_stall().after(Duration::from_millis(100))
+        })
+        .build()
+        .unwrap();
+    let early = host.worker(0).request(callout(50));
+    let late = host.worker(0).request(callout(500));
+
+    host.advance(Duration::from_millis(500));
+
+    // The head arrives at 100 ms: a timeout before it is a 504, one after it a reset.
+    assert_eq!(text(&forwarded(host.worker(0), early), "x-callout-status"), "504");
+    assert_reset(&forwarded(host.worker(0), late));
+}
+
+#[test]
+fn a_reset_leaves_its_status_code_for_the_later_callouts_of_the_root_context() {
+    let mut host = guest()
+        .scripted_cluster("broken", |_| Answer::status(200).then_reset())
+        .scripted_cluster("upstream", |_| Answer::status(200))
+        .build()
+        .unwrap();
+
+    let before = forward(host.worker(0), callout(1000));
+    let reset = forward(host.worker(0), callout(1000).header("x-cluster", "broken"));
+    let after = forward(host.worker(0), callout(1000));
+
+    assert_eq!(text(&before, "x-callout-status-code"), "0");
+    assert_eq!(text(&reset, "x-callout-status-code"), "11");
+    assert_eq!(
+        (text(&after, "x-callout-status-code"), text(&after, "x-callout-status-message")),
+        ("11".into(), "none".into())
+    );
 }
 
 #[test]
@@ -120,25 +232,6 @@ fn headers_without_an_authority_are_a_bad_argument_at_dispatch() {
     let forwarded = forward(host.worker(0), ops("callout-no-authority"));
 
     assert_eq!(text(&forwarded, "x-dispatch-error"), "BadArgument");
-}
-
-#[test]
-fn router_replies_turn_a_timeout_into_a_504_and_a_refused_connection_into_a_503() {
-    let mut host = guest()
-        .callout_failures(CalloutFailures::RouterReplies)
-        .scripted_cluster("slow", |_| Answer::never())
-        .scripted_cluster("down", |_| Answer::reset())
-        .build()
-        .unwrap();
-    let slow = host.worker(0).request(callout(100).header("x-cluster", "slow"));
-    let down = forward(host.worker(0), callout(100).header("x-cluster", "down"));
-
-    host.advance(Duration::from_millis(100));
-
-    let slow = forwarded(host.worker(0), slow);
-    assert_eq!(text(&slow, "x-callout-status"), "504");
-    assert_eq!(text(&slow, "x-callout-body"), "upstream request timeout");
-    assert_eq!(text(&down, "x-callout-status"), "503");
 }
 
 #[test]
@@ -164,7 +257,7 @@ fn a_root_context_can_call_out_from_a_tick() {
 
     assert_eq!(host.metric("test_guest.root_callouts"), Some(1));
     assert!(
-        host.logs_at(LogLevel::Info).contains(&"root 1 callout 1 answered: headers=1 body=0 status=204".to_owned())
+        host.logs_at(LogLevel::Info).contains(&"root 1 callout 1 answered: headers=2 body=0 status=204".to_owned())
     );
 }
 
@@ -182,9 +275,30 @@ fn a_real_server_answers_a_callout() {
     assert_eq!(text(&forwarded, "x-callout-x-from-upstream"), "real");
     let seen = server.requests.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
-    assert!(seen[0].starts_with("POST /check HTTP/1.1\r\n"), "{}", seen[0]);
-    assert!(seen[0].to_ascii_lowercase().contains("host: counter\r\n"), "{}", seen[0]);
-    assert!(seen[0].ends_with("\r\nquestion"), "{}", seen[0]);
+    // What Envoy's HTTP/1 codec and router send (trailers dropped).
+    assert_eq!(
+        seen[0],
+        "POST /check HTTP/1.1\r\nhost: counter\r\nx-extra: extra\r\ncontent-length: 8\r\nx-envoy-internal: true\r\n\
+         x-envoy-expected-rq-timeout-ms: 2000\r\n\r\nquestion"
+    );
+}
+
+#[test]
+fn a_real_response_keeps_its_headers_in_wire_order_and_loses_its_trailers() {
+    let server = TestServer::start(Behaviour::Respond(
+        "HTTP/1.1 200 OK\r\nX-Dup: 1\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\nX-Dup: 2\r\n\r\n\
+         2\r\nok\r\n0\r\nx-trailer: t\r\n\r\n",
+    ));
+    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(2000));
+
+    let mut headers = response_headers(&forwarded);
+    let service_time = headers.pop().unwrap();
+    assert_eq!(headers, [":status: 200", "x-dup: 1", "transfer-encoding: chunked", "x-dup: 2"]);
+    assert!(service_time.starts_with("x-envoy-upstream-service-time: "), "{service_time}");
+    assert_eq!(text(&forwarded, "x-callout-body"), "ok");
+    assert_eq!(text(&forwarded, "x-callout-trailers"), "0");
 }
 
 #[test]
@@ -199,17 +313,56 @@ fn a_real_server_error_reaches_the_filter_as_a_response() {
 }
 
 #[test]
-fn a_refused_connection_reaches_the_filter_with_zero_headers() {
+fn a_real_refused_connection_is_a_503_from_the_router() {
     let mut host = guest().cluster("upstream", refused_addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
-    assert_eq!(text(&forwarded, "x-callout-headers"), "0");
-    assert_eq!(text(&forwarded, "x-callout-status-message"), "reset");
+    assert_router_reply(&forwarded, "503", &format!("{BEFORE_HEADERS}remote connection failure"));
 }
 
 #[test]
-fn a_real_server_that_never_answers_times_out_on_the_virtual_clock() {
+fn a_real_server_that_closes_without_answering_is_a_503_from_the_router() {
+    let server = TestServer::start(Behaviour::Respond(""));
+    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(2000));
+
+    assert_router_reply(&forwarded, "503", &format!("{BEFORE_HEADERS}connection termination"));
+}
+
+#[test]
+fn a_real_answer_that_is_not_http_is_a_502_from_the_router() {
+    let server = TestServer::start(Behaviour::Respond("this is not http\r\n\r\n"));
+    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(2000));
+
+    assert_router_reply(&forwarded, "502", &format!("{BEFORE_HEADERS}protocol error"));
+}
+
+#[test]
+fn a_real_head_cut_short_is_a_502_from_the_router() {
+    let server = TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-"));
+    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(2000));
+
+    assert_eq!(text(&forwarded, "x-callout-status"), "502");
+}
+
+#[test]
+fn a_real_body_cut_short_reaches_the_filter_with_zero_headers() {
+    let server = TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"));
+    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+
+    let forwarded = forward(host.worker(0), callout(2000));
+
+    assert_reset(&forwarded);
+}
+
+#[test]
+fn a_real_server_that_never_answers_is_a_504_on_the_virtual_clock() {
     let server = TestServer::start(Behaviour::Hold);
     let mut host =
         guest().cluster("upstream", server.addr).real_callout_wait(Duration::from_millis(50)).build().unwrap();
@@ -219,5 +372,17 @@ fn a_real_server_that_never_answers_times_out_on_the_virtual_clock() {
     host.advance(Duration::from_millis(1000));
 
     assert!(paused);
-    assert_eq!(text(&forwarded(host.worker(0), stream), "x-callout-headers"), "0");
+    assert_router_reply(&forwarded(host.worker(0), stream), "504", "upstream request timeout");
+}
+
+#[test]
+fn a_real_body_slower_than_the_timeout_reaches_the_filter_with_zero_headers() {
+    let server = TestServer::start(Behaviour::RespondAndHold("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"));
+    let mut host =
+        guest().cluster("upstream", server.addr).real_callout_wait(Duration::from_millis(300)).build().unwrap();
+    let stream = host.worker(0).request(callout(1000));
+
+    host.advance(Duration::from_millis(1000));
+
+    assert_reset(&forwarded(host.worker(0), stream));
 }

@@ -44,8 +44,10 @@ pub fn text(message: &Message, name: &str) -> String {
 /// How a test HTTP server answers.
 #[derive(Clone)]
 pub enum Behaviour {
-    /// Answer with this raw HTTP response.
+    /// Answer with these raw bytes, then close the connection.
     Respond(&'static str),
+    /// Answer with these raw bytes, then hold the connection open.
+    RespondAndHold(&'static str),
     /// Read the request, then hold the connection open without answering.
     Hold,
 }
@@ -71,6 +73,10 @@ impl TestServer {
                 match &behaviour {
                     Behaviour::Respond(response) => {
                         let _ = stream.write_all(response.as_bytes());
+                    }
+                    Behaviour::RespondAndHold(response) => {
+                        let _ = stream.write_all(response.as_bytes());
+                        held.push(stream);
                     }
                     Behaviour::Hold => held.push(stream),
                 }
