@@ -24,6 +24,8 @@ pub enum Behaviour {
     Silent,
     /// Answers this raw HTTP/1.1 response.
     Answer(Vec<u8>),
+    /// Answers this raw HTTP/1.1 response after this long.
+    AnswerAfter(Duration, Vec<u8>),
 }
 
 impl Peer {
@@ -52,7 +54,10 @@ impl Peer {
                         requests.fetch_add(1, Ordering::Relaxed);
                     }
                     Behaviour::Answer(bytes) => {
-                        thread::spawn(move || answer(stream, &bytes, &requests, &stop));
+                        thread::spawn(move || answer(stream, &bytes, Duration::ZERO, &requests, &stop));
+                    }
+                    Behaviour::AnswerAfter(delay, bytes) => {
+                        thread::spawn(move || answer(stream, &bytes, delay, &requests, &stop));
                     }
                 }
             }
@@ -87,7 +92,7 @@ impl Drop for Peer {
     }
 }
 
-fn answer(stream: TcpStream, bytes: &[u8], requests: &AtomicU64, stop: &AtomicBool) {
+fn answer(stream: TcpStream, bytes: &[u8], delay: Duration, requests: &AtomicU64, stop: &AtomicBool) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let Ok(mut writer) = stream.try_clone() else { return };
     let mut reader = BufReader::new(stream);
@@ -114,6 +119,7 @@ fn answer(stream: TcpStream, bytes: &[u8], requests: &AtomicU64, stop: &AtomicBo
             return;
         }
         requests.fetch_add(1, Ordering::Relaxed);
+        thread::sleep(delay);
         if writer.write_all(bytes).is_err() {
             return;
         }

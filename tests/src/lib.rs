@@ -2,7 +2,7 @@
 //! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
 //! ([`upstream`]), an upstream that echoes the request head ([`echo`]), loopback servers
 //! that misbehave on the wire in one chosen way ([`wire`]) or as a counter service can
-//! ([`faults`]), a real `sluice-counter` ([`counter`]), and the reference bucket
+//! ([`faults`]), a real `sluice-counter` ([`counter`]) and Redis ([`redis`]), and the reference bucket
 //! admissions are replayed through ([`oracle`]).
 
 pub mod counter;
@@ -12,5 +12,6 @@ pub mod envoy;
 pub mod faults;
 pub mod http;
 pub mod oracle;
+pub mod redis;
 pub mod upstream;
 pub mod wire;

@@ -7,6 +7,7 @@ mod callouts;
 mod configs;
 mod contract;
 mod differential;
+mod global;
 mod hostile;
 mod memory;
 mod reconfigure;

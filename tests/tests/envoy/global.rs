@@ -1,0 +1,389 @@
+//! Global policies in `check` mode, in Envoy, against a real `sluice-counter`: one budget
+//! across several Envoy processes (memory store and Redis), every failure class ending in
+//! the configured rule within the deadline, the emergency cap's bound, the circuit
+//! breaker, the service killed and restarted, Redis paused, and all-or-nothing across
+//! local and global policies.
+
+use super::*;
+use sluice_tests::counter::{self, Counter};
+use sluice_tests::envoy::{SluiceFilter, cluster};
+use sluice_tests::faults::{Behaviour, Peer, closed_port};
+use sluice_tests::oracle::{ReferenceBucket, latency_slack, over_admitted};
+use sluice_tests::redis::Redis;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const HASH_KEY: &str = "fleet-hash-key-0123456789abcdef";
+const TOKEN: &str = "fleet-token-42";
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// A global per-tenant bucket, failing as `on_failure` says.
+fn tenant_config(rate: &str, burst: u64, on_failure: &str) -> String {
+    format!(
+        r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "100ms",
+                                "circuit_breaker": {{"failures": 3, "cooldown": "1s"}}}},
+            "policies": [{{"name": "tenant", "key": [{{"header": "x-tenant"}}], "rate": "{rate}", "burst": {burst},
+                           "global": {{"strategy": "check"}}, "on_failure": {on_failure}}}],
+            "response": {{"fallback_header": "x-sluice-fallback", "headers_on_rejected": ["retry_after", "ratelimit"]}}}}"#
+    )
+}
+
+fn filter(config: &str) -> SluiceFilter {
+    sluice(config).env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN)
+}
+
+fn envoy(config: &str, service: SocketAddr, workers: usize) -> Envoy {
+    Envoy::builder()
+        .workers(workers)
+        .cluster(cluster("sluice-counter", service, false))
+        .sluice(filter(config))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn tenant(name: &str) -> Request {
+    Request::get("/").header("x-tenant", name)
+}
+
+fn stat(envoy: &Envoy, name: &str) -> u64 {
+    envoy.stats().get(&format!("wasmcustom.sluice.{name}")).copied().unwrap_or(0)
+}
+
+fn no_request_left_paused(envoy: &Envoy) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while envoy.stats().get("http.ingress_http.downstream_rq_active").copied().unwrap_or(0) > 0 {
+        assert!(Instant::now() < deadline, "a request stayed paused\n{}", envoy.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// One budget across proxies.
+
+const RATE: u64 = 5;
+const BURST: u64 = 30;
+const TENANTS: u64 = 4;
+const LOAD: Duration = Duration::from_secs(3);
+
+/// Drives every Envoy from 6 connections each for `LOAD`; returns the receipt times of
+/// admissions per tenant, the statuses and the longest round trip.
+fn drive(envoys: &[Envoy]) -> (BTreeMap<u64, Vec<u64>>, BTreeMap<u16, u64>, u64) {
+    let start = Instant::now();
+    let seen = Mutex::new((BTreeMap::<u64, Vec<u64>>::new(), BTreeMap::<u16, u64>::new(), 0u64));
+    std::thread::scope(|scope| {
+        for (e, envoy) in envoys.iter().enumerate() {
+            for c in 0..6u64 {
+                let seen = &seen;
+                scope.spawn(move || {
+                    let mut connection = envoy.connect();
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ ((e as u64) << 8 | c);
+                    let mut local = Vec::new();
+                    while start.elapsed() < LOAD {
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                        let key = (seed >> 33) % TENANTS;
+                        let sent = start.elapsed();
+                        let response = connection.send(&tenant(&format!("t{key}"))).expect("Envoy answers");
+                        local.push((key, response.status, sent, start.elapsed()));
+                    }
+                    let mut seen = seen.lock().unwrap();
+                    for (key, status, sent, received) in local {
+                        *seen.1.entry(status).or_default() += 1;
+                        seen.2 = seen.2.max(u64::try_from((received - sent).as_nanos()).unwrap_or(u64::MAX));
+                        if status == 200 {
+                            seen.0.entry(key).or_default().push(u64::try_from(received.as_nanos()).unwrap_or(0));
+                        }
+                    }
+                });
+            }
+        }
+    });
+    seen.into_inner().unwrap()
+}
+
+fn assert_one_budget(service: &Counter) {
+    let config = tenant_config(&format!("{RATE}/second"), BURST, r#"{"action": "deny"}"#);
+    let envoys: Vec<Envoy> = (0..2).map(|_| envoy(&config, service.addr(), 2)).collect();
+
+    let (mut admits, statuses, max_latency) = drive(&envoys);
+
+    let slack = latency_slack(RATE, SECOND_NS, max_latency);
+    let over: u64 =
+        admits.values_mut().map(|a| over_admitted(&mut ReferenceBucket::new(RATE, SECOND_NS, BURST + slack), a)).sum();
+    let admitted: usize = admits.values().map(Vec::len).sum();
+    eprintln!("2 Envoys × 2 workers: {admitted} admitted, statuses {statuses:?}, longest round trip {max_latency} ns");
+    assert_eq!(over, 0, "the proxies together admitted more than the global budget");
+    assert_eq!(admits.len() as u64, TENANTS);
+    assert!(admitted as u64 >= TENANTS * BURST, "every tenant spent at least its burst ({admitted})");
+    assert_eq!(statuses.get(&503), None, "no callout failed: {statuses:?}");
+    let callouts: u64 = envoys.iter().map(|e| stat(e, "counter_service.callouts")).sum();
+    assert_eq!(callouts, statuses.values().sum::<u64>(), "one callout per request");
+}
+
+#[test]
+fn several_envoys_share_one_global_budget_on_the_memory_store() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    assert_one_budget(&service);
+}
+
+#[test]
+fn several_envoys_share_one_global_budget_on_redis() {
+    let redis = Redis::start();
+    let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
+    assert_one_budget(&service);
+}
+
+// ---------------------------------------------------------------------------------
+// Failure classes.
+
+/// Sends one request, returns (status, fallback header, time taken).
+fn timed(envoy: &Envoy, request: &Request) -> (u16, Option<String>, Duration) {
+    let start = Instant::now();
+    let response = send(envoy, request);
+    (response.status, response.header("x-sluice-fallback").map(str::to_owned), start.elapsed())
+}
+
+/// Asserts one request fails closed for `reason` within the deadline; returns how long
+/// it took.
+fn assert_fails_closed(envoy: &Envoy, reason: &str) -> Duration {
+    let (status, fallback, took) = timed(envoy, &tenant("acme"));
+    assert_eq!(status, 503, "{reason}: the default rule fails closed with 503");
+    assert_eq!(fallback.as_deref(), Some(format!("fail_closed; reason={reason}").as_str()));
+    assert!(took < Duration::from_millis(100 + 900), "{reason}: decided after {took:?} for a 100 ms deadline");
+    assert_eq!(envoy.metric("tenant", &format!("degraded.{reason}")), 1, "{reason} is counted");
+    no_request_left_paused(envoy);
+    took
+}
+
+const DENY: &str = r#"{"action": "deny"}"#;
+
+#[test]
+fn a_service_that_never_answers_fails_closed_at_the_deadline() {
+    let silent = Peer::start(Behaviour::Silent);
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), silent.addr(), 1);
+
+    let took = assert_fails_closed(&envoy, "timeout");
+
+    assert!(took >= Duration::from_millis(80), "decided after {took:?}, before the 100 ms deadline");
+}
+
+#[test]
+fn a_service_slower_than_the_deadline_fails_closed_at_the_deadline() {
+    let body = r#"{"admitted":true,"at_ns":1,"entries":[]}"#;
+    let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let slow = Peer::start(Behaviour::AnswerAfter(Duration::from_secs(2), response.into_bytes()));
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), slow.addr(), 1);
+
+    let _ = assert_fails_closed(&envoy, "timeout");
+}
+
+#[test]
+fn a_refused_connection_fails_closed_at_once() {
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), closed_port(), 1);
+
+    let _ = assert_fails_closed(&envoy, "refused");
+}
+
+#[test]
+fn a_server_error_fails_closed() {
+    let failing = Peer::answering(500, "application/json", r#"{"error":{"code":"internal","message":"boom"}}"#);
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), failing.addr(), 1);
+
+    let _ = assert_fails_closed(&envoy, "bad_status");
+}
+
+#[test]
+fn a_malformed_answer_fails_closed() {
+    let garbage = Peer::answering(200, "application/json", r#"{"admitted": "maybe"}"#);
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), garbage.addr(), 1);
+
+    let _ = assert_fails_closed(&envoy, "bad_body");
+}
+
+#[test]
+fn an_unknown_cluster_fails_closed_without_a_callout() {
+    let config =
+        tenant_config("100/second", 10, DENY).replace(r#""cluster": "sluice-counter""#, r#""cluster": "nowhere""#);
+    let envoy = envoy(&config, closed_port(), 1);
+
+    let _ = assert_fails_closed(&envoy, "dispatch_failed");
+    assert_eq!(stat(&envoy, "counter_service.callouts"), 0);
+}
+
+#[test]
+fn a_wrong_or_missing_token_is_unauthorized_and_fails_closed() {
+    let service = Counter::start(counter::with_token(counter::memory(), "the-right-token"));
+    let wrong = envoy(&tenant_config("100/second", 10, DENY), service.addr(), 1);
+    let _ = assert_fails_closed(&wrong, "unauthorized");
+
+    let without = tenant_config("100/second", 10, DENY).replace(r#""token_env": "SLUICE_COUNTER_TOKEN","#, "");
+    let missing = envoy(&without, service.addr(), 1);
+    let _ = assert_fails_closed(&missing, "unauthorized");
+}
+
+#[test]
+fn fail_open_forwards_and_says_so() {
+    let envoy = envoy(&tenant_config("100/second", 10, r#"{"action": "allow"}"#), closed_port(), 1);
+
+    let (status, fallback, _) = timed(&envoy, &tenant("acme"));
+
+    assert_eq!(status, 200);
+    assert_eq!(fallback.as_deref(), Some("fail_open; reason=refused"));
+    assert_eq!(envoy.metric("tenant", "failure_allowed"), 1);
+}
+
+#[test]
+fn during_an_outage_the_emergency_cap_admits_within_its_bound_per_caller() {
+    let capped = r#"{"action": "deny", "emergency": {"rate": "1/minute", "burst": 3}}"#;
+    let envoy = envoy(&tenant_config("100/second", 10, capped), closed_port(), 2);
+
+    let acme: Vec<(u16, Option<String>, Duration)> = (0..6).map(|_| timed(&envoy, &tenant("acme"))).collect();
+    let globex = timed(&envoy, &tenant("globex"));
+
+    let statuses: Vec<u16> = acme.iter().map(|(s, _, _)| *s).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429], "the cap's burst, then its rejections");
+    assert!(acme.iter().all(|(_, f, _)| f.as_deref().is_some_and(|f| f.starts_with("emergency; reason="))));
+    assert_eq!(globex.0, 200, "each caller has its own cap");
+    assert_eq!(envoy.metric("tenant", "emergency.allowed"), 4);
+    assert_eq!(envoy.metric("tenant", "emergency.rejected"), 3);
+    let rejected = send(&envoy, &tenant("acme"));
+    assert_eq!(rejected.header("retry-after"), Some("60"));
+    assert_eq!(rejected.header("ratelimit-policy"), Some(r#""tenant";q=3;w=180"#));
+    no_request_left_paused(&envoy);
+}
+
+// ---------------------------------------------------------------------------------
+// Circuit breaker, crash and restart, Redis paused.
+
+#[test]
+fn the_circuit_opens_after_repeated_failures_cuts_callouts_and_closes_after_recovery() {
+    let mut service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = envoy(&tenant_config("100/second", 100, DENY), service.addr(), 2);
+    assert_eq!(timed(&envoy, &tenant("acme")).0, 200);
+    service.kill();
+
+    let during: Vec<u16> = (0..10).map(|_| timed(&envoy, &tenant("acme")).0).collect();
+
+    assert!(during.iter().all(|s| *s == 503), "{during:?}");
+    assert_eq!(stat(&envoy, "counter_service.callouts"), 1 + 3, "three failures open the circuit");
+    assert_eq!(stat(&envoy, "counter_service.circuit_opened"), 1);
+    assert_eq!(envoy.metric("tenant", "degraded.circuit_open"), 7);
+
+    service.restart();
+    std::thread::sleep(Duration::from_millis(1100));
+    let after: Vec<u16> = (0..5).map(|_| timed(&envoy, &tenant("acme")).0).collect();
+
+    assert_eq!(after, [200; 5], "a probe closed the circuit and decisions resumed");
+    assert_eq!(stat(&envoy, "counter_service.callouts"), 4 + 5);
+}
+
+/// Requests from one client for `duration`: (time since start, status).
+fn steady(envoy: &Envoy, duration: Duration, mut during: impl FnMut(Duration)) -> Vec<(Duration, u16)> {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let mut connection = envoy.connect();
+    while start.elapsed() < duration {
+        during(start.elapsed());
+        let status = connection.send(&tenant("acme")).map_or(0, |r| r.status);
+        seen.push((start.elapsed(), status));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seen
+}
+
+#[test]
+fn a_killed_service_hands_over_to_the_failure_rule_at_once_and_decisions_resume_after_its_restart() {
+    let mut service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let capped = r#"{"action": "deny", "emergency": {"rate": "1000/second", "burst": 1000}}"#;
+    let envoy = envoy(&tenant_config("1000/second", 1000, capped), service.addr(), 2);
+    let (mut killed, mut restarted) = (false, false);
+
+    let seen = steady(&envoy, Duration::from_millis(4000), |at| {
+        if at > Duration::from_millis(1000) && !killed {
+            service.kill();
+            killed = true;
+        }
+        if at > Duration::from_millis(2000) && !restarted {
+            service.restart();
+            restarted = true;
+        }
+    });
+
+    assert!(seen.iter().all(|(_, s)| *s == 200), "the emergency cap admitted through the outage: {seen:?}");
+    let fallbacks = envoy.metric("tenant", "emergency.allowed");
+    assert!(fallbacks > 5, "the cap decided during the outage ({fallbacks})");
+    // After the restart and the breaker's cooldown, the service decides again.
+    let normal_before = stat(&envoy, "counter_service.callouts");
+    let _ = steady(&envoy, Duration::from_millis(300), |_| {});
+    assert!(stat(&envoy, "counter_service.callouts") > normal_before, "callouts resumed after the restart");
+    assert_eq!(envoy.metric("tenant", "emergency.allowed"), fallbacks, "no fallback once the service is back");
+    no_request_left_paused(&envoy);
+}
+
+#[test]
+fn redis_paused_hands_over_to_the_failure_rule_and_decisions_resume_after() {
+    let redis = Redis::start();
+    let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
+    let envoy = envoy(&tenant_config("1000/second", 1000, r#"{"action": "allow"}"#), service.addr(), 2);
+    let mut paused = false;
+
+    let seen = steady(&envoy, Duration::from_millis(3000), |at| {
+        if at > Duration::from_millis(800) && !paused {
+            redis.pause(1000);
+            paused = true;
+        }
+    });
+
+    assert!(seen.iter().all(|(_, s)| *s == 200), "fail open admitted through the pause: {seen:?}");
+    let degraded = envoy.metric("tenant", "degraded.bad_status")
+        + envoy.metric("tenant", "degraded.timeout")
+        + envoy.metric("tenant", "degraded.circuit_open");
+    assert!(degraded > 0, "the pause was noticed");
+    let slow =
+        seen.iter().zip(seen.iter().skip(1)).filter(|((a, _), (b, _))| *b - *a > Duration::from_millis(600)).count();
+    assert_eq!(slow, 0, "no request waited for Redis beyond the filter's deadline");
+    let callouts = stat(&envoy, "counter_service.callouts");
+    let _ = steady(&envoy, Duration::from_millis(1500), |_| {});
+    assert!(stat(&envoy, "counter_service.callouts") > callouts, "decisions resumed after the pause");
+}
+
+// ---------------------------------------------------------------------------------
+// All or nothing across local and global policies.
+
+const LAYERED: &str = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                              "token_env": "SLUICE_COUNTER_TOKEN"},
+  "policies": [
+    {"name": "client", "key": [{"header": "x-client"}], "algorithm": "fixed_window", "limit": 2, "window": "1h"},
+    {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "1/hour", "burst": 1, "global": {"strategy": "check"}}
+  ]}"#;
+
+fn layered(client: &str, tenant: &str) -> Request {
+    Request::get("/").header("x-client", client).header("x-tenant", tenant)
+}
+
+#[test]
+fn a_local_rejection_makes_no_callout_and_a_global_rejection_gives_the_local_spend_back() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = envoy(LAYERED, service.addr(), 2);
+
+    // Tenant t1 has one token: the first request spends it, the next two are rejected by
+    // the service and give the client's local spend back.
+    let t1: Vec<u16> = (0..3).map(|_| send(&envoy, &layered("c", "t1")).status).collect();
+    // So client c still has one of its two: t2 admits, and then c is out locally.
+    let t2 = send(&envoy, &layered("c", "t2")).status;
+    let callouts = stat(&envoy, "counter_service.callouts");
+    let local = send(&envoy, &layered("c", "t3")).status;
+
+    assert_eq!(t1, [200, 429, 429]);
+    assert_eq!(t2, 200, "the global rejections refunded the local window");
+    assert_eq!(local, 429);
+    assert_eq!(stat(&envoy, "counter_service.callouts"), callouts, "a local rejection makes no callout");
+    assert_eq!(envoy.metric("client", "unrefunded"), 0);
+    for policy in ["client", "tenant"] {
+        let offered = envoy.metric(policy, "offered");
+        assert_eq!(offered, envoy.metric(policy, "allowed") + envoy.metric(policy, "rejected"), "{policy}");
+    }
+}
