@@ -277,6 +277,10 @@ pub(crate) struct Shared {
     /// callouts in flight. `None` in `serve`, where the worker loop waits instead.
     pub(crate) wait_for_real_callouts: Option<Duration>,
     pub(crate) record_callouts: bool,
+    /// Scripted faults: host functions that answer this status instead of running.
+    pub(crate) failing_calls: HashMap<&'static str, u32>,
+    /// Scripted fault: the host never ends a callout at its timeout.
+    pub(crate) ignore_callout_timeouts: bool,
     /// `serve` drives each worker from its own loop, which owns the worker's inbox.
     pub(crate) serve_mode: bool,
     traps: Mutex<Vec<TrapReport>>,
@@ -388,6 +392,8 @@ pub struct HostBuilder {
     real_callout_wait: Duration,
     io_handle: Option<tokio::runtime::Handle>,
     record_callouts: bool,
+    failing_calls: HashMap<&'static str, u32>,
+    ignore_callout_timeouts: bool,
     serve_mode: bool,
 }
 
@@ -427,6 +433,8 @@ impl HostBuilder {
             real_callout_wait: Duration::from_secs(10),
             io_handle: None,
             record_callouts: true,
+            failing_calls: HashMap::new(),
+            ignore_callout_timeouts: false,
             serve_mode: false,
         }
     }
@@ -538,6 +546,21 @@ impl HostBuilder {
         self
     }
 
+    /// A scripted fault: the host function `name` (such as `"proxy_send_local_response"`
+    /// or `"proxy_get_header_map_value"`) answers `status` without doing anything, as a
+    /// host that refuses the call would. For testing how a guest survives host failures.
+    pub fn fail_host_call(mut self, name: &'static str, status: u32) -> Self {
+        self.failing_calls.insert(name, status);
+        self
+    }
+
+    /// A scripted fault: callouts are never ended at their timeout, as in hosts whose
+    /// timeout did not fire (Kuadrant/wasm-shim#425). For testing a guest's own deadline.
+    pub fn ignore_callout_timeouts(mut self) -> Self {
+        self.ignore_callout_timeouts = true;
+        self
+    }
+
     /// Adds an environment variable the guest sees (WASI `environ_get`); there are none
     /// by default.
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
@@ -645,6 +668,8 @@ impl HostBuilder {
             }),
             wait_for_real_callouts: virtual_clock.is_some().then_some(self.real_callout_wait),
             record_callouts: self.record_callouts,
+            failing_calls: self.failing_calls,
+            ignore_callout_timeouts: self.ignore_callout_timeouts,
             serve_mode: self.serve_mode,
             traps: Mutex::new(Vec::new()),
             callouts: Mutex::new(Vec::new()),

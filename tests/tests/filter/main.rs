@@ -5,6 +5,7 @@ mod accuracy;
 mod behaviour;
 mod concurrency;
 mod configs;
+mod global;
 mod hostile;
 mod memory;
 mod shaping;

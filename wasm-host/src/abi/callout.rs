@@ -64,7 +64,9 @@ fn http_call(
     };
     state.shared.record_callout(&request);
     let now = state.shared.clock.monotonic_nanos();
-    let deadline = timeout.map(|t| now.saturating_add(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)));
+    let deadline = timeout
+        .filter(|_| !state.shared.ignore_callout_timeouts)
+        .map(|t| now.saturating_add(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)));
     let token = state.vm.next_callout_token();
     let delivery = match cluster {
         Cluster::Scripted(script) => {

@@ -81,6 +81,10 @@ fn enter(caller: &Caller<'_, HostState>, name: &str) -> HostResult {
             "the guest called `{name}` from inside its allocator (proxy_on_memory_allocate), where only logging and clocks are allowed"
         )));
     }
+    // A scripted fault (`HostBuilder::fail_host_call`).
+    if let Some(status) = caller.data().shared.failing_calls.get(name) {
+        return fail(*status);
+    }
     Ok(())
 }
 

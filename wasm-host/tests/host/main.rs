@@ -4,6 +4,7 @@
 
 mod callouts;
 mod common;
+mod faults;
 mod headers;
 mod lifecycle;
 mod metrics;
