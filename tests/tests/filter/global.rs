@@ -67,7 +67,9 @@ fn the_filter_ends_a_wait_at_its_own_deadline_when_the_host_never_times_out() {
 
 #[test]
 fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
-    let classes: Vec<(&str, fn() -> Answer, u64)> = vec![
+    /// (reason, what the service does, when the filter decides in ms).
+    type Class = (&'static str, fn() -> Answer, u64);
+    let classes: Vec<Class> = vec![
         ("refused", Answer::refused, 0),
         ("reset", Answer::closed, 0),
         ("reset", Answer::not_http, 0),
