@@ -137,6 +137,28 @@ def validate_istio(path: Path) -> list[str]:
     return errors
 
 
+def validate_counter(path: Path, plugin: Path) -> list[str]:
+    """The counter service's manifests: a Service and a Deployment, and the cluster name the
+    WasmPlugin's configuration calls (Istio's `outbound|<port>||<host>`) is this Service's."""
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    kinds = {(d.get("apiVersion"), d.get("kind")) for d in documents}
+    errors = [
+        f"{path.name}: expected a {kind} ({version})"
+        for version, kind in [("v1", "Service"), ("apps/v1", "Deployment")]
+        if (version, kind) not in kinds
+    ]
+    service = next((d for d in documents if d.get("kind") == "Service"), None)
+    if service is None:
+        return errors
+    meta = service.get("metadata", {})
+    ports = [p.get("port") for p in service.get("spec", {}).get("ports", [])]
+    cluster = yaml.safe_load(plugin.read_text())["spec"]["pluginConfig"]["counter_service"]["cluster"]
+    expected = {f"outbound|{port}||{meta.get('name')}.{meta.get('namespace')}.svc.cluster.local" for port in ports}
+    if cluster not in expected:
+        errors.append(f"{plugin.name}: counter_service.cluster {cluster!r} is not the Service's cluster ({sorted(expected)})")
+    return errors
+
+
 def self_test() -> list[str]:
     """Proves the checks are not vacuous: each seeded mistake must be reported."""
     import tempfile
@@ -147,6 +169,13 @@ def self_test() -> list[str]:
         ("envoy.yaml", validate_envoy, "failure_policy: FAIL_RELOAD", "failure_policy: FAIL_SOMETIMES"),
         ("wasmplugin.yaml", validate_istio, "failStrategy: FAIL_RELOAD", "failStratgy: FAIL_RELOAD"),
         ("wasmplugin.yaml", validate_istio, "phase: AUTHN", "phase: EARLY"),
+        ("wasmplugin.yaml", validate_istio, "valueFrom: HOST\n    - name", "valueFrom: ELSEWHERE\n    - name"),
+        (
+            "sluice-counter.yaml",
+            lambda p: validate_counter(p, HERE / "wasmplugin.yaml"),
+            "port: 8710\n    targetPort",
+            "port: 8711\n    targetPort",
+        ),
     ]
     problems = []
     for name, check, before, after in mutants:
@@ -163,12 +192,20 @@ def self_test() -> list[str]:
 
 
 def main() -> int:
-    errors = validate_envoy(HERE / "envoy.yaml") + validate_istio(HERE / "wasmplugin.yaml") + self_test()
+    errors = (
+        validate_envoy(HERE / "envoy.yaml")
+        + validate_istio(HERE / "wasmplugin.yaml")
+        + validate_counter(HERE / "sluice-counter.yaml", HERE / "wasmplugin.yaml")
+        + self_test()
+    )
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     if errors:
         return 1
-    print("envoy.yaml: valid Envoy v3 Bootstrap; wasmplugin.yaml: valid Istio WasmPlugin")
+    print(
+        "envoy.yaml: valid Envoy v3 Bootstrap; wasmplugin.yaml: valid Istio WasmPlugin; "
+        "sluice-counter.yaml: the Service the WasmPlugin calls"
+    )
     return 0
 
 

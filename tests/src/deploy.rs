@@ -66,3 +66,42 @@ pub fn embedded_filter_configuration(bootstrap: &Value) -> String {
     assert_eq!(found.len(), 1, "the bootstrap has one Sluice filter");
     found.remove(0)
 }
+
+/// Where the deployment bootstrap should point, for [`local_bootstrap`].
+#[derive(Debug, Clone)]
+pub struct Local<'a> {
+    /// The listener (`127.0.0.1:0` lets Envoy pick).
+    pub listen: &'a str,
+    /// The admin interface.
+    pub admin: &'a str,
+    /// The upstream.
+    pub backend: std::net::SocketAddr,
+    /// The counter service.
+    pub counter: std::net::SocketAddr,
+    /// Another plugin configuration than the embedded one.
+    pub config: Option<&'a std::path::Path>,
+}
+
+/// `envoy-config/envoy.yaml` rewritten for this machine by `envoy-config/local.py`, the
+/// same script `./demo.sh` runs (so the demo and the tests run one bootstrap).
+///
+/// # Panics
+/// When the script fails (it needs PyYAML: `envoy-config/install-envoy.sh` puts it in
+/// the virtualenv, `.ci/run` also installs it system-wide).
+pub fn local_bootstrap(local: &Local<'_>) -> Value {
+    let venv = repo().join("target/envoy-venv/bin/python3");
+    let python = if venv.is_file() { venv } else { std::path::PathBuf::from("python3") };
+    let mut command = std::process::Command::new(&python);
+    command
+        .arg(repo().join("envoy-config/local.py"))
+        .args(["--listen", local.listen, "--admin", local.admin])
+        .args(["--backend", &local.backend.to_string(), "--counter", &local.counter.to_string()])
+        .args(["--wasm", sluice_artifacts::SLUICE_WASM]);
+    if let Some(config) = local.config {
+        command.arg("--config").arg(config);
+    }
+    let output =
+        command.output().unwrap_or_else(|e| panic!("cannot run {} envoy-config/local.py: {e}", python.display()));
+    assert!(output.status.success(), "envoy-config/local.py failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("local.py prints JSON")
+}

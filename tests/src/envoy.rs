@@ -206,6 +206,7 @@ pub struct EnvoyBuilder {
     bootstrap: Option<Value>,
     log_level: &'static str,
     cpu: Option<usize>,
+    env: Vec<(String, String)>,
 }
 
 impl EnvoyBuilder {
@@ -262,6 +263,14 @@ impl EnvoyBuilder {
     #[must_use]
     pub fn log_level(mut self, level: &'static str) -> Self {
         self.log_level = level;
+        self
+    }
+
+    /// Sets an environment variable of the Envoy process (which `host_env_keys` passes
+    /// on to the VMs).
+    #[must_use]
+    pub fn process_env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -359,6 +368,7 @@ impl EnvoyBuilder {
             .arg("--log-path")
             .arg(&log)
             .args(["-l", self.log_level])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
@@ -439,6 +449,7 @@ impl Envoy {
             bootstrap: None,
             log_level: "info",
             cpu: None,
+            env: Vec::new(),
         }
     }
 

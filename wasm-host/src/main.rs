@@ -69,6 +69,11 @@ struct ServeArgs {
     #[arg(long = "cluster", value_name = "NAME=HOST:PORT")]
     clusters: Vec<String>,
 
+    /// An environment variable of the VMs: NAME=VALUE, or NAME alone to pass this
+    /// process's own value (as Envoy's `host_env_keys`); repeatable.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+
     /// The vm_id (scopes shared data).
     #[arg(long, default_value = "")]
     vm_id: String,
@@ -163,6 +168,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
     };
     let upstream = args.upstream.as_deref().map(parse_upstream).transpose()?;
     let clusters = args.clusters.iter().map(|c| parse_cluster(c)).collect::<anyhow::Result<Vec<_>>>()?;
+    let env = args.env.iter().map(|e| parse_env(e)).collect::<anyhow::Result<Vec<_>>>()?;
     Ok(ServeConfig {
         wasm,
         plugin_configuration,
@@ -174,6 +180,7 @@ fn serve_config(args: ServeArgs) -> anyhow::Result<ServeConfig> {
         workers: usize::from(args.workers),
         upstream,
         clusters,
+        env,
         failure_policy: match args.failure_policy {
             Policy::Closed => FailurePolicy::FailClosed,
             Policy::Open => FailurePolicy::FailOpen,
@@ -216,6 +223,18 @@ fn parse_cluster(spec: &str) -> anyhow::Result<(String, SocketAddr)> {
         bail!("--cluster `{spec}` has an empty name");
     }
     Ok((name.to_owned(), resolve(addr)?))
+}
+
+fn parse_env(spec: &str) -> anyhow::Result<(String, String)> {
+    match spec.split_once('=') {
+        Some((name, _)) if name.is_empty() => bail!("--env `{spec}` has an empty name"),
+        Some((name, value)) => Ok((name.to_owned(), value.to_owned())),
+        None => {
+            let value =
+                std::env::var(spec).with_context(|| format!("--env {spec}: this process has no such variable"))?;
+            Ok((spec.to_owned(), value))
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -108,3 +108,32 @@ fn the_configuration_embedded_in_the_envoy_bootstrap_loads_in_envoy() {
 
     assert_eq!(send(&envoy, &Request::get("/")).status, 200);
 }
+
+#[test]
+fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
+    use sluice_tests::counter::{self, Counter};
+    use sluice_tests::deploy::{Local, local_bootstrap};
+    let upstream = sluice_tests::upstream::Upstream::start(&[]);
+    let service = Counter::start(counter::with_token(counter::memory(), "deploy-token"));
+    let bootstrap = local_bootstrap(&Local {
+        listen: "127.0.0.1:0",
+        admin: "127.0.0.1:0",
+        backend: upstream.addr(),
+        counter: service.addr(),
+        config: None,
+    });
+
+    let envoy = Envoy::builder()
+        .bootstrap(bootstrap)
+        .process_env("SLUICE_HASH_KEY", "deploy-hash-key-0123456789abcdef")
+        .process_env("SLUICE_COUNTER_TOKEN", "deploy-token")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let response = send(&envoy, &Request::get("/orders").header("x-tenant-id", "acme"));
+
+    assert_eq!(response.status, 200);
+    assert_eq!(response.text(), "upstream saw /orders\n");
+    assert_eq!(response.header("x-sluice-fallback"), None, "the counter service decided");
+    assert_eq!(envoy.stats().get("wasmcustom.sluice.counter_service.callouts"), Some(&1));
+    assert_eq!(envoy.metric("per-tenant", "allowed"), 1);
+}

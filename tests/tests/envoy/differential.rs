@@ -87,7 +87,7 @@ fn script(example: &str) -> (Vec<Step>, Masks) {
             steps.extend(post("/reports").header("x-tenant-id", "t1").header("x-cost", "1").times(12));
             steps.extend(get("/").header("x-tenant-id", "t1").header("x-cost", "150").times(3));
             steps.push(get("/"));
-            masked = Masks { aligned: &["tenant-operation"], fast: &["global-emergency"] };
+            masked = Masks { aligned: &["tenant-operation"], fast: &["all-traffic"] };
         }
         other => panic!("{other} has no traffic script: add one here"),
     }

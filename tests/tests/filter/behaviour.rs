@@ -81,7 +81,7 @@ fn layered_policies_spend_all_or_nothing() {
     // The tenant's burst of 200 lost only the 10 admitted reports to the operation limit.
     assert_eq!(reads, 190);
     assert_eq!(metric(&host, "tenant-operation", "over_limit"), 5);
-    for policy in ["tenant", "tenant-operation", "global-emergency"] {
+    for policy in ["tenant", "tenant-operation", "all-traffic"] {
         assert_accounting(&host, policy);
     }
 }

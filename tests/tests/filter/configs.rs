@@ -24,6 +24,11 @@ fn files(dir: &Path, extension: &str) -> Vec<PathBuf> {
 
 const VALID: &str = r#"{"policies":[{"name":"p","key":["client_address"],"rate":"1/second"}]}"#;
 
+/// The VM environment the examples' `*_env` fields name, with test values.
+fn with_secrets(builder: wasm_host::HostBuilder) -> wasm_host::HostBuilder {
+    builder.env("SLUICE_HASH_KEY", "test-hash-key-0123456789abcdef").env("SLUICE_COUNTER_TOKEN", "test-token")
+}
+
 #[test]
 fn every_invalid_fixture_is_refused_by_on_configure_with_its_message_logged() {
     let mut host = host(VALID);
@@ -69,7 +74,7 @@ fn a_rejected_configuration_fails_the_first_start_with_the_reason() {
 fn every_example_configuration_is_accepted_by_the_compiled_filter() {
     let examples = files(&repo().join("examples"), "json");
     assert!(examples.len() >= 6);
-    let mut host = host(VALID);
+    let mut host = with_secrets(builder(VALID)).build().unwrap();
 
     for example in examples {
         if let Err(error) = host.reconfigure(fs::read(&example).unwrap()) {
@@ -114,12 +119,12 @@ fn the_configuration_embedded_in_the_envoy_bootstrap_passes_the_filter() {
     let (root_id, configuration) = envoy_plugin_configuration();
     let value = configuration["value"].as_str().unwrap();
 
-    let mut host = builder(value).root_id(root_id).build().unwrap_or_else(|e| panic!("{e}"));
+    let mut host = with_secrets(builder(value)).root_id(root_id).build().unwrap_or_else(|e| panic!("{e}"));
 
     let same: serde_json::Value = serde_json::from_str(value).unwrap();
     let example: serde_json::Value =
-        serde_json::from_slice(&fs::read(repo().join("examples/per-client-ip.json")).unwrap()).unwrap();
-    assert_eq!(same, example, "envoy.yaml embeds examples/per-client-ip.json");
+        serde_json::from_slice(&fs::read(repo().join("examples/gateway.json")).unwrap()).unwrap();
+    assert_eq!(same, example, "envoy.yaml embeds examples/gateway.json");
     assert_eq!(status(&mut host, Request::get("/")), 200);
 }
 
@@ -129,10 +134,13 @@ fn the_plugin_configuration_in_the_istio_manifest_passes_the_filter() {
     assert_eq!(manifest["apiVersion"], "extensions.istio.io/v1alpha1");
     let configuration = manifest["spec"]["pluginConfig"].to_string();
 
-    let mut host = builder(&configuration).build().unwrap_or_else(|e| panic!("{e}"));
+    let mut host = with_secrets(builder(&configuration)).build().unwrap_or_else(|e| panic!("{e}"));
 
-    let example: serde_json::Value =
-        serde_json::from_slice(&fs::read(repo().join("examples/per-api-key.json")).unwrap()).unwrap();
-    assert_eq!(manifest["spec"]["pluginConfig"], example, "wasmplugin.yaml embeds examples/per-api-key.json");
+    let mut example: serde_json::Value =
+        serde_json::from_slice(&fs::read(repo().join("examples/gateway.json")).unwrap()).unwrap();
+    // The one difference: Istio's name for the counter service's cluster.
+    example["counter_service"]["cluster"] =
+        serde_json::json!("outbound|8710||sluice-counter.sluice-system.svc.cluster.local");
+    assert_eq!(manifest["spec"]["pluginConfig"], example, "wasmplugin.yaml embeds examples/gateway.json");
     assert_eq!(status(&mut host, Request::get("/api/x").header("x-api-key", "k")), 200);
 }

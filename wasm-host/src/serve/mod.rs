@@ -67,6 +67,8 @@ pub struct ServeConfig {
     pub upstream: Option<Upstream>,
     /// Cluster names for callouts, mapped to HTTP/1.1 servers.
     pub clusters: Vec<(String, SocketAddr)>,
+    /// Environment variables of the VMs (Envoy's `vm_config.environment_variables`).
+    pub env: Vec<(String, String)>,
     /// What a trap does.
     pub failure_policy: FailurePolicy,
     /// Log lines below this level are dropped.
@@ -92,6 +94,7 @@ impl Default for ServeConfig {
             workers: 2,
             upstream: None,
             clusters: Vec::new(),
+            env: Vec::new(),
             failure_policy: FailurePolicy::default(),
             log_level: LogLevel::Info,
             max_connections: 1024,
@@ -236,6 +239,9 @@ fn build_host(config: &ServeConfig, wasm: &Path) -> Result<Host, HostError> {
         .serve_mode();
     for (name, addr) in &config.clusters {
         builder = builder.cluster(name.clone(), *addr);
+    }
+    for (name, value) in &config.env {
+        builder = builder.env(name.clone(), value.clone());
     }
     builder.build()
 }
