@@ -1,0 +1,273 @@
+//! `sluice.wasm` inside real Envoy (1.40, V8): what it adds per request, beside Envoy's own
+//! C++ `local_ratelimit` and a no-op wasm filter, measured in one run.
+//!
+//! Envoy runs with one worker pinned to CPU 0 (`taskset`), `wrk` (keep-alive, saturating,
+//! 32 connections) pinned to CPU 1; variants are alternated over `ROUNDS` rounds of
+//! `SECONDS` each, so every variant sees the same machine; the figure per variant is the
+//! median of its rounds. With the worker saturated on its core, `1 / requests per second`
+//! is its CPU per request, so "added ns" is `1e9/rps(variant) - 1e9/rps(no filter)`.
+//!
+//! Groups (`GROUPS`, comma-separated, default all):
+//! * `local`: no filter; the no-op wasm filter; native `local_ratelimit` admitting and
+//!   rejecting; Sluice admitting, rejecting, and admitting with headers on allowed
+//!   responses; 2 workers on one hot key, native and Sluice.
+//! * `global`: Sluice with one global policy in `check` mode against `sluice-counter`
+//!   (memory store, pinned to CPU 1 with wrk) beside the same policy local; latency at one
+//!   connection beside one loopback round trip to the service itself.
+//!
+//! Run: `ROUNDS=5 SECONDS=8 cargo run -p sluice-envoy-bench` (needs `wrk`: `apt-get install -y wrk`;
+//! Envoy from `envoy-config/install-envoy.sh`). Figures and method: docs/benchmarks.md.
+
+use serde_json::{Value, json};
+use sluice_tests::counter::{self, Counter};
+use sluice_tests::envoy::{Envoy, EnvoyBuilder, cluster, sluice};
+use std::collections::BTreeMap;
+use std::process::Command;
+
+const TOKEN: &str = "bench-token";
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// One `wrk` run: requests per second and the latency percentiles it printed (µs).
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn micros(text: &str) -> f64 {
+    let (number, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(text.len()));
+    let value: f64 = number.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => value,
+        "ms" => value * 1000.0,
+        "s" => value * 1e6,
+        _ => f64::NAN,
+    }
+}
+
+/// Runs wrk on CPU 1 against `url` with `headers`, `connections`, for `seconds`.
+fn wrk(url: &str, headers: &[&str], connections: u32, seconds: u64, script: Option<&str>) -> Sample {
+    let mut command = Command::new("taskset");
+    command.args(["-c", "1", "wrk", "-t1", "--latency"]).arg(format!("-c{connections}")).arg(format!("-d{seconds}s"));
+    for header in headers {
+        command.args(["-H", header]);
+    }
+    if let Some(script) = script {
+        command.args(["-s", script]);
+    }
+    let output = command.arg(url).output().expect("wrk runs (apt-get install -y wrk)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut sample = Sample::default();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            ["Requests/sec:", rps] => sample.rps = rps.parse().unwrap_or(0.0),
+            ["50%", value] => sample.p50_us = micros(value),
+            ["99%", value] => sample.p99_us = micros(value),
+            _ => {}
+        }
+    }
+    assert!(sample.rps > 0.0, "wrk printed no rate:\n{text}");
+    if text.contains("Non-2xx") && !headers.iter().any(|h| h.contains("reject")) {
+        eprintln!("note: non-2xx answers in a run meant to admit:\n{text}");
+    }
+    sample
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn native_local_ratelimit(tokens: u64) -> Value {
+    let bucket = json!({ "max_tokens": tokens, "tokens_per_fill": tokens, "fill_interval": "1s" });
+    let percent = json!({ "default_value": { "numerator": 100, "denominator": "HUNDRED" }, "runtime_key": "rl" });
+    json!({
+        "name": "envoy.filters.http.local_ratelimit",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
+            "stat_prefix": "native",
+            "token_bucket": { "max_tokens": 1_000_000_000u64, "tokens_per_fill": 1_000_000_000u64, "fill_interval": "1s" },
+            "filter_enabled": percent,
+            "filter_enforced": percent,
+            "descriptors": [{ "entries": [{ "key": "api-key" }], "token_bucket": bucket }],
+            "rate_limits": [{ "actions": [{ "request_headers": { "header_name": "x-api-key", "descriptor_key": "api-key" } }] }],
+            "max_dynamic_descriptors": 10_000,
+        },
+    })
+}
+
+fn sluice_local(rate: &str, burst: u64, allowed_headers: bool) -> String {
+    let allowed = if allowed_headers { r#","headers_on_allowed":["ratelimit"]"# } else { "" };
+    format!(
+        r#"{{"policies":[{{"name":"key","key":[{{"header":"x-api-key"}}],"rate":"{rate}","burst":{burst}}}],
+           "response":{{"headers_on_rejected":["retry_after","ratelimit"]{allowed}}}}}"#
+    )
+}
+
+/// A variant: how to build its Envoy, and the request header wrk sends.
+struct Variant {
+    name: &'static str,
+    builder: Box<dyn Fn() -> EnvoyBuilder>,
+    header: &'static str,
+}
+
+fn variant(name: &'static str, header: &'static str, builder: impl Fn() -> EnvoyBuilder + 'static) -> Variant {
+    Variant { name, builder: Box::new(builder), header }
+}
+
+fn base(workers: usize) -> EnvoyBuilder {
+    Envoy::builder().workers(workers).cpu(0).log_level("error")
+}
+
+fn local_group() -> Vec<Variant> {
+    let noop = sluice("bench=noop").wasm(sluice_artifacts::TEST_GUEST_WASM);
+    let noop2 = noop.clone();
+    vec![
+        variant("no filter", "x-api-key: admit", || base(1)),
+        variant("no-op wasm filter", "x-api-key: admit", move || base(1).sluice(noop.clone())),
+        variant("native local_ratelimit, admitted", "x-api-key: admit", || {
+            base(1).filter(native_local_ratelimit(1_000_000_000))
+        }),
+        variant("native local_ratelimit, rejected", "x-api-key: reject", || base(1).filter(native_local_ratelimit(1))),
+        variant("sluice, admitted", "x-api-key: admit", || {
+            base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)))
+        }),
+        variant("sluice, rejected", "x-api-key: reject", || base(1).sluice(sluice(&sluice_local("1/hour", 1, false)))),
+        variant("sluice, admitted with headers_on_allowed", "x-api-key: admit", || {
+            base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, true)))
+        }),
+        variant("2 workers, one hot key: no-op wasm filter", "x-api-key: admit", move || {
+            base(2).sluice(noop2.clone())
+        }),
+        variant("2 workers, one hot key: native", "x-api-key: admit", || {
+            base(2).filter(native_local_ratelimit(1_000_000_000))
+        }),
+        variant("2 workers, one hot key: sluice", "x-api-key: admit", || {
+            base(2).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)))
+        }),
+    ]
+}
+
+fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'static str, Vec<Sample>> {
+    let mut samples: BTreeMap<&'static str, Vec<Sample>> = BTreeMap::new();
+    for round in 1..=rounds {
+        for v in variants {
+            let envoy = (v.builder)().start().unwrap_or_else(|e| panic!("{}: {e}", v.name));
+            let url = format!("http://{}/", envoy.addr());
+            // Warm up (V8 tiers the module up), then measure.
+            let _ = wrk(&url, &[v.header], 32, 1, None);
+            // The rejected variants must see an exhausted bucket before measuring.
+            let sample = wrk(&url, &[v.header], 32, seconds, None);
+            eprintln!("round {round}: {:45} {:>9.0} req/s  p50 {:>6.0} µs", v.name, sample.rps, sample.p50_us);
+            samples.entry(v.name).or_default().push(sample);
+        }
+    }
+    samples
+}
+
+fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: &str, order: &[&'static str]) {
+    let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
+    let base = rps(baseline);
+    println!("\n## {title}\n\n| variant | median req/s | added ns/request over {baseline} | median p50 µs |\n|---|---:|---:|---:|");
+    for name in order {
+        let r = rps(name);
+        let p50 = median(&mut samples[name].iter().map(|s| s.p50_us).collect::<Vec<_>>());
+        println!("| {name} | {r:.0} | {:.0} | {p50:.0} |", 1e9 / r - 1e9 / base);
+    }
+}
+
+fn global_group(rounds: u64, seconds: u64) {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let policy = |global: bool| {
+        let strategy = if global { r#","global":{"strategy":"check"}"# } else { "" };
+        format!(
+            r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
+               "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":"1000000000/second",
+                             "burst":1000000000{strategy}}}]}}"#
+        )
+    };
+    let envoy_with = |global: bool| {
+        base(1)
+            .cluster(cluster("sluice-counter", service.addr(), false))
+            .sluice(sluice(&policy(global)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // A wrk script that posts one check, as the filter does, straight to the service.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("check.lua");
+    let body = r#"{"tag":"t","entries":[{"key":"0123456789abcdef0123456789abcdef","policy_version":0,"limit":{"algorithm":"token_bucket","amount":1000000000,"per_ms":1000,"burst":1000000000},"cost":1}]}"#;
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.body = '{body}'\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.headers[\"authorization\"] = \"Bearer {TOKEN}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut rows: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+    for round in 1..=rounds {
+        for (name, global) in [("local policy", false), ("global policy, check", true)] {
+            let envoy = envoy_with(global);
+            let url = format!("http://{}/", envoy.addr());
+            let _ = wrk(&url, &["x-tenant: acme"], 32, 1, None);
+            let saturated = wrk(&url, &["x-tenant: acme"], 32, seconds, None);
+            let one = wrk(&url, &["x-tenant: acme"], 1, seconds, None);
+            eprintln!(
+                "round {round}: {name:22} {:>8.0} req/s saturated; 1 connection p50 {:.0} µs",
+                saturated.rps, one.p50_us
+            );
+            rows.entry(if global { "check, saturated" } else { "local, saturated" }).or_default().push(saturated);
+            rows.entry(if global { "check, 1 connection" } else { "local, 1 connection" }).or_default().push(one);
+        }
+        let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
+        let service_max =
+            wrk(&format!("http://{}/v1/check", service.addr()), &[], 32, seconds, Some(script.to_str().unwrap()));
+        eprintln!("round {round}: service alone: 1 connection p50 {:.0} µs; 32 connections {:.0} req/s", rtt.p50_us, service_max.rps);
+        rows.entry("service alone, 1 connection").or_default().push(rtt);
+        rows.entry("service alone, 32 connections").or_default().push(service_max);
+    }
+    let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
+    println!("\n## global policy in check mode\n\n| row | median req/s | median p50 µs | median p99 µs |\n|---|---:|---:|---:|");
+    for name in rows.keys() {
+        println!("| {name} | {:.0} | {:.0} | {:.0} |", med(name, |s| s.rps), med(name, |s| s.p50_us), med(name, |s| s.p99_us));
+    }
+    let added_cpu = 1e9 / med("check, saturated", |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
+    let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
+    let rtt = med("service alone, 1 connection", |s| s.p50_us);
+    println!(
+        "\ncheck mode over local: {added_cpu:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
+        added_p50 / rtt
+    );
+}
+
+fn main() {
+    let rounds = env_or("ROUNDS", 5);
+    let seconds = env_or("SECONDS", 8);
+    let groups = std::env::var("GROUPS").unwrap_or_else(|_| "local,global".to_owned());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("# sluice.wasm in Envoy: {rounds} rounds of {seconds} s per variant; load average before: {load}");
+    if groups.contains("local") {
+        let variants = local_group();
+        let samples = run_group(&variants, rounds, seconds);
+        let order: Vec<&'static str> = variants.iter().map(|v| v.name).collect();
+        report("local policies, 1 worker (2-worker rows: over no filter at 1 worker)", &samples, "no filter", &order);
+        let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
+        let floor = 1e9 / rps("no-op wasm filter") - 1e9 / rps("no filter");
+        let native_admit = 1e9 / rps("native local_ratelimit, admitted") - 1e9 / rps("no filter");
+        let native_reject = 1e9 / rps("native local_ratelimit, rejected") - 1e9 / rps("no filter");
+        let sluice_admit = 1e9 / rps("sluice, admitted") - 1e9 / rps("no-op wasm filter");
+        let sluice_reject = 1e9 / rps("sluice, rejected") - 1e9 / rps("no-op wasm filter");
+        println!(
+            "\nno-op wasm floor {floor:.0} ns; native adds {native_admit:.0} ns admitted, {native_reject:.0} ns rejected; \
+             sluice adds above the floor {sluice_admit:.0} ns admitted, {sluice_reject:.0} ns rejected"
+        );
+    }
+    if groups.contains("global") {
+        global_group(rounds, seconds);
+    }
+}
