@@ -1,7 +1,8 @@
 //! sluice-counter: the central counter service for Sluice's global policies.
 //!
-//! The filter calls it over HTTP/1.1 + JSON (`POST /v1/check`, `POST /v1/lease`) once
-//! per request for all of that request's global policies. The service is stateless in
+//! The filter calls it over HTTP/1.1 or HTTP/2 cleartext + JSON (`POST /v1/check`,
+//! `POST /v1/lease`, `POST /v1/charge`) once per request for all of that request's
+//! global policies. The service is stateless in
 //! front of its store: in memory by default (one process, no setup), or Redis
 //! (standalone or Redis Cluster), where every decision is one atomic Lua script on the
 //! node that owns the keys, timed by Redis' own clock.
@@ -18,6 +19,7 @@
 //!   and [`store::RedisStore`] (the same algorithms as one Lua script).
 //! * [`server`] holds routes, bounds (body size, requests in flight, store deadline),
 //!   graceful shutdown.
+//! * [`conn`] holds one connection: HTTP/1.1 or h2c on the same port, timeouts, drain.
 //! * [`metrics`] renders Prometheus text.
 //! * [`config`] reads flags and environment variables.
 //! * [`auth`] checks callers' bearer token.
@@ -40,6 +42,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod conn;
 pub mod metrics;
 pub mod server;
 pub mod spec;
@@ -94,7 +97,7 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Its state, to inspect the store and metrics.
     pub app: Arc<App>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<server::Stop>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
@@ -105,19 +108,28 @@ impl Running {
     /// When the token cannot be read, the store cannot be built or the listener has no
     /// address.
     pub async fn start(listener: TcpListener, config: Config) -> anyhow::Result<Self> {
-        let auth = config.auth().map_err(anyhow::Error::msg)?;
+        config.auth().map_err(anyhow::Error::msg)?;
         let store = server::build_store(&config).await?;
+        Self::start_with_store(listener, config, store)
+    }
+
+    /// Starts a service on `listener` with `config`, serving `store` (built by the
+    /// caller: a memory store on a test clock, say) instead of the configured one.
+    ///
+    /// # Errors
+    /// When the token cannot be read or the listener has no address.
+    pub fn start_with_store(listener: TcpListener, config: Config, store: store::Store) -> anyhow::Result<Self> {
+        let auth = config.auth().map_err(anyhow::Error::msg)?;
         let app = Arc::new(App::new(store, &config, auth));
         let addr = listener.local_addr()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(server::serve(
+        let (stop, stopped) = tokio::sync::oneshot::channel::<server::Stop>();
+        let task = tokio::spawn(server::serve_until(
             listener,
             app.clone(),
             Duration::from_millis(config.shutdown_grace_ms),
             Duration::from_millis(config.sweep_interval_ms),
-            async move {
-                let _ = stopped.await;
-            },
+            // A `Running` dropped without `stop` or `kill` shuts down gracefully.
+            async move { stopped.await.unwrap_or(server::Stop::Graceful) },
         ));
         Ok(Self { addr, app, stop: Some(stop), task })
     }
@@ -128,7 +140,23 @@ impl Running {
     /// When the server failed.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(server::Stop::Graceful);
+        }
+        (&mut self.task).await?
+    }
+
+    /// Stops the service abruptly, as a crash would: the listener and every connection
+    /// are closed at once, requests in flight get no answer (a store write they had
+    /// sent may still land, as it could in a crash), nothing is drained. When this
+    /// returns, the address is free: a new service can be started on it (tokio binds
+    /// listeners with `SO_REUSEADDR`, so the closed connections' `TIME_WAIT` does not
+    /// hold the port).
+    ///
+    /// # Errors
+    /// When the server had failed before it was killed.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(server::Stop::Kill);
         }
         (&mut self.task).await?
     }

@@ -23,6 +23,7 @@ use sluice_protocol::{
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
 use crate::auth::{Auth, Refusal};
 use crate::config::{Config, StoreKind};
+use crate::conn;
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
@@ -317,16 +318,25 @@ pub async fn build_store(config: &Config) -> anyhow::Result<Store> {
     }
 }
 
-/// How long a connection may take to send a request's headers (also closes keep-alive
-/// connections idle that long).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How a server stops: gracefully (stop accepting, let requests in flight finish within
+/// the grace, close) or at once, as a crash would (no drain: every connection and
+/// stream dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Drain, within the grace.
+    Graceful,
+    /// Drop everything now.
+    Kill,
+}
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
 /// requests in flight finish (at most `grace`), and returns.
 ///
-/// HTTP/1.1 only (the filter's callouts are HTTP/1.1), at most `max_connections` client
-/// connections (more are closed as soon as they are accepted), `TCP_NODELAY` on every
-/// connection.
+/// HTTP/1.1 and HTTP/2 cleartext with prior knowledge on the same listener (see
+/// [`crate::conn`] for how a connection's protocol is recognized and the timeouts of
+/// each), at most `max_connections` client connections (more are closed as soon as
+/// they are accepted), `TCP_NODELAY` on every connection. Connections still open after
+/// the grace are closed.
 ///
 /// # Errors
 /// Never at present: accept errors (such as running out of file descriptors) are
@@ -338,9 +348,49 @@ pub async fn serve(
     sweep_every: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let sweeper = matches!(app.store, Store::Memory(_)).then(|| {
+    serve_until(listener, app, grace, sweep_every, async {
+        shutdown.await;
+        Stop::Graceful
+    })
+    .await
+}
+
+/// Aborts a task when dropped, so that the sweeper ends with the server, however the
+/// server ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Releases a connection's slot and gauge when its task ends, aborted or not.
+struct Held {
+    app: Arc<App>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.app.metrics.connection(-1);
+    }
+}
+
+/// [`serve`], stopped the way `stop` says when it completes.
+///
+/// # Errors
+/// As [`serve`].
+pub async fn serve_until(
+    listener: TcpListener,
+    app: Arc<App>,
+    grace: Duration,
+    sweep_every: Duration,
+    stop: impl Future<Output = Stop> + Send + 'static,
+) -> anyhow::Result<()> {
+    let _sweeper = matches!(app.store, Store::Memory(_)).then(|| {
         let weak = Arc::downgrade(&app);
-        tokio::spawn(async move {
+        AbortOnDrop(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(sweep_every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -351,13 +401,24 @@ pub async fn serve(
                     tracing::trace!(dropped, "swept idle keys");
                 }
             }
-        })
+        }))
     });
     let routes = router(app.clone());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let shutdown = std::pin::pin!(shutdown);
-    let mut shutdown = shutdown;
-    loop {
+    // Connections watch `drain`; HTTP/2 streams live while `alive` does.
+    let (drain, draining) = tokio::sync::watch::channel(false);
+    let (alive, streams_alive) = tokio::sync::watch::channel(());
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(conn::HEADER_READ_TIMEOUT);
+    let mut http2 = hyper::server::conn::http2::Builder::new(conn::StreamExecutor::new(streams_alive));
+    http2
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(conn::H2_PING_INTERVAL)
+        .keep_alive_timeout(conn::H2_PING_TIMEOUT)
+        .max_concurrent_streams(conn::H2_MAX_CONCURRENT_STREAMS);
+    let builders = Arc::new((http1, http2));
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stop = std::pin::pin!(stop);
+    let how = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -373,33 +434,83 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let service = hyper_util::service::TowerToHyperService::new(routes.clone());
-                let mut http = hyper::server::conn::http1::Builder::new();
-                http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-                let connection = graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
-                let app = app.clone();
                 app.metrics.connection(1);
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%error, "connection ended with an error");
-                    }
-                    app.metrics.connection(-1);
-                    drop(permit);
-                });
+                let held = Held { app: app.clone(), _permit: permit };
+                connections.spawn(connection(stream, routes.clone(), builders.clone(), draining.clone(), held));
             }
-            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            how = &mut stop => break how,
         }
-    }
+    };
     drop(listener);
+    if how == Stop::Kill {
+        tracing::warn!("killed: every connection dropped without a drain");
+        connections.shutdown().await;
+        drop(alive);
+        return Ok(());
+    }
     tracing::info!("shutting down: no new connections, finishing requests in flight");
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; closing");
+    let _ = drain.send(true);
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "requests still in flight after the shutdown grace; closing"
+        );
+        connections.shutdown().await;
+    }
+    drop(alive);
+    Ok(())
+}
+
+type Builders = (hyper::server::conn::http1::Builder, hyper::server::conn::http2::Builder<conn::StreamExecutor>);
+
+/// Serves one accepted connection in the protocol its first bytes say.
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    routes: Router,
+    builders: Arc<Builders>,
+    mut draining: tokio::sync::watch::Receiver<bool>,
+    held: Held,
+) {
+    let sniffed = tokio::select! {
+        sniffed = tokio::time::timeout(conn::HEADER_READ_TIMEOUT, conn::sniff(&mut stream)) => sniffed,
+        // Nothing was asked yet: a drain closes the connection at once.
+        _ = draining.changed() => return,
+    };
+    let (protocol, prefix) = match sniffed {
+        Ok(Ok(sniffed)) => sniffed,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "connection closed before a request");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!("no request within the header read timeout; closing");
+            return;
+        }
+    };
+    let activity = Arc::new(conn::Activity::default());
+    let service = {
+        let tower = hyper_util::service::TowerToHyperService::new(routes);
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let open = activity.start();
+            let response = hyper::service::Service::call(&tower, request);
+            async move {
+                let response = response.await;
+                drop(open);
+                response
+            }
+        })
+    };
+    let io = hyper_util::rt::TokioIo::new(conn::Prefixed::new(prefix, stream));
+    let (http1, http2) = &*builders;
+    match protocol {
+        conn::Protocol::Http1 => conn::drive(http1.serve_connection(io, service), draining, None).await,
+        conn::Protocol::Http2 => {
+            let idle = Some((activity, conn::H2_IDLE_TIMEOUT));
+            conn::drive(http2.serve_connection(io, service), draining, idle).await;
         }
     }
-    if let Some(task) = sweeper {
-        task.abort();
-    }
-    Ok(())
+    drop(held);
 }

@@ -72,7 +72,7 @@ impl Counter {
     /// Stops it abruptly, as a crash would: connections dropped, nothing drained.
     pub fn kill(&mut self) {
         if let Some(running) = self.running.take() {
-            let _ = self.runtime.block_on(running.stop());
+            let _ = self.runtime.block_on(running.kill());
         }
     }
 

@@ -97,7 +97,8 @@ pub struct ChargeRequest {
 
 /// One entry's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct EntryResponse {
     /// `allowed`, `delayed` or `rejected`.
     pub verdict: VerdictName,
@@ -166,7 +167,8 @@ impl EntryResponse {
 
 /// The answer to a check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct CheckResponse {
     /// Whether every entry admitted; when false nothing was spent.
     pub admitted: bool,
@@ -178,7 +180,8 @@ pub struct CheckResponse {
 
 /// The answer to a lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct LeaseResponse {
     /// Tokens granted (0..=tokens asked), already deducted from the global budget.
     pub granted: u64,
@@ -192,7 +195,8 @@ pub struct LeaseResponse {
 
 /// The answer to a charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct ChargeResponse {
     /// Units spent (0..=cost).
     pub charged: u64,
@@ -208,7 +212,8 @@ pub struct ChargeResponse {
 
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
@@ -216,7 +221,8 @@ pub struct ErrorBody {
 
 /// A stable machine-readable code and a message for a human.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
 pub struct ErrorDetail {
     /// Stable code (`invalid_limit`, `store_unavailable`, `unauthorized`, …); the
     /// counter service's README lists them all.

@@ -20,7 +20,7 @@ use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use shared_store::{Decision, Limit, Nanos, State};
+use shared_store::{Clock, Decision, Limit, Nanos, State};
 
 use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
@@ -62,6 +62,30 @@ impl UnixClock {
     }
 }
 
+/// The store's time: Unix time, or a clock the embedder gives (tests).
+enum StoreClock {
+    Unix(UnixClock),
+    Given(std::sync::Arc<dyn Clock + Send + Sync>),
+}
+
+impl std::fmt::Debug for StoreClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unix(clock) => clock.fmt(f),
+            Self::Given(clock) => write!(f, "Given(at {})", clock.now()),
+        }
+    }
+}
+
+impl StoreClock {
+    fn now(&self) -> Nanos {
+        match self {
+            Self::Unix(clock) => clock.now(),
+            Self::Given(clock) => clock.now(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
     limit: Limit,
@@ -98,7 +122,7 @@ pub struct MemoryStore {
     per_shard: usize,
     max_keys: usize,
     hasher: std::hash::RandomState,
-    clock: UnixClock,
+    clock: StoreClock,
 }
 
 /// What the decide phase found for one entry.
@@ -116,8 +140,20 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store on Unix time.
     pub fn new(config: MemoryConfig) -> Self {
+        Self::build(config, StoreClock::Unix(UnixClock::new()))
+    }
+
+    /// An empty store whose time is `clock` (Unix nanoseconds). For tests that drive
+    /// the service over HTTP and need its answers to be exact: a
+    /// [`shared_store::ManualClock`] makes every `reset_after_ns` and `retry_after_ns`
+    /// predictable.
+    pub fn with_clock(config: MemoryConfig, clock: std::sync::Arc<dyn Clock + Send + Sync>) -> Self {
+        Self::build(config, StoreClock::Given(clock))
+    }
+
+    fn build(config: MemoryConfig, clock: StoreClock) -> Self {
         let shards = config.shards.max(1);
         let max_keys = config.max_keys.max(1);
         Self {
@@ -125,7 +161,7 @@ impl MemoryStore {
             per_shard: max_keys.div_ceil(shards),
             max_keys,
             hasher: std::hash::RandomState::new(),
-            clock: UnixClock::new(),
+            clock,
         }
     }
 

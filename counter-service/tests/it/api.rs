@@ -6,7 +6,7 @@ use sluice_counter::config::{Config, StoreKind};
 use sluice_counter::store::Store;
 use sluice_counter::{Running, store::StoreError};
 
-use crate::support::{Http, RedisServer, free_port};
+use crate::support::{Http, PROTOCOLS, RedisServer, free_port};
 
 pub async fn start(config: Config) -> (Running, Http) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -212,34 +212,48 @@ fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> 
     ]
 }
 
-async fn every_class_of_bad_input_gets_its_4xx(http: &Http, keys: impl Fn() -> usize) {
+/// Sends every bad input over HTTP/1.1 and over h2c: both get the same answer, and
+/// neither changes a counter.
+async fn every_class_of_bad_input_gets_its_4xx(addr: std::net::SocketAddr, keys: impl Fn() -> usize) {
+    let clients = PROTOCOLS.map(|protocol| Http::with(addr, protocol));
+    let http = &clients[0];
     let (status, _) = http.post("/v1/check", &json!({"entries": [probe_entry(5)]})).await;
     assert_eq!(status, 200);
     let remaining = probe_remaining(http).await;
     let key_count = keys();
 
     for (what, path, body, status, code) in bad_inputs() {
-        let (got_status, got) = http.post_raw(path, body).await;
+        let mut answers = Vec::new();
+        for client in &clients {
+            let (got_status, got) = client.post_raw(path, body.clone()).await;
 
-        assert_eq!((got_status, got["error"]["code"].as_str()), (status, Some(code)), "{what}: {got}");
-        let message = got["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.len() > 10, "{what}: the message says what is wrong: {got}");
-        assert_eq!(probe_remaining(http).await, remaining, "{what} changed a counter");
-        assert_eq!(keys(), key_count, "{what} created a key");
+            assert_eq!(
+                (got_status, got["error"]["code"].as_str()),
+                (status, Some(code)),
+                "{what} over {:?}: {got}",
+                client.protocol()
+            );
+            let message = got["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.len() > 10, "{what}: the message says what is wrong: {got}");
+            assert_eq!(probe_remaining(http).await, remaining, "{what} changed a counter");
+            assert_eq!(keys(), key_count, "{what} created a key");
+            answers.push((got_status, got));
+        }
+        assert_eq!(answers[0], answers[1], "{what}: HTTP/1.1 and h2c answer alike");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory() {
     let _shared = crate::support::HEAVY.read().await;
-    let (running, http) = start(Config::defaults()).await;
+    let (running, _) = start(Config::defaults()).await;
     let app = running.app.clone();
     let keys = move || match app.store() {
         Store::Memory(m) => m.len(),
         Store::Redis(_) => unreachable!(),
     };
 
-    every_class_of_bad_input_gets_its_4xx(&http, keys).await;
+    every_class_of_bad_input_gets_its_4xx(running.addr, keys).await;
 
     running.stop().await.expect("clean stop");
 }
@@ -248,9 +262,9 @@ async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory(
 async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_on_redis() {
     let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
-    let (running, http) = start(redis_config(redis.url())).await;
+    let (running, _) = start(redis_config(redis.url())).await;
 
-    every_class_of_bad_input_gets_its_4xx(&http, || redis.limiter_keys().len()).await;
+    every_class_of_bad_input_gets_its_4xx(running.addr, || redis.limiter_keys().len()).await;
 
     running.stop().await.expect("clean stop");
     redis.assert_every_key_has_a_ttl();
@@ -259,7 +273,14 @@ async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_on_redis()
 #[tokio::test]
 async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry() {
     let _shared = crate::support::HEAVY.read().await;
-    let (running, http) = start(Config::defaults()).await;
+    for protocol in PROTOCOLS {
+        a_check_answers_every_entry_with_limit_remaining_reset_and_retry_over(protocol).await;
+    }
+}
+
+async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry_over(protocol: crate::support::Protocol) {
+    let (running, _) = start(Config::defaults()).await;
+    let http = Http::with(running.addr, protocol);
     let limit = json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000});
     let body = json!({"tag": "client-1", "entries": [
         {"key": "per-client", "policy_version": 1, "limit": limit, "cost": 1},
@@ -287,7 +308,14 @@ async fn a_check_answers_every_entry_with_limit_remaining_reset_and_retry() {
 #[tokio::test]
 async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
     let _shared = crate::support::HEAVY.read().await;
-    let (running, http) = start(Config::defaults()).await;
+    for protocol in PROTOCOLS {
+        a_lease_grants_what_is_left_and_says_how_long_it_lasts_over(protocol).await;
+    }
+}
+
+async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts_over(protocol: crate::support::Protocol) {
+    let (running, _) = start(Config::defaults()).await;
+    let http = Http::with(running.addr, protocol);
     let body = json!({"key": "route", "tokens": 8, "ttl_ms": 2000,
                       "limit": {"algorithm": "token_bucket", "amount": 1, "per_ms": 60_000, "burst": 10}});
 
@@ -304,7 +332,16 @@ async fn a_lease_grants_what_is_left_and_says_how_long_it_lasts() {
 #[tokio::test]
 async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it() {
     let _shared = crate::support::HEAVY.read().await;
-    let (running, http) = start(Config::defaults()).await;
+    for protocol in PROTOCOLS {
+        a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it_over(protocol).await;
+    }
+}
+
+async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it_over(
+    protocol: crate::support::Protocol,
+) {
+    let (running, _) = start(Config::defaults()).await;
+    let http = Http::with(running.addr, protocol);
     let charge = |cost: u64| json!({"key": "route", "cost": cost, "max_debt": 3, "limit": probe_limit()});
 
     let (status, first) = http.post("/v1/charge", &charge(15)).await;

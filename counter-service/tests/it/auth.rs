@@ -86,6 +86,12 @@ async fn callers_without_the_token_get_401_and_with_it_their_answer_over_http1()
 }
 
 #[tokio::test]
+async fn callers_without_the_token_get_401_and_with_it_their_answer_over_h2c() {
+    let _shared = crate::support::HEAVY.read().await;
+    callers_without_the_token_get_401_and_with_it_their_answer(Protocol::H2c).await;
+}
+
+#[tokio::test]
 async fn the_token_shows_in_no_debug_form_of_the_config_or_the_running_service() {
     let _shared = crate::support::HEAVY.read().await;
     let (running, dir) = with_token_file().await;

@@ -1,10 +1,10 @@
 //! The shared behavioural suite: every scenario runs on the memory store, on a Redis
-//! server and on a 3-master Redis Cluster, with the same expected answers (computed by
-//! hand from the algorithms' definitions). Time is set by each call (the stores' test
-//! override), so nothing sleeps.
+//! server and on a 3-master Redis Cluster, and over HTTP/1.1 and h2c (a memory-store
+//! service on a manual clock), with the same expected answers (computed by hand from
+//! the algorithms' definitions). Time is set by each call (the stores' test override,
+//! or the service's clock), so nothing sleeps.
 
 use shared_store::{Nanos, Verdict};
-use sluice_counter::store::Store;
 use sluice_protocol::EntryRequest;
 use sluice_protocol::LimitSpec;
 
@@ -21,48 +21,51 @@ fn rejected(ms: u64) -> Verdict {
     Verdict::Rejected { retry_after: Nanos::from_millis(ms) }
 }
 
-async fn one(store: &Store, tag: &str, e: EntryRequest, at_us: u64) -> shared_store::Decision {
-    let outcome = check(store, tag, vec![e], t_us(at_us)).await;
+async fn one(target: Target<'_>, tag: &str, e: EntryRequest, at_us: u64) -> shared_store::Decision {
+    let outcome = target.check(tag, vec![e], t_us(at_us)).await;
     assert_eq!(outcome.decisions.len(), 1);
     assert_eq!(outcome.admitted, outcome.decisions[0].is_admitted());
     outcome.decisions[0]
 }
 
-async fn a_token_bucket_admits_its_burst_then_rejects_with_the_exact_wait(store: &Store, tag: &str) {
+async fn a_token_bucket_admits_its_burst_then_rejects_with_the_exact_wait(target: Target<'_>, tag: &str) {
     let mut remaining = Vec::new();
     for _ in 0..4 {
-        let d = one(store, tag, entry("k", bucket(), 1), 0).await;
+        let d = one(target, tag, entry("k", bucket(), 1), 0).await;
         assert_eq!(d.verdict, Verdict::Allowed);
         remaining.push(d.remaining);
     }
-    let fifth = one(store, tag, entry("k", bucket(), 1), 0).await;
+    let fifth = one(target, tag, entry("k", bucket(), 1), 0).await;
 
     assert_eq!(remaining, [3, 2, 1, 0]);
     assert_eq!(fifth.verdict, rejected(500));
     assert_eq!((fifth.limit, fifth.remaining, fifth.reset_after), (4, 0, Nanos::from_millis(2000)));
 }
 
-async fn a_rejected_client_is_admitted_at_exactly_retry_after_and_not_a_microsecond_before(store: &Store, tag: &str) {
+async fn a_rejected_client_is_admitted_at_exactly_retry_after_and_not_a_microsecond_before(
+    target: Target<'_>,
+    tag: &str,
+) {
     for _ in 0..4 {
-        one(store, tag, entry("k", bucket(), 1), 0).await;
+        one(target, tag, entry("k", bucket(), 1), 0).await;
     }
 
-    let early = one(store, tag, entry("k", bucket(), 1), 500 * MS - 1).await;
-    let on_time = one(store, tag, entry("k", bucket(), 1), 500 * MS).await;
+    let early = one(target, tag, entry("k", bucket(), 1), 500 * MS - 1).await;
+    let on_time = one(target, tag, entry("k", bucket(), 1), 500 * MS).await;
 
     assert_eq!(early.verdict, Verdict::Rejected { retry_after: Nanos(1000) });
     assert_eq!(on_time.verdict, Verdict::Allowed);
 }
 
-async fn a_token_bucket_refills_at_its_rate_up_to_its_burst(store: &Store, tag: &str) {
+async fn a_token_bucket_refills_at_its_rate_up_to_its_burst(target: Target<'_>, tag: &str) {
     for _ in 0..4 {
-        one(store, tag, entry("k", bucket(), 1), 0).await;
+        one(target, tag, entry("k", bucket(), 1), 0).await;
     }
 
-    let after_one_second = one(store, tag, entry("k", bucket(), 0), 1000 * MS).await;
+    let after_one_second = one(target, tag, entry("k", bucket(), 0), 1000 * MS).await;
     let mut admitted_after_an_hour = 0;
     for _ in 0..6 {
-        if one(store, tag, entry("k", bucket(), 1), 3_600_000 * MS).await.is_admitted() {
+        if one(target, tag, entry("k", bucket(), 1), 3_600_000 * MS).await.is_admitted() {
             admitted_after_an_hour += 1;
         }
     }
@@ -71,15 +74,15 @@ async fn a_token_bucket_refills_at_its_rate_up_to_its_burst(store: &Store, tag: 
     assert_eq!(admitted_after_an_hour, 4);
 }
 
-async fn a_fixed_window_resets_at_the_window_boundary(store: &Store, tag: &str) {
+async fn a_fixed_window_resets_at_the_window_boundary(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::FixedWindow { limit: 3, window_ms: 1000 };
     let mut admitted = 0;
     for _ in 0..3 {
-        admitted += u32::from(one(store, tag, entry("k", limit, 1), 250 * MS).await.is_admitted());
+        admitted += u32::from(one(target, tag, entry("k", limit, 1), 250 * MS).await.is_admitted());
     }
 
-    let fourth = one(store, tag, entry("k", limit, 1), 250 * MS).await;
-    let next_window = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
+    let fourth = one(target, tag, entry("k", limit, 1), 250 * MS).await;
+    let next_window = one(target, tag, entry("k", limit, 1), 1000 * MS).await;
 
     assert_eq!(admitted, 3);
     assert_eq!(fourth.verdict, rejected(750));
@@ -87,42 +90,42 @@ async fn a_fixed_window_resets_at_the_window_boundary(store: &Store, tag: &str) 
     assert_eq!((next_window.verdict, next_window.remaining), (Verdict::Allowed, 2));
 }
 
-async fn a_sliding_window_weighs_the_previous_window_by_its_overlap(store: &Store, tag: &str) {
+async fn a_sliding_window_weighs_the_previous_window_by_its_overlap(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::SlidingWindow { limit: 4, window_ms: 1000 };
     for _ in 0..4 {
-        assert!(one(store, tag, entry("k", limit, 1), 0).await.is_admitted());
+        assert!(one(target, tag, entry("k", limit, 1), 0).await.is_admitted());
     }
 
     // 250 ms into the next window, 75 % of the previous 4 still counts: 3 used, 1 left.
-    let fits = one(store, tag, entry("k", limit, 1), 1250 * MS).await;
-    let over = one(store, tag, entry("k", limit, 1), 1250 * MS).await;
-    let later = one(store, tag, entry("k", limit, 1), 1500 * MS).await;
+    let fits = one(target, tag, entry("k", limit, 1), 1250 * MS).await;
+    let over = one(target, tag, entry("k", limit, 1), 1250 * MS).await;
+    let later = one(target, tag, entry("k", limit, 1), 1500 * MS).await;
 
     assert_eq!((fits.verdict, fits.remaining), (Verdict::Allowed, 0));
     assert_eq!(over.verdict, rejected(250));
     assert_eq!(later.verdict, Verdict::Allowed);
 }
 
-async fn a_sliding_log_counts_exactly_the_trailing_window(store: &Store, tag: &str) {
+async fn a_sliding_log_counts_exactly_the_trailing_window(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::SlidingLog { limit: 3, window_ms: 1000 };
     for at in [0, 100, 200] {
-        assert!(one(store, tag, entry("k", limit, 1), at * MS).await.is_admitted());
+        assert!(one(target, tag, entry("k", limit, 1), at * MS).await.is_admitted());
     }
 
-    let full = one(store, tag, entry("k", limit, 1), 300 * MS).await;
-    let first_expired = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
-    let still_full = one(store, tag, entry("k", limit, 1), 1050 * MS).await;
+    let full = one(target, tag, entry("k", limit, 1), 300 * MS).await;
+    let first_expired = one(target, tag, entry("k", limit, 1), 1000 * MS).await;
+    let still_full = one(target, tag, entry("k", limit, 1), 1050 * MS).await;
 
     assert_eq!(full.verdict, rejected(700));
     assert_eq!(first_expired.verdict, Verdict::Allowed);
     assert_eq!(still_full.verdict, rejected(50));
 }
 
-async fn a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it(store: &Store, tag: &str) {
+async fn a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::LeakyBucket { amount: 1, per_ms: 100, max_queue: 3, max_wait_ms: 250 };
     let mut verdicts = Vec::new();
     for _ in 0..4 {
-        verdicts.push(one(store, tag, entry("k", limit, 1), 0).await.verdict);
+        verdicts.push(one(target, tag, entry("k", limit, 1), 0).await.verdict);
     }
 
     assert_eq!(
@@ -136,13 +139,13 @@ async fn a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it(store: &St
     );
 }
 
-async fn a_check_with_one_rejecting_entry_spends_nothing_on_the_others(store: &Store, tag: &str) {
+async fn a_check_with_one_rejecting_entry_spends_nothing_on_the_others(target: Target<'_>, tag: &str) {
     let window = LimitSpec::FixedWindow { limit: 1, window_ms: 60_000 };
     let both = || vec![entry("user", bucket(), 1), entry("route", window, 1)];
-    let first = check(store, tag, both(), t_us(0)).await;
+    let first = target.check(tag, both(), t_us(0)).await;
 
-    let second = check(store, tag, both(), t_us(10 * MS)).await;
-    let user_after = one(store, tag, entry("user", bucket(), 0), 10 * MS).await;
+    let second = target.check(tag, both(), t_us(10 * MS)).await;
+    let user_after = one(target, tag, entry("user", bucket(), 0), 10 * MS).await;
 
     assert!(first.admitted);
     assert!(!second.admitted);
@@ -151,26 +154,26 @@ async fn a_check_with_one_rejecting_entry_spends_nothing_on_the_others(store: &S
     assert_eq!(user_after.remaining, 3, "the rejected check spent nothing on the bucket");
 }
 
-async fn a_new_policy_version_starts_from_fresh_state(store: &Store, tag: &str) {
+async fn a_new_policy_version_starts_from_fresh_state(target: Target<'_>, tag: &str) {
     let small = LimitSpec::TokenBucket { amount: 1, per_ms: 60_000, burst: 2 };
     let v = |version| EntryRequest { policy_version: version, ..entry("k", small, 1) };
-    one(store, tag, v(1), 0).await;
-    one(store, tag, v(1), 0).await;
+    one(target, tag, v(1), 0).await;
+    one(target, tag, v(1), 0).await;
 
-    let old = one(store, tag, v(1), 0).await;
-    let new = one(store, tag, v(2), 0).await;
+    let old = one(target, tag, v(1), 0).await;
+    let new = one(target, tag, v(2), 0).await;
 
     assert!(matches!(old.verdict, Verdict::Rejected { .. }));
     assert_eq!((new.verdict, new.remaining), (Verdict::Allowed, 1));
 }
 
-async fn a_lease_deducts_the_granted_tokens_from_the_global_budget(store: &Store, tag: &str) {
+async fn a_lease_deducts_the_granted_tokens_from_the_global_budget(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 10 };
 
-    let first = lease(store, tag, "k", limit, 4, t_us(0)).await;
-    let second = lease(store, tag, "k", limit, 10, t_us(0)).await;
-    let check_after = one(store, tag, entry("k", limit, 1), 0).await;
-    let empty = lease(store, tag, "k", limit, 5, t_us(0)).await;
+    let first = target.lease(tag, "k", limit, 4, t_us(0)).await;
+    let second = target.lease(tag, "k", limit, 10, t_us(0)).await;
+    let check_after = one(target, tag, entry("k", limit, 1), 0).await;
+    let empty = target.lease(tag, "k", limit, 5, t_us(0)).await;
 
     assert_eq!((first.granted, first.decision.remaining), (4, 6));
     assert_eq!((second.granted, second.decision.remaining), (6, 0), "only what is left is granted");
@@ -178,33 +181,33 @@ async fn a_lease_deducts_the_granted_tokens_from_the_global_budget(store: &Store
     assert_eq!((empty.granted, empty.decision.verdict), (0, rejected(1000)));
 }
 
-async fn a_cost_of_zero_queries_without_spending(store: &Store, tag: &str) {
-    one(store, tag, entry("k", bucket(), 3), 0).await;
+async fn a_cost_of_zero_queries_without_spending(target: Target<'_>, tag: &str) {
+    one(target, tag, entry("k", bucket(), 3), 0).await;
 
-    let first = one(store, tag, entry("k", bucket(), 0), 100 * MS).await;
-    let second = one(store, tag, entry("k", bucket(), 0), 100 * MS).await;
+    let first = one(target, tag, entry("k", bucket(), 0), 100 * MS).await;
+    let second = one(target, tag, entry("k", bucket(), 0), 100 * MS).await;
 
     assert_eq!(first, second);
     assert_eq!((first.verdict, first.remaining, first.reset_after), (Verdict::Allowed, 1, Nanos::from_millis(1400)));
 }
 
-async fn time_that_steps_backwards_never_refills(store: &Store, tag: &str) {
+async fn time_that_steps_backwards_never_refills(target: Target<'_>, tag: &str) {
     for _ in 0..4 {
-        one(store, tag, entry("k", bucket(), 1), 10_000 * MS).await;
+        one(target, tag, entry("k", bucket(), 1), 10_000 * MS).await;
     }
 
-    let earlier = one(store, tag, entry("k", bucket(), 1), 9_000 * MS).await;
-    let later = one(store, tag, entry("k", bucket(), 1), 10_500 * MS).await;
+    let earlier = one(target, tag, entry("k", bucket(), 1), 9_000 * MS).await;
+    let later = one(target, tag, entry("k", bucket(), 1), 10_500 * MS).await;
 
     assert_eq!(earlier.verdict, rejected(500), "decided at the key's latest time, not before it");
     assert_eq!(later.verdict, Verdict::Allowed);
 }
 
-async fn a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound(store: &Store, tag: &str) {
-    one(store, tag, entry("k", bucket(), 1), 0).await;
+async fn a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound(target: Target<'_>, tag: &str) {
+    one(target, tag, entry("k", bucket(), 1), 0).await;
 
-    let charged = charge(store, tag, "k", bucket(), (10, 2), t_us(0)).await;
-    let check_after = one(store, tag, entry("k", bucket(), 1), 0).await;
+    let charged = target.charge(tag, "k", bucket(), (10, 2), t_us(0)).await;
+    let check_after = one(target, tag, entry("k", bucket(), 1), 0).await;
 
     // 3 left in the bucket, then 2 below empty: 5 charged, 5 forgiven.
     assert_eq!(charged.charged, 5);
@@ -216,16 +219,16 @@ async fn a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound(st
     assert_eq!(check_after.verdict, rejected(1500));
 }
 
-async fn a_counter_in_debt_admits_nothing_until_repaid_and_then_exactly_on_time(store: &Store, tag: &str) {
+async fn a_counter_in_debt_admits_nothing_until_repaid_and_then_exactly_on_time(target: Target<'_>, tag: &str) {
     let window = LimitSpec::SlidingWindow { limit: 4, window_ms: 1000 };
-    charge(store, tag, "bucket", bucket(), (8, 4), t_us(0)).await;
-    charge(store, tag, "window", window, (6, 4), t_us(0)).await;
+    target.charge(tag, "bucket", bucket(), (8, 4), t_us(0)).await;
+    target.charge(tag, "window", window, (6, 4), t_us(0)).await;
 
-    let bucket_early = one(store, tag, entry("bucket", bucket(), 1), 2500 * MS - 1).await;
-    let bucket_on_time = one(store, tag, entry("bucket", bucket(), 1), 2500 * MS).await;
+    let bucket_early = one(target, tag, entry("bucket", bucket(), 1), 2500 * MS - 1).await;
+    let bucket_on_time = one(target, tag, entry("bucket", bucket(), 1), 2500 * MS).await;
     // 6 counted in window 0: in window 1, 6 × (1 − e) + 1 ≤ 4 from e = 1/2 on.
-    let window_early = one(store, tag, entry("window", window, 1), 1500 * MS - 1).await;
-    let window_on_time = one(store, tag, entry("window", window, 1), 1500 * MS).await;
+    let window_early = one(target, tag, entry("window", window, 1), 1500 * MS - 1).await;
+    let window_on_time = one(target, tag, entry("window", window, 1), 1500 * MS).await;
 
     assert_eq!(bucket_early.verdict, Verdict::Rejected { retry_after: Nanos(1000) });
     assert_eq!(bucket_on_time.verdict, Verdict::Allowed);
@@ -233,39 +236,39 @@ async fn a_counter_in_debt_admits_nothing_until_repaid_and_then_exactly_on_time(
     assert_eq!(window_on_time.verdict, Verdict::Allowed);
 }
 
-async fn a_fixed_window_charge_carries_its_debt_only_to_the_end_of_the_window(store: &Store, tag: &str) {
+async fn a_fixed_window_charge_carries_its_debt_only_to_the_end_of_the_window(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::FixedWindow { limit: 3, window_ms: 1000 };
 
-    let charged = charge(store, tag, "k", limit, (5, 1), t_us(250 * MS)).await;
-    let again = charge(store, tag, "k", limit, (5, 1), t_us(300 * MS)).await;
-    let next_window = one(store, tag, entry("k", limit, 1), 1000 * MS).await;
+    let charged = target.charge(tag, "k", limit, (5, 1), t_us(250 * MS)).await;
+    let again = target.charge(tag, "k", limit, (5, 1), t_us(300 * MS)).await;
+    let next_window = one(target, tag, entry("k", limit, 1), 1000 * MS).await;
 
     assert_eq!((charged.charged, charged.decision.verdict), (4, rejected(750)));
     assert_eq!((again.charged, again.decision.remaining), (0, 0), "already at the bound");
     assert_eq!((next_window.verdict, next_window.remaining), (Verdict::Allowed, 2));
 }
 
-async fn a_sliding_log_records_at_most_256_entries_of_charges(store: &Store, tag: &str) {
+async fn a_sliding_log_records_at_most_256_entries_of_charges(target: Target<'_>, tag: &str) {
     let limit = LimitSpec::SlidingLog { limit: 256, window_ms: 60_000 };
     let mut charged = 0;
     for i in 0..256 {
-        charged += charge(store, tag, "k", limit, (1, 256), t_us(i)).await.charged;
+        charged += target.charge(tag, "k", limit, (1, 256), t_us(i)).await.charged;
     }
 
-    let full = charge(store, tag, "k", limit, (1, 256), t_us(256)).await;
-    let after_the_first_expires = charge(store, tag, "k", limit, (1, 256), t_us(60_000 * MS)).await;
+    let full = target.charge(tag, "k", limit, (1, 256), t_us(256)).await;
+    let after_the_first_expires = target.charge(tag, "k", limit, (1, 256), t_us(60_000 * MS)).await;
 
     assert_eq!(charged, 256);
     assert_eq!((full.charged, full.decision.remaining), (0, 0), "a full log forgives what it cannot record");
     assert_eq!(after_the_first_expires.charged, 1);
 }
 
-async fn a_charge_of_a_key_never_seen_starts_from_a_full_limit(store: &Store, tag: &str) {
+async fn a_charge_of_a_key_never_seen_starts_from_a_full_limit(target: Target<'_>, tag: &str) {
     let log = LimitSpec::SlidingLog { limit: 3, window_ms: 1000 };
 
-    let small = charge(store, tag, "a", bucket(), (1, 0), t_us(0)).await;
-    let logged = charge(store, tag, "b", log, (2, 3), t_us(0)).await;
-    let nothing = charge(store, tag, "c", bucket(), (0, 4), t_us(0)).await;
+    let small = target.charge(tag, "a", bucket(), (1, 0), t_us(0)).await;
+    let logged = target.charge(tag, "b", log, (2, 3), t_us(0)).await;
+    let nothing = target.charge(tag, "c", bucket(), (0, 4), t_us(0)).await;
 
     assert_eq!((small.charged, small.decision.verdict, small.decision.remaining), (1, Verdict::Allowed, 3));
     assert_eq!((logged.charged, logged.decision.remaining), (2, 1));
@@ -275,17 +278,19 @@ async fn a_charge_of_a_key_never_seen_starts_from_a_full_limit(store: &Store, ta
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
+            use crate::support::{Protocol, Served, Target};
+
             #[tokio::test]
             async fn on_the_memory_store() {
                 let _shared = crate::support::HEAVY.read().await;
-                super::$scenario(&crate::support::memory_store(), "t").await;
+                super::$scenario(Target::Store(&crate::support::memory_store()), "t").await;
             }
 
             #[tokio::test]
             async fn on_redis() {
                 let _shared = crate::support::HEAVY.read().await;
                 let redis = crate::support::RedisServer::start();
-                super::$scenario(&crate::support::redis_store(&redis), "t").await;
+                super::$scenario(Target::Store(&crate::support::redis_store(&redis)), "t").await;
                 redis.assert_every_key_has_a_ttl();
             }
 
@@ -293,8 +298,24 @@ macro_rules! on_every_store {
             async fn on_a_redis_cluster() {
                 let _shared = crate::support::HEAVY.read().await;
                 let cluster = crate::support::shared_cluster();
-                super::$scenario(&crate::support::cluster_store(cluster), stringify!($scenario)).await;
+                super::$scenario(Target::Store(&crate::support::cluster_store(cluster)), stringify!($scenario)).await;
                 cluster.assert_every_key_has_a_ttl();
+            }
+
+            #[tokio::test]
+            async fn over_http1() {
+                let _shared = crate::support::HEAVY.read().await;
+                let served = Served::start(Protocol::Http1).await;
+                super::$scenario(Target::Http(&served), "t").await;
+                served.running.stop().await.expect("clean stop");
+            }
+
+            #[tokio::test]
+            async fn over_h2c() {
+                let _shared = crate::support::HEAVY.read().await;
+                let served = Served::start(Protocol::H2c).await;
+                super::$scenario(Target::Http(&served), "t").await;
+                served.running.stop().await.expect("clean stop");
             }
         }
     )*};

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::support::{RedisServer, free_port, wait_until};
+use crate::support::{Http, Protocol, RedisServer, free_port, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice-counter");
 
@@ -162,6 +162,9 @@ fn a_token_from_a_file_is_required_of_callers_and_never_logged_even_at_trace_lev
         .expect("starts");
     let stderr = child.stderr.take().expect("stderr");
     let service = Service(child);
+    // Read the logs as they come: at trace level they would fill the pipe and block the
+    // service.
+    let logs = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
     let body = r#"{"entries":[{"key":"k","limit":{"algorithm":"fixed_window","limit":5,"window_ms":60000}}]}"#;
 
     wait_until(Duration::from_secs(10), "GET /healthz", || http_get(&addr, "/healthz").is_some());
@@ -170,14 +173,23 @@ fn a_token_from_a_file_is_required_of_callers_and_never_logged_even_at_trace_lev
         .expect("answered");
     let right = http_request(&addr, "POST", "/v1/check", &format!("Authorization: Bearer {TOKEN}\r\n"), body)
         .expect("answered");
+    // The same over h2c, whose frames the h2 crate traces.
+    let h2 = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime").block_on(async {
+        let addr = addr.parse().expect("an address");
+        let wrong = Http::with(addr, Protocol::H2c).header("authorization", "Bearer file-t0ken-5d2b89");
+        let right = Http::with(addr, Protocol::H2c).header("authorization", &format!("Bearer {TOKEN}"));
+        (wrong.post_raw("/v1/check", body).await.0, right.post_raw("/v1/check", body).await.0)
+    });
     let exit = service.terminate();
-    let logs: Vec<String> = BufReader::new(stderr).lines().map_while(Result::ok).collect();
+    let logs = logs.join().expect("the log reader");
 
+    assert_eq!(h2, (401, 200));
+    assert!(logs.iter().any(|l| l.contains("h2::")), "h2 traces its frames at this level: {logs:#?}");
     assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
     assert!(right.starts_with("HTTP/1.1 200"), "{right}");
     assert!(exit.success());
-    assert!(logs.iter().filter(|l| l.contains("caller refused")).count() == 2, "refusals are logged: {logs:#?}");
+    assert!(logs.iter().filter(|l| l.contains("caller refused")).count() == 3, "refusals are logged: {logs:#?}");
     assert!(logs.iter().any(|l| l.contains("auth") && l.contains("bearer")), "the start line says a token is required");
     assert!(logs.iter().all(|l| !l.contains(TOKEN)), "the token is in the logs: {logs:#?}");
 }

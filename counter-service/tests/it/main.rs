@@ -11,5 +11,6 @@ mod concurrency;
 mod differential;
 mod faults;
 mod load;
+mod protocols;
 mod stores;
 mod support;

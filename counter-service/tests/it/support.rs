@@ -25,7 +25,10 @@ use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
     ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
 };
-use sluice_protocol::{ChargeRequest, CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
+use sluice_protocol::{
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse, LeaseRequest,
+    LeaseResponse, LimitSpec,
+};
 
 /// Polls `ready` every 20 ms until it holds or `within` passes.
 pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
@@ -355,6 +358,105 @@ pub async fn charge(
     at: Nanos,
 ) -> ChargeOutcome {
     store.charge(&charge_plan(tag, key, limit, cost, max_debt), Some(at)).await.expect("the store answers")
+}
+
+/// A memory-store service on a manual clock, with a client in one protocol: the
+/// behavioural suite runs over HTTP with exact times, as it does on the stores directly.
+#[derive(Debug)]
+pub struct Served {
+    pub http: Http,
+    pub clock: shared_store::ManualClock,
+    pub running: sluice_counter::Running,
+}
+
+impl Served {
+    pub async fn start(protocol: Protocol) -> Self {
+        let clock = shared_store::ManualClock::at(t_us(0));
+        let store = Store::Memory(MemoryStore::with_clock(
+            MemoryConfig { shards: 8, max_keys: 10_000 },
+            std::sync::Arc::new(clock.clone()),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let running = sluice_counter::Running::start_with_store(listener, sluice_counter::Config::defaults(), store)
+            .expect("the service starts");
+        Self { http: Http::with(running.addr, protocol), clock, running }
+    }
+
+    async fn post<T: serde::de::DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize, at: Nanos) -> T {
+        self.clock.set(at);
+        let (status, bytes) = self.http.send("POST", path, serde_json::to_vec(body).expect("json")).await;
+        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&bytes));
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{path}: {e}: {bytes:?}"))
+    }
+}
+
+/// Where a behavioural scenario runs: on a store directly, or over HTTP.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    Store(&'a Store),
+    Http(&'a Served),
+}
+
+impl Target<'_> {
+    pub async fn check(&self, tag: &str, entries: Vec<EntryRequest>, at: Nanos) -> CheckOutcome {
+        match self {
+            Self::Store(store) => check(store, tag, entries, at).await,
+            Self::Http(served) => {
+                let request = CheckRequest { tag: Some(tag.to_owned()), entries };
+                let answer: CheckResponse = served.post("/v1/check", &request, at).await;
+                CheckOutcome {
+                    admitted: answer.admitted,
+                    at: Nanos(answer.at_ns),
+                    decisions: answer.entries.iter().map(EntryResponse::decision).collect(),
+                }
+            }
+        }
+    }
+
+    pub async fn lease(&self, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
+        match self {
+            Self::Store(store) => lease(store, tag, key, limit, tokens, at).await,
+            Self::Http(served) => {
+                let request = LeaseRequest {
+                    tag: Some(tag.to_owned()),
+                    key: key.to_owned(),
+                    policy_version: 0,
+                    limit,
+                    tokens,
+                    ttl_ms: 1000,
+                };
+                let answer: LeaseResponse = served.post("/v1/lease", &request, at).await;
+                assert_eq!(answer.expires_in_ms, 1000);
+                LeaseOutcome { granted: answer.granted, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
+            }
+        }
+    }
+
+    pub async fn charge(
+        &self,
+        tag: &str,
+        key: &str,
+        limit: LimitSpec,
+        (cost, max_debt): (u64, u64),
+        at: Nanos,
+    ) -> ChargeOutcome {
+        match self {
+            Self::Store(store) => charge(store, tag, key, limit, (cost, max_debt), at).await,
+            Self::Http(served) => {
+                let request = ChargeRequest {
+                    tag: Some(tag.to_owned()),
+                    key: key.to_owned(),
+                    policy_version: 0,
+                    limit,
+                    cost,
+                    max_debt,
+                };
+                let answer: ChargeResponse = served.post("/v1/charge", &request, at).await;
+                assert_eq!(answer.charged + answer.forgiven, cost);
+                ChargeOutcome { charged: answer.charged, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
+            }
+        }
+    }
 }
 
 /// Which HTTP the test client speaks.
