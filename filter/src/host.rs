@@ -178,10 +178,26 @@ counters! {
         DegradedCircuitOpen = "degraded.circuit_open",
         /// Global: the proxy refused to send the callout (unknown cluster).
         DegradedDispatchFailed = "degraded.dispatch_failed",
+        /// Lease: too many requests waited for a refill on one worker.
+        DegradedLeaseQueueFull = "degraded.lease_queue_full",
+        /// Lease: the caller's lease slot was held by another key's lease.
+        DegradedLeaseSlotTaken = "degraded.lease_slot_taken",
         /// Global: admitted by the emergency cap while the service could not decide.
         EmergencyAllowed = "emergency.allowed",
         /// Global: rejected by the emergency cap while the service could not decide.
         EmergencyRejected = "emergency.rejected",
+        /// Lease: refills sent.
+        LeaseRefills = "lease.refills",
+        /// Lease: tokens granted by the service.
+        LeaseGranted = "lease.granted",
+        /// Lease: tokens that expired unspent (forfeited).
+        LeaseExpired = "lease.expired",
+        /// Lease: units admitted under the failure rule and charged to the global budget
+        /// once the service answered again.
+        LeaseReconciled = "lease.reconciled",
+        /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
+        /// service could not charge: forgiven.
+        LeaseForgiven = "lease.forgiven",
     }
 }
 

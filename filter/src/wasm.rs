@@ -23,8 +23,8 @@ use crate::config::Config;
 use crate::due::DueQueue;
 use crate::engine::wire::MAX_ANSWER_BYTES;
 use crate::engine::{
-    Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, Tally, anchor_key, establish_secret,
-    plugin_prefix, private_cache_control,
+    Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, SentOutgoing, Tally, anchor_key,
+    establish_secret, plugin_prefix, private_cache_control,
 };
 use crate::host::{
     Call, CalloutAnswer, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts,
@@ -51,6 +51,9 @@ proxy_wasm::main! {{
 /// The longest tick while requests wait for the counter service: a wait outlives its
 /// deadline by at most this (or a quarter of the timeout, if shorter).
 const MAX_DEADLINE_TICK_MS: u32 = 50;
+/// The tick with lease policies: refills go out, and waiting requests are retried, at
+/// most this late.
+const LEASE_TICK_MS: u32 = 10;
 
 /// What every HTTP context of one configuration shares.
 struct Shared {
@@ -59,8 +62,13 @@ struct Shared {
     metrics: RefCell<HostMetrics>,
     /// Requests paused by shaping, until their turn.
     paused: RefCell<DueQueue<Tally>>,
-    /// Requests waiting for the counter service, until their deadline.
+    /// Requests waiting for the counter service's answer to their check, until their
+    /// deadline.
     waiting: RefCell<DueQueue<Box<Pending>>>,
+    /// Requests waiting for a lease refill, retried on every tick.
+    lease_waiting: RefCell<HashMap<u32, Box<Pending>>>,
+    /// Refills and charges the root context sent, by callout token.
+    in_flight: RefCell<HashMap<u32, SentOutgoing>>,
     /// Headers to add to each forwarded request's response, by context id.
     response_headers: RefCell<HashMap<u32, Vec<(String, String)>>>,
 }
@@ -124,7 +132,7 @@ fn define_metrics(engine: &Engine) -> HostMetrics {
             Counter::ALL
                 .iter()
                 .map(|c| {
-                    let global_only = matches!(c.name().split('.').next(), Some("degraded" | "emergency"));
+                    let global_only = matches!(c.name().split('.').next(), Some("degraded" | "emergency" | "lease"));
                     (!global_only || p.is_global())
                         .then(|| abi::define_metric(&format!("{prefix}.{}.{}", p.name, c.name()), c.is_gauge()))
                         .flatten()
@@ -166,6 +174,9 @@ impl Root {
             let deadline_tick = quarter.clamp(1, MAX_DEADLINE_TICK_MS);
             tick_ms = Some(tick_ms.map_or(deadline_tick, |t| t.min(deadline_tick)));
         }
+        if engine.has_lease() {
+            tick_ms = Some(tick_ms.map_or(LEASE_TICK_MS, |t| t.min(LEASE_TICK_MS)));
+        }
         if let Some(tick_ms) = tick_ms {
             abi::set_tick_period(tick_ms).map_err(|s| format!("cannot set the tick period (host status {})", s.0))?;
         }
@@ -177,12 +188,23 @@ impl Root {
             metrics: RefCell::new(metrics),
             paused: RefCell::new(DueQueue::default()),
             waiting: RefCell::new(DueQueue::default()),
+            lease_waiting: RefCell::new(HashMap::new()),
+            in_flight: RefCell::new(HashMap::new()),
             response_headers: RefCell::new(HashMap::new()),
         })
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _: usize) {
+        let Some(shared) = &self.state else { return };
+        let Some(sent) = shared.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token)) else {
+            return;
+        };
+        let answer = read_answer(num_headers, body_size);
+        shared.engine.outgoing_answered(sent, &answer, &shared.limiter, &mut shared.counts());
+    }
+}
 
 impl RootContext for Root {
     fn on_vm_start(&mut self, _: usize) -> bool {
@@ -229,16 +251,39 @@ impl RootContext for Root {
         }
         while let Some((id, pending)) = shared.waiting.try_borrow_mut().ok().and_then(|mut q| q.pop_due(now)) {
             let room = room_to_pause(shared);
-            let decided =
+            let begun =
                 shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts());
-            if abi::set_effective_context(id).is_err() {
-                // The stream is gone: nothing is paused any more.
-                let mut counts = shared.counts();
-                counts.add_plugin(PluginCounter::ResumeFailures, 1);
-                shared.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
+            act_for(shared, id, begun);
+        }
+        // Requests waiting for a lease refill: each tries again.
+        let ids: Vec<u32> = shared.lease_waiting.try_borrow().map(|q| q.keys().copied().collect()).unwrap_or_default();
+        for id in ids {
+            let Some(pending) = shared.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id)) else {
                 continue;
+            };
+            let room = room_to_pause(shared);
+            let begun = shared.engine.retry(pending, &shared.limiter, room, &mut shared.counts());
+            act_for(shared, id, begun);
+        }
+        // Refills and charges: sent by this root context, so their answers reach it even
+        // when the request that asked has ended. Those whose answer can no longer come
+        // count as timed out.
+        for call in shared.engine.take_outgoing() {
+            let sent = shared.engine.dispatch_outgoing(call, &mut HostCallouts, &shared.limiter, &mut shared.counts());
+            if let (Some(sent), Ok(mut in_flight)) = (sent, shared.in_flight.try_borrow_mut()) {
+                in_flight.insert(sent.token, sent);
             }
-            carry_out(shared, id, decided, Phase::Later);
+        }
+        let expired: Vec<SentOutgoing> = shared
+            .in_flight
+            .try_borrow_mut()
+            .map(|mut in_flight| {
+                let tokens: Vec<u32> = in_flight.iter().filter(|(_, s)| s.deadline <= now).map(|(t, _)| *t).collect();
+                tokens.into_iter().filter_map(|t| in_flight.remove(&t)).collect()
+            })
+            .unwrap_or_default();
+        for sent in expired {
+            shared.engine.outgoing_answered(sent, &CalloutAnswer::TimedOut, &shared.limiter, &mut shared.counts());
         }
     }
 
@@ -248,6 +293,62 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Carries out what became of a held request, from the root context's tick: `id` is
+/// made the effective context first.
+fn act_for(shared: &Shared, id: u32, begun: Begun) {
+    match begun {
+        Begun::Waiting(pending) => {
+            let _ = hold(shared, id, pending);
+        }
+        Begun::Decided(decided) => {
+            if abi::set_effective_context(id).is_err() {
+                // The stream is gone: nothing is paused any more.
+                let mut counts = shared.counts();
+                counts.add_plugin(PluginCounter::ResumeFailures, 1);
+                shared.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
+                return;
+            }
+            let _ = carry_out(shared, id, decided, Phase::Later);
+        }
+    }
+}
+
+/// Holds a waiting request in its queue; `Err` with its decision when it cannot be held
+/// (a full lease queue, or a queue already borrowed, which cannot happen).
+fn hold(shared: &Shared, id: u32, pending: Box<Pending>) -> Result<(), Decided> {
+    let room = room_to_pause(shared);
+    if pending.waits_for_lease() {
+        let max = shared.engine.max_waiting(&pending);
+        let full = shared.lease_waiting.try_borrow().map_or(true, |q| q.len() >= max);
+        if !full && let Ok(mut queue) = shared.lease_waiting.try_borrow_mut() {
+            queue.insert(id, pending);
+            return Ok(());
+        }
+        return match shared.engine.overflow(pending, &shared.limiter, room, &mut shared.counts()) {
+            Begun::Decided(decided) => Err(decided),
+            Begun::Waiting(pending) => {
+                // overflow always decides; if it did not, time it out rather than hold it.
+                let answer = CalloutAnswer::TimedOut;
+                match shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts()) {
+                    Begun::Decided(decided) => Err(decided),
+                    Begun::Waiting(_) => Ok(()),
+                }
+            }
+        };
+    }
+    let deadline = pending.deadline;
+    match shared.waiting.try_borrow_mut() {
+        Ok(mut waiting) => {
+            waiting.insert(id, deadline, pending);
+            Ok(())
+        }
+        Err(_) => match shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts()) {
+            Begun::Decided(decided) => Err(decided),
+            Begun::Waiting(_) => Ok(()),
+        },
     }
 }
 
@@ -413,8 +514,17 @@ impl Context for Filter {
         };
         let answer = read_answer(num_headers, body_size);
         let room = room_to_pause(shared);
-        let decided = shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts());
-        let _ = carry_out(shared, self.id, decided, Phase::Later);
+        let begun = shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts());
+        match begun {
+            Begun::Decided(decided) => {
+                let _ = carry_out(shared, self.id, decided, Phase::Later);
+            }
+            Begun::Waiting(pending) => {
+                if let Err(decided) = hold(shared, self.id, pending) {
+                    let _ = carry_out(shared, self.id, decided, Phase::Later);
+                }
+            }
+        }
     }
 }
 
@@ -425,23 +535,10 @@ impl HttpContext for Filter {
         let begun = shared.engine.begin(&HostRequest, &shared.limiter, &mut HostCallouts, room, &mut shared.counts());
         match begun {
             Begun::Decided(decided) => carry_out(shared, self.id, decided, Phase::RequestHeaders),
-            Begun::Waiting(pending) => {
-                let deadline = pending.deadline;
-                match shared.waiting.try_borrow_mut() {
-                    Ok(mut waiting) => {
-                        waiting.insert(self.id, deadline, pending);
-                        Action::Pause
-                    }
-                    // Cannot happen; if it did, decide now as a timeout rather than pause
-                    // a request nothing would resume.
-                    Err(_) => {
-                        let answer = CalloutAnswer::TimedOut;
-                        let decided =
-                            shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts());
-                        carry_out(shared, self.id, decided, Phase::RequestHeaders)
-                    }
-                }
-            }
+            Begun::Waiting(pending) => match hold(shared, self.id, pending) {
+                Ok(()) => Action::Pause,
+                Err(decided) => carry_out(shared, self.id, decided, Phase::RequestHeaders),
+            },
         }
     }
 
@@ -472,7 +569,8 @@ impl Drop for Filter {
             shared.engine.abandon(&tally, &mut shared.counts());
         }
         let waiting = shared.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(self.id));
-        if let Some(pending) = waiting {
+        let lease_waiting = shared.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&self.id));
+        for pending in waiting.into_iter().chain(lease_waiting) {
             shared.engine.forget(pending, &shared.limiter, &mut shared.counts());
         }
     }

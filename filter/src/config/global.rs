@@ -4,8 +4,8 @@
 //! the filter accepts is never refused by the service.
 
 use super::raw::{
-    DurationSpec, RateSpec, RawAlgorithm, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawPolicy,
-    RawStrategy,
+    DurationSpec, RateSpec, RawAlgorithm, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawLease,
+    RawPolicy, RawStrategy,
 };
 use super::{Issues, KeyPart, amount, is_header_value, validate_key};
 use shared_store::{Limit, Nanos, Rate};
@@ -101,6 +101,35 @@ pub struct Breaker {
 pub enum Strategy {
     /// Every request waits for the service's decision.
     Check,
+    /// The proxy spends leased shares of the budget.
+    Lease(Lease),
+}
+
+/// Default life of a lease.
+pub const DEFAULT_LEASE_MS: u64 = 2_000;
+/// Default bound on requests one worker holds waiting for a refill.
+pub const DEFAULT_MAX_WAITING: u32 = 64;
+
+/// The leases of a `lease` policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Tokens asked for per grant.
+    pub size: u64,
+    /// How long a grant may be spent, in milliseconds.
+    pub duration_ms: u64,
+    /// A refill is requested below this many tokens.
+    pub low_water: u64,
+    /// Most requests one worker holds waiting for a refill.
+    pub max_waiting: u32,
+    /// Most units charged afterwards for admissions made under the failure rule.
+    pub max_debt: u64,
+}
+
+impl Lease {
+    /// The life of a grant.
+    pub const fn duration(&self) -> Nanos {
+        Nanos::from_millis(self.duration_ms)
+    }
 }
 
 /// A global policy's settings.
@@ -219,8 +248,22 @@ pub(super) fn validate_global(
     global: &RawGlobal,
     limit: &Limit,
 ) -> Option<Global> {
-    let strategy = match global.strategy {
-        RawStrategy::Check => Strategy::Check,
+    let strategy = match (global.strategy, &global.lease) {
+        (RawStrategy::Check, None) => Strategy::Check,
+        (RawStrategy::Check, Some(_)) => {
+            issues.add(format!("{path}.global.lease"), "only applies to strategy \"lease\"");
+            return None;
+        }
+        (RawStrategy::Lease, lease) => {
+            if raw.algorithm == RawAlgorithm::LeakyBucket {
+                issues.add(
+                    format!("{path}.global.strategy"),
+                    "a leaky_bucket cannot be leased (its answer is a delay, not a count); use \"check\"",
+                );
+                return None;
+            }
+            Strategy::Lease(validate_lease(issues, &format!("{path}.global.lease"), lease, limit.capacity())?)
+        }
     };
     if raw.shadow {
         issues.add(format!("{path}.shadow"), "is not available for global policies");
@@ -264,6 +307,39 @@ pub(super) fn validate_global(
         return None;
     }
     Some(Global { strategy, spec })
+}
+
+fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capacity: u64) -> Option<Lease> {
+    let default = RawLease::default();
+    let raw = raw.as_ref().unwrap_or(&default);
+    let before = issues.0.len();
+    let size = raw.size.unwrap_or((capacity / 4).max(1));
+    if size == 0 || size > capacity {
+        issues.add(format!("{path}.size"), format!("must be between 1 and the policy's capacity ({capacity}), got {size}"));
+    }
+    let duration_ms = match raw.duration {
+        None => DEFAULT_LEASE_MS,
+        Some(spec) if (1..=u128::from(sluice_protocol::MAX_LEASE_TTL_MS)).contains(&spec.millis) => {
+            u64::try_from(spec.millis).unwrap_or(DEFAULT_LEASE_MS)
+        }
+        Some(spec) => {
+            issues.add(format!("{path}.duration"), format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit));
+            DEFAULT_LEASE_MS
+        }
+    };
+    let low_water = raw.low_water.unwrap_or(size / 4);
+    if low_water >= size {
+        issues.add(format!("{path}.low_water"), format!("must be below size ({size}), got {low_water}"));
+    }
+    let max_waiting = raw.max_waiting.unwrap_or(DEFAULT_MAX_WAITING);
+    if !(1..=100_000).contains(&max_waiting) {
+        issues.add(format!("{path}.max_waiting"), format!("must be between 1 and 100000, got {max_waiting}"));
+    }
+    let max_debt = raw.max_debt.unwrap_or(capacity);
+    if max_debt > capacity {
+        issues.add(format!("{path}.max_debt"), format!("must be at most the policy's capacity ({capacity}), got {max_debt}"));
+    }
+    (issues.0.len() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
 }
 
 /// The emergency cap: a token bucket per caller and proxy.

@@ -10,7 +10,7 @@
 pub mod global;
 pub mod raw;
 
-pub use global::{Breaker, CounterService, Global, Secret, SecretSource, Strategy};
+pub use global::{Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 use raw::{
     DurationSpec, RawAlgorithm, RawConfig, RawCost, RawFailureAction, RawHeaderSet, RawKeyPart, RawMatch,
     RawMissingKey, RawOverflow, RawPolicy, RawResponse, RawShaping,

@@ -91,8 +91,12 @@ pub struct RawCircuitBreaker {
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawGlobal {
-    /// How the proxy consults the service. `check`: every request waits for its decision.
+    /// How the proxy consults the service. `check`: every request waits for its decision;
+    /// `lease`: the proxy spends a leased share of the budget locally.
     pub strategy: RawStrategy,
+    /// `lease` only: the size and life of a lease, and when to refill it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<RawLease>,
 }
 
 /// How a global policy consults the counter service.
@@ -101,6 +105,35 @@ pub struct RawGlobal {
 pub enum RawStrategy {
     /// Each request waits for the service's decision (one callout per request).
     Check,
+    /// The proxy obtains shares of the budget (leases) and spends them locally across its
+    /// workers, refilling before they run out.
+    Lease,
+}
+
+/// The leases of a `lease` policy (per caller key, per proxy).
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    /// Tokens asked for per grant, 1 to the policy's capacity. Default: a quarter of the
+    /// capacity (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// How long a grant may be spent, from `1ms` to `5m`; tokens left then are forfeited.
+    /// Default `2s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<DurationSpec>,
+    /// A refill is requested when fewer tokens than this are left, below `size`. Default:
+    /// a quarter of `size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_water: Option<u64>,
+    /// The most requests one worker holds waiting for a refill, 1 to 100000. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting: Option<u32>,
+    /// The most units admitted under the failure rule while the service was unreachable
+    /// that are charged to the global budget once it answers again (per key and proxy);
+    /// the rest is forgiven. At most the policy's capacity, which is the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_debt: Option<u64>,
 }
 
 /// A local bucket that decides a global policy while the counter service cannot.

@@ -2,8 +2,8 @@
 //! path needs beside it (its slot table, the key shared by callers missing a key part,
 //! or for a global policy the limit the service receives and the emergency cap).
 
-use super::namespace::{emergency_table, local_table};
-use crate::config::Policy;
+use super::namespace::{emergency_table, lease_table, local_table};
+use crate::config::{Lease, Policy, Strategy};
 use shared_store::{Limit, Placement, SlotTable};
 use sluice_protocol::LimitSpec;
 
@@ -29,6 +29,8 @@ pub(crate) enum Home {
         spec: LimitSpec,
         /// The emergency cap, a local bucket per caller.
         cap: Option<Cap>,
+        /// Lease mode: the leases' settings and records.
+        lease: Option<Leased>,
     },
 }
 
@@ -56,6 +58,15 @@ impl Table {
     }
 }
 
+/// A lease policy's leases.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    /// Their settings.
+    pub(crate) config: Lease,
+    /// Their records, one slot per caller key.
+    pub(crate) table: SlotTable,
+}
+
 /// A global policy's emergency cap.
 #[derive(Debug)]
 pub(crate) struct Cap {
@@ -75,6 +86,13 @@ impl Compiled {
                     limit,
                     table: Table::new(emergency_table(prefix, &policy.name, policy.version), policy.slots),
                 }),
+                lease: match global.strategy {
+                    Strategy::Check => None,
+                    Strategy::Lease(config) => Some(Leased {
+                        config,
+                        table: SlotTable::new(lease_table(prefix, &policy.name, policy.version), policy.slots),
+                    }),
+                },
             },
             (None, _) => Home::Local(Table::new(local_table(prefix, &policy.name, policy.version), policy.slots)),
         };

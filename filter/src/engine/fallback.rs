@@ -10,7 +10,7 @@
 
 use super::resolve::{Few, Place};
 use super::wire::Reason;
-use super::{Decided, Engine, Home, Outcome, Pending, count_error, count_evidence};
+use super::{Begun, Decided, Engine, Home, Pending, count_error, count_evidence};
 use crate::config::FailureOutcome;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Request, Store};
@@ -29,6 +29,8 @@ const fn degraded(reason: Reason) -> Counter {
         Reason::Unauthorized => Counter::DegradedUnauthorized,
         Reason::CircuitOpen => Counter::DegradedCircuitOpen,
         Reason::DispatchFailed => Counter::DegradedDispatchFailed,
+        Reason::LeaseQueueFull => Counter::DegradedLeaseQueueFull,
+        Reason::LeaseSlotTaken => Counter::DegradedLeaseSlotTaken,
     }
 }
 
@@ -76,15 +78,16 @@ impl LogLimiter {
 }
 
 impl Engine {
-    /// Applies the failure rule of every global policy of `pending` (see the module docs).
+    /// Applies the failure rule of every global policy of `pending.global` (see the module
+    /// docs); what it admits goes on (to the leases still to spend, then the admission).
     pub(super) fn degrade<S: Store, C: Clock>(
         &self,
         reason: Reason,
-        pending: Pending,
+        mut pending: Pending,
         limiter: &Limiter<S, C>,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
-    ) -> Decided {
+    ) -> Begun {
         for resolved in &pending.global {
             metrics.add(resolved.policy, degraded(reason), 1);
         }
@@ -97,7 +100,7 @@ impl Engine {
             }
         });
         if let Some(status) = closed {
-            return self.fail_closed(reason, status, pending, limiter, metrics);
+            return Begun::Decided(self.fail_closed(reason, status, pending, limiter, metrics));
         }
         // 2. The emergency caps decide together.
         let capped: Few<(usize, Placement, u64)> = pending
@@ -130,19 +133,15 @@ impl Engine {
                     }
                     if !admission.admitted {
                         for (policy, decision) in &decisions {
-                            let counter = if decision.is_admitted() {
-                                Counter::EmergencyAllowed
-                            } else {
-                                Counter::EmergencyRejected
-                            };
+                            let counter =
+                                if decision.is_admitted() { Counter::EmergencyAllowed } else { Counter::EmergencyRejected };
                             metrics.add(*policy, counter, 1);
                         }
                         self.log_degraded(reason, Fallback::Emergency, limiter.clock().now());
-                        self.give_back(pending.reservation, &pending.local, limiter, metrics);
+                        pending.fallback = Some(header_value(Fallback::Emergency, reason));
                         let strictest = super::headers::strictest_rejection(&decisions);
-                        let value = header_value(Fallback::Emergency, reason);
-                        let outcome = Outcome::Reject(self.rejection(strictest, self.response.status, Some(&value)));
-                        return Decided { outcome, tally: pending.tally };
+                        let status = self.response.status;
+                        return Begun::Decided(self.reject_pending(pending, strictest, status, limiter, metrics));
                     }
                     for (policy, _) in &decisions {
                         metrics.add(*policy, Counter::EmergencyAllowed, 1);
@@ -172,25 +171,25 @@ impl Engine {
             }
         }
         if let Some(status) = deny {
-            return self.fail_closed(reason, status, pending, limiter, metrics);
+            return Begun::Decided(self.fail_closed(reason, status, pending, limiter, metrics));
         }
         self.log_degraded(reason, fallback, limiter.clock().now());
-        let value = header_value(fallback, reason);
-        let mut decided = self.admit(pending, &[], None, limiter, room_to_pause, metrics);
-        if let Some(name) = &self.response.fallback_header {
-            match &mut decided.outcome {
-                Outcome::Continue { headers } | Outcome::Delay { headers, .. } => headers.push((name.clone(), value)),
-                Outcome::Reject(_) => {}
+        // Admitted without the service: lease policies owe what they admitted.
+        let now = limiter.clock().now();
+        for r in std::mem::take(&mut pending.global) {
+            if let Place::Global { lease: Some(slot), .. } = &r.at {
+                self.owe(r.policy, slot, r.cost, now, limiter, metrics);
             }
         }
-        decided
+        pending.fallback = Some(header_value(fallback, reason));
+        self.proceed(pending, limiter, room_to_pause, metrics)
     }
 
     fn fail_closed<S: Store, C: Clock>(
         &self,
         reason: Reason,
         status: u16,
-        pending: Pending,
+        mut pending: Pending,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
     ) -> Decided {
@@ -202,10 +201,8 @@ impl Engine {
             }
         }
         self.log_degraded(reason, Fallback::FailClosed, limiter.clock().now());
-        self.give_back(pending.reservation, &pending.local, limiter, metrics);
-        let value = header_value(Fallback::FailClosed, reason);
-        let outcome = Outcome::Reject(self.rejection(None, status, Some(&value)));
-        Decided { outcome, tally: pending.tally }
+        pending.fallback = Some(header_value(Fallback::FailClosed, reason));
+        self.reject_pending(pending, None, status, limiter, metrics)
     }
 
     fn log_degraded(&self, reason: Reason, fallback: Fallback, now: Nanos) {

@@ -203,7 +203,7 @@ fn a_local_rejection_makes_no_callout() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided = engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics);
+        let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
         settle(&engine, &decided, &mut metrics);
     }
 
@@ -222,7 +222,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
     for _ in 0..5 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
         let rejected = answer(false, &[entry("rejected", 0, 2_500_000_000)]);
-        let decided = engine.complete(pending, &rejected, &limiter, true, &mut metrics);
+        let decided = decided(engine.complete(pending, &rejected, &limiter, true, &mut metrics));
         assert_eq!(status(&decided), 429);
         assert_eq!(header(response_headers(&decided), "retry-after"), Some("3"));
         assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=0;t=3"));
@@ -232,7 +232,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
     let mut admitted = 0;
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided = engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics);
+        let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
         admitted += usize::from(status(&decided) == 200);
         settle(&engine, &decided, &mut metrics);
     }
@@ -255,7 +255,7 @@ fn an_admission_takes_its_headers_from_the_policy_with_the_least_remaining() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
 
     let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let decided = engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics);
+    let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics));
 
     assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=1;t=6"));
 }
@@ -287,7 +287,7 @@ fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
         let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
 
-        let decided = engine.complete(pending, &class, &limiter, true, &mut metrics);
+        let decided = decided(engine.complete(pending, &class, &limiter, true, &mut metrics));
 
         // The default rule: fail closed with 503, and say so.
         assert_eq!(status(&decided), 503, "{class:?}");
@@ -309,7 +309,7 @@ fn fail_open_forwards_and_names_the_fallback_on_the_response() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
 
-    let decided = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+    let decided = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
 
     assert_eq!(status(&decided), 200);
     assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("fail_open; reason=timeout"));
@@ -325,7 +325,7 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
     for client in ["a", "b", "c"] {
         let request = FakeRequest::get("/").with_header("x-client", client).with_header("x-tenant", "acme");
         let pending = waiting(begin(&engine, &request, &limiter, &mut callouts, &mut metrics));
-        let decided = engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics);
+        let decided = decided(engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics));
         statuses.push(status(&decided));
         settle(&engine, &decided, &mut metrics);
         last = Some(decided);
@@ -351,7 +351,7 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
     for i in 0..3 {
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
     }
     assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
 
@@ -364,7 +364,7 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
     let probe = waiting(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
     let during_probe = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
     assert!(matches!(during_probe, Begun::Decided(_)), "one probe at a time");
-    let _ = engine.complete(probe, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics);
+    let _ = decided(engine.complete(probe, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
 
     let closed = begin(&engine, &client(13), &limiter, &mut callouts, &mut metrics);
     assert!(matches!(closed, Begun::Waiting(_)), "the probe's success closed the circuit");
@@ -445,13 +445,13 @@ fn a_delay_from_a_global_leaky_bucket_holds_the_request() {
     let delayed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"delayed","limit":4,"remaining":2,
         "reset_after_ns":1000000000,"retry_after_ns":0,"delay_ns":500000000}]}"#;
 
-    let decided = engine.complete(
+    let decided = decided(engine.complete(
         pending,
         &CalloutAnswer::Response { status: 200, body: delayed.as_bytes().to_vec() },
         &limiter,
         true,
         &mut metrics,
-    );
+    ));
 
     let Outcome::Delay { due, .. } = decided.outcome else { panic!("expected a delay, got {:?}", decided.outcome) };
     assert_eq!(due, Nanos::from_secs(1000).saturating_add(Nanos::from_millis(500)));

@@ -32,6 +32,8 @@ mod breaker;
 mod compiled;
 mod fallback;
 pub mod headers;
+mod lease;
+mod leased;
 pub mod namespace;
 mod resolve;
 pub mod wire;
@@ -42,8 +44,11 @@ use breaker::{Admit, CircuitBreaker};
 use compiled::{Compiled, Home};
 pub use headers::{private_cache_control, rate_limit_headers};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
+pub use leased::{Outgoing, SentOutgoing};
 use resolve::{Few, Place, Refusal, Resolved, Secrets, resolve};
-use shared_store::{Admission, Clock, Decision, HashKey, LimitError, Limiter, Nanos, Request, Reservation, Store};
+use shared_store::{
+    Admission, Clock, Decision, HashKey, LimitError, Limiter, Nanos, Placement, Request, Reservation, Store,
+};
 use std::cell::RefCell;
 pub use wire::Reason;
 
@@ -120,19 +125,53 @@ pub enum Begun {
     Waiting(Box<Pending>),
 }
 
-/// A request waiting for the counter service: everything [`Engine::complete`] needs.
+/// A waiting request: everything [`Engine::complete`] (an answer to its check) or
+/// [`Engine::retry`] (a refill of its leases) needs.
 #[derive(Debug)]
 pub struct Pending {
-    /// The host's token for the callout.
+    /// The host's token for the callout (check waits).
     pub token: u32,
     /// When the filter stops waiting, on the limiter's clock.
     pub deadline: Nanos,
+    /// What it waits for.
+    stage: Stage,
     tally: Tally,
     reservation: Reservation,
     local: Few<(usize, Decision)>,
     local_due: Option<Nanos>,
+    /// Check-mode policies not decided yet.
     global: Few<Resolved>,
+    /// The service's decisions for the check-mode policies.
+    decisions: Few<(usize, Decision)>,
+    global_due: Option<Nanos>,
+    /// Lease-mode policies not spent yet.
+    leased: Few<Resolved>,
+    /// Lease spends made, to give back if the request is rejected after all.
+    spent: Few<(usize, Placement, u64)>,
+    /// When it began waiting for a refill.
+    since: Nanos,
+    /// The check's hash tag, also the tag of refills.
+    tag: String,
+    /// Set when a fallback decided part of the request: the fallback header's value.
+    fallback: Option<String>,
     shadows: Few<Resolved>,
+}
+
+/// What a waiting request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The answer to its check callout.
+    Check,
+    /// A refill of a lease (polled on the tick).
+    Lease,
+}
+
+impl Pending {
+    /// Whether it waits for a lease refill (polled with [`Engine::retry`] on the tick)
+    /// rather than for its check's answer.
+    pub fn waits_for_lease(&self) -> bool {
+        self.stage == Stage::Lease
+    }
 }
 
 /// The counter service, as the request path uses it.
@@ -159,6 +198,10 @@ pub struct Engine {
     secret: HashKey,
     service: Option<Service>,
     degraded: RefCell<fallback::LogLimiter>,
+    /// The key written to create keys atomically.
+    anchor: String,
+    /// Calls the root context is to send (lease refills and charges).
+    outbox: RefCell<Vec<Outgoing>>,
 }
 
 /// Reads a secret from the configuration or from the VM's environment.
@@ -245,6 +288,8 @@ impl Engine {
             secret,
             service,
             degraded: RefCell::new(fallback::LogLimiter::default()),
+            anchor: anchor_key(prefix),
+            outbox: RefCell::new(Vec::new()),
         })
     }
 
@@ -268,6 +313,12 @@ impl Engine {
         self.policies.iter().any(|c| c.policy.is_global())
     }
 
+    /// Whether any policy spends leases (the root context then ticks often, to send
+    /// refills and retry waiting requests).
+    pub fn has_lease(&self) -> bool {
+        self.policies.iter().any(|c| matches!(c.home, Home::Global { lease: Some(_), .. }))
+    }
+
     /// The counter service's callout deadline, when there is a service.
     pub fn callout_timeout(&self) -> Option<Nanos> {
         self.service.as_ref().map(|s| s.timeout)
@@ -276,7 +327,16 @@ impl Engine {
     /// The most shared-data keys this configuration's buckets can create: slots,
     /// overflow, missing-key bucket and table record per table.
     pub fn max_keys(&self) -> u64 {
-        self.policies.iter().filter_map(Compiled::table).map(compiled::Table::max_keys).sum()
+        let tables: u64 = self.policies.iter().filter_map(Compiled::table).map(compiled::Table::max_keys).sum();
+        let leases: u64 = self
+            .policies
+            .iter()
+            .filter_map(|c| match &c.home {
+                Home::Global { lease: Some(leased), .. } => Some(leased.table.max_keys()),
+                _ => None,
+            })
+            .sum();
+        tables.saturating_add(leases)
     }
 
     /// Records each table's slot count in shared data, or checks it against the count
@@ -350,35 +410,54 @@ impl Engine {
         let mut pending = Pending {
             token: 0,
             deadline: Nanos::ZERO,
+            stage: Stage::Check,
             tally,
             reservation,
             local,
             local_due,
             global: resolution.global,
+            decisions: Few::new(),
+            global_due: None,
+            leased: resolution.leased,
+            spent: Few::new(),
+            since: Nanos::ZERO,
+            tag: String::new(),
+            fallback: None,
             shadows: resolution.shadows,
         };
-        if pending.global.is_empty() {
-            return Begun::Decided(self.admit(pending, &[], None, limiter, room_to_pause, metrics));
+        if pending.global.is_empty() && pending.leased.is_empty() {
+            return self.proceed(pending, limiter, room_to_pause, metrics);
         }
         let Some(service) = &self.service else {
             // The configuration refuses global policies without a service.
-            return Begun::Decided(self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics));
+            pending.global.extend(std::mem::take(&mut pending.leased));
+            return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
         };
-        let now = limiter.clock().now();
-        if service.breaker.admit(limiter.store(), now) == Admit::Open {
-            return Begun::Decided(self.degrade(Reason::CircuitOpen, pending, limiter, room_to_pause, metrics));
-        }
-        let tag = match crate::policy::fingerprint_parts("\0partition", 0, &service.partition, request, &service.secret)
-        {
+        pending.tag = match crate::policy::fingerprint_parts(
+            "\0partition",
+            0,
+            &service.partition,
+            request,
+            &service.secret,
+        ) {
             Ok(Some(tag)) => namespace::hex128(tag),
             Ok(None) => "none".to_owned(),
             Err(_) => {
+                pending.global.extend(std::mem::take(&mut pending.leased));
                 for resolved in &pending.global {
                     metrics.add(resolved.policy, Counter::ReadFailures, 1);
                 }
-                return Begun::Decided(self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics));
+                return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
             }
         };
+        if pending.global.is_empty() {
+            return self.proceed(pending, limiter, room_to_pause, metrics);
+        }
+        let now = limiter.clock().now();
+        if service.breaker.admit(limiter.store(), now) == Admit::Open {
+            return self.degrade(Reason::CircuitOpen, pending, limiter, room_to_pause, metrics);
+        }
+        let tag = pending.tag.clone();
         let body = wire::check_body(&tag, &pending.global, |index| match &self.compiled(index)?.home {
             Home::Global { spec, .. } => Some((*spec, self.compiled(index)?.policy.version)),
             Home::Local(_) => None,
@@ -405,12 +484,14 @@ impl Engine {
                 if service.breaker.record(limiter.store(), now, false) {
                     metrics.add_plugin(PluginCounter::CircuitOpened, 1);
                 }
-                Begun::Decided(self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics))
+                self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics)
             }
         }
     }
 
-    /// Decides a waiting request with the counter service's answer (or its absence).
+    /// Decides a request waiting for its check with the counter service's answer (or its
+    /// absence). It may then wait for a lease refill ([`Begun::Waiting`], polled with
+    /// [`Engine::retry`]).
     pub fn complete<S: Store, C: Clock>(
         &self,
         pending: Box<Pending>,
@@ -418,7 +499,7 @@ impl Engine {
         limiter: &Limiter<S, C>,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
-    ) -> Decided {
+    ) -> Begun {
         metrics.add_plugin(PluginCounter::Waiting, -1);
         let now = limiter.clock().now();
         let classified = wire::classify(answer, pending.global.len());
@@ -427,27 +508,57 @@ impl Engine {
         {
             metrics.add_plugin(PluginCounter::CircuitOpened, 1);
         }
-        let pending = *pending;
+        let mut pending = *pending;
         let response = match classified {
             Ok(response) => response,
             Err(reason) => return self.degrade(reason, pending, limiter, room_to_pause, metrics),
         };
         let global: Few<(usize, Decision)> =
             pending.global.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
+        pending.global.clear();
         if !response.admitted {
             for (policy, decision) in &global {
                 if !decision.is_admitted() {
                     metrics.add(*policy, Counter::OverLimit, 1);
                 }
             }
-            self.give_back(pending.reservation, &pending.local, limiter, metrics);
             let strictest = headers::strictest_rejection(&global);
-            let outcome = Outcome::Reject(self.rejection(strictest, self.response.status, None));
-            return Decided { outcome, tally: pending.tally };
+            return Begun::Decided(self.reject_pending(pending, strictest, self.response.status, limiter, metrics));
         }
         let delay = global.iter().map(|(_, d)| d.delay()).max().unwrap_or(Nanos::ZERO);
-        let global_due = (delay > Nanos::ZERO).then(|| now.saturating_add(delay));
-        self.admit(pending, &global, global_due, limiter, room_to_pause, metrics)
+        pending.global_due = (delay > Nanos::ZERO).then(|| now.saturating_add(delay));
+        pending.decisions = global;
+        self.proceed(pending, limiter, room_to_pause, metrics)
+    }
+
+    /// After the local and check stages: the leases, then the admission.
+    fn proceed<S: Store, C: Clock>(
+        &self,
+        pending: Pending,
+        limiter: &Limiter<S, C>,
+        room_to_pause: bool,
+        metrics: &mut impl Metrics,
+    ) -> Begun {
+        if pending.leased.is_empty() {
+            return Begun::Decided(self.admit(pending, limiter, room_to_pause, metrics));
+        }
+        self.lease_stage(pending, limiter, room_to_pause, metrics)
+    }
+
+    /// Rejects a request after some of it was spent: gives back its lease spends and its
+    /// local reservation (check spends stay spent: the service has no refund).
+    fn reject_pending<S: Store, C: Clock>(
+        &self,
+        pending: Pending,
+        strictest: Option<(usize, Decision)>,
+        status: u16,
+        limiter: &Limiter<S, C>,
+        metrics: &mut impl Metrics,
+    ) -> Decided {
+        self.give_back_leases(&pending.spent, limiter);
+        self.give_back(pending.reservation, &pending.local, limiter, metrics);
+        let outcome = Outcome::Reject(self.rejection(strictest, status, pending.fallback.as_deref()));
+        Decided { outcome, tally: pending.tally }
     }
 
     /// Counts a request's fate once the glue has carried it out.
@@ -578,8 +689,6 @@ impl Engine {
     fn admit<S: Store, C: Clock>(
         &self,
         pending: Pending,
-        global: &[(usize, Decision)],
-        global_due: Option<Nanos>,
         limiter: &Limiter<S, C>,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
@@ -587,9 +696,12 @@ impl Engine {
         limiter.commit(pending.reservation);
         self.decide_shadows(&pending.shadows, limiter, metrics);
         let mut decisions: Few<(usize, Decision)> = pending.local.clone();
-        decisions.extend(global.iter().copied());
-        let headers = self.allowed_headers(&decisions);
-        let due = match (pending.local_due, global_due) {
+        decisions.extend(pending.decisions.iter().copied());
+        let mut headers = self.allowed_headers(&decisions);
+        if let (Some(name), Some(value)) = (&self.response.fallback_header, pending.fallback) {
+            headers.push((name.clone(), value));
+        }
+        let due = match (pending.local_due, pending.global_due) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };

@@ -7,6 +7,7 @@
 //! sluice/<plugin_name>/<root_id>/breaker           the counter service's circuit breaker
 //! sluice/<plugin_name>/<root_id>/p/<policy>/v<n>/  a local policy's slot table, `missing`, `meta`
 //! sluice/<plugin_name>/<root_id>/e/<policy>/v<n>/  a global policy's emergency-cap table
+//! sluice/<plugin_name>/<root_id>/l/<policy>/v<n>/  a lease policy's lease records
 //! ```
 
 use shared_store::{HashKey, Store, StoreError, Swap};
@@ -58,6 +59,11 @@ pub fn local_table(prefix: &str, policy: &str, version: u64) -> String {
 /// The prefix of a global policy's emergency-cap keys.
 pub fn emergency_table(prefix: &str, policy: &str, version: u64) -> String {
     format!("{prefix}e/{policy}/v{version}/")
+}
+
+/// The prefix of a lease policy's lease records.
+pub fn lease_table(prefix: &str, policy: &str, version: u64) -> String {
+    format!("{prefix}l/{policy}/v{version}/")
 }
 
 /// Establishes the hash secret all workers of a proxy share: the first worker to get

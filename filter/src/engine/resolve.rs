@@ -37,6 +37,8 @@ pub(crate) enum Place {
         key: u128,
         /// The emergency cap's bucket, when the policy has one.
         cap: Option<Placement>,
+        /// Lease mode: the caller's lease record.
+        lease: Option<Placement>,
     },
 }
 
@@ -45,8 +47,10 @@ pub(crate) enum Place {
 pub(crate) struct Resolution {
     /// Local enforcing policies, decided together.
     pub(crate) local: Few<Resolved>,
-    /// Global policies, decided together by the service.
+    /// Global policies in check mode, decided together by the service.
     pub(crate) global: Few<Resolved>,
+    /// Global policies in lease mode, spent from this proxy's leases.
+    pub(crate) leased: Few<Resolved>,
     /// Shadow policies, decided one by one after an admission.
     pub(crate) shadows: Few<Resolved>,
     /// Every policy the request counts under.
@@ -101,6 +105,7 @@ pub(crate) fn resolve(
                 out.offered.push(index);
                 let resolved = Resolved { policy: index, cost, at };
                 match (&resolved.at, policy.shadow) {
+                    (Place::Global { lease: Some(_), .. }, _) => out.leased.push(resolved),
                     (Place::Global { .. }, _) => out.global.push(resolved),
                     (Place::Local(_), true) => out.shadows.push(resolved),
                     (Place::Local(_), false) => out.local.push(resolved),
@@ -178,7 +183,7 @@ fn resolve_one(compiled: &Compiled, request: &impl RequestFacts, secrets: &Secre
                 }
             },
         },
-        Home::Global { cap, .. } => {
+        Home::Global { cap, lease, .. } => {
             // Without a counter service the configuration is refused, so this is only a
             // safeguard: an unreadable secret is a failure, never a silent skip.
             let secret = secrets.global.ok_or(HostFailure { status: 0 })?;
@@ -200,7 +205,8 @@ fn resolve_one(compiled: &Compiled, request: &impl RequestFacts, secrets: &Secre
                 Some(fingerprint) => cap.table.slots.place(fingerprint),
                 None => cap.table.missing.clone(),
             });
-            Place::Global { key, cap }
+            let lease = lease.as_ref().map(|leased| leased.table.place(key));
+            Place::Global { key, cap, lease }
         }
     };
     Ok(Applies::Yes { at, cost: policy.cost_of(request)?, missing_key })

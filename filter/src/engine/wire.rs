@@ -9,10 +9,14 @@
 
 use super::resolve::{Place, Resolved};
 use crate::host::CalloutAnswer;
-use sluice_protocol::{CheckRequest, CheckResponse, EntryRequest, LimitSpec};
+use sluice_protocol::{ChargeResponse, CheckRequest, CheckResponse, EntryRequest, LeaseResponse, LimitSpec};
 
 /// The path of a check.
 pub(crate) const CHECK_PATH: &str = "/v1/check";
+/// The path of a lease.
+pub(crate) const LEASE_PATH: &str = "/v1/lease";
+/// The path of a charge.
+pub(crate) const CHARGE_PATH: &str = "/v1/charge";
 /// The largest answer the filter reads; an entry's answer is about 150 bytes.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
@@ -35,11 +39,16 @@ pub enum Reason {
     CircuitOpen,
     /// The proxy would not send the call.
     DispatchFailed,
+    /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
+    LeaseQueueFull,
+    /// Lease mode: the caller's slot in the lease table is held by another key's lease
+    /// (give the policy more `slots`).
+    LeaseSlotTaken,
 }
 
 impl Reason {
     /// Every reason, in a fixed order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::Timeout,
         Self::Refused,
         Self::Reset,
@@ -48,6 +57,8 @@ impl Reason {
         Self::Unauthorized,
         Self::CircuitOpen,
         Self::DispatchFailed,
+        Self::LeaseQueueFull,
+        Self::LeaseSlotTaken,
     ];
 
     /// The name in metrics, logs and the fallback header.
@@ -61,6 +72,8 @@ impl Reason {
             Self::Unauthorized => "unauthorized",
             Self::CircuitOpen => "circuit_open",
             Self::DispatchFailed => "dispatch_failed",
+            Self::LeaseQueueFull => "lease_queue_full",
+            Self::LeaseSlotTaken => "lease_slot_taken",
         }
     }
 
@@ -69,9 +82,9 @@ impl Reason {
         self as usize
     }
 
-    /// Whether it says something about the service's health (the breaker counts it).
-    pub const fn is_callout_failure(self) -> bool {
-        !matches!(self, Self::CircuitOpen)
+    /// The reason of an index ([`Reason::index`]); `Timeout` for one out of range.
+    pub fn from_index(index: u64) -> Self {
+        usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
     }
 }
 
@@ -98,13 +111,24 @@ pub(crate) fn check_body(
 
 /// What an answer to a check of `entries` entries means.
 pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckResponse, Reason> {
+    classify_as(answer, |body| serde_json::from_slice::<CheckResponse>(body).ok().filter(|r| r.entries.len() == entries))
+}
+
+/// What an answer to a lease means.
+pub(crate) fn classify_lease(answer: &CalloutAnswer) -> Result<LeaseResponse, Reason> {
+    classify_as(answer, |body| serde_json::from_slice::<LeaseResponse>(body).ok())
+}
+
+/// What an answer to a charge means.
+pub(crate) fn classify_charge(answer: &CalloutAnswer) -> Result<ChargeResponse, Reason> {
+    classify_as(answer, |body| serde_json::from_slice::<ChargeResponse>(body).ok())
+}
+
+fn classify_as<T>(answer: &CalloutAnswer, parse: impl FnOnce(&[u8]) -> Option<T>) -> Result<T, Reason> {
     match answer {
         CalloutAnswer::TimedOut => Err(Reason::Timeout),
         CalloutAnswer::Failed => Err(Reason::Reset),
-        CalloutAnswer::Response { status: 200, body } => match serde_json::from_slice::<CheckResponse>(body) {
-            Ok(response) if response.entries.len() == entries => Ok(response),
-            _ => Err(Reason::BadBody),
-        },
+        CalloutAnswer::Response { status: 200, body } => parse(body).ok_or(Reason::BadBody),
         CalloutAnswer::Response { status: 401, .. } => Err(Reason::Unauthorized),
         CalloutAnswer::Response { status: 504, .. } => Err(Reason::Timeout),
         CalloutAnswer::Response { status: 502 | 503, body } if body.starts_with(b"upstream connect error") => {
