@@ -198,7 +198,8 @@ impl Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _: usize) {
         let Some(shared) = &self.state else { return };
-        let Some(sent) = shared.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token)) else {
+        let Some(sent) = shared.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token))
+        else {
             return;
         };
         let answer = read_answer(num_headers, body_size);
@@ -345,10 +346,13 @@ fn hold(shared: &Shared, id: u32, pending: Box<Pending>) -> Result<(), Decided> 
             waiting.insert(id, deadline, pending);
             Ok(())
         }
-        Err(_) => match shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts()) {
-            Begun::Decided(decided) => Err(decided),
-            Begun::Waiting(_) => Ok(()),
-        },
+        Err(_) => {
+            match shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts())
+            {
+                Begun::Decided(decided) => Err(decided),
+                Begun::Waiting(_) => Ok(()),
+            }
+        }
     }
 }
 

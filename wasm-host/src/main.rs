@@ -227,7 +227,7 @@ fn parse_cluster(spec: &str) -> anyhow::Result<(String, SocketAddr)> {
 
 fn parse_env(spec: &str) -> anyhow::Result<(String, String)> {
     match spec.split_once('=') {
-        Some((name, _)) if name.is_empty() => bail!("--env `{spec}` has an empty name"),
+        Some(("", _)) => bail!("--env `{spec}` has an empty name"),
         Some((name, value)) => Ok((name.to_owned(), value.to_owned())),
         None => {
             let value =

@@ -315,7 +315,10 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
     let before = issues.0.len();
     let size = raw.size.unwrap_or((capacity / 4).max(1));
     if size == 0 || size > capacity {
-        issues.add(format!("{path}.size"), format!("must be between 1 and the policy's capacity ({capacity}), got {size}"));
+        issues.add(
+            format!("{path}.size"),
+            format!("must be between 1 and the policy's capacity ({capacity}), got {size}"),
+        );
     }
     let duration_ms = match raw.duration {
         None => DEFAULT_LEASE_MS,
@@ -323,7 +326,10 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
             u64::try_from(spec.millis).unwrap_or(DEFAULT_LEASE_MS)
         }
         Some(spec) => {
-            issues.add(format!("{path}.duration"), format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit));
+            issues.add(
+                format!("{path}.duration"),
+                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
+            );
             DEFAULT_LEASE_MS
         }
     };
@@ -337,7 +343,10 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
     }
     let max_debt = raw.max_debt.unwrap_or(capacity);
     if max_debt > capacity {
-        issues.add(format!("{path}.max_debt"), format!("must be at most the policy's capacity ({capacity}), got {max_debt}"));
+        issues.add(
+            format!("{path}.max_debt"),
+            format!("must be at most the policy's capacity ({capacity}), got {max_debt}"),
+        );
     }
     (issues.0.len() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
 }

@@ -133,8 +133,11 @@ impl Engine {
                     }
                     if !admission.admitted {
                         for (policy, decision) in &decisions {
-                            let counter =
-                                if decision.is_admitted() { Counter::EmergencyAllowed } else { Counter::EmergencyRejected };
+                            let counter = if decision.is_admitted() {
+                                Counter::EmergencyAllowed
+                            } else {
+                                Counter::EmergencyRejected
+                            };
                             metrics.add(*policy, counter, 1);
                         }
                         self.log_degraded(reason, Fallback::Emergency, limiter.clock().now());

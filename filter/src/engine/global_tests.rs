@@ -203,7 +203,8 @@ fn a_local_rejection_makes_no_callout() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
+        let decided =
+            decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
         settle(&engine, &decided, &mut metrics);
     }
 
@@ -232,7 +233,8 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
     let mut admitted = 0;
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
+        let decided =
+            decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
         admitted += usize::from(status(&decided) == 200);
         settle(&engine, &decided, &mut metrics);
     }
@@ -255,7 +257,8 @@ fn an_admission_takes_its_headers_from_the_policy_with_the_least_remaining() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
 
     let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let decided = decided(engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics));
+    let decided =
+        decided(engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics));
 
     assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=1;t=6"));
 }

@@ -321,7 +321,10 @@ mod tests {
         assert_eq!(leases.spend(&place(), 1, T, RULES).unwrap(), Spend::Wait { elected: true });
         assert_eq!(leases.spend(&place(), 1, T, RULES).unwrap(), Spend::Wait { elected: false });
         // The election expires with its window: a dead refiller blocks nobody for long.
-        assert_eq!(leases.spend(&place(), 1, T.saturating_add(Nanos(100)), RULES).unwrap(), Spend::Wait { elected: true });
+        assert_eq!(
+            leases.spend(&place(), 1, T.saturating_add(Nanos(100)), RULES).unwrap(),
+            Spend::Wait { elected: true }
+        );
     }
 
     #[test]
@@ -368,7 +371,10 @@ mod tests {
         leases.grant(&place(), 0, T, Nanos(1000), Nanos(500), T).unwrap();
 
         assert_eq!(leases.spend(&place(), 1, T, RULES).unwrap(), Spend::Empty { until: T.saturating_add(Nanos(500)) });
-        assert_eq!(leases.spend(&place(), 1, T.saturating_add(Nanos(500)), RULES).unwrap(), Spend::Wait { elected: true });
+        assert_eq!(
+            leases.spend(&place(), 1, T.saturating_add(Nanos(500)), RULES).unwrap(),
+            Spend::Wait { elected: true }
+        );
     }
 
     #[test]
@@ -380,7 +386,10 @@ mod tests {
         leases.refill_failed(&place(), 1, T.saturating_add(Nanos(10))).unwrap();
 
         assert_eq!(leases.retry(&place(), 1, T.saturating_add(Nanos(20)), T).unwrap(), Spend::Failed { reason: 1 });
-        assert_eq!(leases.spend(&place(), 1, T.saturating_add(Nanos(20)), RULES).unwrap(), Spend::Wait { elected: true });
+        assert_eq!(
+            leases.spend(&place(), 1, T.saturating_add(Nanos(20)), RULES).unwrap(),
+            Spend::Wait { elected: true }
+        );
     }
 
     #[test]

@@ -129,7 +129,9 @@ impl Engine {
                     }
                     waiting.push(resolved);
                 }
-                Ok(Spend::Empty { until }) => return self.lease_rejection(pending, &resolved, until, now, limiter, metrics),
+                Ok(Spend::Empty { until }) => {
+                    return self.lease_rejection(pending, &resolved, until, now, limiter, metrics);
+                }
                 Ok(Spend::Failed { reason }) => {
                     pending.global.push(resolved);
                     return self.degrade(Reason::from_index(reason), pending, limiter, room_to_pause, metrics);
@@ -248,13 +250,18 @@ impl Engine {
         metrics.add(resolved.policy, Counter::OverLimit, 1);
         let limit = self.compiled(resolved.policy).map_or(0, |c| c.policy.limit.capacity());
         let wait = until.saturating_sub(now).max(Nanos(1));
-        let decision = Decision { verdict: Verdict::Rejected { retry_after: wait }, limit, remaining: 0, reset_after: wait };
+        let decision =
+            Decision { verdict: Verdict::Rejected { retry_after: wait }, limit, remaining: 0, reset_after: wait };
         let status = self.response.status;
         Begun::Decided(self.reject_pending(pending, Some((resolved.policy, decision)), status, limiter, metrics))
     }
 
     /// Gives back lease spends of a request rejected after all.
-    pub(super) fn give_back_leases<S: Store, C: Clock>(&self, spent: &[(usize, Placement, u64)], limiter: &Limiter<S, C>) {
+    pub(super) fn give_back_leases<S: Store, C: Clock>(
+        &self,
+        spent: &[(usize, Placement, u64)],
+        limiter: &Limiter<S, C>,
+    ) {
         let now = limiter.clock().now();
         let leases = self.leases(limiter.store());
         for (_, slot, cost) in spent {
@@ -326,7 +333,11 @@ impl Engine {
         };
         let failed = |reason: Reason| {
             if matches!(call, Outgoing::Refill(_)) {
-                let _ = self.leases(limiter.store()).refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
+                let _ = self.leases(limiter.store()).refill_failed(
+                    &target.slot,
+                    u64::try_from(reason.index()).unwrap_or(0),
+                    now,
+                );
             }
             None
         };
@@ -384,7 +395,8 @@ impl Engine {
                     record(true, metrics);
                     let expires_in = Nanos::from_millis(granted.expires_in_ms);
                     let retry = Nanos(granted.entry.retry_after_ns);
-                    if let Ok(expired) = leases.grant(&target.slot, granted.granted, sent.sent_at, expires_in, retry, now)
+                    if let Ok(expired) =
+                        leases.grant(&target.slot, granted.granted, sent.sent_at, expires_in, retry, now)
                     {
                         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                         metrics.add(target.policy, Counter::LeaseGranted, count(granted.granted));

@@ -43,8 +43,8 @@ use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter
 use breaker::{Admit, CircuitBreaker};
 use compiled::{Compiled, Home};
 pub use headers::{private_cache_control, rate_limit_headers};
-pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 pub use leased::{Outgoing, SentOutgoing};
+pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 use resolve::{Few, Place, Refusal, Resolved, Secrets, resolve};
 use shared_store::{
     Admission, Clock, Decision, HashKey, LimitError, Limiter, Nanos, Placement, Request, Reservation, Store,
@@ -433,23 +433,18 @@ impl Engine {
             pending.global.extend(std::mem::take(&mut pending.leased));
             return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
         };
-        pending.tag = match crate::policy::fingerprint_parts(
-            "\0partition",
-            0,
-            &service.partition,
-            request,
-            &service.secret,
-        ) {
-            Ok(Some(tag)) => namespace::hex128(tag),
-            Ok(None) => "none".to_owned(),
-            Err(_) => {
-                pending.global.extend(std::mem::take(&mut pending.leased));
-                for resolved in &pending.global {
-                    metrics.add(resolved.policy, Counter::ReadFailures, 1);
+        pending.tag =
+            match crate::policy::fingerprint_parts("\0partition", 0, &service.partition, request, &service.secret) {
+                Ok(Some(tag)) => namespace::hex128(tag),
+                Ok(None) => "none".to_owned(),
+                Err(_) => {
+                    pending.global.extend(std::mem::take(&mut pending.leased));
+                    for resolved in &pending.global {
+                        metrics.add(resolved.policy, Counter::ReadFailures, 1);
+                    }
+                    return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
                 }
-                return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
-            }
-        };
+            };
         if pending.global.is_empty() {
             return self.proceed(pending, limiter, room_to_pause, metrics);
         }
@@ -817,5 +812,7 @@ fn count_error(metrics: &mut impl Metrics, policy: usize, error: &LimitError) {
 
 #[cfg(test)]
 mod global_tests;
+#[cfg(test)]
+mod lease_tests;
 #[cfg(test)]
 mod tests;

@@ -111,7 +111,9 @@ pub(crate) fn check_body(
 
 /// What an answer to a check of `entries` entries means.
 pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckResponse, Reason> {
-    classify_as(answer, |body| serde_json::from_slice::<CheckResponse>(body).ok().filter(|r| r.entries.len() == entries))
+    classify_as(answer, |body| {
+        serde_json::from_slice::<CheckResponse>(body).ok().filter(|r| r.entries.len() == entries)
+    })
 }
 
 /// What an answer to a lease means.

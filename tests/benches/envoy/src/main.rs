@@ -141,9 +141,7 @@ fn local_group() -> Vec<Variant> {
         variant("sluice, admitted with headers_on_allowed", "x-api-key: admit", || {
             base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, true)))
         }),
-        variant("2 workers, one hot key: no-op wasm filter", "x-api-key: admit", move || {
-            base(2).sluice(noop2.clone())
-        }),
+        variant("2 workers, one hot key: no-op wasm filter", "x-api-key: admit", move || base(2).sluice(noop2.clone())),
         variant("2 workers, one hot key: native", "x-api-key: admit", || {
             base(2).filter(native_local_ratelimit(1_000_000_000))
         }),
@@ -173,7 +171,9 @@ fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'stat
 fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: &str, order: &[&'static str]) {
     let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
     let base = rps(baseline);
-    println!("\n## {title}\n\n| variant | median req/s | added ns/request over {baseline} | median p50 µs |\n|---|---:|---:|---:|");
+    println!(
+        "\n## {title}\n\n| variant | median req/s | added ns/request over {baseline} | median p50 µs |\n|---|---:|---:|---:|"
+    );
     for name in order {
         let r = rps(name);
         let p50 = median(&mut samples[name].iter().map(|s| s.p50_us).collect::<Vec<_>>());
@@ -227,14 +227,24 @@ fn global_group(rounds: u64, seconds: u64) {
         let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
         let service_max =
             wrk(&format!("http://{}/v1/check", service.addr()), &[], 32, seconds, Some(script.to_str().unwrap()));
-        eprintln!("round {round}: service alone: 1 connection p50 {:.0} µs; 32 connections {:.0} req/s", rtt.p50_us, service_max.rps);
+        eprintln!(
+            "round {round}: service alone: 1 connection p50 {:.0} µs; 32 connections {:.0} req/s",
+            rtt.p50_us, service_max.rps
+        );
         rows.entry("service alone, 1 connection").or_default().push(rtt);
         rows.entry("service alone, 32 connections").or_default().push(service_max);
     }
     let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
-    println!("\n## global policy in check mode\n\n| row | median req/s | median p50 µs | median p99 µs |\n|---|---:|---:|---:|");
+    println!(
+        "\n## global policy in check mode\n\n| row | median req/s | median p50 µs | median p99 µs |\n|---|---:|---:|---:|"
+    );
     for name in rows.keys() {
-        println!("| {name} | {:.0} | {:.0} | {:.0} |", med(name, |s| s.rps), med(name, |s| s.p50_us), med(name, |s| s.p99_us));
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} |",
+            med(name, |s| s.rps),
+            med(name, |s| s.p50_us),
+            med(name, |s| s.p99_us)
+        );
     }
     let added_cpu = 1e9 / med("check, saturated", |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
     let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
