@@ -69,6 +69,18 @@ impl Counter {
         self.running.as_ref().expect("the counter service is running").app.store()
     }
 
+    /// One of its Prometheus metrics without labels (such as
+    /// `sluice_counter_leased_tokens_total`); 0 when absent or not running.
+    pub fn metric(&self, name: &str) -> u64 {
+        let Some(running) = &self.running else { return 0 };
+        let text = running.app.metrics().render(running.app.store());
+        text.lines()
+            .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .next()
+            .unwrap_or(0)
+    }
+
     /// Stops it abruptly, as a crash would: connections dropped, nothing drained.
     pub fn kill(&mut self) {
         if let Some(running) = self.running.take() {

@@ -9,6 +9,7 @@ mod contract;
 mod differential;
 mod global;
 mod hostile;
+mod lease;
 mod memory;
 mod reconfigure;
 mod shaping;

@@ -7,6 +7,7 @@ mod concurrency;
 mod configs;
 mod global;
 mod hostile;
+mod lease;
 mod memory;
 mod shaping;
 
