@@ -3,8 +3,9 @@
 # target/envoy-venv) in front of a small upstream, with sluice-counter (memory store)
 # keeping the global per-tenant budget. The configuration is examples/demo.json: per
 # client address, a burst of 5 then 1 per second (local); per tenant (`x-tenant`), 3 then
-# 10 per minute across every proxy (global), and an emergency cap of 2 per tenant while
-# the counter service is down.
+# 10 per minute across every proxy (global, in lease mode: the proxy leases a tenant's
+# tokens from sluice-counter and spends them locally), and an emergency cap of 2 per
+# tenant while the counter service is down.
 #
 #   ./demo.sh                    start everything, print what to try (Ctrl-C stops it all)
 #   ./demo.sh --check            start it, walk through every step, check each, stop
@@ -119,9 +120,11 @@ cat <<WALKTHROUGH
 
 Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
 
-1. The global per-tenant budget (3, then 10 per minute, kept by sluice-counter):
+1. The global per-tenant budget (3, then 10 per minute, kept by sluice-counter; this
+   proxy leases acme's tokens and spends them locally):
      for i in 1 2 3 4; do ${TENANT} 'x-tenant: acme' ${URL}; done; echo
    gives 200 200 200 429; the 429 carries RateLimit: "demo-per-tenant";r=0;...
+   The lease's metrics: ${STATS} | grep lease
 
 2. The local per-client budget (5, then 1 per second, in this proxy's shared data):
    acme's rejected request gave its local token back, so two more for another tenant
@@ -149,6 +152,11 @@ step1="$(codes acme 4)"; echo "1. acme: $step1"
 global="$(curl -si -H 'x-tenant: acme' "$URL")"
 grep -qi '^ratelimit: "demo-per-tenant";r=0' <<<"$global" || fail "step 1: the 429 lacks the tenant's RateLimit field"
 grep -qi '^retry-after:' <<<"$global" || fail "step 1: the 429 lacks Retry-After"
+if [[ "$HOST" == envoy ]]; then
+  granted="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-per-tenant.lease.granted")"
+  echo "   $granted"
+  grep -Eq 'lease.granted: [1-9]' <<<"$granted" || fail "step 1: the lease metric shows no tokens granted"
+fi
 step2="$(codes globex 3)"; echo "2. globex: $step2"
 [[ "$step2" == "200 200 429 " ]] || fail "step 2: expected 200 200 429"
 local_="$(curl -si -H 'x-tenant: globex' "$URL")"
