@@ -400,7 +400,9 @@ impl Engine {
         let (local, reservation, local_due) = if resolution.local.is_empty() {
             (Few::new(), Reservation::empty(), None)
         } else {
-            match self.reserve_local(&resolution.local, limiter, metrics) {
+            // A reservation is only worth keeping when a later stage may give it back.
+            let keep = !(resolution.global.is_empty() && resolution.leased.is_empty());
+            match self.reserve_local(&resolution.local, keep, limiter, metrics) {
                 Local::Admitted { decisions, reservation, due } => (decisions, reservation, due),
                 Local::Rejected(outcome) => return Begun::Decided(Decided { outcome, tally }),
                 Local::Failed(Some(outcome)) => return Begun::Decided(Decided { outcome, tally }),
@@ -606,6 +608,7 @@ impl Engine {
     fn reserve_local<S: Store, C: Clock>(
         &self,
         local: &[Resolved],
+        keep: bool,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
     ) -> Local {
@@ -618,7 +621,12 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        match limiter.reserve(&requests) {
+        let decided = if keep {
+            limiter.reserve(&requests)
+        } else {
+            limiter.check(&requests).map(|admission| (admission, Reservation::empty()))
+        };
+        match decided {
             Ok((admission, reservation)) => {
                 for r in local {
                     count_evidence(metrics, r.policy, &admission);

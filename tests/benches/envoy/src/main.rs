@@ -183,20 +183,26 @@ fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: 
 
 fn global_group(rounds: u64, seconds: u64) {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    let policy = |global: bool| {
-        let strategy = if global { r#","global":{"strategy":"check"}"# } else { "" };
+    let policy = |mode: &str| {
+        let strategy = match mode {
+            "check" => r#","global":{"strategy":"check"}"#,
+            "lease" => r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
+            _ => "",
+        };
         format!(
             r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
                "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":"1000000000/second",
                              "burst":1000000000{strategy}}}]}}"#
         )
     };
-    let envoy_with = |global: bool| {
-        base(1)
-            .cluster(cluster("sluice-counter", service.addr(), false))
-            .sluice(sluice(&policy(global)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
-            .start()
-            .unwrap_or_else(|e| panic!("{e}"))
+    let envoy_with = |mode: &str| {
+        let builder = base(1).cluster(cluster("sluice-counter", service.addr(), true));
+        let builder = if mode == "none" {
+            builder
+        } else {
+            builder.sluice(sluice(&policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
+        };
+        builder.start().unwrap_or_else(|e| panic!("{e}"))
     };
     // A wrk script that posts one check, as the filter does, straight to the service.
     let dir = tempfile::tempdir().unwrap();
@@ -209,20 +215,30 @@ fn global_group(rounds: u64, seconds: u64) {
         ),
     )
     .unwrap();
-    let mut rows: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+    let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     for round in 1..=rounds {
-        for (name, global) in [("local policy", false), ("global policy, check", true)] {
-            let envoy = envoy_with(global);
+        for mode in ["none", "local", "check", "lease"] {
+            let envoy = envoy_with(mode);
             let url = format!("http://{}/", envoy.addr());
             let _ = wrk(&url, &["x-tenant: acme"], 32, 1, None);
+            let before = envoy.stats();
             let saturated = wrk(&url, &["x-tenant: acme"], 32, seconds, None);
+            let after = envoy.stats();
+            let count = |stats: &sluice_tests::envoy::Stats, name: &str| stats.get(name).copied().unwrap_or(0);
+            let calls = count(&after, "wasmcustom.sluice.counter_service.callouts")
+                - count(&before, "wasmcustom.sluice.counter_service.callouts");
+            let requests = count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
             let one = wrk(&url, &["x-tenant: acme"], 1, seconds, None);
+            let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(
-                "round {round}: {name:22} {:>8.0} req/s saturated; 1 connection p50 {:.0} µs",
+                "round {round}: {mode:6} {:>8.0} req/s saturated, {per_thousand:.2} callouts per 1000; 1 connection p50 {:.0} µs",
                 saturated.rps, one.p50_us
             );
-            rows.entry(if global { "check, saturated" } else { "local, saturated" }).or_default().push(saturated);
-            rows.entry(if global { "check, 1 connection" } else { "local, 1 connection" }).or_default().push(one);
+            rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
+            rows.entry(format!("{mode}, 1 connection")).or_default().push(one);
+            rows.entry(format!("{mode}, callouts per 1000 requests"))
+                .or_default()
+                .push(Sample { rps: per_thousand, p50_us: 0.0, p99_us: 0.0 });
         }
         let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
         let service_max =
@@ -231,8 +247,8 @@ fn global_group(rounds: u64, seconds: u64) {
             "round {round}: service alone: 1 connection p50 {:.0} µs; 32 connections {:.0} req/s",
             rtt.p50_us, service_max.rps
         );
-        rows.entry("service alone, 1 connection").or_default().push(rtt);
-        rows.entry("service alone, 32 connections").or_default().push(service_max);
+        rows.entry("service alone, 1 connection".to_owned()).or_default().push(rtt);
+        rows.entry("service alone, 32 connections".to_owned()).or_default().push(service_max);
     }
     let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
     println!(
@@ -246,12 +262,23 @@ fn global_group(rounds: u64, seconds: u64) {
             med(name, |s| s.p99_us)
         );
     }
-    let added_cpu = 1e9 / med("check, saturated", |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
+    let added_cpu = |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
     let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
     let rtt = med("service alone, 1 connection", |s| s.p50_us);
     println!(
-        "\ncheck mode over local: {added_cpu:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
+        "\ncheck mode over local: {:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
+        added_cpu("check"),
         added_p50 / rtt
+    );
+    let over_none = |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
+    println!(
+        "added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
+         {:.2} callouts per 1000 requests in lease mode",
+        over_none("local"),
+        over_none("check"),
+        over_none("lease"),
+        over_none("lease") / over_none("local"),
+        med("lease, callouts per 1000 requests", |s| s.rps)
     );
 }
 
