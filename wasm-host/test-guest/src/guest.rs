@@ -32,6 +32,8 @@ enum Bench {
     GetHeader,
     GetProperty,
     Shared,
+    Metric,
+    Clock,
 }
 
 #[derive(Default, Clone)]
@@ -66,6 +68,8 @@ impl Config {
                         "get-header" => Bench::GetHeader,
                         "get-property" => Bench::GetProperty,
                         "shared" => Bench::Shared,
+                        "metric" => Bench::Metric,
+                        "clock" => Bench::Clock,
                         _ => Bench::Noop,
                     })
                 }
@@ -214,6 +218,20 @@ struct HttpStream {
     ops: Vec<String>,
 }
 
+thread_local! {
+    static BENCH_METRIC: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// The counter `bench=metric` increments, defined on first use.
+fn bench_metric() -> Option<u32> {
+    BENCH_METRIC.with(|cell| {
+        if cell.get().is_none() {
+            cell.set(hostcalls::define_metric(MetricType::Counter, "test_guest.bench").ok());
+        }
+        cell.get()
+    })
+}
+
 fn header_text(value: Option<Vec<u8>>) -> Option<String> {
     value.map(|v| String::from_utf8_lossy(&v).into_owned())
 }
@@ -257,6 +275,14 @@ impl HttpStream {
                 Bench::Shared => {
                     let (value, cas) = self.get_shared_data("bench");
                     let _ = self.set_shared_data("bench", Some(&value.unwrap_or_default()), cas);
+                }
+                Bench::Metric => {
+                    if let Some(id) = bench_metric() {
+                        let _ = hostcalls::increment_metric(id, 1);
+                    }
+                }
+                Bench::Clock => {
+                    std::hint::black_box(std::time::Instant::now());
                 }
                 Bench::Noop => {}
             }

@@ -11,9 +11,12 @@
 //! * `local`: no filter; the no-op wasm filter; native `local_ratelimit` admitting and
 //!   rejecting; Sluice admitting, rejecting, and admitting with headers on allowed
 //!   responses; 2 workers on one hot key, native and Sluice.
-//! * `global`: Sluice with one global policy in `check` mode against `sluice-counter`
-//!   (memory store, pinned to CPU 1 with wrk) beside the same policy local; latency at one
-//!   connection beside one loopback round trip to the service itself.
+//! * `calls`: the test guest making one kind of host call 20 times per request, beside
+//!   its no-op mode: what one host call costs in V8 (where Sluice's time goes).
+//! * `global`: no filter, and Sluice with one policy local, global in `check` mode and
+//!   global in `lease` mode against `sluice-counter` (memory store, over h2c, pinned to
+//!   CPU 1 with wrk); callouts per 1000 requests; latency at one connection beside one
+//!   loopback round trip to the service itself.
 //!
 //! Run: `ROUNDS=5 SECONDS=8 cargo run -p sluice-envoy-bench` (needs `wrk`: `apt-get install -y wrk`;
 //! Envoy from `envoy-config/install-envoy.sh`). Figures and method: docs/benchmarks.md.
@@ -227,7 +230,8 @@ fn global_group(rounds: u64, seconds: u64) {
             let count = |stats: &sluice_tests::envoy::Stats, name: &str| stats.get(name).copied().unwrap_or(0);
             let calls = count(&after, "wasmcustom.sluice.counter_service.callouts")
                 - count(&before, "wasmcustom.sluice.counter_service.callouts");
-            let requests = count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
+            let requests =
+                count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
             let one = wrk(&url, &["x-tenant: acme"], 1, seconds, None);
             let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(
@@ -236,9 +240,11 @@ fn global_group(rounds: u64, seconds: u64) {
             );
             rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
             rows.entry(format!("{mode}, 1 connection")).or_default().push(one);
-            rows.entry(format!("{mode}, callouts per 1000 requests"))
-                .or_default()
-                .push(Sample { rps: per_thousand, p50_us: 0.0, p99_us: 0.0 });
+            rows.entry(format!("{mode}, callouts per 1000 requests")).or_default().push(Sample {
+                rps: per_thousand,
+                p50_us: 0.0,
+                p99_us: 0.0,
+            });
         }
         let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
         let service_max =
@@ -262,7 +268,8 @@ fn global_group(rounds: u64, seconds: u64) {
             med(name, |s| s.p99_us)
         );
     }
-    let added_cpu = |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
+    let added_cpu =
+        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
     let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
     let rtt = med("service alone, 1 connection", |s| s.p50_us);
     println!(
@@ -270,7 +277,8 @@ fn global_group(rounds: u64, seconds: u64) {
         added_cpu("check"),
         added_p50 / rtt
     );
-    let over_none = |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
+    let over_none =
+        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
     println!(
         "added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
          {:.2} callouts per 1000 requests in lease mode",
@@ -282,10 +290,40 @@ fn global_group(rounds: u64, seconds: u64) {
     );
 }
 
+/// How many times each host-call variant repeats its call per request.
+const CALLS_PER_REQUEST: u64 = 20;
+
+/// Each test-guest mode measured, and its row: one kind of host call made
+/// [`CALLS_PER_REQUEST`] times per request; the difference from the no-op mode, divided,
+/// is one call's cost in V8.
+const HOST_CALLS: [(&str, &str); 6] = [
+    ("noop", "test guest, no-op"),
+    ("get-header", "get_header_map_value (a request header)"),
+    ("get-property", "get_property (source.address)"),
+    ("shared", "get_shared_data + set_shared_data"),
+    ("metric", "increment_metric"),
+    ("clock", "clock_time_get (WASI)"),
+];
+
+fn host_call_group() -> Vec<Variant> {
+    HOST_CALLS
+        .into_iter()
+        .map(|(mode, row)| {
+            let config = if mode == "noop" {
+                "bench=noop".to_owned()
+            } else {
+                format!("bench={mode}\ncalls={CALLS_PER_REQUEST}")
+            };
+            let plugin = sluice(&config).wasm(sluice_artifacts::TEST_GUEST_WASM);
+            variant(row, "x-key: k", move || base(1).sluice(plugin.clone()))
+        })
+        .collect()
+}
+
 fn main() {
     let rounds = env_or("ROUNDS", 5);
     let seconds = env_or("SECONDS", 8);
-    let groups = std::env::var("GROUPS").unwrap_or_else(|_| "local,global".to_owned());
+    let groups = std::env::var("GROUPS").unwrap_or_else(|_| "local,calls,global".to_owned());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("# sluice.wasm in Envoy: {rounds} rounds of {seconds} s per variant; load average before: {load}");
     if groups.contains("local") {
@@ -303,6 +341,18 @@ fn main() {
             "\nno-op wasm floor {floor:.0} ns; native adds {native_admit:.0} ns admitted, {native_reject:.0} ns rejected; \
              sluice adds above the floor {sluice_admit:.0} ns admitted, {sluice_reject:.0} ns rejected"
         );
+    }
+    if groups.contains("calls") {
+        let variants = host_call_group();
+        let samples = run_group(&variants, rounds, seconds);
+        let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
+        let floor = 1e9 / rps(HOST_CALLS[0].1);
+        println!(
+            "\n## one host call in V8 (Envoy), from {CALLS_PER_REQUEST} per request\n\n| call | ns per call |\n|---|---:|"
+        );
+        for (_, name) in &HOST_CALLS[1..] {
+            println!("| {name} | {:.0} |", (1e9 / rps(name) - floor) / CALLS_PER_REQUEST as f64);
+        }
     }
     if groups.contains("global") {
         global_group(rounds, seconds);
