@@ -7,19 +7,22 @@
 //! median of its rounds. With the worker saturated on its core, `1 / requests per second`
 //! is its CPU per request, so "added ns" is `1e9/rps(variant) - 1e9/rps(no filter)`.
 //!
-//! Groups (`GROUPS`, comma-separated, default all):
+//! Groups (`BENCH_GROUPS`, comma-separated, default all; not `GROUPS`, which bash reserves):
 //! * `local`: no filter; the no-op wasm filter; native `local_ratelimit` admitting and
 //!   rejecting; Sluice admitting, rejecting, and admitting with headers on allowed
 //!   responses; 2 workers on one hot key, native and Sluice.
 //! * `calls`: the test guest making one kind of host call 20 times per request, beside
 //!   its no-op mode: what one host call costs in V8 (where Sluice's time goes).
 //! * `global`: no filter, and Sluice with one policy local, global in `check` mode and
-//!   global in `lease` mode against `sluice-counter` (memory store, over h2c, pinned to
-//!   CPU 1 with wrk); callouts per 1000 requests; latency at one connection beside one
-//!   loopback round trip to the service itself.
+//!   global in `lease` mode against `sluice-counter` (memory store, over h2c, and once
+//!   in `check` mode over HTTP/1.1; pinned to CPU 1 with wrk); callouts per 1000
+//!   requests; latency at one connection beside one loopback round trip to the service
+//!   itself.
 //!
-//! Run: `ROUNDS=5 SECONDS=8 cargo run -p sluice-envoy-bench` (needs `wrk`: `apt-get install -y wrk`;
-//! Envoy from `envoy-config/install-envoy.sh`). Figures and method: docs/benchmarks.md.
+//! Run: `ROUNDS=5 SECONDS=8 cargo run --release -p sluice-envoy-bench` (needs `wrk`:
+//! `apt-get install -y wrk`; Envoy from `envoy-config/install-envoy.sh`). `PROFILE=<variant
+//! name>` instead holds one variant under load for `perf`. Figures and method:
+//! docs/benchmarks.md.
 
 use serde_json::{Value, json};
 use sluice_tests::counter::{self, Counter};
@@ -184,29 +187,37 @@ fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: 
     }
 }
 
+/// The global group's policy on `x-tenant`, by mode: `local`, `check` (either
+/// protocol) or `lease`; a budget that never runs out.
+fn global_policy(mode: &str) -> String {
+    let strategy = match mode {
+        "check" | "check over HTTP/1.1" => r#","global":{"strategy":"check"}"#,
+        "lease" => r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
+        _ => "",
+    };
+    format!(
+        r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
+           "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":"1000000000/second",
+                         "burst":1000000000{strategy}}}]}}"#
+    )
+}
+
+/// One Envoy of the global group, with no filter (`none`) or Sluice in `mode`, and the
+/// counter-service cluster: h2c, as the examples configure it, or HTTP/1.1 for the one
+/// variant that shows what the protocol adds to a check's latency.
+fn global_envoy(mode: &str, service: &Counter) -> Envoy {
+    let builder = base(1).cluster(cluster("sluice-counter", service.addr(), !mode.ends_with("HTTP/1.1")));
+    let builder = if mode == "none" {
+        builder
+    } else {
+        builder.sluice(sluice(&global_policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
+    };
+    builder.start().unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn global_group(rounds: u64, seconds: u64) {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    let policy = |mode: &str| {
-        let strategy = match mode {
-            "check" => r#","global":{"strategy":"check"}"#,
-            "lease" => r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
-            _ => "",
-        };
-        format!(
-            r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
-               "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":"1000000000/second",
-                             "burst":1000000000{strategy}}}]}}"#
-        )
-    };
-    let envoy_with = |mode: &str| {
-        let builder = base(1).cluster(cluster("sluice-counter", service.addr(), true));
-        let builder = if mode == "none" {
-            builder
-        } else {
-            builder.sluice(sluice(&policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
-        };
-        builder.start().unwrap_or_else(|e| panic!("{e}"))
-    };
+    let envoy_with = |mode: &str| global_envoy(mode, &service);
     // A wrk script that posts one check, as the filter does, straight to the service.
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("check.lua");
@@ -220,7 +231,7 @@ fn global_group(rounds: u64, seconds: u64) {
     .unwrap();
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     for round in 1..=rounds {
-        for mode in ["none", "local", "check", "lease"] {
+        for mode in ["none", "local", "check", "check over HTTP/1.1", "lease"] {
             let envoy = envoy_with(mode);
             let url = format!("http://{}/", envoy.addr());
             let _ = wrk(&url, &["x-tenant: acme"], 32, 1, None);
@@ -235,7 +246,7 @@ fn global_group(rounds: u64, seconds: u64) {
             let one = wrk(&url, &["x-tenant: acme"], 1, seconds, None);
             let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(
-                "round {round}: {mode:6} {:>8.0} req/s saturated, {per_thousand:.2} callouts per 1000; 1 connection p50 {:.0} µs",
+                "round {round}: {mode:19} {:>8.0} req/s saturated, {per_thousand:.2} callouts per 1000; 1 connection p50 {:.0} µs",
                 saturated.rps, one.p50_us
             );
             rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
@@ -276,6 +287,12 @@ fn global_group(rounds: u64, seconds: u64) {
         "\ncheck mode over local: {:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
         added_cpu("check"),
         added_p50 / rtt
+    );
+    let added_p50_http1 =
+        med("check over HTTP/1.1, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
+    println!(
+        "check mode over HTTP/1.1 to the service: p50 +{added_p50_http1:.0} µs = {:.2} × one round trip",
+        added_p50_http1 / rtt
     );
     let over_none =
         |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
@@ -320,11 +337,35 @@ fn host_call_group() -> Vec<Variant> {
         .collect()
 }
 
+/// Holds one variant of the local or host-call group (by its row name), or a global-group
+/// mode (`global: check`), under load for `seconds`, announcing when the load starts,
+/// so a profiler can attach to its Envoy (`perf record -g -p $(pgrep -n envoy)`).
+fn profile(name: &str, seconds: u64) {
+    // A global-group mode (`global: check`, ...) runs beside its own counter service.
+    let mut service = None;
+    let (envoy, header) = if let Some(mode) = name.strip_prefix("global: ") {
+        let counter = service.insert(Counter::start(counter::with_token(counter::memory(), TOKEN)));
+        (global_envoy(mode, counter), "x-tenant: acme")
+    } else {
+        let variants: Vec<Variant> = local_group().into_iter().chain(host_call_group()).collect();
+        let v = variants.iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no variant named {name:?}"));
+        ((v.builder)().start().unwrap_or_else(|e| panic!("{}: {e}", v.name)), v.header)
+    };
+    let url = format!("http://{}/", envoy.addr());
+    let _ = wrk(&url, &[header], 32, 2, None);
+    eprintln!("profiling: load starts");
+    let sample = wrk(&url, &[header], 32, seconds, None);
+    eprintln!("{name}: {:.0} req/s, p50 {:.0} µs", sample.rps, sample.p50_us);
+}
+
 fn main() {
     let rounds = env_or("ROUNDS", 5);
     let seconds = env_or("SECONDS", 8);
-    let groups = std::env::var("GROUPS").unwrap_or_else(|_| "local,calls,global".to_owned());
+    let groups = std::env::var("BENCH_GROUPS").unwrap_or_else(|_| "local,calls,global".to_owned());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    if let Ok(name) = std::env::var("PROFILE") {
+        return profile(&name, seconds);
+    }
     println!("# sluice.wasm in Envoy: {rounds} rounds of {seconds} s per variant; load average before: {load}");
     if groups.contains("local") {
         let variants = local_group();
