@@ -17,10 +17,16 @@ use std::time::{Duration, Instant};
 const HASH_KEY: &str = "fleet-hash-key-0123456789abcdef";
 const TOKEN: &str = "fleet-token-42";
 
-fn config(rate: &str, burst: u64, lease: &str, on_failure: &str, cooldown: &str) -> String {
+/// Healthy-service tests give callouts a deadline that a loaded 2-core machine running
+/// 4 proxies meets with a wide margin, so a failure rule that decides there is a bug; the
+/// outage tests keep a short one, since they wait for it to pass.
+const HEALTHY_TIMEOUT: &str = "2s";
+const OUTAGE_TIMEOUT: &str = "100ms";
+
+fn config(rate: &str, burst: u64, lease: &str, on_failure: &str, timeout: &str, cooldown: &str) -> String {
     format!(
         r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
-                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "100ms",
+                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "{timeout}",
                                 "circuit_breaker": {{"failures": 3, "cooldown": "{cooldown}"}}}},
             "policies": [{{"name": "tenant", "key": [{{"header": "x-tenant"}}], "rate": "{rate}", "burst": {burst},
                            "global": {{"strategy": "lease", "lease": {lease}}}, "on_failure": {on_failure}}}],
@@ -126,7 +132,7 @@ const BURST: u64 = 40;
 const LOAD: Duration = Duration::from_secs(3);
 
 fn assert_leases_never_admit_more_than_was_granted(service: &Counter) {
-    let config = config(&format!("{RATE}/second"), BURST, SMALL_LEASES, DENY, "1s");
+    let config = config(&format!("{RATE}/second"), BURST, SMALL_LEASES, DENY, HEALTHY_TIMEOUT, "1s");
     let envoys: Vec<Envoy> = (0..2).map(|_| envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM)).collect();
     let serves: Vec<Serve> = (0..2).map(|_| Serve::start(&config, service.addr())).collect();
     let addrs: Vec<SocketAddr> = envoys.iter().map(Envoy::addr).chain(serves.iter().map(|s| s.addr)).collect();
@@ -166,7 +172,8 @@ fn the_oracle_catches_leases_spent_without_cas() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
     // Demand far above the budget: every token granted is spent at once, so what a proxy
     // still holds at the end is a handful, and every lost update shows.
-    let config = config("200/second", 200, r#"{"size": 20, "duration": "5s", "low_water": 5}"#, DENY, "1s");
+    let config =
+        config("200/second", 200, r#"{"size": 20, "duration": "5s", "low_water": 5}"#, DENY, HEALTHY_TIMEOUT, "1s");
     let mut over = false;
     for _ in 0..3 {
         let envoys: Vec<Envoy> =
@@ -191,7 +198,14 @@ fn the_oracle_catches_leases_spent_without_cas() {
 #[test]
 fn at_steady_load_leases_cost_a_few_callouts_per_thousand_requests() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    let config = config("100000/second", 100_000, r#"{"size": 2000, "duration": "10s", "low_water": 500}"#, DENY, "1s");
+    let config = config(
+        "100000/second",
+        100_000,
+        r#"{"size": 2000, "duration": "10s", "low_water": 500}"#,
+        DENY,
+        HEALTHY_TIMEOUT,
+        "1s",
+    );
     let envoy = envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM);
 
     let (admitted, statuses) = drive(&[envoy.addr()], Duration::from_secs(3));
@@ -226,7 +240,7 @@ const CAPPED: &str = r#"{"action": "deny", "emergency": {"rate": "1000/second", 
 #[test]
 fn a_killed_service_is_bridged_by_the_lease_then_the_cap_and_the_outage_is_charged_after_its_restart() {
     let mut service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    let config = config("1000/second", 1000, OUTAGE_LEASES, CAPPED, "300ms");
+    let config = config("1000/second", 1000, OUTAGE_LEASES, CAPPED, OUTAGE_TIMEOUT, "300ms");
     let envoy = envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM);
     let (mut killed, mut restarted) = (false, false);
 
@@ -258,7 +272,7 @@ fn a_killed_service_is_bridged_by_the_lease_then_the_cap_and_the_outage_is_charg
 fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
     let redis = Redis::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
-    let config = config("1000/second", 1000, OUTAGE_LEASES, CAPPED, "300ms");
+    let config = config("1000/second", 1000, OUTAGE_LEASES, CAPPED, OUTAGE_TIMEOUT, "300ms");
     let envoy = envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM);
     let mut paused = false;
 
