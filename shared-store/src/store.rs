@@ -15,8 +15,10 @@
 //!   skips 0 when it wraps, so a token is unique to one write (until 2³² later writes).
 //! * Nothing is ever deleted or expired: the set of keys only grows.
 //!
-//! [`MemoryStore`] reproduces these rules exactly; tests use it to stand in for Envoy,
-//! and `wasm-host` uses it as the shared data of its workers.
+//! [`MemoryStore`] reproduces these rules exactly; tests use it to stand in for Envoy.
+//! (`wasm-host` has its own implementation of the same rules, written from Envoy's
+//! source and compared with a real Envoy, so that a mistake in this model cannot pass
+//! both this crate's tests and the filter's tests in wasm-host.)
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;

@@ -12,7 +12,7 @@
 //! * A [`Host`] is one plugin (module, configuration, `vm_id`, `root_id`, name, failure
 //!   policy) running on N [`Worker`]s. Each worker owns one VM (a wasmtime store and
 //!   instance), as each Envoy worker thread does. Workers share one shared-data store
-//!   ([`SharedData`], Envoy's rules, keyed by `vm_id`), one metrics registry, the
+//!   ([`SharedDataStore`], Envoy's rules, keyed by `vm_id`), one metrics registry, the
 //!   captured logs, the clock and the callout clusters.
 //! * A test sends a [`Request`] to a worker and reads the [`Outcome`]: paused by the
 //!   filter, forwarded upstream (with the headers and body as the filter left them),
@@ -114,22 +114,50 @@
 //! is not modelled (only the guest's timeout ends a connect that hangs); a response body
 //! over 16 MiB resets the call (Envoy's limit was not measured).
 //!
-//! # Layout
+//! # Layout: layers that only point down
 //!
-//! [`host`] (the builder and the shared state), [`worker`] (a VM and the stream state
-//! machine), `abi` (one module per family of host functions), [`callout`], [`clock`],
-//! [`headers`], [`logs`], [`metrics`], [`request`] (what a test sends and reads),
-//! [`shared_data`], and [`serve`] (the proxy behind `wasm-host serve`).
+//! Each module imports only from the layers below it (a test,
+//! `tests/host/layers.rs`, reads every `crate::` path in `src/` and fails on an upward
+//! one or on a circle). From the bottom:
+//!
+//! 1. **Data** (no state, no threads): [`headers`], [`request`] (what a test sends and
+//!    reads), [`clock`], [`logs`], [`metrics`], [`shared_data`] (Envoy's shared-data
+//!    rules), [`callout`] (what the wire or a script makes of a callout), and `error`
+//!    ([`HostError`], [`FailurePolicy`], [`TrapReport`]).
+//! 2. **Shared services**, `services/`: what every worker of a host shares (`Shared`:
+//!    settings, clock, logs, metrics, the shared-data store, the shared queues, the
+//!    callout clusters and runtime, the trap and callout records) and the mailbox other
+//!    threads reach a worker through.
+//! 3. **VM state**, `state.rs`: one VM's contexts, the callback in progress, deferred
+//!    actions, pending callouts.
+//! 4. **Host functions**, `abi/`: one file per family (`headers`, `buffers`,
+//!    `properties`, `shared_data`, `callout`, `metrics`, `queues`, `lifecycle`, `log`,
+//!    `time`, `wasi`); they read and write the VM state and the shared services.
+//! 5. **Engine and linker**, `engine.rs`: compiling a module, checking its ABI, linking
+//!    the host functions.
+//! 6. **Worker**, `worker/`: one VM driven as Envoy drives it: `lifecycle.rs` (VM life
+//!    and traps), `stream.rs` (the stream state machine), `schedule.rs` (ticks, timers,
+//!    messages), `callout.rs` (callout answers to the guest), `reconfigure.rs`.
+//! 7. **Facade**, `host/`: [`HostBuilder`] (`builder.rs`) and [`Host`] (`mod.rs`).
+//! 8. **[`serve`]**: the proxy behind `wasm-host serve`.
+//!
+//! To change a host call, open its file in `abi/`; to change what happens after it
+//! (a stream resuming, a callout answer arriving), the worker file named above.
+
+#![deny(missing_docs)]
 
 mod abi;
 pub mod callout;
 pub mod clock;
+mod engine;
+mod error;
 pub mod headers;
 pub mod host;
 pub mod logs;
 pub mod metrics;
 pub mod request;
 pub mod serve;
+mod services;
 pub mod shared_data;
 mod state;
 pub mod worker;
@@ -141,5 +169,5 @@ pub use host::{FailurePolicy, Host, HostBuilder, HostError, MetricsHandle, TrapR
 pub use logs::{LogLevel, LogRecord, LogSource};
 pub use metrics::{Histogram, MetricKind, MetricValue};
 pub use request::{ClientResponse, Exchange, Message, Outcome, Request, Response, ResponseSource, StreamId};
-pub use shared_data::{SetOutcome, SharedData};
+pub use shared_data::{SetOutcome, SharedData, SharedDataStore};
 pub use worker::Worker;

@@ -1,29 +1,55 @@
-//! Shared data (`proxy_{get,set}_shared_data`) with Envoy's semantics.
+//! Shared data (`proxy_{get,set}_shared_data`), written from Envoy's own implementation
+//! rather than borrowed from the code the host tests.
 //!
-//! Envoy (proxy-wasm-cpp-host `src/shared_data.cc`) keeps one process-wide map, behind
-//! one mutex, with one key space per `vm_id`, and one CAS token counter for every key of
-//! every `vm_id`. This host stores everything in one [`MemoryStore`], which has exactly
-//! those rules, and namespaces each guest key by its `vm_id` inside it. Several hosts
-//! built on the same store (see [`crate::HostBuilder::shared_store`]) behave like several
-//! plugins of one Envoy process.
+//! Envoy does not implement shared data itself: every `Context` inherits
+//! proxy-wasm-cpp-host's `ContextBase::getSharedData` / `setSharedData`
+//! (`src/context.cc`), which call one process-wide `SharedData` object
+//! (`src/shared_data.cc`, `src/shared_data.h`; read at proxy-wasm-cpp-host 52a02917, the
+//! same code as 2684bc36). [`SharedDataStore`] follows it rule by rule:
 //!
-//! Guest keys are bytes. A key that is valid UTF-8 is stored as `"<n>:<vm_id>u<key>"`
-//! (where `<n>` is the byte length of the vm_id); any other key as
-//! `"<n>:<vm_id>x<hex>"`. The mapping is injective, so distinct guest keys never collide.
+//! | Envoy (`SharedData`) | here |
+//! |---|---|
+//! | one `std::map<vm_id, unordered_map<key, (value, cas)>>` behind one mutex | one `HashMap<vm_id, HashMap<key, Entry>>` behind one mutex |
+//! | `get`: no map for the `vm_id`, or no such key in it → `NotFound`; else the value and its cas | [`SharedDataStore::get`] returns `None` or `(value, cas)` |
+//! | `set` on an existing key: `cas != 0 && cas != stored` → `CasMismatch`, nothing changes (the counter does not move) | [`SetOutcome::CasMismatch`] |
+//! | `set` on an existing key otherwise (cas 0, or the stored one): new value, cas = `nextCas()` | [`SetOutcome::Written`] |
+//! | `set` on a missing key: created with cas = `nextCas()`, **whatever the cas passed** (it is never compared) | [`SetOutcome::Written`] |
+//! | `nextCas()`: one `uint32_t cas_` for every key of every `vm_id`, starting at 1; returns it and increments, skipping 0 on wrap-around | `next_cas` |
+//! | keys and values are byte strings (`std::string`), the empty key and empty values included | `Vec<u8>` |
+//!
+//! Two rules of Envoy's are not modelled, because no ABI call reaches them:
+//! `SharedData::remove` and `keys` (no host function in ABI 0.2.1; the Rust SDK's
+//! `remove_shared_data` writes an empty value instead), and `deleteByVmId`, which drops a
+//! `vm_id`'s data when the last VM with that `vm_id` is destroyed (a host here keeps its
+//! data for its whole life, across `FAIL_RELOAD` and reconfiguration, as Envoy does while
+//! the old and new VMs overlap).
+//!
+//! The differential test `tests/tests/envoy/shared_data.rs` (package `sluice-tests`)
+//! runs the same get / set / CAS sequences from the test guest in real Envoy and in
+//! wasm-host and compares every status, value and cas.
+//!
+//! Several hosts built on one store ([`crate::HostBuilder::shared_store`]) behave like
+//! several plugins of one Envoy process: keys scoped by `vm_id`, one cas counter.
 
-use std::cell::RefCell;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use shared_store::store::{Cas, MemoryStore, Store, Swap};
+/// The shared data of one proxy process: every `vm_id`'s keys and the one cas counter
+/// (Envoy's process-wide `SharedData`). See the module docs for the rules.
+pub struct SharedDataStore {
+    inner: Mutex<Inner>,
+}
 
-/// The shared data one `vm_id` sees.
-#[derive(Clone, Debug)]
-pub struct SharedData {
-    store: Arc<MemoryStore>,
-    prefix: String,
-    /// Where store keys are built, reused so that a shared-data call does not allocate
-    /// for its key (one `SharedData` per VM, used by one thread at a time).
-    scratch: RefCell<String>,
+struct Inner {
+    /// The cas the next successful write gets (Envoy's `cas_`): never 0.
+    next_cas: u32,
+    by_vm_id: HashMap<String, HashMap<Vec<u8>, Entry>>,
+}
+
+struct Entry {
+    value: Vec<u8>,
+    cas: u32,
 }
 
 /// The outcome of a write, in proxy-wasm terms.
@@ -35,88 +61,144 @@ pub enum SetOutcome {
     CasMismatch,
 }
 
+impl Default for SharedDataStore {
+    fn default() -> Self {
+        Self::with_next_cas(1)
+    }
+}
+
+impl fmt::Debug for SharedDataStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("SharedDataStore")
+            .field("vm_ids", &inner.by_vm_id.len())
+            .field("keys", &inner.by_vm_id.values().map(HashMap::len).sum::<usize>())
+            .field("next_cas", &inner.next_cas)
+            .finish()
+    }
+}
+
+/// Envoy's `nextCas()`: the current token, then the counter moves on, skipping 0.
+fn next_cas(counter: &mut u32) -> u32 {
+    let token = *counter;
+    *counter = counter.wrapping_add(1);
+    if *counter == 0 {
+        *counter = 1;
+    }
+    token
+}
+
+/// Envoy's `SharedData::set` within one `vm_id`'s map.
+fn write(map: &mut HashMap<Vec<u8>, Entry>, counter: &mut u32, key: &[u8], value: &[u8], cas: u32) -> SetOutcome {
+    match map.get_mut(key) {
+        Some(entry) if cas != 0 && cas != entry.cas => SetOutcome::CasMismatch,
+        Some(entry) => {
+            // Overwrite in place: the value's allocation is reused.
+            entry.value.clear();
+            entry.value.extend_from_slice(value);
+            entry.cas = next_cas(counter);
+            SetOutcome::Written
+        }
+        None => {
+            let cas = next_cas(counter);
+            map.insert(key.to_vec(), Entry { value: value.to_vec(), cas });
+            SetOutcome::Written
+        }
+    }
+}
+
+impl SharedDataStore {
+    /// An empty store; the first write gets cas 1, as in a fresh Envoy process.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store whose next write gets `next_cas` (0 is taken as 1), so that tests
+    /// reach the wrap-around at `u32::MAX` quickly.
+    pub fn with_next_cas(next_cas: u32) -> Self {
+        Self { inner: Mutex::new(Inner { next_cas: next_cas.max(1), by_vm_id: HashMap::new() }) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The value of `key` under `vm_id` and its cas (Envoy's `SharedData::get`): `None`
+    /// is `NOT_FOUND`.
+    pub fn get(&self, vm_id: &str, key: &[u8]) -> Option<(Vec<u8>, u32)> {
+        let inner = self.lock();
+        let entry = inner.by_vm_id.get(vm_id)?.get(key)?;
+        Some((entry.value.clone(), entry.cas))
+    }
+
+    /// Writes `value` under `key` of `vm_id` (Envoy's `SharedData::set`): a non-zero
+    /// `cas` must match the stored one if the key exists; a missing key is created
+    /// whatever `cas` is. A write that succeeds takes the next token.
+    pub fn set(&self, vm_id: &str, key: &[u8], value: &[u8], cas: u32) -> SetOutcome {
+        let mut inner = self.lock();
+        let Inner { next_cas: counter, by_vm_id } = &mut *inner;
+        // Looked up first: no allocation for the `vm_id` once its map exists.
+        if let Some(map) = by_vm_id.get_mut(vm_id) {
+            return write(map, counter, key, value, cas);
+        }
+        let map = by_vm_id.entry(vm_id.to_owned()).or_default();
+        write(map, counter, key, value, cas)
+    }
+
+    /// Every key of `vm_id` with its value, sorted by key.
+    pub fn entries(&self, vm_id: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let inner = self.lock();
+        let mut entries: Vec<_> = inner
+            .by_vm_id
+            .get(vm_id)
+            .map(|map| map.iter().map(|(key, entry)| (key.clone(), entry.value.clone())).collect())
+            .unwrap_or_default();
+        entries.sort();
+        entries
+    }
+
+    /// How many keys there are, over every `vm_id` (keys are never deleted).
+    pub fn len(&self) -> usize {
+        self.lock().by_vm_id.values().map(HashMap::len).sum()
+    }
+
+    /// Whether no key was ever written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The shared data one `vm_id` sees: a view of a [`SharedDataStore`].
+#[derive(Clone, Debug)]
+pub struct SharedData {
+    store: Arc<SharedDataStore>,
+    vm_id: String,
+}
+
 impl SharedData {
-    pub(crate) fn new(store: Arc<MemoryStore>, vm_id: &str) -> Self {
-        Self { store, prefix: format!("{}:{vm_id}", vm_id.len()), scratch: RefCell::default() }
-    }
-
-    /// Runs `f` on the store key of a guest key.
-    fn with_store_key<R>(&self, key: &[u8], f: impl FnOnce(&str) -> R) -> R {
-        match self.scratch.try_borrow_mut() {
-            Ok(mut out) => {
-                out.clear();
-                self.push_store_key(&mut out, key);
-                f(&out)
-            }
-            // Not reachable (nothing re-enters while a key is in use); correct anyway.
-            Err(_) => {
-                let mut out = String::new();
-                self.push_store_key(&mut out, key);
-                f(&out)
-            }
-        }
-    }
-
-    fn push_store_key(&self, out: &mut String, key: &[u8]) {
-        out.push_str(&self.prefix);
-        match std::str::from_utf8(key) {
-            Ok(text) => {
-                out.push('u');
-                out.push_str(text);
-            }
-            Err(_) => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.push('x');
-                for byte in key {
-                    out.push(char::from(HEX[usize::from(byte >> 4)]));
-                    out.push(char::from(HEX[usize::from(byte & 0xf)]));
-                }
-            }
-        }
-    }
-
-    fn guest_key(&self, store_key: &str) -> Option<Vec<u8>> {
-        let rest = store_key.strip_prefix(&self.prefix)?;
-        if let Some(text) = rest.strip_prefix('u') {
-            return Some(text.as_bytes().to_vec());
-        }
-        let hex = rest.strip_prefix('x')?;
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| hex.get(i..i + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok()))
-            .collect()
+    /// The view of `vm_id` on `store`.
+    pub fn new(store: Arc<SharedDataStore>, vm_id: &str) -> Self {
+        Self { store, vm_id: vm_id.to_owned() }
     }
 
     /// The value of `key` and its CAS token, as `proxy_get_shared_data` returns them.
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<(Vec<u8>, u32)> {
-        // MemoryStore never fails; an error would mean a different Store, not a missing key.
-        let entry = self.with_store_key(key.as_ref(), |key| self.store.get(key));
-        entry.ok().flatten().map(|entry| (entry.value, entry.cas.get()))
+        self.store.get(&self.vm_id, key.as_ref())
     }
 
     /// Writes `value` under `key` as `proxy_set_shared_data` does: a non-zero `cas` must
     /// match the key's token, unless the key does not exist yet.
     pub fn set(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>, cas: u32) -> SetOutcome {
-        match self.with_store_key(key.as_ref(), |key| self.store.set(key, value.as_ref(), Cas::new(cas))) {
-            Ok(Swap::Written) => SetOutcome::Written,
-            Ok(Swap::Conflict) | Err(_) => SetOutcome::CasMismatch,
-        }
+        self.store.set(&self.vm_id, key.as_ref(), value.as_ref(), cas)
     }
 
     /// Every key of this `vm_id` with its value, sorted by key.
     pub fn entries(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut entries: Vec<_> = self
-            .store
-            .entries()
-            .into_iter()
-            .filter_map(|(key, value)| self.guest_key(&key).map(|key| (key, value)))
-            .collect();
-        entries.sort();
-        entries
+        self.store.entries(&self.vm_id)
     }
 
     /// The process-wide store behind every `vm_id`.
-    pub fn store(&self) -> &Arc<MemoryStore> {
+    pub fn store(&self) -> &Arc<SharedDataStore> {
         &self.store
     }
 }
@@ -127,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_key_of_one_vm_id_is_not_visible_under_another() {
-        let store = Arc::new(MemoryStore::new());
+        let store = Arc::new(SharedDataStore::new());
         let a = SharedData::new(Arc::clone(&store), "a");
         let ab = SharedData::new(Arc::clone(&store), "ab");
 
@@ -140,7 +222,7 @@ mod tests {
 
     #[test]
     fn keys_that_are_not_utf8_round_trip() {
-        let data = SharedData::new(Arc::new(MemoryStore::new()), "vm");
+        let data = SharedData::new(Arc::new(SharedDataStore::new()), "vm");
 
         data.set([0xff, b'k'], "v", 0);
 
@@ -150,7 +232,7 @@ mod tests {
 
     #[test]
     fn tokens_are_shared_by_every_vm_id() {
-        let store = Arc::new(MemoryStore::new());
+        let store = Arc::new(SharedDataStore::new());
         let a = SharedData::new(Arc::clone(&store), "a");
         let b = SharedData::new(Arc::clone(&store), "b");
 
@@ -159,5 +241,58 @@ mod tests {
 
         assert_eq!(a.get("k").map(|(_, cas)| cas), Some(1));
         assert_eq!(b.get("k").map(|(_, cas)| cas), Some(2));
+    }
+
+    #[test]
+    fn a_missing_key_is_created_whatever_the_cas() {
+        let store = SharedDataStore::new();
+
+        let outcome = store.set("vm", b"k", b"v", 12345);
+
+        assert_eq!(outcome, SetOutcome::Written);
+        assert_eq!(store.get("vm", b"k"), Some((b"v".to_vec(), 1)));
+    }
+
+    #[test]
+    fn a_mismatch_changes_nothing_and_does_not_use_up_a_token() {
+        let store = SharedDataStore::new();
+        store.set("vm", b"k", b"first", 0);
+
+        let stale = store.set("vm", b"k", b"second", 7);
+        let matching = store.set("vm", b"k", b"third", 1);
+
+        assert_eq!((stale, matching), (SetOutcome::CasMismatch, SetOutcome::Written));
+        assert_eq!(store.get("vm", b"k"), Some((b"third".to_vec(), 2)));
+    }
+
+    #[test]
+    fn a_zero_cas_overwrites_and_takes_a_new_token() {
+        let store = SharedDataStore::new();
+        store.set("vm", b"k", b"first", 0);
+
+        assert_eq!(store.set("vm", b"k", b"second", 0), SetOutcome::Written);
+        assert_eq!(store.get("vm", b"k"), Some((b"second".to_vec(), 2)));
+    }
+
+    #[test]
+    fn the_token_counter_skips_zero_when_it_wraps() {
+        let store = SharedDataStore::with_next_cas(u32::MAX);
+
+        store.set("vm", b"a", b"", 0);
+        store.set("vm", b"b", b"", 0);
+
+        assert_eq!(store.get("vm", b"a").map(|(_, cas)| cas), Some(u32::MAX));
+        assert_eq!(store.get("vm", b"b").map(|(_, cas)| cas), Some(1));
+    }
+
+    #[test]
+    fn the_empty_key_and_empty_values_are_ordinary() {
+        let store = SharedDataStore::new();
+
+        store.set("vm", b"", b"", 0);
+
+        assert_eq!(store.get("vm", b""), Some((Vec::new(), 1)));
+        assert_eq!(store.get("", b""), None);
+        assert_eq!(store.len(), 1);
     }
 }

@@ -3,6 +3,11 @@
 //!
 //! It lives in the wasmtime `Store` of the worker, so a host function reaches it through
 //! its `Caller`; nothing is global, and workers share only what `Shared` holds.
+//!
+//! Layer: above the shared services (`crate::services`), below the host functions
+//! (`crate::abi`) that read and write it and the worker that drives it. It holds data and
+//! the small rules that keep it consistent (context ids, callout tokens, which context a
+//! host call acts on); what happens *next* is the worker's.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -11,11 +16,10 @@ use std::sync::Arc;
 use wasmtime::{Memory, StoreLimits, TypedFunc};
 
 use crate::callout::{CalloutResponse, Ending};
-use crate::host::Shared;
 use crate::metrics::MetricIds;
 use crate::request::{ClientResponse, Message, ResponseSource};
+use crate::services::{Mailbox, Shared};
 use crate::shared_data::SharedData;
-use crate::worker::Mailbox;
 
 /// Everything a host function can reach.
 pub(crate) struct HostState {
@@ -215,6 +219,29 @@ pub(crate) struct Live {
     pub(crate) response_trailers: bool,
 }
 
+/// A part of one direction of a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    Headers,
+    Body,
+    Trailers,
+}
+
+impl Live {
+    /// Makes `part` of `direction` readable (or not).
+    pub(crate) fn set(&mut self, direction: Direction, part: Part, live: bool) {
+        let flag = match (direction, part) {
+            (Direction::Request, Part::Headers) => &mut self.request_headers,
+            (Direction::Request, Part::Body) => &mut self.request_body,
+            (Direction::Request, Part::Trailers) => &mut self.request_trailers,
+            (Direction::Response, Part::Headers) => &mut self.response_headers,
+            (Direction::Response, Part::Body) => &mut self.response_body,
+            (Direction::Response, Part::Trailers) => &mut self.response_trailers,
+        };
+        *flag = live;
+    }
+}
+
 /// Progress of one direction of a stream through the filter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Flow {
@@ -259,6 +286,32 @@ pub(crate) struct StreamContext {
     pub(crate) upstream: Option<SocketAddr>,
     /// `proxy_on_done` returned false: waiting for `proxy_done`.
     pub(crate) pending_done: bool,
+}
+
+impl StreamContext {
+    /// The request, or the response if there is one yet.
+    pub(crate) fn message(&self, direction: Direction) -> Option<&Message> {
+        match direction {
+            Direction::Request => Some(&self.request),
+            Direction::Response => self.response.as_ref(),
+        }
+    }
+
+    /// Where `direction` stands.
+    pub(crate) fn flow(&self, direction: Direction) -> Flow {
+        match direction {
+            Direction::Request => self.request_flow,
+            Direction::Response => self.response_flow,
+        }
+    }
+
+    /// Where `direction` stands, to change it.
+    pub(crate) fn flow_mut(&mut self, direction: Direction) -> &mut Flow {
+        match direction {
+            Direction::Request => &mut self.request_flow,
+            Direction::Response => &mut self.response_flow,
+        }
+    }
 }
 
 /// Actions that run after the callback returns.

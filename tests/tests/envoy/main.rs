@@ -13,6 +13,7 @@ mod lease;
 mod memory;
 mod reconfigure;
 mod shaping;
+mod shared_data;
 
 use sluice_tests::envoy::{Envoy, sluice};
 use sluice_tests::http::{Request, Response};

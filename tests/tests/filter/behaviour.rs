@@ -162,7 +162,7 @@ fn a_slot_table_cannot_be_resized_without_a_version_bump() {
 
 #[test]
 fn two_plugins_sharing_a_vm_id_keep_separate_buckets() {
-    let store = Arc::new(shared_store::MemoryStore::new());
+    let store = Arc::new(wasm_host::SharedDataStore::new());
     let config = r#"{"policies":[{"name":"k","key":[{"constant":"x"}],"rate":"1/hour","burst":2}]}"#;
     let mut first = builder(config).plugin_name("first").shared_store(Arc::clone(&store)).build().unwrap();
     let mut second = builder(config).plugin_name("second").shared_store(Arc::clone(&store)).build().unwrap();

@@ -1,4 +1,9 @@
 //! `proxy_http_call` and `proxy_get_status` (see [`crate::callout`] for the semantics).
+//!
+//! Dispatch only: `proxy_http_call` checks the call as Envoy does, records it, and
+//! leaves a `PendingCallout` in the VM state (a scripted answer scheduled on the clock,
+//! or a real request in flight whose end arrives in the worker's mailbox). Delivering
+//! the answer to `proxy_on_http_call_response` is the worker's (`worker/callout.rs`).
 
 use std::time::Duration;
 
@@ -7,8 +12,8 @@ use wasmtime::{Caller, Linker};
 use super::{HostResult, check_writable, copy_out, fail, read, register, status, write_u32};
 use crate::callout::{CalloutRequest, Cluster, Plan, send};
 use crate::headers::{self, Headers};
+use crate::services::Inbox;
 use crate::state::{Delivery, HostState, PendingCallout};
-use crate::worker::Inbox;
 
 pub(super) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     register!(linker, "env", "proxy_http_call", http_call, (upstream: u32, upstream_size: u32, headers: u32, headers_size: u32, body: u32, body_size: u32, trailers: u32, trailers_size: u32, timeout_ms: u32, token_ptr: u32));

@@ -2,6 +2,13 @@
 //! `wasm32-wasip1` module imports. One module per family of host functions; this one
 //! holds what they share: status codes, guest-memory access and registration.
 //!
+//! Layer: these functions use the VM state (`crate::state`, through the `Caller`) and
+//! the shared services (`crate::services`), and nothing above them: they never call the
+//! guest back except through its allocator, and never drive a stream. What they cannot
+//! do during the callback (continue a stream, send a local reply) they leave as a
+//! `Deferred` action for the worker to run once the callback returns, as Envoy's
+//! `addAfterVmCallAction` does.
+//!
 //! A host function either answers the guest with a status (`Failure::Status`), or traps
 //! (`Failure::Trap`): it never panics, whatever pointers and lengths the guest passes.
 //! Pointers and lengths outside linear memory answer `INVALID_MEMORY_ACCESS` (WASI:
@@ -22,8 +29,6 @@ mod wasi;
 use wasmtime::{Caller, Linker, Memory, format_err};
 
 use crate::state::HostState;
-
-pub(crate) use queues::Queues;
 
 /// proxy-wasm statuses (`proxy_status_t`), plus cpp-host's `BrokenConnection`.
 pub(crate) mod status {

@@ -395,6 +395,60 @@ impl HttpStream {
         }
     }
 
+    /// Runs the get / set steps of `x-shared-script` (separated by `;`) with the raw host
+    /// calls, and reports each as `x-shared-step-<i>` (from 0): `get <key>` gives
+    /// `<status> <cas> <value>` (just `<status>` unless OK), `set <key> <value> <cas>`
+    /// gives `<status>`. `~` is the empty key or value; a cas is a number, or `@<i>` (the
+    /// cas step `<i>` read) with an optional `+<n>`. With `x-shared-vm`, only the plugin
+    /// whose `vm_id` it names runs the script (several plugins see the same request).
+    fn shared_script(&self) {
+        if let Some(vm) = self.request_header("x-shared-vm") {
+            let own = header_text(self.get_property(vec!["plugin_vm_id"])).unwrap_or_default();
+            if own != vm {
+                return;
+            }
+        }
+        let script = self.request_header("x-shared-script").unwrap_or_default();
+        let mut read: Vec<u32> = Vec::new();
+        for (index, step) in script.split(';').map(str::trim).filter(|s| !s.is_empty()).enumerate() {
+            let words: Vec<&str> = step.split_whitespace().collect();
+            let bytes = |word: &str| if word == "~" { Vec::new() } else { word.as_bytes().to_vec() };
+            let report = match words.as_slice() {
+                ["get", key] => {
+                    let (status, value, cas) = raw::get_shared_data(&bytes(key));
+                    read.push(if status == 0 { cas } else { 0 });
+                    if status == 0 {
+                        let value = if value.is_empty() {
+                            "~".to_owned()
+                        } else {
+                            String::from_utf8_lossy(&value).into_owned()
+                        };
+                        format!("{status} {cas} {value}")
+                    } else {
+                        status.to_string()
+                    }
+                }
+                ["set", key, value, cas] => {
+                    read.push(0);
+                    let cas = match cas.strip_prefix('@') {
+                        Some(reference) => {
+                            let (step, plus) = reference.split_once('+').unwrap_or((reference, "0"));
+                            let base = step.parse::<usize>().ok().and_then(|i| read.get(i).copied()).unwrap_or(0);
+                            base.wrapping_add(plus.parse().unwrap_or(0))
+                        }
+                        None => cas.parse().unwrap_or(0),
+                    };
+                    raw::set_shared_data(&bytes(key), &bytes(value), cas).to_string()
+                }
+                _ => {
+                    read.push(0);
+                    format!("bad step: {step}")
+                }
+            };
+            self.put(&format!("x-shared-step-{index}"), report);
+        }
+    }
+
     fn metrics(&self) {
         let (Ok(counter), Ok(gauge), Ok(histogram)) = (
             hostcalls::define_metric(MetricType::Counter, "test_guest.requests"),
@@ -581,6 +635,7 @@ impl HttpContext for HttpStream {
                 "headers" => self.headers(),
                 "set-all" => self.set_all_headers(),
                 "shared-get" | "shared-set" | "cas-incr" => self.shared(&op),
+                "shared-script" => self.shared_script(),
                 "metrics" => self.metrics(),
                 "callout" | "callout-deny" => {
                     if let Some(a) = self.callout(false) {

@@ -23,6 +23,10 @@
 //! request headers `x-*` on the forwarded request (or in the local reply). See
 //! `HttpStream::on_http_request_headers` for the list.
 //!
+//! `shared-script` runs the get / set / CAS steps of `x-shared-script` with the raw host
+//! calls and reports every status, cas and value (`x-shared-step-<i>`; see
+//! `HttpStream::shared_script`), so that the same sequence can be compared between hosts.
+//!
 //! `callout` (to the cluster in `x-cluster`, default `upstream`, with the timeout in
 //! `x-timeout-ms`) reports what `proxy_on_http_call_response` saw: `x-callout-headers`,
 //! `-body-size`, `-trailers`, `-status-code` and `-status-message` (`proxy_get_status`),

@@ -16,6 +16,13 @@ unsafe extern "C" {
     fn proxy_get_buffer_bytes(kind: u32, start: usize, max: usize, out: *mut *mut u8, out_len: *mut usize) -> u32;
     fn proxy_get_property(path: *const u8, len: usize, out: *mut *mut u8, out_len: *mut usize) -> u32;
     fn proxy_set_shared_data(key: *const u8, key_len: usize, value: *const u8, value_len: usize, cas: u32) -> u32;
+    fn proxy_get_shared_data(
+        key: *const u8,
+        key_len: usize,
+        value: *mut *mut u8,
+        value_len: *mut usize,
+        cas: *mut u32,
+    ) -> u32;
     fn proxy_continue_stream(kind: u32) -> u32;
     fn proxy_set_effective_context(context: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, len: usize, out: *mut u32) -> u32;
@@ -109,6 +116,22 @@ pub(crate) fn buffer_status(kind: u32) -> u32 {
         drop(unsafe { Vec::from_raw_parts(out, len, len) });
     }
     status
+}
+
+/// `proxy_get_shared_data(key)`: the status, and the value and cas when OK (the SDK hides
+/// the status and panics on unexpected ones).
+pub(crate) fn get_shared_data(key: &[u8]) -> (u32, Vec<u8>, u32) {
+    let mut out: *mut u8 = std::ptr::null_mut();
+    let mut len = 0usize;
+    let mut cas = 0u32;
+    let status = unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut out, &mut len, &mut cas) };
+    let value = if status == 0 && !out.is_null() { unsafe { Vec::from_raw_parts(out, len, len) } } else { Vec::new() };
+    (status, value, cas)
+}
+
+/// `proxy_set_shared_data(key, value, cas)`: the status.
+pub(crate) fn set_shared_data(key: &[u8], value: &[u8], cas: u32) -> u32 {
+    unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) }
 }
 
 /// `proxy_get_metric` for a histogram id (Envoy refuses to read histograms).

@@ -6,6 +6,7 @@ mod callouts;
 mod common;
 mod faults;
 mod headers;
+mod layers;
 mod lifecycle;
 mod metrics;
 mod properties;

@@ -3,8 +3,7 @@
 use std::sync::Arc;
 use std::thread;
 
-use shared_store::store::MemoryStore;
-use wasm_host::{Request, SetOutcome};
+use wasm_host::{Request, SetOutcome, SharedDataStore};
 
 use crate::common::{forward, guest, host, text};
 
@@ -70,7 +69,7 @@ fn a_zero_cas_overwrites_unconditionally() {
 
 #[test]
 fn cas_tokens_are_process_wide_and_keys_are_scoped_by_vm_id() {
-    let store = Arc::new(MemoryStore::new());
+    let store = Arc::new(SharedDataStore::new());
     let mut a = guest().vm_id("a").shared_store(Arc::clone(&store)).build().unwrap();
     let mut b = guest().vm_id("b").shared_store(Arc::clone(&store)).build().unwrap();
 
