@@ -79,6 +79,12 @@ fn help_lists_every_setting_with_its_environment_variable() {
 
 #[test]
 fn started_without_arguments_it_serves_the_memory_store_on_loopback_port_8710_and_stops_on_sigterm() {
+    // The documented default is a fixed port, so make sure the answer is ours: nothing
+    // serves it before the service starts, and nothing once it has stopped.
+    assert!(
+        std::net::TcpStream::connect("127.0.0.1:8710").is_err(),
+        "another process serves 127.0.0.1:8710; this test checks the default port and needs it free"
+    );
     let service = Service(Command::new(BIN).env_clear().stderr(Stdio::null()).spawn().expect("starts"));
 
     let mut ready = None;
@@ -92,6 +98,7 @@ fn started_without_arguments_it_serves_the_memory_store_on_loopback_port_8710_an
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     assert!(ready.contains(r#""store":"memory""#), "{ready}");
     assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    assert!(std::net::TcpStream::connect("127.0.0.1:8710").is_err(), "the port closes with the service that served it");
 }
 
 #[test]
