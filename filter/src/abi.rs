@@ -55,6 +55,9 @@ unsafe extern "C" {
     fn proxy_close_stream(stream: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_register_shared_queue(name: *const u8, name_size: usize, token: *mut u32) -> u32;
+    fn proxy_enqueue_shared_queue(token: u32, data: *const u8, size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(token: u32, data: *mut *mut u8, size: *mut usize) -> u32;
 }
 
 const OK: u32 = 0;
@@ -249,6 +252,36 @@ pub fn define_metric(name: &str, gauge: bool) -> Option<u32> {
 pub fn increment_metric(id: u32, delta: i64) {
     // SAFETY: no pointers.
     let _ = unsafe { proxy_increment_metric(id, delta) };
+}
+
+/// Registers a shared queue of this VM under `name`; its `proxy_on_queue_ready` comes to
+/// the calling root context, on its own worker.
+pub fn register_queue(name: &str) -> Result<u32, Status> {
+    let mut token = 0u32;
+    // SAFETY: the name pointer and length describe `name`; `token` is a valid out-pointer.
+    match unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut token) } {
+        OK => Ok(token),
+        status => Err(Status(status)),
+    }
+}
+
+/// Puts `data` on a shared queue (its owner's `proxy_on_queue_ready` follows, later).
+pub fn enqueue(token: u32, data: &[u8]) -> Result<(), Status> {
+    // SAFETY: the pointer and length describe `data`.
+    match unsafe { proxy_enqueue_shared_queue(token, data.as_ptr(), data.len()) } {
+        OK => Ok(()),
+        status => Err(Status(status)),
+    }
+}
+
+/// Takes one item off a shared queue; `None` when it is empty (or the host fails).
+pub fn dequeue(token: u32) -> Option<Vec<u8>> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: out-pointers are valid; on OK the host allocated `size` bytes at `data`.
+    match unsafe { proxy_dequeue_shared_queue(token, &mut data, &mut size) } {
+        OK => Some(unsafe { owned(data, size) }),
+        _ => None,
+    }
 }
 
 /// Proxy-wasm shared data as a [`Store`]: statuses become errors, never panics.

@@ -10,13 +10,26 @@
 //!
 //! # Never a paused stream left behind
 //!
-//! A request is paused only while it is in one of two queues of its worker: shaped
-//! (until its turn) or waiting for the counter service (until its deadline, which the
-//! tick enforces even if the host's own timeout never fires). Leaving a queue always
-//! ends in a host action: resume, or local reply; a local reply the host refuses is
-//! retried bare, then the stream is reset, and only if that fails too is the request
+//! A request is paused only while it is in one of three queues of its worker: shaped
+//! (until its turn), waiting for its check's answer (until its deadline, which the tick
+//! enforces even if the host's own timeout never fires), or waiting for a lease refill
+//! (retried when a refill's answer reaches this worker, and on every tick, until its
+//! deadline). Every engine answer goes through [`conclude`]: a wait is queued, or, when
+//! it cannot be (a full lease queue), decided at once; a decision is carried out. So no
+//! decision can be dropped (`Begun` and `Decided` are `#[must_use]`). Carrying one out
+//! always ends in a host action: resume, or local reply; a local reply the host refuses
+//! is retried bare, then the stream is reset, and only if that fails too is the request
 //! forwarded (counted as `reply_failures`, logged): there is no outcome in which the
 //! stream stays paused.
+//!
+//! # Calls that outlive a request
+//!
+//! Lease refills and charges are sent by the root context, so that their answers reach
+//! it even when the request that asked has ended. A request that puts one in the
+//! engine's outbox wakes its root at once through a shared queue of its own worker
+//! (`proxy_on_queue_ready` runs on the next turn of the worker's event loop, not on the
+//! next tick); the tick sends whatever is left. When a refill's answer arrives, the root
+//! retries this worker's waiting requests at once.
 
 use crate::abi::{self, HostLogger, HostStore, WasiClock};
 use crate::config::Config;
@@ -71,6 +84,10 @@ struct Shared {
     in_flight: RefCell<HashMap<u32, SentOutgoing>>,
     /// Headers to add to each forwarded request's response, by context id.
     response_headers: RefCell<HashMap<u32, Vec<(String, String)>>>,
+    /// This worker's shared queue, through which a request wakes the root context to
+    /// send what it put in the outbox (`None`: the host has no shared queues; the tick
+    /// sends it).
+    wake: Option<u32>,
 }
 
 /// Metric ids per policy, in [`Counter::ALL`] order, and per plugin.
@@ -163,8 +180,14 @@ impl Root {
         let prefix = plugin_prefix(&plugin, &root_id);
         let candidate = abi::random16().ok_or("the host gave no random bytes for the hash secret")?;
         let secret = establish_secret(&HostStore, &prefix, candidate).map_err(|e| e.to_string())?;
-        let engine = Engine::new(config, &prefix, secret, |name| std::env::var(name).ok())?;
+        let instance = abi::random16().ok_or("the host gave no random bytes for the worker's id")?;
+        let instance = u64::from_le_bytes(std::array::from_fn(|i| instance.get(i).copied().unwrap_or(0)));
+        let engine = Engine::new(config, &prefix, secret, |name| std::env::var(name).ok())?.with_instance(instance);
         engine.claim_tables(&HostStore)?;
+        // One queue per worker (a queue's notifications go to its last registrant), named
+        // by the worker's random id.
+        let wake =
+            engine.has_lease().then(|| abi::register_queue(&format!("{prefix}wake/{instance:016x}")).ok()).flatten();
         let shaping = engine
             .policies()
             .any(|p| matches!(p.limit, shared_store::Limit::LeakyBucket { max_wait, .. } if max_wait > Nanos::ZERO));
@@ -191,6 +214,7 @@ impl Root {
             lease_waiting: RefCell::new(HashMap::new()),
             in_flight: RefCell::new(HashMap::new()),
             response_headers: RefCell::new(HashMap::new()),
+            wake,
         })
     }
 }
@@ -203,7 +227,54 @@ impl Context for Root {
             return;
         };
         let answer = read_answer(num_headers, body_size);
-        shared.engine.outgoing_answered(sent, &answer, &shared.limiter, &mut shared.counts());
+        let refill = sent.is_refill();
+        answered(shared, sent, &answer);
+        if refill {
+            // This worker's waiters spend the grant now; other workers' on their tick.
+            retry_lease_waiters(shared);
+        }
+        send_outgoing(shared, false);
+    }
+}
+
+/// Applies the answer to a call the root sent.
+fn answered(shared: &Shared, sent: SentOutgoing, answer: &CalloutAnswer) {
+    let waiting =
+        |waiter: u64| shared.lease_waiting.try_borrow().is_ok_and(|q| q.values().any(|p| p.waiter() == waiter));
+    shared.engine.outgoing_answered(sent, answer, &shared.limiter, &mut shared.counts(), waiting);
+}
+
+/// Sends what the outbox holds (and, on the tick, the charges this worker owes).
+fn send_outgoing(shared: &Shared, with_charges: bool) {
+    for call in shared.engine.take_outgoing(&shared.limiter, with_charges) {
+        let sent = shared.engine.dispatch_outgoing(call, &mut HostCallouts, &shared.limiter, &mut shared.counts());
+        if let (Some(sent), Ok(mut in_flight)) = (sent, shared.in_flight.try_borrow_mut()) {
+            in_flight.insert(sent.token, sent);
+        }
+    }
+}
+
+/// Retries every request of this worker that waits for a lease refill.
+fn retry_lease_waiters(shared: &Shared) {
+    let ids: Vec<u32> = shared.lease_waiting.try_borrow().map(|q| q.keys().copied().collect()).unwrap_or_default();
+    for id in ids {
+        let Some(pending) = shared.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id)) else {
+            continue;
+        };
+        let room = room_to_pause(shared);
+        let begun = shared.engine.retry(pending, &shared.limiter, room, &mut shared.counts());
+        let _ = conclude(shared, id, begun, Via::Root, Place::Kept);
+    }
+}
+
+/// After a request's callback: wakes the root to send what the request put in the
+/// outbox.
+fn wake(shared: &Shared) {
+    if shared.engine.has_outgoing()
+        && let Some(token) = shared.wake
+    {
+        // If the host refuses, the tick sends it.
+        let _ = abi::enqueue(token, b"w");
     }
 }
 
@@ -254,27 +325,14 @@ impl RootContext for Root {
             let room = room_to_pause(shared);
             let begun =
                 shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts());
-            act_for(shared, id, begun);
+            let _ = conclude(shared, id, begun, Via::Root, Place::New);
         }
         // Requests waiting for a lease refill: each tries again.
-        let ids: Vec<u32> = shared.lease_waiting.try_borrow().map(|q| q.keys().copied().collect()).unwrap_or_default();
-        for id in ids {
-            let Some(pending) = shared.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id)) else {
-                continue;
-            };
-            let room = room_to_pause(shared);
-            let begun = shared.engine.retry(pending, &shared.limiter, room, &mut shared.counts());
-            act_for(shared, id, begun);
-        }
+        retry_lease_waiters(shared);
         // Refills and charges: sent by this root context, so their answers reach it even
         // when the request that asked has ended. Those whose answer can no longer come
         // count as timed out.
-        for call in shared.engine.take_outgoing() {
-            let sent = shared.engine.dispatch_outgoing(call, &mut HostCallouts, &shared.limiter, &mut shared.counts());
-            if let (Some(sent), Ok(mut in_flight)) = (sent, shared.in_flight.try_borrow_mut()) {
-                in_flight.insert(sent.token, sent);
-            }
-        }
+        send_outgoing(shared, true);
         let expired: Vec<SentOutgoing> = shared
             .in_flight
             .try_borrow_mut()
@@ -284,8 +342,19 @@ impl RootContext for Root {
             })
             .unwrap_or_default();
         for sent in expired {
-            shared.engine.outgoing_answered(sent, &CalloutAnswer::TimedOut, &shared.limiter, &mut shared.counts());
+            answered(shared, sent, &CalloutAnswer::TimedOut);
         }
+    }
+
+    fn on_queue_ready(&mut self, queue: u32) {
+        let Some(shared) = &self.state else { return };
+        if shared.wake != Some(queue) {
+            return;
+        }
+        // Every wake asks the same thing: send the outbox. Drain them (bounded: the queue
+        // only grows by one item per request callback).
+        while abi::dequeue(queue).is_some() {}
+        send_outgoing(shared, false);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -297,48 +366,85 @@ impl RootContext for Root {
     }
 }
 
-/// Carries out what became of a held request, from the root context's tick: `id` is
-/// made the effective context first.
-fn act_for(shared: &Shared, id: u32, begun: Begun) {
-    match begun {
-        Begun::Waiting(pending) => {
-            let _ = hold(shared, id, pending);
-        }
-        Begun::Decided(decided) => {
+/// Where a decision is carried out from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The request's own `on_http_request_headers`: the returned action continues or
+    /// pauses it.
+    Headers,
+    /// Another callback of the request itself (its callout's answer): it is paused and
+    /// is the effective context.
+    Own,
+    /// The root context (a tick, a refill's answer): the request is paused, and must be
+    /// made the effective context first.
+    Root,
+}
+
+/// Whether a waiting request already had its place in its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// It is new to the queue: the queue's bound applies.
+    New,
+    /// It was waiting there already (a retry that still waits).
+    Kept,
+}
+
+/// Carries out whatever the engine answered for request `id`: a wait is queued, or
+/// decided at once when it cannot be; a decision is carried out. Every answer ends in
+/// one of the two, so none is dropped. Returns the action for `on_http_request_headers`.
+fn conclude(shared: &Shared, id: u32, begun: Begun, via: Via, place: Place) -> Action {
+    let mut begun = begun;
+    loop {
+        begun = match begun {
+            Begun::Decided(decided) => return deliver(shared, id, decided, via),
+            Begun::Waiting(pending) => match hold(shared, id, pending, place) {
+                Ok(()) => return Action::Pause,
+                Err(pending) => {
+                    let room = room_to_pause(shared);
+                    if pending.waits_for_lease() {
+                        Begun::Decided(shared.engine.overflow(pending, &shared.limiter, room, &mut shared.counts()))
+                    } else {
+                        // Its queue is borrowed, which cannot happen: time the wait out
+                        // rather than hold it nowhere.
+                        let answer = CalloutAnswer::TimedOut;
+                        shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts())
+                    }
+                }
+            },
+        };
+    }
+}
+
+/// Carries out a decision for request `id` (see [`Via`]).
+fn deliver(shared: &Shared, id: u32, decided: Decided, via: Via) -> Action {
+    match via {
+        Via::Headers => carry_out(shared, id, decided, Phase::RequestHeaders),
+        Via::Own => carry_out(shared, id, decided, Phase::Later),
+        Via::Root => {
             if abi::set_effective_context(id).is_err() {
                 // The stream is gone: nothing is paused any more.
                 let mut counts = shared.counts();
                 counts.add_plugin(PluginCounter::ResumeFailures, 1);
                 shared.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
-                return;
+                return Action::Pause;
             }
-            let _ = carry_out(shared, id, decided, Phase::Later);
+            carry_out(shared, id, decided, Phase::Later)
         }
     }
 }
 
-/// Holds a waiting request in its queue; `Err` with its decision when it cannot be held
-/// (a full lease queue, or a queue already borrowed, which cannot happen).
-fn hold(shared: &Shared, id: u32, pending: Box<Pending>) -> Result<(), Decided> {
-    let room = room_to_pause(shared);
+/// Holds a waiting request in its queue; `Err` with it when it cannot be held (a full
+/// lease queue for a request new to it, or a queue already borrowed, which cannot
+/// happen).
+fn hold(shared: &Shared, id: u32, pending: Box<Pending>, place: Place) -> Result<(), Box<Pending>> {
     if pending.waits_for_lease() {
         let max = shared.engine.max_waiting(&pending);
-        let full = shared.lease_waiting.try_borrow().map_or(true, |q| q.len() >= max);
-        if !full && let Ok(mut queue) = shared.lease_waiting.try_borrow_mut() {
-            queue.insert(id, pending);
-            return Ok(());
+        let Ok(mut queue) = shared.lease_waiting.try_borrow_mut() else { return Err(pending) };
+        if place == Place::New && queue.len() >= max {
+            return Err(pending);
         }
-        return match shared.engine.overflow(pending, &shared.limiter, room, &mut shared.counts()) {
-            Begun::Decided(decided) => Err(decided),
-            Begun::Waiting(pending) => {
-                // overflow always decides; if it did not, time it out rather than hold it.
-                let answer = CalloutAnswer::TimedOut;
-                match shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts()) {
-                    Begun::Decided(decided) => Err(decided),
-                    Begun::Waiting(_) => Ok(()),
-                }
-            }
-        };
+        queue.insert(id, pending);
+        return Ok(());
     }
     let deadline = pending.deadline;
     match shared.waiting.try_borrow_mut() {
@@ -346,13 +452,7 @@ fn hold(shared: &Shared, id: u32, pending: Box<Pending>) -> Result<(), Decided> 
             waiting.insert(id, deadline, pending);
             Ok(())
         }
-        Err(_) => {
-            match shared.engine.complete(pending, &CalloutAnswer::TimedOut, &shared.limiter, room, &mut shared.counts())
-            {
-                Begun::Decided(decided) => Err(decided),
-                Begun::Waiting(_) => Ok(()),
-            }
-        }
+        Err(_) => Err(pending),
     }
 }
 
@@ -519,16 +619,8 @@ impl Context for Filter {
         let answer = read_answer(num_headers, body_size);
         let room = room_to_pause(shared);
         let begun = shared.engine.complete(pending, &answer, &shared.limiter, room, &mut shared.counts());
-        match begun {
-            Begun::Decided(decided) => {
-                let _ = carry_out(shared, self.id, decided, Phase::Later);
-            }
-            Begun::Waiting(pending) => {
-                if let Err(decided) = hold(shared, self.id, pending) {
-                    let _ = carry_out(shared, self.id, decided, Phase::Later);
-                }
-            }
-        }
+        let _ = conclude(shared, self.id, begun, Via::Own, Place::New);
+        wake(shared);
     }
 }
 
@@ -537,13 +629,9 @@ impl HttpContext for Filter {
         let Some(shared) = &self.shared else { return Action::Continue };
         let room = room_to_pause(shared);
         let begun = shared.engine.begin(&HostRequest, &shared.limiter, &mut HostCallouts, room, &mut shared.counts());
-        match begun {
-            Begun::Decided(decided) => carry_out(shared, self.id, decided, Phase::RequestHeaders),
-            Begun::Waiting(pending) => match hold(shared, self.id, pending) {
-                Ok(()) => Action::Pause,
-                Err(decided) => carry_out(shared, self.id, decided, Phase::RequestHeaders),
-            },
-        }
+        let action = conclude(shared, self.id, begun, Via::Headers, Place::New);
+        wake(shared);
+        action
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {

@@ -159,6 +159,16 @@ pub enum Cost {
     },
 }
 
+impl Cost {
+    /// The most one request can cost.
+    pub const fn max(&self) -> u64 {
+        match self {
+            Self::Constant(cost) => *cost,
+            Self::Header { max, .. } => *max,
+        }
+    }
+}
+
 /// What a missing key part does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MissingKey {
@@ -436,6 +446,18 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         issues.add("stat_prefix", format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {stat_prefix:?}"));
     }
     let counter_service = raw.counter_service.map(|service| global::validate_counter_service(&mut issues, service));
+    let checks = policies.iter().filter(|p| p.global.is_some_and(|g| g.strategy == Strategy::Check)).count();
+    if checks > usize::from(sluice_protocol::DEFAULT_MAX_ENTRIES) {
+        issues.add(
+            "policies",
+            format!(
+                "{checks} global policies use strategy \"check\", but one check carries at most {} entries \
+                 (sluice-counter's --max-entries default), and a request matching them all would be refused; \
+                 use \"lease\" for some, or fewer policies",
+                sluice_protocol::DEFAULT_MAX_ENTRIES
+            ),
+        );
+    }
     for (index, policy) in policies.iter().enumerate() {
         if !policy.is_global() {
             continue;
@@ -491,6 +513,19 @@ fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Po
     let key = validate_key(issues, &format!("{path}.key"), raw.key, false);
     let matcher = validate_match(issues, &format!("{path}.match"), raw.matcher.unwrap_or_default());
     let cost = limit.and_then(|limit| validate_cost(issues, path, raw.cost.as_ref(), limit.capacity()));
+    if let (Some(Global { strategy: Strategy::Lease(lease), .. }), Some(cost)) = (&global, &cost)
+        && cost.max() > lease.size
+    {
+        issues.add(
+            format!("{path}.global.lease.size"),
+            format!(
+                "must be at least the most one request can cost ({}), got {}: a request costlier than one grant \
+                 could never be admitted",
+                cost.max(),
+                lease.size
+            ),
+        );
+    }
     let slots = match raw.slots {
         None => NonZeroU32::new(DEFAULT_SLOTS),
         Some(slots) if (1..=MAX_SLOTS).contains(&slots) => NonZeroU32::new(slots),

@@ -12,6 +12,13 @@
 //!
 //! A probe that never reports (its worker died, its stream was reset) expires after
 //! `probe_window`, and the next request probes instead.
+//!
+//! Only what says the service is unreachable or unhealthy counts as a failure (a
+//! timeout, a refused or reset call, garbage, a 5xx other than a per-key answer, a 401);
+//! a per-key answer (`400`, `413`, `503 store_full`, `503 overloaded`) decides its own
+//! request by its rule and leaves the breaker alone ([`super::wire::Failure::health`]).
+//! And a result counts only for the state it was sent in: a success (or failure) of a
+//! call sent before the circuit opened neither closes (nor reopens) it.
 
 use shared_store::{Cas, Nanos, Store, Swap};
 
@@ -23,31 +30,41 @@ const MAX_ATTEMPTS: u32 = 8;
 enum State {
     /// Calls flow; `failures` consecutive ones failed.
     Closed { failures: u32 },
-    /// No calls until `until`.
-    Open { until: Nanos },
-    /// One probe is out; others wait until `until`, then may probe themselves.
-    Probing { until: Nanos },
+    /// No calls until `until`; opened at `since`.
+    Open { until: Nanos, since: Nanos },
+    /// One probe is out; others wait until `until`, then may probe themselves. The
+    /// circuit opened at `since`.
+    Probing { until: Nanos, since: Nanos },
 }
 
+/// Encoded size: a tag and two u64.
+const SIZE: usize = 17;
+
 impl State {
-    fn encode(self) -> [u8; 9] {
-        let (tag, value) = match self {
-            Self::Closed { failures } => (0u8, u64::from(failures)),
-            Self::Open { until } => (1, until.0),
-            Self::Probing { until } => (2, until.0),
+    fn encode(self) -> [u8; SIZE] {
+        let (tag, a, b) = match self {
+            Self::Closed { failures } => (0u8, u64::from(failures), 0),
+            Self::Open { until, since } => (1, until.0, since.0),
+            Self::Probing { until, since } => (2, until.0, since.0),
         };
-        let value = value.to_le_bytes();
-        std::array::from_fn(|i| if i == 0 { tag } else { value.get(i - 1).copied().unwrap_or(0) })
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        std::array::from_fn(|i| match i {
+            0 => tag,
+            1..=8 => a.get(i - 1).copied().unwrap_or(0),
+            _ => b.get(i - 9).copied().unwrap_or(0),
+        })
     }
 
     /// Anything undecodable reads as a closed circuit: the breaker may only ever cost a
     /// timeout, never block callouts because of a bad byte.
     fn decode(bytes: &[u8]) -> Self {
-        let value = bytes.get(1..9).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
-        match (bytes.first(), value, bytes.len()) {
-            (Some(1), Some(until), 9) => Self::Open { until: Nanos(until) },
-            (Some(2), Some(until), 9) => Self::Probing { until: Nanos(until) },
-            (Some(0), Some(failures), 9) => Self::Closed { failures: u32::try_from(failures).unwrap_or(u32::MAX) },
+        let word = |at: usize| bytes.get(at..at + 8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
+        match (bytes.first(), word(1), word(9), bytes.len()) {
+            (Some(1), Some(until), Some(since), SIZE) => Self::Open { until: Nanos(until), since: Nanos(since) },
+            (Some(2), Some(until), Some(since), SIZE) => Self::Probing { until: Nanos(until), since: Nanos(since) },
+            (Some(0), Some(failures), _, SIZE) => {
+                Self::Closed { failures: u32::try_from(failures).unwrap_or(u32::MAX) }
+            }
             _ => Self::Closed { failures: 0 },
         }
     }
@@ -96,15 +113,26 @@ impl CircuitBreaker {
         }
     }
 
+    /// Whether the circuit is closed at `now`, without electing a probe (for calls that
+    /// can wait for it to close, such as charges).
+    pub(crate) fn admit_quietly(&self, store: &impl Store, now: Nanos) -> Admit {
+        match self.read(store) {
+            None | Some((State::Closed { .. }, _)) => Admit::Call,
+            Some((State::Open { until, .. } | State::Probing { until, .. }, _)) if now < until => Admit::Open,
+            Some(_) => Admit::Probe,
+        }
+    }
+
     /// Whether a request may call the service at `now`.
     pub(crate) fn admit(&self, store: &impl Store, now: Nanos) -> Admit {
         for _ in 0..MAX_ATTEMPTS {
             let Some((state, cas)) = self.read(store) else { return Admit::Call };
             match state {
                 State::Closed { .. } => return Admit::Call,
-                State::Open { until } | State::Probing { until } if now < until => return Admit::Open,
-                State::Open { .. } | State::Probing { .. } => {
-                    match self.write(store, State::Probing { until: now.saturating_add(self.probe_window) }, cas) {
+                State::Open { until, .. } | State::Probing { until, .. } if now < until => return Admit::Open,
+                State::Open { since, .. } | State::Probing { since, .. } => {
+                    let probing = State::Probing { until: now.saturating_add(self.probe_window), since };
+                    match self.write(store, probing, cas) {
                         Some(Swap::Written) => return Admit::Probe,
                         Some(Swap::Conflict) => {}
                         None => return Admit::Call,
@@ -116,18 +144,22 @@ impl CircuitBreaker {
         Admit::Open
     }
 
-    /// Records a callout's result; returns whether this call opened the circuit.
-    pub(crate) fn record(&self, store: &impl Store, now: Nanos, success: bool) -> bool {
+    /// Records the result of a callout sent at `sent_at`: `Some(true)` healthy,
+    /// `Some(false)` unreachable or unhealthy, `None` a per-key answer that says nothing
+    /// about the service. Returns whether this call opened the circuit.
+    pub(crate) fn record(&self, store: &impl Store, now: Nanos, health: Option<bool>, sent_at: Nanos) -> bool {
+        let Some(success) = health else { return false };
         for _ in 0..MAX_ATTEMPTS {
             let Some((state, cas)) = self.read(store) else { return false };
+            let open = State::Open { until: now.saturating_add(self.cooldown), since: now };
             let next = match (state, success) {
                 (State::Closed { failures: 0 }, true) => return false,
+                // A call sent before the circuit opened says nothing about it now.
+                (State::Open { since, .. } | State::Probing { since, .. }, _) if sent_at < since => return false,
                 (_, true) => State::Closed { failures: 0 },
-                (State::Closed { failures }, false) if failures.saturating_add(1) >= self.failures => {
-                    State::Open { until: now.saturating_add(self.cooldown) }
-                }
+                (State::Closed { failures }, false) if failures.saturating_add(1) >= self.failures => open,
                 (State::Closed { failures }, false) => State::Closed { failures: failures.saturating_add(1) },
-                (State::Probing { .. }, false) => State::Open { until: now.saturating_add(self.cooldown) },
+                (State::Probing { .. }, false) => open,
                 (State::Open { .. }, false) => return false,
             };
             match self.write(store, next, cas) {
@@ -155,7 +187,7 @@ mod tests {
     fn the_circuit_opens_after_consecutive_failures_and_stays_open_for_the_cooldown() {
         let (store, b) = (MemoryStore::new(), breaker());
 
-        let opened: Vec<bool> = (0..3).map(|_| b.record(&store, T, false)).collect();
+        let opened: Vec<bool> = (0..3).map(|_| b.record(&store, T, Some(false), T)).collect();
 
         assert_eq!(opened, [false, false, true]);
         assert_eq!(b.admit(&store, T), Admit::Open);
@@ -166,10 +198,10 @@ mod tests {
     fn a_success_resets_the_count_of_failures() {
         let (store, b) = (MemoryStore::new(), breaker());
 
-        b.record(&store, T, false);
-        b.record(&store, T, false);
-        b.record(&store, T, true);
-        b.record(&store, T, false);
+        b.record(&store, T, Some(false), T);
+        b.record(&store, T, Some(false), T);
+        b.record(&store, T, Some(true), T);
+        b.record(&store, T, Some(false), T);
 
         assert_eq!(b.admit(&store, T), Admit::Call);
     }
@@ -178,13 +210,13 @@ mod tests {
     fn after_the_cooldown_one_request_probes_and_the_others_wait() {
         let (store, b) = (MemoryStore::new(), breaker());
         (0..3).for_each(|_| {
-            b.record(&store, T, false);
+            b.record(&store, T, Some(false), T);
         });
         let later = T.saturating_add(Nanos::from_secs(2));
 
         assert_eq!(b.admit(&store, later), Admit::Probe);
         assert_eq!(b.admit(&store, later), Admit::Open);
-        b.record(&store, later, true);
+        b.record(&store, later, Some(true), later);
         assert_eq!(b.admit(&store, later), Admit::Call);
     }
 
@@ -192,12 +224,12 @@ mod tests {
     fn a_failed_probe_opens_the_circuit_for_another_cooldown() {
         let (store, b) = (MemoryStore::new(), breaker());
         (0..3).for_each(|_| {
-            b.record(&store, T, false);
+            b.record(&store, T, Some(false), T);
         });
         let later = T.saturating_add(Nanos::from_secs(2));
         assert_eq!(b.admit(&store, later), Admit::Probe);
 
-        assert!(b.record(&store, later, false));
+        assert!(b.record(&store, later, Some(false), later));
         assert_eq!(b.admit(&store, later.saturating_add(Nanos::from_millis(1999))), Admit::Open);
         assert_eq!(b.admit(&store, later.saturating_add(Nanos::from_secs(2))), Admit::Probe);
     }
@@ -206,7 +238,7 @@ mod tests {
     fn a_probe_that_never_reports_is_replaced_after_its_window() {
         let (store, b) = (MemoryStore::new(), breaker());
         (0..3).for_each(|_| {
-            b.record(&store, T, false);
+            b.record(&store, T, Some(false), T);
         });
         let later = T.saturating_add(Nanos::from_secs(2));
         assert_eq!(b.admit(&store, later), Admit::Probe);
@@ -216,12 +248,49 @@ mod tests {
     }
 
     #[test]
+    fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
+        let (store, b) = (MemoryStore::new(), breaker());
+        let early = T.saturating_sub(Nanos::from_millis(50));
+        (0..3).for_each(|_| {
+            b.record(&store, T, Some(false), T);
+        });
+
+        // A slow answer to a call sent before the failures, arriving now.
+        b.record(&store, T.saturating_add(Nanos(1)), Some(true), early);
+
+        assert_eq!(b.admit(&store, T.saturating_add(Nanos(2))), Admit::Open);
+    }
+
+    #[test]
+    fn a_per_key_answer_neither_opens_nor_closes_the_circuit() {
+        let (store, b) = (MemoryStore::new(), breaker());
+
+        let opened: Vec<bool> = (0..10).map(|_| b.record(&store, T, None, T)).collect();
+
+        assert!(opened.iter().all(|o| !o));
+        assert_eq!(b.admit(&store, T), Admit::Call);
+    }
+
+    #[test]
+    fn a_quiet_look_elects_no_probe() {
+        let (store, b) = (MemoryStore::new(), breaker());
+        (0..3).for_each(|_| {
+            b.record(&store, T, Some(false), T);
+        });
+        let later = T.saturating_add(Nanos::from_secs(2));
+
+        assert_eq!(b.admit_quietly(&store, T), Admit::Open);
+        assert_eq!(b.admit_quietly(&store, later), Admit::Probe);
+        assert_eq!(b.admit(&store, later), Admit::Probe, "the quiet look took nobody's probe");
+    }
+
+    #[test]
     fn garbage_in_the_breaker_key_reads_as_a_closed_circuit() {
         let (store, b) = (MemoryStore::new(), breaker());
         let _ = store.set("b", b"garbage", None).unwrap();
 
         assert_eq!(b.admit(&store, T), Admit::Call);
-        b.record(&store, T, false);
+        b.record(&store, T, Some(false), T);
         assert_eq!(State::decode(&store.get("b").unwrap().unwrap().value), State::Closed { failures: 1 });
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct Leased {
     pub(crate) config: Lease,
     /// Their records, one slot per caller key.
     pub(crate) table: SlotTable,
+    /// The key recording the table's size.
+    pub(crate) meta: String,
 }
 
 /// A global policy's emergency cap.
@@ -88,10 +90,11 @@ impl Compiled {
                 }),
                 lease: match global.strategy {
                     Strategy::Check => None,
-                    Strategy::Lease(config) => Some(Leased {
-                        config,
-                        table: SlotTable::new(lease_table(prefix, &policy.name, policy.version), policy.slots),
-                    }),
+                    Strategy::Lease(config) => {
+                        let base = lease_table(prefix, &policy.name, policy.version);
+                        let meta = format!("{base}meta");
+                        Some(Leased { config, table: SlotTable::new(base, policy.slots), meta })
+                    }
                 },
             },
             (None, _) => Home::Local(Table::new(local_table(prefix, &policy.name, policy.version), policy.slots)),
@@ -105,5 +108,15 @@ impl Compiled {
             Home::Local(table) => Some(table),
             Home::Global { cap, .. } => cap.as_ref().map(|c| &c.table),
         }
+    }
+
+    /// The keys recording the size of each slot table it keeps: its buckets' or its
+    /// emergency cap's, and its lease records'.
+    pub(crate) fn size_records(&self) -> impl Iterator<Item = &str> {
+        let lease = match &self.home {
+            Home::Global { lease: Some(leased), .. } => Some(leased.meta.as_str()),
+            _ => None,
+        };
+        self.table().map(|t| t.meta.as_str()).into_iter().chain(lease)
     }
 }

@@ -1,36 +1,75 @@
-//! The failure rule of global policies, applied when the counter service cannot decide
-//! (slow, unreachable, an error or garbage, the circuit open): first the policy's local
-//! emergency cap, if it has one; then its failure action, `allow` (fail open) or `deny`
-//! (fail closed, with its status). Every such decision is counted by policy and reason,
-//! logged at most once per [`LOG_INTERVAL`] per reason, and named by the fallback header
+//! The failure rule of global policies, applied to each policy the counter service (or
+//! the policy's lease record) could not decide: first the policy's local emergency cap,
+//! if it has one; then its failure action, `allow` (fail open) or `deny` (fail closed,
+//! with its status). Every such decision is counted by policy and by its own cause,
+//! logged at most once per [`LOG_INTERVAL`] per cause, and named by the fallback header
 //! when one is configured.
 //!
-//! All or nothing still holds: a request that a fallback rejects gives its local
-//! reservation back, and the emergency caps of a request are decided together.
+//! The rule is applied to exactly the policies that could not be decided, each with its
+//! cause; the request's other policies are decided as usual before and after (a check
+//! that failed leaves the lease policies to spend, a lease whose slot is taken leaves
+//! the other leases to spend). All or nothing still holds: a request that a fallback
+//! rejects gives back everything it had spent, and the emergency caps of a request are
+//! decided together.
 
-use super::resolve::{Few, Place};
+use super::resolve::{Few, Place, Resolved};
 use super::wire::Reason;
-use super::{Begun, Decided, Engine, Home, Pending, count_error, count_evidence};
+use super::{Decided, Engine, Home, Pending, count_error, count_evidence};
 use crate::config::FailureOutcome;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Request, Store};
 
-/// The least time between two log lines about the same reason.
+/// The least time between two log lines about the same cause.
 pub(crate) const LOG_INTERVAL: Nanos = Nanos::from_secs(10);
 
-/// The counter of a reason.
-const fn degraded(reason: Reason) -> Counter {
-    match reason {
-        Reason::Timeout => Counter::DegradedTimeout,
-        Reason::Refused => Counter::DegradedRefused,
-        Reason::Reset => Counter::DegradedReset,
-        Reason::BadStatus => Counter::DegradedBadStatus,
-        Reason::BadBody => Counter::DegradedBadBody,
-        Reason::Unauthorized => Counter::DegradedUnauthorized,
-        Reason::CircuitOpen => Counter::DegradedCircuitOpen,
-        Reason::DispatchFailed => Counter::DegradedDispatchFailed,
-        Reason::LeaseQueueFull => Counter::DegradedLeaseQueueFull,
-        Reason::LeaseSlotTaken => Counter::DegradedLeaseSlotTaken,
+/// Why a global policy could not be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The counter service could not decide (or the lease could not wait).
+    Service(Reason),
+    /// Every CAS attempt on the policy's lease record lost to other workers.
+    CasExhausted,
+    /// The host failed a shared-data call on the policy's lease record.
+    StoreError,
+}
+
+impl Cause {
+    /// Every cause, in a fixed order (for the log limiter).
+    const COUNT: usize = Reason::ALL.len() + 2;
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Service(reason) => reason.index(),
+            Self::CasExhausted => Reason::ALL.len(),
+            Self::StoreError => Reason::ALL.len() + 1,
+        }
+    }
+
+    /// The name in logs and the fallback header.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Self::Service(reason) => reason.name(),
+            Self::CasExhausted => "cas_exhausted",
+            Self::StoreError => "store_error",
+        }
+    }
+
+    /// The per-policy counter that counts it.
+    const fn counter(self) -> Counter {
+        match self {
+            Self::Service(Reason::Timeout) => Counter::DegradedTimeout,
+            Self::Service(Reason::Refused) => Counter::DegradedRefused,
+            Self::Service(Reason::Reset) => Counter::DegradedReset,
+            Self::Service(Reason::BadStatus) => Counter::DegradedBadStatus,
+            Self::Service(Reason::BadBody) => Counter::DegradedBadBody,
+            Self::Service(Reason::Unauthorized) => Counter::DegradedUnauthorized,
+            Self::Service(Reason::CircuitOpen) => Counter::DegradedCircuitOpen,
+            Self::Service(Reason::DispatchFailed) => Counter::DegradedDispatchFailed,
+            Self::Service(Reason::LeaseQueueFull) => Counter::DegradedLeaseQueueFull,
+            Self::Service(Reason::LeaseSlotTaken) => Counter::DegradedLeaseSlotTaken,
+            Self::CasExhausted => Counter::CasExhausted,
+            Self::StoreError => Counter::StoreErrors,
+        }
     }
 }
 
@@ -52,17 +91,17 @@ impl Fallback {
     }
 }
 
-/// One log line per reason per interval, with the count of what it stood for.
+/// One log line per cause per interval, with the count of what it stood for.
 #[derive(Debug, Default)]
 pub(crate) struct LogLimiter {
-    last: [Option<Nanos>; Reason::ALL.len()],
-    suppressed: [u64; Reason::ALL.len()],
+    last: [Option<Nanos>; Cause::COUNT],
+    suppressed: [u64; Cause::COUNT],
 }
 
 impl LogLimiter {
     /// Whether to log now; when so, how many were suppressed since the last line.
-    fn admit(&mut self, reason: Reason, now: Nanos) -> Option<u64> {
-        let i = reason.index();
+    fn admit(&mut self, cause: Cause, now: Nanos) -> Option<u64> {
+        let i = cause.index();
         let (Some(last), Some(suppressed)) = (self.last.get_mut(i), self.suppressed.get_mut(i)) else { return None };
         match last {
             Some(at) if now.saturating_sub(*at) < LOG_INTERVAL => {
@@ -78,35 +117,43 @@ impl LogLimiter {
 }
 
 impl Engine {
-    /// Applies the failure rule of every global policy of `pending.global` (see the module
-    /// docs); what it admits goes on (to the leases still to spend, then the admission).
-    pub(super) fn degrade<S: Store, C: Clock>(
+    /// Counts each of `failed` under its cause, for a request rejected by another of its
+    /// policies before the failure rule was needed.
+    pub(super) fn count_causes(&self, failed: &[(Resolved, Cause)], metrics: &mut impl Metrics) {
+        for (resolved, cause) in failed {
+            metrics.add(resolved.policy, cause.counter(), 1);
+        }
+    }
+
+    /// Applies the failure rule to each of `failed` (a policy and why it could not be
+    /// decided; see the module docs). `Ok` with the request when it may go on (what the
+    /// rule admitted is reserved on the caps, and owed by lease policies); `Err` with
+    /// the rejection otherwise (everything the request spent given back).
+    pub(super) fn apply_failure_rule<S: Store, C: Clock>(
         &self,
-        reason: Reason,
+        failed: Few<(Resolved, Cause)>,
         mut pending: Pending,
         limiter: &Limiter<S, C>,
-        room_to_pause: bool,
         metrics: &mut impl Metrics,
-    ) -> Begun {
-        for resolved in &pending.global {
-            metrics.add(resolved.policy, degraded(reason), 1);
-        }
+    ) -> Result<Pending, Decided> {
+        let Some(first) = failed.first().map(|(_, cause)| *cause) else { return Ok(pending) };
+        let now = limiter.clock().now();
+        self.count_causes(&failed, metrics);
         // 1. A policy without a cap that fails closed rejects the request.
-        let closed = pending.global.iter().find_map(|r| {
+        let closed = failed.iter().find_map(|(r, cause)| {
             let compiled = self.compiled(r.policy)?;
             match (&compiled.home, compiled.policy.on_failure) {
-                (Home::Global { cap: None, .. }, FailureOutcome::Deny(status)) => Some(status),
+                (Home::Global { cap: None, .. }, FailureOutcome::Deny(status)) => Some((status, *cause)),
                 _ => None,
             }
         });
-        if let Some(status) = closed {
-            return Begun::Decided(self.fail_closed(reason, status, pending, limiter, metrics));
+        if let Some((status, cause)) = closed {
+            return Err(self.fail_closed(cause, status, &failed, pending, limiter, metrics));
         }
         // 2. The emergency caps decide together.
-        let capped: Few<(usize, Placement, u64)> = pending
-            .global
+        let capped: Few<(usize, Placement, u64)> = failed
             .iter()
-            .filter_map(|r| match &r.at {
+            .filter_map(|(r, _)| match &r.at {
                 Place::Global { cap: Some(place), .. } => Some((r.policy, place.clone(), r.cost)),
                 _ => None,
             })
@@ -140,16 +187,19 @@ impl Engine {
                             };
                             metrics.add(*policy, counter, 1);
                         }
-                        self.log_degraded(reason, Fallback::Emergency, limiter.clock().now());
-                        pending.fallback = Some(header_value(Fallback::Emergency, reason));
+                        self.log_degraded(first, Fallback::Emergency, now);
+                        pending.fallback = Some(header_value(Fallback::Emergency, first));
                         let strictest = super::headers::strictest_rejection(&decisions);
                         let status = self.response.status;
-                        return Begun::Decided(self.reject_pending(pending, strictest, status, limiter, metrics));
+                        let rejected = self.reject_pending(pending, strictest, status, limiter, metrics);
+                        return Err(rejected);
                     }
                     for (policy, _) in &decisions {
                         metrics.add(*policy, Counter::EmergencyAllowed, 1);
                     }
-                    limiter.commit(reservation);
+                    // Kept with the request's local reservation: committed or given back
+                    // with it, so a later stage's rejection gives the cap's spend back.
+                    pending.reservation = pending.reservation.join(reservation);
                     fallback = Fallback::Emergency;
                 }
                 Err(error) => {
@@ -162,69 +212,67 @@ impl Engine {
         }
         // 3. What is left follows its failure action; a cap that could not decide too.
         let mut deny = None;
-        for r in &pending.global {
+        for (r, cause) in &failed {
             let Some(compiled) = self.compiled(r.policy) else { continue };
             let has_cap = matches!(&compiled.home, Home::Global { cap: Some(_), .. });
             if has_cap && !cap_failed {
                 continue;
             }
             match compiled.policy.on_failure {
-                FailureOutcome::Deny(status) => deny = deny.or(Some(status)),
+                FailureOutcome::Deny(status) => deny = deny.or(Some((status, *cause))),
                 FailureOutcome::Allow => metrics.add(r.policy, Counter::FailureAllowed, 1),
             }
         }
-        if let Some(status) = deny {
-            return Begun::Decided(self.fail_closed(reason, status, pending, limiter, metrics));
+        if let Some((status, cause)) = deny {
+            return Err(self.fail_closed(cause, status, &failed, pending, limiter, metrics));
         }
-        self.log_degraded(reason, fallback, limiter.clock().now());
+        self.log_degraded(first, fallback, now);
         // Admitted without the service: lease policies owe what they admitted.
-        let now = limiter.clock().now();
-        for r in std::mem::take(&mut pending.global) {
-            if let Place::Global { lease: Some(slot), .. } = &r.at {
-                self.owe(r.policy, slot, r.cost, now, limiter, metrics);
-            }
+        for (r, _) in &failed {
+            self.owe(r, &pending.tag, now, limiter, metrics);
         }
-        pending.fallback = Some(header_value(fallback, reason));
-        self.proceed(pending, limiter, room_to_pause, metrics)
+        pending.fallback.get_or_insert_with(|| header_value(fallback, first));
+        Ok(pending)
     }
 
     fn fail_closed<S: Store, C: Clock>(
         &self,
-        reason: Reason,
+        cause: Cause,
         status: u16,
+        failed: &[(Resolved, Cause)],
         mut pending: Pending,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
     ) -> Decided {
-        for r in &pending.global {
+        for (r, _) in failed {
             if let Some(compiled) = self.compiled(r.policy)
                 && matches!(compiled.policy.on_failure, FailureOutcome::Deny(_))
             {
                 metrics.add(r.policy, Counter::FailureDenied, 1);
             }
         }
-        self.log_degraded(reason, Fallback::FailClosed, limiter.clock().now());
-        pending.fallback = Some(header_value(Fallback::FailClosed, reason));
+        self.log_degraded(cause, Fallback::FailClosed, limiter.clock().now());
+        pending.fallback = Some(header_value(Fallback::FailClosed, cause));
         self.reject_pending(pending, None, status, limiter, metrics)
     }
 
-    fn log_degraded(&self, reason: Reason, fallback: Fallback, now: Nanos) {
+    fn log_degraded(&self, cause: Cause, fallback: Fallback, now: Nanos) {
         let Ok(mut limiter) = self.degraded.try_borrow_mut() else { return };
-        if let Some(suppressed) = limiter.admit(reason, now) {
+        if let Some(suppressed) = limiter.admit(cause, now) {
             log::warn!(
-                "sluice: the counter service could not decide ({}); fallback {} decided \
-                 ({suppressed} more since the last line about this reason)",
-                reason.name(),
+                "sluice: a global policy could not be decided ({}); fallback {} decided \
+                 ({suppressed} more since the last line about this cause)",
+                cause.name(),
                 fallback.name()
             );
         }
     }
 }
 
-fn header_value(fallback: Fallback, reason: Reason) -> String {
+fn header_value(fallback: Fallback, cause: Cause) -> String {
     let mut value = String::with_capacity(40);
     value.push_str(fallback.name());
     value.push_str("; reason=");
-    value.push_str(reason.name());
+    value.push_str(cause.name());
     value
 }

@@ -375,6 +375,49 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
 }
 
 #[test]
+fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_circuit() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let client =
+        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
+    let full = br#"{"error":{"code":"store_full","message":"the memory store holds its maximum of 10 active keys"}}"#;
+    let too_many = br#"{"error":{"code":"too_many_entries","message":"entries: 2 entries, at most 1 per check"}}"#;
+    for i in 0..6 {
+        let (status, body) = if i % 2 == 0 { (503, full.as_slice()) } else { (400, too_many.as_slice()) };
+        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
+        let answer = CalloutAnswer::Response { status, body: body.to_vec() };
+        let _ = decided(engine.complete(pending, &answer, &limiter, true, &mut metrics));
+    }
+
+    let next = begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics);
+
+    assert_eq!(metrics.get(1, Counter::DegradedBadStatus), 6, "each took its policy's failure rule");
+    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 0);
+    assert!(matches!(next, Begun::Waiting(_)), "the service is still asked");
+}
+
+#[test]
+fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let client =
+        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
+    let slow = waiting(begin(&engine, &client(0), &limiter, &mut callouts, &mut metrics));
+    limiter.clock().advance(Nanos::from_millis(1));
+    for i in 1..4 {
+        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
+        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+    }
+    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
+
+    // The call sent before the failures succeeds late.
+    let _ = decided(engine.complete(slow, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
+    let next = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
+
+    assert_eq!(header(response_headers(&next), "x-sluice-fallback"), Some("emergency; reason=circuit_open"));
+}
+
+#[test]
 fn a_callout_the_proxy_refuses_to_send_is_decided_by_the_failure_rule_at_once() {
     let engine = engine(LAYERED);
     let (limiter, mut metrics) = (limiter(), RecordedMetrics::default());

@@ -61,19 +61,32 @@ impl World {
         self.engine.begin(&acme(), &self.limiter, &mut self.callouts, true, &mut self.metrics)
     }
 
-    /// What the root sends on its tick, answered by `answer`.
+    /// What the root sends on its tick (refills, and the charges this worker owes),
+    /// answered by `answer`. Every waiter is still waiting.
     fn tick(&mut self, answer: impl Fn(&Outgoing) -> CalloutAnswer) -> usize {
-        let calls = self.engine.take_outgoing();
+        let calls = self.engine.take_outgoing(&self.limiter, true);
         let n = calls.len();
         for call in calls {
             let reply = answer(&call);
             if let Some(sent) =
                 self.engine.dispatch_outgoing(call, &mut self.callouts, &self.limiter, &mut self.metrics)
             {
-                self.engine.outgoing_answered(sent, &reply, &self.limiter, &mut self.metrics);
+                self.engine.outgoing_answered(sent, &reply, &self.limiter, &mut self.metrics, |_| true);
             }
         }
         n
+    }
+
+    /// The body of the last call sent to `path`.
+    fn last_body(&self, path: &str) -> serde_json::Value {
+        let call = self
+            .callouts
+            .sent
+            .iter()
+            .rev()
+            .find(|c| c.headers.iter().any(|(n, v)| n == ":path" && v == path))
+            .unwrap_or_else(|| panic!("nothing was sent to {path}"));
+        serde_json::from_str(&call.body).unwrap()
     }
 
     fn retry(&mut self, pending: Box<Pending>) -> Begun {
@@ -126,7 +139,7 @@ fn a_lease_is_spent_without_callouts_and_one_refill_is_elected_at_the_low_water_
 
     // 10 tokens: the first waiter took none yet (its retry ran before the grant).
     let statuses: Vec<Option<u16>> = (0..8).map(|_| status(&w.begin())).collect();
-    let elected = w.engine.take_outgoing();
+    let elected = w.engine.take_outgoing(&w.limiter, false);
 
     assert_eq!(statuses, [Some(200); 8]);
     assert_eq!(elected.len(), 1, "one refill, elected when fewer than 3 were left");
@@ -166,27 +179,28 @@ fn a_failed_refill_sends_waiters_to_the_emergency_cap_and_what_it_admits_is_char
         Begun::Waiting(p) => p,
         Begun::Decided(_) => panic!("a new election: the request waits for it"),
     };
-    let charged = r#"{"charged":1,"forgiven":0,"at_ns":1,"entry":{"verdict":"allowed","limit":100,"remaining":49,
-        "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;
-    let _ = w.tick(|_| granted(10));
     let _ = w.tick(|call| match call {
-        Outgoing::Charge(_, debt) => {
-            assert_eq!(*debt, 1, "the one admission made without the service");
-            CalloutAnswer::Response { status: 200, body: charged.as_bytes().to_vec() }
-        }
-        Outgoing::Refill(_) => granted(10),
+        Outgoing::Charge(_) => charged(1),
+        Outgoing::Refill(..) => granted(10),
     });
     assert_eq!(status(&w.retry(pending)), Some(200));
     assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);
-    let charge = w.callouts.sent.iter().find(|c| c.body.contains("max_debt")).expect("a charge was sent");
-    assert!(charge.headers.iter().any(|(n, v)| n == ":path" && v == "/v1/charge"));
+    assert_eq!(w.last_body("/v1/charge")["cost"], 1, "the one admission made without the service");
+}
+
+fn charged(n: u64) -> CalloutAnswer {
+    let body = format!(
+        r#"{{"charged":{n},"forgiven":0,"at_ns":1,"entry":{{"verdict":"allowed","limit":100,"remaining":49,
+            "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}}}"#
+    );
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
 #[test]
 fn a_wait_that_outlives_its_window_takes_the_failure_rule() {
     let mut w = world();
     let pending = waiting(w.begin());
-    let _ = w.engine.take_outgoing(); // the refill never leaves (its worker died)
+    let _ = w.engine.take_outgoing(&w.limiter, false); // the refill never leaves (its worker died)
 
     w.limiter.clock().advance(Nanos::from_millis(149));
     let pending = waiting(w.retry(pending));
@@ -197,7 +211,7 @@ fn a_wait_that_outlives_its_window_takes_the_failure_rule() {
     assert_eq!(w.metrics.get(0, Counter::DegradedTimeout), 1);
     // The dead election has expired: the next request elects again.
     let _ = w.begin();
-    assert_eq!(w.engine.take_outgoing().len(), 1);
+    assert_eq!(w.engine.take_outgoing(&w.limiter, false).len(), 1);
 }
 
 #[test]
@@ -205,7 +219,7 @@ fn a_request_that_cannot_be_held_takes_the_failure_rule() {
     let mut w = world();
     let pending = waiting(w.begin());
 
-    let decided = w.engine.overflow(pending, &w.limiter, true, &mut w.metrics);
+    let decided = Begun::Decided(w.engine.overflow(pending, &w.limiter, true, &mut w.metrics));
 
     assert_eq!(status(&decided), Some(200));
     assert_eq!(w.metrics.get(0, Counter::DegradedLeaseQueueFull), 1);
@@ -222,4 +236,262 @@ fn a_stream_that_ends_while_waiting_gives_nothing_and_loses_nothing() {
 
     assert_eq!(w.metrics.plugin(PluginCounter::Waiting), 0);
     assert_eq!(w.metrics.get(0, Counter::Abandoned), 1);
+}
+
+/// A world on `config` (a lease configuration of the tests' own).
+fn world_with(config: &str) -> World {
+    World {
+        engine: Engine::new(Config::from_json(config.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env)
+            .unwrap(),
+        limiter: Limiter::new(MemoryStore::new(), ManualClock::at(Nanos::from_secs(1000))),
+        callouts: FakeCallouts::default(),
+        metrics: RecordedMetrics::default(),
+    }
+}
+
+/// Two lease policies on one request: `route` (one slot, fails open) and `tenant`.
+const TWO_LEASES: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
+  "policies": [
+    {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
+     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
+    {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
+     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}
+  ],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+fn routed(route: &str, tenant: &str) -> FakeRequest {
+    FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant)
+}
+
+impl World {
+    fn begin_with(&mut self, request: &FakeRequest) -> Begun {
+        self.engine.begin(request, &self.limiter, &mut self.callouts, true, &mut self.metrics)
+    }
+}
+
+#[test]
+fn a_lease_policy_after_one_that_takes_its_failure_rule_is_still_decided() {
+    let mut w = world_with(TWO_LEASES);
+    // Route "a" holds the route policy's only slot with a live lease; tenant "t" has
+    // spent its budget (the service granted it nothing).
+    let first = waiting(w.begin_with(&routed("a", "t")));
+    let _ = w.tick(|call| match call {
+        Outgoing::Refill(target, _) if target.policy == 0 => granted(10),
+        _ => nothing_granted(1500),
+    });
+    let _ = w.retry(first);
+
+    // Route "b" finds the slot taken (its failure rule: allow), and must still meet the
+    // tenant's empty budget.
+    let decided = w.begin_with(&routed("b", "t"));
+
+    assert_eq!(status(&decided), Some(429), "the tenant's empty budget rejects, whatever the route policy did");
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 1);
+    assert_eq!(w.metrics.get(1, Counter::OverLimit), 2);
+}
+
+#[test]
+fn a_lease_policy_after_one_that_takes_its_failure_rule_still_spends_its_own_lease() {
+    let mut w = world_with(TWO_LEASES);
+    let first = waiting(w.begin_with(&routed("a", "t")));
+    let _ = w.tick(|_| granted(10));
+    let _ = w.retry(first);
+    let before = w.engine.leases(w.limiter.store()).peek(
+        &match &resolve_lease(&w, &routed("b", "t"), 1) {
+            Place::Global { lease: Some(slot), .. } => slot.clone(),
+            _ => unreachable!(),
+        },
+        w.limiter.clock().now(),
+    );
+
+    let decided = w.begin_with(&routed("b", "t"));
+
+    let Begun::Decided(Decided { outcome: Outcome::Continue { headers }, .. }) = decided else {
+        panic!("admitted by the route's failure rule and the tenant's lease")
+    };
+    assert!(headers.iter().any(|(n, v)| n == "x-sluice-fallback" && v == "fail_open; reason=lease_slot_taken"));
+    let tokens = |r: Option<lease::Record>| r.map(|r| r.live_tokens(Nanos::from_secs(1000)));
+    let after = w.engine.leases(w.limiter.store()).peek(
+        &match &resolve_lease(&w, &routed("b", "t"), 1) {
+            Place::Global { lease: Some(slot), .. } => slot.clone(),
+            _ => unreachable!(),
+        },
+        w.limiter.clock().now(),
+    );
+    assert_eq!(tokens(before.unwrap()).map(|t| t - 1), tokens(after.unwrap()), "the tenant's lease paid for it");
+}
+
+/// Where policy `index` of `request` is.
+fn resolve_lease(w: &World, request: &FakeRequest, index: usize) -> Place {
+    let secrets = resolve::Secrets { local: &w.engine.secret, global: w.engine.service.as_ref().map(|s| &s.secret) };
+    let resolution = resolve::resolve(&w.engine.policies, request, &secrets, &mut RecordedMetrics::default());
+    resolution.leased.into_iter().find(|r| r.policy == index).map(|r| r.at).unwrap()
+}
+
+/// A store whose lease-record writes always lose their race.
+struct ContendedLeases(MemoryStore);
+
+impl Store for ContendedLeases {
+    fn get(&self, key: &str) -> Result<Option<shared_store::Entry>, shared_store::StoreError> {
+        self.0.get(key)
+    }
+
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<shared_store::Cas>,
+    ) -> Result<shared_store::Swap, shared_store::StoreError> {
+        if key.contains("/l/") && self.0.get(key)?.is_some() {
+            return Ok(shared_store::Swap::Conflict);
+        }
+        self.0.set(key, value, cas)
+    }
+}
+
+#[test]
+fn a_lease_record_that_keeps_losing_its_cas_race_is_counted_as_cas_exhausted_and_takes_the_failure_rule() {
+    let engine =
+        Engine::new(Config::from_json(LEASED.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env).unwrap();
+    let store = ContendedLeases(MemoryStore::new());
+    // The record exists, so every write is a conditional one that conflicts.
+    let limiter = Limiter::new(store, ManualClock::at(Nanos::from_secs(1000)));
+    let mut metrics = RecordedMetrics::default();
+    let _ = engine.begin(&acme(), &limiter, &mut FakeCallouts::default(), true, &mut metrics);
+    // The first election has expired: the next request must write the record to elect.
+    limiter.clock().advance(Nanos::from_millis(150));
+
+    let decided = engine.begin(&acme(), &limiter, &mut FakeCallouts::default(), true, &mut metrics);
+
+    assert_eq!(status(&decided), Some(200), "the emergency cap admits");
+    assert_eq!(metrics.get(0, Counter::CasExhausted), 1);
+    // The spend's attempts, then the debt's (which could not be recorded: forgiven).
+    assert_eq!(metrics.get(0, Counter::CasConflicts), 2 * i64::from(lease::MAX_ATTEMPTS));
+    assert_eq!(metrics.get(0, Counter::LeaseForgiven), 1);
+    assert_eq!(metrics.get(0, Counter::StoreErrors), 0);
+    assert_eq!(metrics.get(0, Counter::DegradedDispatchFailed), 0);
+}
+
+/// One lease slot, so that two callers collide.
+const ONE_SLOT: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
+  "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
+                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_debt": 50}},
+                "on_failure": {"action": "allow"}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+fn tenant(id: &str) -> FakeRequest {
+    FakeRequest::get("/").with_header("x-tenant", id)
+}
+
+#[test]
+fn a_one_off_callers_outage_debt_is_charged_on_its_own_and_frees_its_slot() {
+    let mut w = world_with(ONE_SLOT);
+    // The service is down: a one-off caller is admitted by the failure rule and owes.
+    let pending = waiting(w.begin_with(&tenant("one-off")));
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    assert_eq!(status(&w.retry(pending)), Some(200));
+
+    // The service is back; the one-off caller never returns. The charge goes out anyway.
+    let _ = w.tick(|call| match call {
+        Outgoing::Charge(_) => charged(1),
+        Outgoing::Refill(..) => granted(10),
+    });
+    let regular = w.begin_with(&tenant("regular"));
+
+    assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);
+    assert!(matches!(regular, Begun::Waiting(_)), "the regular caller got the slot and waits for its refill");
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 0);
+}
+
+#[test]
+fn debt_the_service_never_takes_ages_out_of_its_slot_and_is_counted_as_forgiven() {
+    let mut w = world_with(ONE_SLOT);
+    let pending = waiting(w.begin_with(&tenant("one-off")));
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    let _ = w.retry(pending);
+    let taken = w.begin_with(&tenant("regular"));
+
+    w.limiter.clock().advance(lease::DEBT_LIFE);
+    let later = w.begin_with(&tenant("regular"));
+
+    assert_eq!(status(&taken), Some(200), "taken at first: the failure rule admits it");
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 1);
+    assert!(matches!(later, Begun::Waiting(_)), "after the debt's life the slot changed hands");
+    // The one-off caller's aged debt, and the regular caller's first admission (its slot
+    // was taken, so nothing could be owed for it).
+    assert_eq!(w.metrics.get(0, Counter::LeaseForgiven), 2);
+}
+
+#[test]
+fn a_charge_whose_answer_never_came_is_sent_again_with_the_same_id_and_the_same_units() {
+    let mut w = world_with(ONE_SLOT);
+    let pending = waiting(w.begin_with(&tenant("acme")));
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    let _ = w.retry(pending);
+
+    let _ = w.tick(|call| match call {
+        Outgoing::Charge(_) => CalloutAnswer::TimedOut,
+        Outgoing::Refill(..) => granted(10),
+    });
+    let first = w.last_body("/v1/charge");
+    // Another admission under the failure rule while the charge is unanswered.
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    w.limiter.clock().advance(Nanos::from_millis(150));
+    let _ = w.tick(|call| match call {
+        Outgoing::Charge(_) => charged(1),
+        Outgoing::Refill(..) => granted(10),
+    });
+    let second = w.last_body("/v1/charge");
+
+    assert_eq!(first["cost"], 1);
+    assert_eq!(second["cost"], 1, "the same units: what it carried is reserved");
+    assert_eq!(first["charge_id"], second["charge_id"], "the same id: the service applies it once");
+    assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);
+}
+
+#[test]
+fn a_grant_a_waiter_elected_is_spent_by_it_even_when_other_requests_arrive_first() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    // The grant covers exactly one request: the waiter's.
+    let _ = w.tick(|_| granted(1));
+
+    let newcomer = w.begin();
+    let waiter = w.retry(pending);
+
+    assert!(matches!(newcomer, Begun::Waiting(_)), "the newcomer waits for a refill of its own");
+    assert_eq!(status(&waiter), Some(200));
+}
+
+#[test]
+fn a_refill_asks_for_at_least_what_the_waiting_request_costs() {
+    let config = LEASED.replace(r#""burst": 100,"#, r#""burst": 100, "cost": {"header": "x-cost", "max": 10},"#);
+    let mut w = world_with(&config);
+    let request = acme().with_header("x-cost", "7");
+
+    let _ = waiting(w.begin_with(&request));
+    let _ = w.tick(|_| nothing_granted(300));
+
+    assert_eq!(w.last_body("/v1/lease")["min_tokens"], 7);
+    assert_eq!(w.last_body("/v1/lease")["tokens"], 10);
+}
+
+#[test]
+fn a_lease_policy_cannot_change_its_slots_without_a_new_version() {
+    let store = MemoryStore::new();
+    let engine = |config: &str| {
+        Engine::new(Config::from_json(config.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env).unwrap()
+    };
+    engine(ONE_SLOT).claim_tables(&store).unwrap();
+
+    let changed = engine(&ONE_SLOT.replace(r#""slots": 1"#, r#""slots": 2"#)).claim_tables(&store);
+    let bumped = engine(&ONE_SLOT.replace(r#""slots": 1"#, r#""slots": 2, "version": 1"#)).claim_tables(&store);
+
+    let error = changed.unwrap_err();
+    assert!(error.starts_with("policies[0].slots: policy \"tenant\" version 0 already has 1 slots"), "{error}");
+    assert!(bumped.is_ok());
 }

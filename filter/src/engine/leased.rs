@@ -6,53 +6,83 @@
 //! A refill (`POST /v1/lease`) or a charge (`POST /v1/charge`) must outlive the request
 //! that asked for it: the request goes on with its token, and its stream may end before
 //! the answer comes back (the SDK then drops an answer addressed to it, and the tokens
-//! granted would be lost). So requests only *elect* a refill in the lease record; the
-//! elected request's worker puts it in the engine's outbox, and the root context sends
-//! it on its next tick and receives the answer ([`Engine::dispatch_outgoing`],
-//! [`Engine::outgoing_answered`]).
+//! granted would be lost). So requests only *elect* a refill in the lease record and put
+//! it in the engine's outbox; the glue wakes its root context at once (a shared queue of
+//! its own worker), which sends it and receives the answer ([`Engine::dispatch_outgoing`],
+//! [`Engine::outgoing_answered`]); the tick sends whatever a wake missed.
 //!
 //! # Waiting
 //!
-//! A request that finds its lease empty while a refill is in flight waits, paused, at
-//! most `max_waiting` per worker and at most the refill's window in time, and is retried
-//! on its own worker's tick (a worker cannot wake another worker's request); it then
-//! spends, is rejected (the service granted nothing), or, when the refill failed or the
-//! wait ran out, takes the failure rule.
+//! A request that finds its lease empty waits, paused, at most `max_waiting` per worker
+//! and at most one refill window (the callout's deadline and a margin) in time. When it
+//! elected the refill itself, the grant is held for it (`min_tokens`: its cost), so no
+//! request that arrived meanwhile can take what it waited for. When the answer arrives,
+//! the electing worker retries its waiting requests at once; other workers retry theirs
+//! on their next tick. A waiter then spends, is rejected (the service granted nothing:
+//! its 429, with the service's wait), elects a refill of its own (the one it waited for
+//! was spent by others), or, when the refill failed or the wait ran out, takes the
+//! failure rule.
 //!
 //! # Reconciliation
 //!
 //! Units a fallback admits (emergency cap, fail open) while the service cannot decide are
 //! recorded as debt in the caller's lease record, at most `max_debt`, the rest forgiven.
-//! After the next successful refill, the debt is charged to the global budget, so an
-//! outage's overshoot is paid back, not forgotten.
+//! The worker that owed it schedules a charge of its own, sent by its root once the
+//! circuit is closed, whatever else happens to the key; a charge carries an id, so one
+//! sent again after a timeout is applied once. Debt that cannot be charged within
+//! [`lease::DEBT_LIFE`](super::lease::DEBT_LIFE) is forgiven and counted. So an outage's
+//! overshoot is paid back, not forgotten, and one-off identities never hold slots.
 
+use super::breaker::Admit;
 use super::compiled::{Home, Leased};
-use super::lease::{Leases, Rules, Spend};
+use super::fallback::Cause;
+use super::lease::{Charge, LeaseError, Leases, Rules, Spend, Updated};
 use super::resolve::{Few, Place, Resolved};
 use super::wire::{self, Reason};
-use super::{Begun, Engine, Pending, Stage, namespace};
+use super::{Begun, Decided, Engine, Pending, Stage, namespace};
 use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, Verdict};
 use sluice_protocol::{ChargeRequest, LeaseRequest};
+use std::collections::BTreeMap;
 
 /// How long an elected refill holds beyond the callout's deadline: the time until the
-/// root's next tick sends it.
+/// root sends it (a wake, or at worst the next tick), with room to spare.
 const REFILL_MARGIN: Nanos = Nanos::from_millis(100);
+/// The most keys one worker remembers to charge; beyond it, debt waits in its record
+/// until the key refills again or its life ends (then it is forgiven, and counted).
+pub(crate) const MAX_PENDING_CHARGES: usize = 4096;
+/// The most charges one worker sends per tick.
+const MAX_CHARGES_PER_TICK: usize = 16;
 
 /// A call the root context is to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outgoing {
     /// Ask for more tokens.
-    Refill(Target),
-    /// Report admissions made without the service.
-    Charge(Target, u64),
+    Refill(Target, Asker),
+    /// Report admissions made without the service (the units and id are claimed in the
+    /// lease record when it is sent).
+    Charge(Target),
+}
+
+/// Who asked for a refill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// A request that spent and left the lease below its low-water mark.
+    LowWater,
+    /// A waiting request that needs `cost` tokens: they are held for it.
+    Waiter {
+        /// The request's id ([`Pending`]'s).
+        waiter: u64,
+        /// What it costs.
+        cost: u64,
+    },
 }
 
 /// Whose lease a call is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    policy: usize,
-    slot: Placement,
+    pub(super) policy: usize,
+    pub(super) slot: Placement,
     key: u128,
     tag: String,
 }
@@ -65,7 +95,30 @@ pub struct SentOutgoing {
     /// After this, the answer will not come (the election has expired too).
     pub deadline: Nanos,
     sent_at: Nanos,
-    call: Outgoing,
+    call: Sent,
+}
+
+/// What was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Sent {
+    Refill(Target, Asker),
+    Charge(Target, Charge),
+}
+
+impl SentOutgoing {
+    /// Whether it was a refill (whose answer waiting requests may be waiting for).
+    pub fn is_refill(&self) -> bool {
+        matches!(self.call, Sent::Refill(..))
+    }
+}
+
+/// Keys this worker owes charges for, by slot key.
+pub(crate) type PendingCharges = BTreeMap<String, Target>;
+
+/// How one policy's spend went.
+enum Spent {
+    Done(Spend),
+    Failed(Cause),
 }
 
 impl Engine {
@@ -76,28 +129,59 @@ impl Engine {
         }
     }
 
-    fn leases<'a, S: Store>(&'a self, store: &'a S) -> Leases<'a, S> {
+    pub(super) fn leases<'a, S: Store>(&'a self, store: &'a S) -> Leases<'a, S> {
         Leases { store, anchor: &self.anchor }
     }
 
-    fn refill_window(&self) -> Nanos {
+    pub(super) fn refill_window(&self) -> Nanos {
         self.service.as_ref().map_or(Nanos::from_secs(1), |s| s.timeout).saturating_add(REFILL_MARGIN)
     }
 
-    fn elect(&self, pending: &Pending, resolved: &Resolved) {
-        if let (Place::Global { key, lease: Some(slot), .. }, Ok(mut outbox)) =
-            (&resolved.at, self.outbox.try_borrow_mut())
-        {
-            outbox.push(Outgoing::Refill(Target {
-                policy: resolved.policy,
-                slot: slot.clone(),
-                key: *key,
-                tag: pending.tag.clone(),
-            }));
+    fn target(&self, pending: &Pending, resolved: &Resolved) -> Option<Target> {
+        let Place::Global { key, lease: Some(slot), .. } = &resolved.at else { return None };
+        Some(Target { policy: resolved.policy, slot: slot.clone(), key: *key, tag: pending.tag.clone() })
+    }
+
+    fn elect(&self, pending: &Pending, resolved: &Resolved, asker: Asker) {
+        if let (Some(target), Ok(mut outbox)) = (self.target(pending, resolved), self.outbox.try_borrow_mut()) {
+            outbox.push(Outgoing::Refill(target, asker));
         }
     }
 
-    /// Spends the request's lease policies: admits, waits, or rejects.
+    /// Counts what a lease-record update reports besides its result, and turns its
+    /// errors into the cause the failure rule is applied for.
+    fn counted<T>(
+        &self,
+        policy: usize,
+        updated: Result<Updated<T>, LeaseError>,
+        metrics: &mut impl Metrics,
+    ) -> Result<Option<T>, Cause> {
+        match updated {
+            Ok(Updated { result, forgiven }) => {
+                if forgiven > 0 {
+                    metrics.add(policy, Counter::LeaseForgiven, count(forgiven));
+                }
+                Ok(result)
+            }
+            Err(LeaseError::Contended { attempts }) => {
+                metrics.add(policy, Counter::CasConflicts, i64::from(attempts));
+                Err(Cause::CasExhausted)
+            }
+            Err(LeaseError::Store(_)) => Err(Cause::StoreError),
+        }
+    }
+
+    fn spent(&self, policy: usize, updated: Result<Updated<Spend>, LeaseError>, metrics: &mut impl Metrics) -> Spent {
+        match self.counted(policy, updated, metrics) {
+            Ok(spend) => Spent::Done(spend.unwrap_or(Spend::Taken)),
+            Err(cause) => Spent::Failed(cause),
+        }
+    }
+
+    /// Spends the request's lease policies: admits, waits, or rejects. Every policy is
+    /// decided: one that cannot spend (its refill failed, its slot is taken, its record
+    /// cannot be written) takes its own failure rule, counted under its own cause, and
+    /// the others are still spent or waited for.
     pub(super) fn lease_stage<S: Store, C: Clock>(
         &self,
         mut pending: Pending,
@@ -108,7 +192,11 @@ impl Engine {
         let now = limiter.clock().now();
         let leases = self.leases(limiter.store());
         let window = self.refill_window();
+        if pending.waiter == 0 {
+            pending.waiter = self.next_id();
+        }
         let mut waiting = Few::new();
+        let mut failed: Few<(Resolved, Cause)> = Few::new();
         for resolved in std::mem::take(&mut pending.leased) {
             let (Place::Global { lease: Some(slot), .. }, Some(leased)) =
                 (&resolved.at, self.leased_home(resolved.policy))
@@ -116,39 +204,40 @@ impl Engine {
                 continue;
             };
             let rules = Rules { low_water: leased.config.low_water, refill_window: window };
-            match leases.spend(slot, resolved.cost, now, rules) {
-                Ok(Spend::Spent { refill }) => {
+            match self.spent(resolved.policy, leases.spend(slot, resolved.cost, now, rules), metrics) {
+                Spent::Done(Spend::Spent { refill }) => {
                     if refill {
-                        self.elect(&pending, &resolved);
+                        self.elect(&pending, &resolved, Asker::LowWater);
                     }
                     pending.spent.push((resolved.policy, slot.clone(), resolved.cost));
                 }
-                Ok(Spend::Wait { elected }) => {
-                    if elected {
-                        self.elect(&pending, &resolved);
+                Spent::Done(Spend::Wait { elected: mine }) => {
+                    if mine {
+                        self.elect(&pending, &resolved, Asker::Waiter { waiter: pending.waiter, cost: resolved.cost });
                     }
                     waiting.push(resolved);
                 }
-                Ok(Spend::Empty { until }) => {
-                    return self.lease_rejection(pending, &resolved, until, now, limiter, metrics);
+                Spent::Done(Spend::Empty { until }) => {
+                    // The request is rejected; the policies that could not be decided
+                    // before this one are still counted under their causes.
+                    self.count_causes(&failed, metrics);
+                    return Begun::Decided(self.lease_rejection(pending, &resolved, until, now, limiter, metrics));
                 }
-                Ok(Spend::Failed { reason }) => {
-                    pending.global.push(resolved);
-                    return self.degrade(Reason::from_index(reason), pending, limiter, room_to_pause, metrics);
+                Spent::Done(Spend::Failed { reason }) => {
+                    failed.push((resolved, Cause::Service(Reason::from_index(reason))));
                 }
-                Ok(Spend::Taken) => {
-                    pending.global.push(resolved);
-                    return self.degrade(Reason::LeaseSlotTaken, pending, limiter, room_to_pause, metrics);
-                }
-                Err(_) => {
-                    metrics.add(resolved.policy, Counter::StoreErrors, 1);
-                    pending.global.push(resolved);
-                    return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
-                }
+                Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+                Spent::Failed(cause) => failed.push((resolved, cause)),
             }
         }
+        if !failed.is_empty() {
+            pending = match self.apply_failure_rule(failed, pending, limiter, metrics) {
+                Ok(pending) => pending,
+                Err(decided) => return Begun::Decided(decided),
+            };
+        }
         if waiting.is_empty() {
-            return self.proceed(pending, limiter, room_to_pause, metrics);
+            return Begun::Decided(self.admit(pending, limiter, room_to_pause, metrics));
         }
         metrics.add_plugin(PluginCounter::Waiting, 1);
         pending.leased = waiting;
@@ -158,7 +247,10 @@ impl Engine {
         Begun::Waiting(Box::new(pending))
     }
 
-    /// Tries a request waiting for a refill again (on its worker's tick).
+    /// Tries a request waiting for a refill again (on its worker's tick, or at once when
+    /// a refill's answer reaches its worker). Policies that can now spend, spend; one
+    /// whose refill failed, or whose wait ran out, takes the failure rule; the others go
+    /// on waiting (electing a refill of their own when the one they waited for is gone).
     pub fn retry<S: Store, C: Clock>(
         &self,
         mut pending: Box<Pending>,
@@ -168,62 +260,82 @@ impl Engine {
     ) -> Begun {
         let now = limiter.clock().now();
         let leases = self.leases(limiter.store());
+        let window = self.refill_window();
         let mut waiting = Few::new();
-        let mut failure = None;
+        let mut failed: Few<(Resolved, Cause)> = Few::new();
         for resolved in std::mem::take(&mut pending.leased) {
-            let Place::Global { lease: Some(slot), .. } = &resolved.at else { continue };
-            match leases.retry(slot, resolved.cost, now, pending.since) {
-                Ok(Spend::Spent { .. }) => pending.spent.push((resolved.policy, slot.clone(), resolved.cost)),
-                Ok(Spend::Empty { until }) => {
+            let (Place::Global { lease: Some(slot), .. }, Some(leased)) =
+                (&resolved.at, self.leased_home(resolved.policy))
+            else {
+                continue;
+            };
+            let rules = Rules { low_water: leased.config.low_water, refill_window: window };
+            let may_elect = now < pending.deadline;
+            let retried = leases.retry(slot, resolved.cost, now, pending.since, pending.waiter, may_elect, rules);
+            match self.spent(resolved.policy, retried, metrics) {
+                Spent::Done(Spend::Spent { .. }) => pending.spent.push((resolved.policy, slot.clone(), resolved.cost)),
+                Spent::Done(Spend::Empty { until }) => {
                     metrics.add_plugin(PluginCounter::Waiting, -1);
-                    return self.lease_rejection(*pending, &resolved, until, now, limiter, metrics);
+                    self.count_causes(&failed, metrics);
+                    return Begun::Decided(self.lease_rejection(*pending, &resolved, until, now, limiter, metrics));
                 }
-                Ok(Spend::Failed { reason }) => {
-                    failure = failure.or(Some(Reason::from_index(reason)));
-                    pending.global.push(resolved);
+                Spent::Done(Spend::Failed { reason }) => {
+                    failed.push((resolved, Cause::Service(Reason::from_index(reason))));
                 }
-                Ok(Spend::Taken) => {
-                    failure = failure.or(Some(Reason::LeaseSlotTaken));
-                    pending.global.push(resolved);
+                Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+                Spent::Done(Spend::Wait { .. }) if now >= pending.deadline => {
+                    failed.push((resolved, Cause::Service(Reason::Timeout)));
                 }
-                Ok(Spend::Wait { .. }) if now >= pending.deadline => {
-                    failure = failure.or(Some(Reason::Timeout));
-                    pending.global.push(resolved);
+                Spent::Done(Spend::Wait { elected }) => {
+                    if elected {
+                        self.elect(&pending, &resolved, Asker::Waiter { waiter: pending.waiter, cost: resolved.cost });
+                        // Its own refill: it may wait for that one's whole window.
+                        pending.deadline = pending.deadline.max(now.saturating_add(window));
+                    }
+                    waiting.push(resolved);
                 }
-                Ok(Spend::Wait { .. }) => waiting.push(resolved),
-                Err(_) => {
-                    metrics.add(resolved.policy, Counter::StoreErrors, 1);
-                    failure = failure.or(Some(Reason::DispatchFailed));
-                    pending.global.push(resolved);
-                }
+                Spent::Failed(cause) => failed.push((resolved, cause)),
             }
         }
-        if waiting.is_empty() || failure.is_some() {
-            metrics.add_plugin(PluginCounter::Waiting, -1);
-            pending.global.extend(waiting);
-            pending.stage = Stage::Check;
-            return match failure {
-                Some(reason) => self.degrade(reason, *pending, limiter, room_to_pause, metrics),
-                None => self.proceed(*pending, limiter, room_to_pause, metrics),
+        let mut pending = *pending;
+        if !failed.is_empty() {
+            pending = match self.apply_failure_rule(failed, pending, limiter, metrics) {
+                Ok(pending) => pending,
+                Err(decided) => {
+                    metrics.add_plugin(PluginCounter::Waiting, -1);
+                    return Begun::Decided(decided);
+                }
             };
         }
+        if waiting.is_empty() {
+            metrics.add_plugin(PluginCounter::Waiting, -1);
+            pending.stage = Stage::Check;
+            return Begun::Decided(self.admit(pending, limiter, room_to_pause, metrics));
+        }
         pending.leased = waiting;
-        Begun::Waiting(pending)
+        Begun::Waiting(Box::new(pending))
     }
 
-    /// A request that cannot wait for a refill (the worker holds `max_waiting` already).
+    /// A request that cannot wait for a refill (the worker holds `max_waiting` already):
+    /// its waiting lease policies take the failure rule (`lease_queue_full`). Always a
+    /// decision.
     pub fn overflow<S: Store, C: Clock>(
         &self,
         mut pending: Box<Pending>,
         limiter: &Limiter<S, C>,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
-    ) -> Begun {
+    ) -> Decided {
         metrics.add_plugin(PluginCounter::Waiting, -1);
-        let waiting = std::mem::take(&mut pending.leased);
-        pending.global.extend(waiting);
+        let failed: Few<(Resolved, Cause)> = std::mem::take(&mut pending.leased)
+            .into_iter()
+            .map(|r| (r, Cause::Service(Reason::LeaseQueueFull)))
+            .collect();
         pending.stage = Stage::Check;
-        self.degrade(Reason::LeaseQueueFull, *pending, limiter, room_to_pause, metrics)
+        match self.apply_failure_rule(failed, *pending, limiter, metrics) {
+            Err(decided) => decided,
+            Ok(pending) => self.admit(pending, limiter, room_to_pause, metrics),
+        }
     }
 
     /// The most requests a worker should hold waiting for this request's refills.
@@ -246,14 +358,14 @@ impl Engine {
         now: Nanos,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
-    ) -> Begun {
+    ) -> Decided {
         metrics.add(resolved.policy, Counter::OverLimit, 1);
         let limit = self.compiled(resolved.policy).map_or(0, |c| c.policy.limit.capacity());
         let wait = until.saturating_sub(now).max(Nanos(1));
         let decision =
             Decision { verdict: Verdict::Rejected { retry_after: wait }, limit, remaining: 0, reset_after: wait };
         let status = self.response.status;
-        Begun::Decided(self.reject_pending(pending, Some((resolved.policy, decision)), status, limiter, metrics))
+        self.reject_pending(pending, Some((resolved.policy, decision)), status, limiter, metrics)
     }
 
     /// Gives back lease spends of a request rejected after all.
@@ -269,31 +381,74 @@ impl Engine {
         }
     }
 
-    /// Records what a fallback admitted for a lease policy, to be charged later.
+    /// Records what a fallback admitted for a lease policy, to be charged later (this
+    /// worker schedules the charge).
     pub(super) fn owe<S: Store, C: Clock>(
         &self,
-        policy: usize,
-        slot: &Placement,
-        cost: u64,
+        resolved: &Resolved,
+        tag: &str,
         now: Nanos,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
     ) {
-        let Some(leased) = self.leased_home(policy) else { return };
-        match self.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, now) {
-            Ok(0) => {}
-            Ok(forgiven) => metrics.add(policy, Counter::LeaseForgiven, i64::try_from(forgiven).unwrap_or(i64::MAX)),
-            Err(_) => metrics.add(policy, Counter::LeaseForgiven, i64::try_from(cost).unwrap_or(i64::MAX)),
+        let (policy, cost) = (resolved.policy, resolved.cost);
+        let (Some(leased), Place::Global { key, lease: Some(slot), .. }) = (self.leased_home(policy), &resolved.at)
+        else {
+            return;
+        };
+        match self.counted(policy, self.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, now), metrics) {
+            Ok(Some((forgiven, owes))) => {
+                if forgiven > 0 {
+                    metrics.add(policy, Counter::LeaseForgiven, count(forgiven));
+                }
+                if owes {
+                    self.schedule_charge(Target { policy, slot: slot.clone(), key: *key, tag: tag.to_owned() });
+                }
+            }
+            // The slot is another key's, or the record could not be written: nothing is
+            // owed anywhere, so what the fallback admitted is forgiven.
+            Ok(None) | Err(_) => metrics.add(policy, Counter::LeaseForgiven, count(cost)),
         }
     }
 
-    /// The calls waiting in this worker's outbox, to be sent by the root context.
-    pub fn take_outgoing(&self) -> Vec<Outgoing> {
-        self.outbox.try_borrow_mut().map(|mut outbox| std::mem::take(&mut *outbox)).unwrap_or_default()
+    fn schedule_charge(&self, target: Target) {
+        if let Ok(mut charges) = self.charges.try_borrow_mut()
+            && (charges.len() < MAX_PENDING_CHARGES || charges.contains_key(&target.slot.key))
+        {
+            charges.insert(target.slot.key.clone(), target);
+        }
+    }
+
+    /// The calls waiting in this worker's outbox, to be sent by the root context; with
+    /// `charges`, also the charges this worker owes (at most a few per call, and only
+    /// while the circuit is closed).
+    pub fn take_outgoing<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, charges: bool) -> Vec<Outgoing> {
+        let mut out = self.outbox.try_borrow_mut().map(|mut outbox| std::mem::take(&mut *outbox)).unwrap_or_default();
+        let closed = self
+            .service
+            .as_ref()
+            .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) == Admit::Call);
+        if charges
+            && closed
+            && let Ok(mut pending) = self.charges.try_borrow_mut()
+        {
+            let keys: Vec<String> = pending.keys().take(MAX_CHARGES_PER_TICK).cloned().collect();
+            for key in keys {
+                if let Some(target) = pending.remove(&key) {
+                    out.push(Outgoing::Charge(target));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the outbox holds calls to send (the glue then wakes its root context).
+    pub fn has_outgoing(&self) -> bool {
+        self.outbox.try_borrow().is_ok_and(|outbox| !outbox.is_empty())
     }
 
     /// Sends a call from the outbox; `None` when it was decided without the service (the
-    /// circuit is open, or the proxy would not send it).
+    /// circuit is open, the proxy would not send it, nothing is left to charge).
     pub fn dispatch_outgoing<S: Store, C: Clock>(
         &self,
         call: Outgoing,
@@ -303,46 +458,80 @@ impl Engine {
     ) -> Option<SentOutgoing> {
         let service = self.service.as_ref()?;
         let now = limiter.clock().now();
-        let (target, path, body) = match &call {
-            Outgoing::Refill(target) => {
+        let window = self.refill_window();
+        let leases = self.leases(limiter.store());
+        let (sent, path, body) = match call {
+            Outgoing::Refill(target, asker) => {
                 let (compiled, leased) = (self.compiled(target.policy)?, self.leased_home(target.policy)?);
                 let Home::Global { spec, .. } = &compiled.home else { return None };
+                let min_tokens = match asker {
+                    Asker::LowWater => 1,
+                    Asker::Waiter { cost, .. } => cost.clamp(1, leased.config.size),
+                };
                 let request = LeaseRequest {
                     tag: Some(target.tag.clone()),
                     key: namespace::hex128(target.key),
                     policy_version: compiled.policy.version,
                     limit: *spec,
                     tokens: leased.config.size,
+                    min_tokens,
                     ttl_ms: leased.config.duration_ms,
                 };
-                (target, wire::LEASE_PATH, serde_json::to_vec(&request).unwrap_or_default())
+                let body = serde_json::to_vec(&request).unwrap_or_default();
+                (Sent::Refill(target, asker), wire::LEASE_PATH, body)
             }
-            Outgoing::Charge(target, debt) => {
+            Outgoing::Charge(target) => {
                 let (compiled, leased) = (self.compiled(target.policy)?, self.leased_home(target.policy)?);
                 let Home::Global { spec, .. } = &compiled.home else { return None };
+                let claimed = leases.claim_charge(&target.slot, self.next_id(), window, now);
+                let charge = match self.counted(
+                    target.policy,
+                    claimed.map(|(c, aged)| Updated { result: c, forgiven: aged }),
+                    metrics,
+                ) {
+                    Ok(Some(charge)) => charge,
+                    Ok(None) => {
+                        // In flight elsewhere (retried after its window), or nothing owed.
+                        if let Ok(Some(record)) = leases.peek(&target.slot, now)
+                            && record.debt > 0
+                        {
+                            self.schedule_charge(target);
+                        }
+                        return None;
+                    }
+                    Err(_) => {
+                        self.schedule_charge(target);
+                        return None;
+                    }
+                };
                 let request = ChargeRequest {
                     tag: Some(target.tag.clone()),
                     key: namespace::hex128(target.key),
                     policy_version: compiled.policy.version,
                     limit: *spec,
-                    cost: *debt,
+                    cost: charge.units,
                     max_debt: leased.config.max_debt,
+                    charge_id: Some(charge_id(charge.id)),
                 };
-                (target, wire::CHARGE_PATH, serde_json::to_vec(&request).unwrap_or_default())
+                let body = serde_json::to_vec(&request).unwrap_or_default();
+                (Sent::Charge(target, charge), wire::CHARGE_PATH, body)
             }
         };
-        let failed = |reason: Reason| {
-            if matches!(call, Outgoing::Refill(_)) {
-                let _ = self.leases(limiter.store()).refill_failed(
-                    &target.slot,
-                    u64::try_from(reason.index()).unwrap_or(0),
-                    now,
-                );
+        let unsent = |reason: Reason, sent: Sent, metrics: &mut dyn Metrics| {
+            match sent {
+                Sent::Refill(target, _) => {
+                    let failed = leases.refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
+                    if let Err(LeaseError::Contended { attempts }) = failed {
+                        metrics.add(target.policy, Counter::CasConflicts, i64::from(attempts));
+                    }
+                }
+                // Still owed: sent again once the circuit closes.
+                Sent::Charge(target, _) => self.schedule_charge(target),
             }
             None
         };
-        if service.breaker.admit(limiter.store(), now) == super::breaker::Admit::Open {
-            return failed(Reason::CircuitOpen);
+        if service.breaker.admit(limiter.store(), now) == Admit::Open {
+            return unsent(Reason::CircuitOpen, sent, metrics);
         }
         let mut headers: Vec<(&str, &str)> = vec![
             (":method", "POST"),
@@ -353,83 +542,111 @@ impl Engine {
         if let Some(authorization) = &service.authorization {
             headers.push(("authorization", authorization.expose()));
         }
-        let sent = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
-        match callouts.dispatch(&sent) {
+        let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
+        match callouts.dispatch(&call) {
             Ok(token) => {
                 metrics.add_plugin(PluginCounter::Callouts, 1);
-                if matches!(call, Outgoing::Refill(_)) {
+                if let Sent::Refill(target, _) = &sent {
                     metrics.add(target.policy, Counter::LeaseRefills, 1);
                 }
-                let deadline = now.saturating_add(self.refill_window());
-                Some(SentOutgoing { token, deadline, sent_at: now, call })
+                Some(SentOutgoing { token, deadline: now.saturating_add(window), sent_at: now, call: sent })
             }
             Err(_) => {
-                if service.breaker.record(limiter.store(), now, false) {
+                if service.breaker.record(limiter.store(), now, Some(false), now) {
                     metrics.add_plugin(PluginCounter::CircuitOpened, 1);
                 }
-                failed(Reason::DispatchFailed)
+                unsent(Reason::DispatchFailed, sent, metrics)
             }
         }
     }
 
     /// Applies the answer to a call the root sent (or its absence: `TimedOut`).
+    /// `is_waiting` says whether a waiter (by id) still waits on this worker: a grant is
+    /// held only for a request that can still spend it.
     pub fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
         &self,
         sent: SentOutgoing,
         answer: &CalloutAnswer,
         limiter: &Limiter<S, C>,
         metrics: &mut M,
+        is_waiting: impl Fn(u64) -> bool,
     ) {
         let now = limiter.clock().now();
         let leases = self.leases(limiter.store());
-        let record = |ok: bool, metrics: &mut dyn Metrics| {
+        let record = |health: Option<bool>, metrics: &mut dyn Metrics| {
             if let Some(service) = &self.service
-                && service.breaker.record(limiter.store(), now, ok)
+                && service.breaker.record(limiter.store(), now, health, sent.sent_at)
             {
                 metrics.add_plugin(PluginCounter::CircuitOpened, 1);
             }
         };
         match &sent.call {
-            Outgoing::Refill(target) => match wire::classify_lease(answer) {
+            Sent::Refill(target, asker) => match wire::classify_lease(answer) {
                 Ok(granted) => {
-                    record(true, metrics);
+                    record(Some(true), metrics);
                     let expires_in = Nanos::from_millis(granted.expires_in_ms);
                     let retry = Nanos(granted.entry.retry_after_ns);
-                    if let Ok(expired) =
-                        leases.grant(&target.slot, granted.granted, sent.sent_at, expires_in, retry, now)
-                    {
-                        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                    let hold = match asker {
+                        Asker::Waiter { waiter, cost } if is_waiting(*waiter) => Some((*waiter, *cost)),
+                        _ => None,
+                    };
+                    let applied =
+                        leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, now);
+                    if let Ok(Some(expired)) = self.counted(target.policy, applied, metrics) {
                         metrics.add(target.policy, Counter::LeaseGranted, count(granted.granted));
                         if expired > 0 {
                             metrics.add(target.policy, Counter::LeaseExpired, count(expired));
                         }
                     }
                     // The service answers again: charge what was admitted without it.
-                    if let Ok(debt) = leases.debt(&target.slot, now)
-                        && debt > 0
-                        && let Ok(mut outbox) = self.outbox.try_borrow_mut()
+                    if let Ok(Some(r)) = leases.peek(&target.slot, now)
+                        && r.debt > r.charging
                     {
-                        outbox.push(Outgoing::Charge(target.clone(), debt));
+                        self.schedule_charge(target.clone());
                     }
                 }
-                Err(reason) => {
-                    record(false, metrics);
-                    let _ = leases.refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
+                Err(failure) => {
+                    record(failure.health(), metrics);
+                    let failed =
+                        leases.refill_failed(&target.slot, u64::try_from(failure.reason.index()).unwrap_or(0), now);
+                    let _ = self.counted(
+                        target.policy,
+                        failed.map(|()| Updated { result: Some(()), forgiven: 0 }),
+                        metrics,
+                    );
                 }
             },
-            Outgoing::Charge(target, debt) => match wire::classify_charge(answer) {
+            Sent::Charge(target, charge) => match wire::classify_charge(answer) {
                 Ok(charged) => {
-                    record(true, metrics);
-                    let _ = leases.settle_debt(&target.slot, *debt, now);
-                    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-                    metrics.add(target.policy, Counter::LeaseReconciled, count(charged.charged));
-                    if charged.forgiven > 0 {
-                        metrics.add(target.policy, Counter::LeaseForgiven, count(charged.forgiven));
+                    record(Some(true), metrics);
+                    if !charged.duplicate {
+                        metrics.add(target.policy, Counter::LeaseReconciled, count(charged.charged));
+                        if charged.forgiven > 0 {
+                            metrics.add(target.policy, Counter::LeaseForgiven, count(charged.forgiven));
+                        }
+                    }
+                    if let Ok(settled) = leases.settle_charge(&target.slot, charge.id, now)
+                        && settled.left > 0
+                    {
+                        self.schedule_charge(target.clone());
                     }
                 }
-                // Stays owed: charged after the next successful refill.
-                Err(_) => record(false, metrics),
+                // Stays owed, and reserved for this charge: sent again with the same id
+                // once its window has passed (the service may have applied it).
+                Err(failure) => {
+                    record(failure.health(), metrics);
+                    self.schedule_charge(target.clone());
+                }
             },
         }
     }
+}
+
+/// A charge id as the service receives it: the worker's instance and a sequence number.
+fn charge_id(id: u64) -> String {
+    namespace::hex128(u128::from(id))
+}
+
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

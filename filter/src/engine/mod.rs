@@ -32,7 +32,7 @@ mod breaker;
 mod compiled;
 mod fallback;
 pub mod headers;
-mod lease;
+pub mod lease;
 mod leased;
 pub mod namespace;
 mod resolve;
@@ -42,14 +42,16 @@ use crate::config::{Config, FailureOutcome, Policy, Response, Secret, SecretSour
 use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
 use breaker::{Admit, CircuitBreaker};
 use compiled::{Compiled, Home};
+use fallback::Cause;
 pub use headers::{private_cache_control, rate_limit_headers};
-pub use leased::{Outgoing, SentOutgoing};
+pub use lease::{LeaseView, inspect_lease_record};
+pub use leased::{Asker, Outgoing, SentOutgoing};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 use resolve::{Few, Place, Refusal, Resolved, Secrets, resolve};
 use shared_store::{
     Admission, Clock, Decision, HashKey, LimitError, Limiter, Nanos, Placement, Request, Reservation, Store,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 pub use wire::Reason;
 
 /// What to do with a request.
@@ -106,8 +108,10 @@ pub enum Disposition {
     Queued,
 }
 
-/// A decision and the policies it counts under.
+/// A decision and the policies it counts under. It must be carried out (and settled):
+/// dropping one would leave its stream paused and its counts unsettled.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a decision must be carried out, or its stream stays paused"]
 pub struct Decided {
     /// What to do.
     pub outcome: Outcome,
@@ -115,8 +119,10 @@ pub struct Decided {
     pub tally: Tally,
 }
 
-/// What [`Engine::begin`] leaves the glue with.
+/// What [`Engine::begin`] leaves the glue with: a decision to carry out, or a wait to
+/// hold (and, if it cannot be held, to decide at once).
 #[derive(Debug)]
+#[must_use = "a decision must be carried out and a wait held, or the stream stays paused"]
 pub enum Begun {
     /// Decided now.
     Decided(Decided),
@@ -133,6 +139,12 @@ pub struct Pending {
     pub token: u32,
     /// When the filter stops waiting, on the limiter's clock.
     pub deadline: Nanos,
+    /// When its check was sent (a success from before the circuit opened does not
+    /// close it).
+    sent_at: Nanos,
+    /// Its id while it waits for a lease refill (a grant it elected is held for it);
+    /// 0 before.
+    waiter: u64,
     /// What it waits for.
     stage: Stage,
     tally: Tally,
@@ -172,6 +184,11 @@ impl Pending {
     pub fn waits_for_lease(&self) -> bool {
         self.stage == Stage::Lease
     }
+
+    /// Its id as a lease waiter (0 when it has not waited for a refill).
+    pub fn waiter(&self) -> u64 {
+        self.waiter
+    }
 }
 
 /// The counter service, as the request path uses it.
@@ -202,6 +219,11 @@ pub struct Engine {
     anchor: String,
     /// Calls the root context is to send (lease refills and charges).
     outbox: RefCell<Vec<Outgoing>>,
+    /// Keys this worker owes charges for.
+    charges: RefCell<leased::PendingCharges>,
+    /// This worker's instance: ids it hands out (waiters, charges) start from it.
+    instance: u64,
+    ids: Cell<u64>,
 }
 
 /// Reads a secret from the configuration or from the VM's environment.
@@ -280,6 +302,8 @@ impl Engine {
             }
         };
         let policies = policies.into_iter().enumerate().map(|(i, p)| Compiled::new(i, p, prefix)).collect();
+        // Tests keep this; the proxy gives each worker a random one (`with_instance`).
+        let instance = secret.fingerprint(b"sluice/instance") as u64;
         Ok(Self {
             policies,
             response,
@@ -290,7 +314,31 @@ impl Engine {
             degraded: RefCell::new(fallback::LogLimiter::default()),
             anchor: anchor_key(prefix),
             outbox: RefCell::new(Vec::new()),
+            charges: RefCell::new(leased::PendingCharges::new()),
+            instance,
+            ids: Cell::new(0),
         })
+    }
+
+    /// Sets this worker's instance id (random per VM in the proxy), from which the ids
+    /// of lease waiters and charges are drawn: two workers, or two proxies, never send
+    /// the service the same charge id.
+    #[must_use]
+    pub fn with_instance(mut self, instance: u64) -> Self {
+        self.instance = instance;
+        self
+    }
+
+    /// A fresh id, never 0.
+    fn next_id(&self) -> u64 {
+        loop {
+            let n = self.ids.get().wrapping_add(1);
+            self.ids.set(n);
+            let id = self.instance.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            if id != 0 {
+                return id;
+            }
+        }
     }
 
     /// The policies, in configuration order (their index is their metric index).
@@ -332,7 +380,7 @@ impl Engine {
             .policies
             .iter()
             .filter_map(|c| match &c.home {
-                Home::Global { lease: Some(leased), .. } => Some(leased.table.max_keys()),
+                Home::Global { lease: Some(leased), .. } => Some(leased.table.max_keys().saturating_add(1)),
                 _ => None,
             })
             .sum();
@@ -348,21 +396,22 @@ impl Engine {
     /// A message naming the policy, or the store failure.
     pub fn claim_tables(&self, store: &impl Store) -> Result<(), String> {
         for compiled in &self.policies {
-            let Some(table) = compiled.table() else { continue };
             let policy = &compiled.policy;
             let want = policy.slots.get().to_string();
-            match store.get(&table.meta).map_err(|e| e.to_string())? {
-                Some(entry) if entry.value == want.as_bytes() => {}
-                Some(entry) => {
-                    let had = String::from_utf8_lossy(&entry.value).into_owned();
-                    return Err(format!(
-                        "policies[{}].slots: policy {:?} version {} already has {had} slots in this proxy; \
-                         changing the table size needs a new version",
-                        compiled.index, policy.name, policy.version
-                    ));
-                }
-                None => {
-                    let _ = store.set(&table.meta, want.as_bytes(), None).map_err(|e| e.to_string())?;
+            for meta in compiled.size_records() {
+                match store.get(meta).map_err(|e| e.to_string())? {
+                    Some(entry) if entry.value == want.as_bytes() => {}
+                    Some(entry) => {
+                        let had = String::from_utf8_lossy(&entry.value).into_owned();
+                        return Err(format!(
+                            "policies[{}].slots: policy {:?} version {} already has {had} slots in this proxy; \
+                             changing the table size needs a new version",
+                            compiled.index, policy.name, policy.version
+                        ));
+                    }
+                    None => {
+                        let _ = store.set(meta, want.as_bytes(), None).map_err(|e| e.to_string())?;
+                    }
                 }
             }
         }
@@ -412,6 +461,8 @@ impl Engine {
         let mut pending = Pending {
             token: 0,
             deadline: Nanos::ZERO,
+            sent_at: Nanos::ZERO,
+            waiter: 0,
             stage: Stage::Check,
             tally,
             reservation,
@@ -432,19 +483,19 @@ impl Engine {
         }
         let Some(service) = &self.service else {
             // The configuration refuses global policies without a service.
-            pending.global.extend(std::mem::take(&mut pending.leased));
-            return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
+            let cause = Cause::Service(Reason::DispatchFailed);
+            return self.degrade_checks(cause, pending, true, limiter, room_to_pause, metrics);
         };
         pending.tag =
             match crate::policy::fingerprint_parts("\0partition", 0, &service.partition, request, &service.secret) {
                 Ok(Some(tag)) => namespace::hex128(tag),
                 Ok(None) => "none".to_owned(),
                 Err(_) => {
-                    pending.global.extend(std::mem::take(&mut pending.leased));
-                    for resolved in &pending.global {
+                    for resolved in pending.global.iter().chain(&pending.leased) {
                         metrics.add(resolved.policy, Counter::ReadFailures, 1);
                     }
-                    return self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics);
+                    let cause = Cause::Service(Reason::DispatchFailed);
+                    return self.degrade_checks(cause, pending, true, limiter, room_to_pause, metrics);
                 }
             };
         if pending.global.is_empty() {
@@ -452,7 +503,8 @@ impl Engine {
         }
         let now = limiter.clock().now();
         if service.breaker.admit(limiter.store(), now) == Admit::Open {
-            return self.degrade(Reason::CircuitOpen, pending, limiter, room_to_pause, metrics);
+            let cause = Cause::Service(Reason::CircuitOpen);
+            return self.degrade_checks(cause, pending, false, limiter, room_to_pause, metrics);
         }
         let tag = pending.tag.clone();
         let body = wire::check_body(&tag, &pending.global, |index| match &self.compiled(index)?.home {
@@ -474,15 +526,39 @@ impl Engine {
                 metrics.add_plugin(PluginCounter::Callouts, 1);
                 metrics.add_plugin(PluginCounter::Waiting, 1);
                 pending.token = token;
+                pending.sent_at = now;
                 pending.deadline = now.saturating_add(service.timeout);
                 Begun::Waiting(Box::new(pending))
             }
             Err(_) => {
-                if service.breaker.record(limiter.store(), now, false) {
+                if service.breaker.record(limiter.store(), now, Some(false), now) {
                     metrics.add_plugin(PluginCounter::CircuitOpened, 1);
                 }
-                self.degrade(Reason::DispatchFailed, pending, limiter, room_to_pause, metrics)
+                let cause = Cause::Service(Reason::DispatchFailed);
+                self.degrade_checks(cause, pending, false, limiter, room_to_pause, metrics)
             }
+        }
+    }
+
+    /// Applies the failure rule to the request's check policies (and, `with_leases`,
+    /// its lease policies too) for `cause`, then goes on with what is left.
+    fn degrade_checks<S: Store, C: Clock>(
+        &self,
+        cause: Cause,
+        mut pending: Pending,
+        with_leases: bool,
+        limiter: &Limiter<S, C>,
+        room_to_pause: bool,
+        metrics: &mut impl Metrics,
+    ) -> Begun {
+        let mut failed: Few<(Resolved, Cause)> =
+            std::mem::take(&mut pending.global).into_iter().map(|r| (r, cause)).collect();
+        if with_leases {
+            failed.extend(std::mem::take(&mut pending.leased).into_iter().map(|r| (r, cause)));
+        }
+        match self.apply_failure_rule(failed, pending, limiter, metrics) {
+            Ok(pending) => self.proceed(pending, limiter, room_to_pause, metrics),
+            Err(decided) => Begun::Decided(decided),
         }
     }
 
@@ -500,16 +576,24 @@ impl Engine {
         metrics.add_plugin(PluginCounter::Waiting, -1);
         let now = limiter.clock().now();
         let classified = wire::classify(answer, pending.global.len());
+        let health = match &classified {
+            Ok(_) => Some(true),
+            Err(failure) => failure.health(),
+        };
         if let Some(service) = &self.service
-            && service.breaker.record(limiter.store(), now, classified.is_ok())
+            && service.breaker.record(limiter.store(), now, health, pending.sent_at)
         {
             metrics.add_plugin(PluginCounter::CircuitOpened, 1);
         }
-        let mut pending = *pending;
+        let pending = *pending;
         let response = match classified {
             Ok(response) => response,
-            Err(reason) => return self.degrade(reason, pending, limiter, room_to_pause, metrics),
+            Err(failure) => {
+                let cause = Cause::Service(failure.reason);
+                return self.degrade_checks(cause, pending, false, limiter, room_to_pause, metrics);
+            }
         };
+        let mut pending = pending;
         let global: Few<(usize, Decision)> =
             pending.global.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
         pending.global.clear();

@@ -9,7 +9,7 @@
 
 use super::resolve::{Place, Resolved};
 use crate::host::CalloutAnswer;
-use sluice_protocol::{ChargeResponse, CheckRequest, CheckResponse, EntryRequest, LeaseResponse, LimitSpec};
+use sluice_protocol::{ChargeResponse, CheckRequest, CheckResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec};
 
 /// The path of a check.
 pub(crate) const CHECK_PATH: &str = "/v1/check";
@@ -109,35 +109,66 @@ pub(crate) fn check_body(
     serde_json::to_vec(&request).unwrap_or_default()
 }
 
+/// Why an answer decided nothing, and whether it says the service is unhealthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Failure {
+    /// The reason counted and named in the fallback header.
+    pub(crate) reason: Reason,
+    /// Whether it says the service is unreachable or unhealthy (a timeout, a refused or
+    /// reset call, garbage, a 401, a 5xx of its own), rather than answering about this
+    /// request alone (a 4xx, `503 store_full`, `503 overloaded`).
+    unhealthy: bool,
+}
+
+impl Failure {
+    const fn unhealthy(reason: Reason) -> Self {
+        Self { reason, unhealthy: true }
+    }
+
+    /// What the circuit breaker records: `Some(false)` for an unhealthy service, `None`
+    /// for an answer about one request.
+    pub(crate) const fn health(&self) -> Option<bool> {
+        if self.unhealthy { Some(false) } else { None }
+    }
+}
+
+/// The service's error codes that answer for one request, not for the service's health.
+const PER_REQUEST_CODES: [&str; 2] = ["store_full", "overloaded"];
+
 /// What an answer to a check of `entries` entries means.
-pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckResponse, Reason> {
+pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckResponse, Failure> {
     classify_as(answer, |body| {
         serde_json::from_slice::<CheckResponse>(body).ok().filter(|r| r.entries.len() == entries)
     })
 }
 
 /// What an answer to a lease means.
-pub(crate) fn classify_lease(answer: &CalloutAnswer) -> Result<LeaseResponse, Reason> {
+pub(crate) fn classify_lease(answer: &CalloutAnswer) -> Result<LeaseResponse, Failure> {
     classify_as(answer, |body| serde_json::from_slice::<LeaseResponse>(body).ok())
 }
 
 /// What an answer to a charge means.
-pub(crate) fn classify_charge(answer: &CalloutAnswer) -> Result<ChargeResponse, Reason> {
+pub(crate) fn classify_charge(answer: &CalloutAnswer) -> Result<ChargeResponse, Failure> {
     classify_as(answer, |body| serde_json::from_slice::<ChargeResponse>(body).ok())
 }
 
-fn classify_as<T>(answer: &CalloutAnswer, parse: impl FnOnce(&[u8]) -> Option<T>) -> Result<T, Reason> {
+fn classify_as<T>(answer: &CalloutAnswer, parse: impl FnOnce(&[u8]) -> Option<T>) -> Result<T, Failure> {
     match answer {
-        CalloutAnswer::TimedOut => Err(Reason::Timeout),
-        CalloutAnswer::Failed => Err(Reason::Reset),
-        CalloutAnswer::Response { status: 200, body } => parse(body).ok_or(Reason::BadBody),
-        CalloutAnswer::Response { status: 401, .. } => Err(Reason::Unauthorized),
-        CalloutAnswer::Response { status: 504, .. } => Err(Reason::Timeout),
+        CalloutAnswer::TimedOut => Err(Failure::unhealthy(Reason::Timeout)),
+        CalloutAnswer::Failed => Err(Failure::unhealthy(Reason::Reset)),
+        CalloutAnswer::Response { status: 200, body } => parse(body).ok_or(Failure::unhealthy(Reason::BadBody)),
+        CalloutAnswer::Response { status: 401, .. } => Err(Failure::unhealthy(Reason::Unauthorized)),
+        CalloutAnswer::Response { status: 504, .. } => Err(Failure::unhealthy(Reason::Timeout)),
         CalloutAnswer::Response { status: 502 | 503, body } if body.starts_with(b"upstream connect error") => {
             let refused = body.ends_with(b"connection failure") || body.ends_with(b"remote connection failure");
-            Err(if refused { Reason::Refused } else { Reason::Reset })
+            Err(Failure::unhealthy(if refused { Reason::Refused } else { Reason::Reset }))
         }
-        CalloutAnswer::Response { .. } => Err(Reason::BadStatus),
+        CalloutAnswer::Response { status, body } => {
+            let code = serde_json::from_slice::<ErrorBody>(body).ok().map(|e| e.error.code);
+            let per_request = (400..500).contains(status)
+                || (*status == 503 && code.as_deref().is_some_and(|c| PER_REQUEST_CODES.contains(&c)));
+            Err(Failure { reason: Reason::BadStatus, unhealthy: !per_request })
+        }
     }
 }
 
@@ -157,21 +188,37 @@ mod tests {
             "upstream connect error or disconnect/reset before headers. reset reason: connection termination";
         let protocol = "upstream connect error or disconnect/reset before headers. reset reason: protocol error";
 
-        assert_eq!(classify(&response(503, refused), 1), Err(Reason::Refused));
-        assert_eq!(classify(&response(503, terminated), 1), Err(Reason::Reset));
-        assert_eq!(classify(&response(502, protocol), 1), Err(Reason::Reset));
-        assert_eq!(classify(&response(504, "upstream request timeout"), 1), Err(Reason::Timeout));
-        assert_eq!(classify(&CalloutAnswer::Failed, 1), Err(Reason::Reset));
-        assert_eq!(classify(&CalloutAnswer::TimedOut, 1), Err(Reason::Timeout));
+        let reason = |answer: &CalloutAnswer| classify(answer, 1).map_err(|f| (f.reason, f.health()));
+        let unhealthy = |reason: Reason| Err((reason, Some(false)));
+
+        assert_eq!(reason(&response(503, refused)), unhealthy(Reason::Refused));
+        assert_eq!(reason(&response(503, terminated)), unhealthy(Reason::Reset));
+        assert_eq!(reason(&response(502, protocol)), unhealthy(Reason::Reset));
+        assert_eq!(reason(&response(504, "upstream request timeout")), unhealthy(Reason::Timeout));
+        assert_eq!(reason(&CalloutAnswer::Failed), unhealthy(Reason::Reset));
+        assert_eq!(reason(&CalloutAnswer::TimedOut), unhealthy(Reason::Timeout));
     }
 
     #[test]
     fn the_services_own_errors_are_bad_statuses_and_401_is_unauthorized() {
-        let overloaded = r#"{"error":{"code":"overloaded","message":"too many requests in flight"}}"#;
+        let unavailable = r#"{"error":{"code":"store_unavailable","message":"redis is down"}}"#;
+        let reason = |answer: &CalloutAnswer| classify(answer, 1).map_err(|f| (f.reason, f.health()));
 
-        assert_eq!(classify(&response(503, overloaded), 1), Err(Reason::BadStatus));
-        assert_eq!(classify(&response(500, "boom"), 1), Err(Reason::BadStatus));
-        assert_eq!(classify(&response(401, "{}"), 1), Err(Reason::Unauthorized));
+        assert_eq!(reason(&response(503, unavailable)), Err((Reason::BadStatus, Some(false))));
+        assert_eq!(reason(&response(500, "boom")), Err((Reason::BadStatus, Some(false))));
+        assert_eq!(reason(&response(401, "{}")), Err((Reason::Unauthorized, Some(false))));
+    }
+
+    #[test]
+    fn an_answer_about_one_request_says_nothing_about_the_services_health() {
+        let full = r#"{"error":{"code":"store_full","message":"the memory store holds its maximum"}}"#;
+        let overloaded = r#"{"error":{"code":"overloaded","message":"too many requests in flight"}}"#;
+        let too_many = r#"{"error":{"code":"too_many_entries","message":"entries: 17 entries, at most 16"}}"#;
+        let reason = |answer: &CalloutAnswer| classify(answer, 1).map_err(|f| (f.reason, f.health()));
+
+        assert_eq!(reason(&response(503, full)), Err((Reason::BadStatus, None)));
+        assert_eq!(reason(&response(503, overloaded)), Err((Reason::BadStatus, None)));
+        assert_eq!(reason(&response(400, too_many)), Err((Reason::BadStatus, None)));
     }
 
     #[test]
@@ -179,9 +226,11 @@ mod tests {
         let one = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"allowed","limit":5,"remaining":4,
             "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}]}"#;
 
+        let reason = |answer: &CalloutAnswer, n| classify(answer, n).map(|_| ()).map_err(|f| f.reason);
+
         assert!(classify(&response(200, one), 1).is_ok());
-        assert_eq!(classify(&response(200, one), 2), Err(Reason::BadBody));
-        assert_eq!(classify(&response(200, "not json"), 1), Err(Reason::BadBody));
-        assert_eq!(classify(&response(200, r#"{"admitted":true}"#), 1), Err(Reason::BadBody));
+        assert_eq!(reason(&response(200, one), 2), Err(Reason::BadBody));
+        assert_eq!(reason(&response(200, "not json"), 1), Err(Reason::BadBody));
+        assert_eq!(reason(&response(200, r#"{"admitted":true}"#), 1), Err(Reason::BadBody));
     }
 }
