@@ -68,6 +68,8 @@ pub struct LeasePlan {
     pub entry: PlannedEntry,
     /// Tokens asked for.
     pub tokens: u64,
+    /// The fewest worth granting (1..=`tokens`): with fewer left, nothing is granted.
+    pub min_tokens: u64,
     /// Lease duration (ms).
     pub ttl_ms: u64,
 }
@@ -203,13 +205,19 @@ impl LeasePlan {
                 ),
             ));
         }
+        if request.min_tokens == 0 || request.min_tokens > request.tokens {
+            return Err(ApiError::bad_request(
+                "invalid_tokens",
+                format!("min_tokens: {} is not between 1 and tokens ({})", request.min_tokens, request.tokens),
+            ));
+        }
         if request.ttl_ms == 0 || request.ttl_ms > MAX_LEASE_TTL_MS {
             return Err(ApiError::bad_request(
                 "invalid_ttl",
                 format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", request.ttl_ms),
             ));
         }
-        Ok(Self { entry, tokens: request.tokens, ttl_ms: request.ttl_ms })
+        Ok(Self { entry, tokens: request.tokens, min_tokens: request.min_tokens, ttl_ms: request.ttl_ms })
     }
 }
 

@@ -29,8 +29,8 @@ pub struct LeaseOutcome {
     pub granted: u64,
     /// The time the decision was made at (Unix ns).
     pub at: Nanos,
-    /// The limit's decision: after spending `granted`, or the rejection of one token
-    /// when nothing could be granted.
+    /// The limit's decision: after spending `granted`, or the rejection of `min_tokens`
+    /// when fewer were left.
     pub decision: Decision,
 }
 
@@ -166,17 +166,20 @@ impl Store {
 }
 
 /// Decides a lease with the pure algorithm: grant the smaller of `tokens` and what is
-/// left, or answer the rejection of one token when nothing is left.
+/// left when that is at least `min_tokens`; otherwise grant nothing and answer the
+/// rejection of `min_tokens` units, whose `retry_after` is the exact wait until that many
+/// are left.
 pub(crate) fn decide_lease(
     limit: &shared_store::Limit,
     state: Option<&shared_store::State>,
     now: Nanos,
-    tokens: u64,
+    (tokens, min_tokens): (u64, u64),
 ) -> (u64, Decision, Option<shared_store::State>) {
     let (query, _) = limit.decide(state, now, 0);
-    let granted = tokens.min(query.remaining);
-    let (decision, next) = limit.decide(state, now, granted.max(1));
-    // Spending what the query reported left always admits; the check keeps that an
-    // invariant rather than an assumption.
+    let left = tokens.min(query.remaining);
+    let granted = if left >= min_tokens { left } else { 0 };
+    let (decision, next) = limit.decide(state, now, granted.max(min_tokens).max(1));
+    // Spending what the query reported left always admits, and asking for more than is
+    // left always rejects; the check keeps that an invariant rather than an assumption.
     if granted == 0 || !decision.is_admitted() { (0, decision, None) } else { (granted, decision, next) }
 }

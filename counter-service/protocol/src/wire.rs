@@ -68,6 +68,10 @@ pub struct LeaseRequest {
     pub limit: LimitSpec,
     /// How many tokens the proxy asks for (1..=capacity).
     pub tokens: u64,
+    /// The fewest worth granting (1..=tokens): with fewer available, nothing is granted
+    /// and the answer is the rejection of `min_tokens` units, with its exact wait.
+    #[serde(default = "one")]
+    pub min_tokens: u64,
     /// How long the proxy may spend them, in milliseconds (1..=[`MAX_LEASE_TTL_MS`]).
     pub ttl_ms: u64,
 }

@@ -13,7 +13,8 @@
 -- ARGV[1]  time override in microseconds, "" in production (tests only)
 -- ARGV[2]  "check", "lease" or "charge"
 -- ARGV[3]  tokens asked for (lease), max_debt (charge), else 0
--- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost
+-- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost (for a lease: min_tokens,
+--          the fewest worth granting)
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
 --   fw  fixed window  p1 = limit, p2 = window_ms
@@ -408,9 +409,12 @@ for i = 1, n do
   if st and st[1] and st[1] > now then now = st[1] end
   local v, limit, remaining, reset, wait, state, idle
   if op == 'lease' then
+    -- min(tokens, left) when that reaches min_tokens (the entry's cost), else the
+    -- rejection of min_tokens units (decide_lease in the service's store.rs)
     local _, _, left = run(code, st, now, 0, p1, p2, p3, p4)
     local g = math.min(tokens, left)
-    v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, 1), p1, p2, p3, p4)
+    if g < cost then g = 0 end
+    v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
     if g > 0 and v <= 1 then granted = g else state = nil end
   elseif op == 'charge' then
     local charged_st, c, charged_idle = charge(code, st, now, cost, tokens, p1, p2, p3)

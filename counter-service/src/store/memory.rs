@@ -205,7 +205,7 @@ impl MemoryStore {
         shard: usize,
         entry: &PlannedEntry,
         now: Nanos,
-        lease: Option<u64>,
+        lease: Option<(u64, u64)>,
     ) -> (Pending, u64) {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
         let at = slot.map_or(now, |s| s.last.max(now));
@@ -300,7 +300,8 @@ impl MemoryStore {
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        let (pending, granted) = Self::decide(&mut guards, shard, &plan.entry, now, Some(plan.tokens));
+        let (pending, granted) =
+            Self::decide(&mut guards, shard, &plan.entry, now, Some((plan.tokens, plan.min_tokens)));
         let decision = pending.decision;
         let pending = vec![pending];
         self.reserve(&mut guards, &entries, &pending, now)?;

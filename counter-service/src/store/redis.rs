@@ -310,16 +310,18 @@ impl RedisStore {
         redis::from_redis_value::<Vec<i64>>(value).map_err(|e| StoreError::Protocol(format!("script reply: {e}")))
     }
 
-    fn script_args(op: &str, tokens: u64, entries: &[&PlannedEntry], at: Option<Nanos>) -> Vec<String> {
+    /// The script's arguments; each entry travels with its number: the cost of a check's
+    /// entry or a charge, the `min_tokens` of a lease.
+    fn script_args(op: &str, tokens: u64, entries: &[(&PlannedEntry, u64)], at: Option<Nanos>) -> Vec<String> {
         let mut args = Vec::with_capacity(3 + 6 * entries.len());
         args.push(at.map_or_else(String::new, |t| (t.as_u64() / 1000).to_string()));
         args.push(op.to_owned());
         args.push(tokens.to_string());
-        for e in entries {
+        for (e, number) in entries {
             let s = &e.policy.script;
             args.push(s.code.to_owned());
             args.extend(s.args.iter().map(u64::to_string));
-            args.push(e.cost.to_string());
+            args.push(number.to_string());
         }
         args
     }
@@ -328,10 +330,10 @@ impl RedisStore {
         &self,
         op: &str,
         tokens: u64,
-        entries: &[&PlannedEntry],
+        entries: &[(&PlannedEntry, u64)],
         at: Option<Nanos>,
     ) -> Result<(Nanos, bool, u64, Vec<Decision>), StoreError> {
-        let keys: Vec<&str> = entries.iter().map(|e| e.storage_key.as_str()).collect();
+        let keys: Vec<&str> = entries.iter().map(|(e, _)| e.storage_key.as_str()).collect();
         let reply = self.run_script(&keys, &Self::script_args(op, tokens, entries, at)).await?;
         parse_reply(&reply, entries.len())
     }
@@ -342,17 +344,19 @@ impl RedisStore {
     /// # Errors
     /// See [`StoreError`].
     pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
-        let entries: Vec<&PlannedEntry> = plan.entries.iter().collect();
+        let entries: Vec<(&PlannedEntry, u64)> = plan.entries.iter().map(|e| (e, e.cost)).collect();
         let (at, admitted, _, decisions) = self.decide("check", 0, &entries, at).await?;
         Ok(CheckOutcome { admitted, at, decisions })
     }
 
-    /// Grants up to `plan.tokens`, deducted in the same script.
+    /// Grants up to `plan.tokens` (nothing when fewer than `plan.min_tokens` are left),
+    /// deducted in the same script.
     ///
     /// # Errors
     /// See [`StoreError`].
     pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
-        let (at, _, granted, decisions) = self.decide("lease", plan.tokens, &[&plan.entry], at).await?;
+        let (at, _, granted, decisions) =
+            self.decide("lease", plan.tokens, &[(&plan.entry, plan.min_tokens)], at).await?;
         let decision = decisions
             .into_iter()
             .next()
@@ -365,7 +369,8 @@ impl RedisStore {
     /// # Errors
     /// See [`StoreError`].
     pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
-        let (at, _, charged, decisions) = self.decide("charge", plan.max_debt, &[&plan.entry], at).await?;
+        let (at, _, charged, decisions) =
+            self.decide("charge", plan.max_debt, &[(&plan.entry, plan.entry.cost)], at).await?;
         let decision = decisions
             .into_iter()
             .next()

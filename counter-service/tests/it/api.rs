@@ -165,6 +165,20 @@ fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> 
             "invalid_tokens",
         ),
         (
+            "lease with a minimum above its tokens",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 2, "min_tokens": 3, "ttl_ms": 1000, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_tokens",
+        ),
+        (
+            "lease with a minimum of zero",
+            "/v1/lease",
+            json!({"key": "probe", "tokens": 2, "min_tokens": 0, "ttl_ms": 1000, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_tokens",
+        ),
+        (
             "lease without a time bound",
             "/v1/lease",
             json!({"key": "probe", "tokens": 1, "ttl_ms": 0, "limit": probe_limit()}).to_string(),

@@ -181,6 +181,25 @@ async fn a_lease_deducts_the_granted_tokens_from_the_global_budget(target: Targe
     assert_eq!((empty.granted, empty.decision.verdict), (0, rejected(1000)));
 }
 
+async fn a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums_exact_wait(
+    target: Target<'_>,
+    tag: &str,
+) {
+    // One token a second, bursts of 10.
+    let limit = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 10 };
+    target.lease(tag, "k", limit, 8, t_us(0)).await;
+
+    let short = target.lease_at_least(tag, "k", limit, (5, 3), t_us(0)).await;
+    let enough = target.lease_at_least(tag, "k", limit, (5, 2), t_us(0)).await;
+    let empty = target.lease_at_least(tag, "k", limit, (6, 4), t_us(0)).await;
+    let after_the_wait = target.lease_at_least(tag, "k", limit, (6, 4), t_us(4000 * MS)).await;
+
+    assert_eq!((short.granted, short.decision.verdict, short.decision.remaining), (0, rejected(1000), 2));
+    assert_eq!((enough.granted, enough.decision.remaining), (2, 0), "what is left, when it reaches the minimum");
+    assert_eq!((empty.granted, empty.decision.verdict), (0, rejected(4000)), "the wait for 4 units, not for 1");
+    assert_eq!((after_the_wait.granted, after_the_wait.decision.remaining), (4, 0));
+}
+
 async fn a_cost_of_zero_queries_without_spending(target: Target<'_>, tag: &str) {
     one(target, tag, entry("k", bucket(), 3), 0).await;
 
@@ -334,6 +353,7 @@ on_every_store!(
     a_check_with_one_rejecting_entry_spends_nothing_on_the_others,
     a_new_policy_version_starts_from_fresh_state,
     a_lease_deducts_the_granted_tokens_from_the_global_budget,
+    a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums_exact_wait,
     a_cost_of_zero_queries_without_spending,
     time_that_steps_backwards_never_refills,
     a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound,

@@ -8,7 +8,7 @@ use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::Policy;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
-use crate::support::{RedisServer, charge_plan, entry, lease_plan, plan, redis_store, t_us};
+use crate::support::{RedisServer, charge_plan, entry, lease_plan_at_least, plan, redis_store, t_us};
 
 /// xorshift64*: deterministic, seedable, no dependency.
 struct Rng(u64);
@@ -87,11 +87,13 @@ impl Reference {
         decision
     }
 
-    fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64) -> (u64, Decision) {
+    /// Grants `min(tokens, left)` when that reaches `min_tokens`, else answers the
+    /// rejection of `min_tokens` units.
+    fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64, min_tokens: u64) -> (u64, Decision) {
         let at = now.max(self.last);
         let (query, _) = limit.decide(self.state.as_ref(), at, 0);
-        let granted = tokens.min(query.remaining);
-        let (decision, next) = limit.decide(self.state.as_ref(), at, granted.max(1));
+        let granted = Some(tokens.min(query.remaining)).filter(|g| *g >= min_tokens).unwrap_or(0);
+        let (decision, next) = limit.decide(self.state.as_ref(), at, granted.max(min_tokens));
         match next {
             Some(next) if granted > 0 && decision.is_admitted() => {
                 self.state = Some(next);
@@ -161,9 +163,18 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                 last = expected;
             } else if policy.leasable() && rng.chance(15) {
                 let tokens = 1 + rng.below(policy.capacity());
-                let (granted, expected) = reference.lease(&policy.limit, now, tokens);
-                let got = store.lease(&lease_plan(&tag, "k", spec, tokens), Some(now)).await.expect("redis answers");
-                assert_eq!((got.granted, got.decision), (granted, expected), "lease of {tokens}: {}", context());
+                let min_tokens = if rng.chance(50) { 1 } else { 1 + rng.below(tokens) };
+                let (granted, expected) = reference.lease(&policy.limit, now, tokens, min_tokens);
+                let got = store
+                    .lease(&lease_plan_at_least(&tag, "k", spec, (tokens, min_tokens)), Some(now))
+                    .await
+                    .expect("redis answers");
+                assert_eq!(
+                    (got.granted, got.decision),
+                    (granted, expected),
+                    "lease of {tokens}, at least {min_tokens}: {}",
+                    context()
+                );
                 last = expected;
             } else {
                 let spread = 1 + rng.below(8);

@@ -333,10 +333,25 @@ pub async fn check(store: &Store, tag: &str, entries: Vec<EntryRequest>, at: Nan
     store.check(&plan(tag, entries), Some(at)).await.expect("the store answers")
 }
 
+/// A lease of `tokens` (at least `min_tokens`) for one second.
+pub fn lease_request(tag: &str, key: &str, limit: LimitSpec, (tokens, min_tokens): (u64, u64)) -> LeaseRequest {
+    LeaseRequest {
+        tag: Some(tag.to_owned()),
+        key: key.to_owned(),
+        policy_version: 0,
+        limit,
+        tokens,
+        min_tokens,
+        ttl_ms: 1000,
+    }
+}
+
 pub fn lease_plan(tag: &str, key: &str, limit: LimitSpec, tokens: u64) -> LeasePlan {
-    let request =
-        LeaseRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, tokens, ttl_ms: 1000 };
-    LeasePlan::new(&request).expect("a valid lease")
+    lease_plan_at_least(tag, key, limit, (tokens, 1))
+}
+
+pub fn lease_plan_at_least(tag: &str, key: &str, limit: LimitSpec, tokens: (u64, u64)) -> LeasePlan {
+    LeasePlan::new(&lease_request(tag, key, limit, tokens)).expect("a valid lease")
 }
 
 pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
@@ -344,8 +359,14 @@ pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens
 }
 
 pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: u64) -> ChargePlan {
-    let request =
-        ChargeRequest { tag: Some(tag.to_owned()), key: key.to_owned(), policy_version: 0, limit, cost, max_debt };
+    let request = ChargeRequest {
+        tag: Some(tag.to_owned()),
+        key: key.to_owned(),
+        policy_version: 0,
+        limit,
+        cost,
+        max_debt,
+    };
     ChargePlan::new(&request).expect("a valid charge")
 }
 
@@ -414,17 +435,24 @@ impl Target<'_> {
     }
 
     pub async fn lease(&self, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
+        self.lease_at_least(tag, key, limit, (tokens, 1), at).await
+    }
+
+    /// A lease of `tokens`, granted only when at least `min_tokens` are left.
+    pub async fn lease_at_least(
+        &self,
+        tag: &str,
+        key: &str,
+        limit: LimitSpec,
+        tokens: (u64, u64),
+        at: Nanos,
+    ) -> LeaseOutcome {
         match self {
-            Self::Store(store) => lease(store, tag, key, limit, tokens, at).await,
+            Self::Store(store) => {
+                store.lease(&lease_plan_at_least(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
+            }
             Self::Http(served) => {
-                let request = LeaseRequest {
-                    tag: Some(tag.to_owned()),
-                    key: key.to_owned(),
-                    policy_version: 0,
-                    limit,
-                    tokens,
-                    ttl_ms: 1000,
-                };
+                let request = lease_request(tag, key, limit, tokens);
                 let answer: LeaseResponse = served.post("/v1/lease", &request, at).await;
                 assert_eq!(answer.expires_in_ms, 1000);
                 LeaseOutcome { granted: answer.granted, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
@@ -450,7 +478,7 @@ impl Target<'_> {
                     limit,
                     cost,
                     max_debt,
-                };
+                            };
                 let answer: ChargeResponse = served.post("/v1/charge", &request, at).await;
                 assert_eq!(answer.charged + answer.forgiven, cost);
                 ChargeOutcome { charged: answer.charged, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
