@@ -133,7 +133,7 @@ Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
 
 3. Stop the counter service and watch the emergency cap decide (2 per tenant):
      kill ${COUNTER_PID}; sleep 1; curl -si -H 'x-tenant: initech' ${URL} | grep -i sluice-fallback
-   gives x-sluice-fallback: emergency; reason=refused, and its metric moves:
+   gives x-sluice-fallback: emergency; reason=refused; policies=demo-per-tenant, and its metric moves:
      ${STATS} | grep -E 'emergency|degraded'
 
 Ctrl-C stops everything. Logs are in ${RUN}/.

@@ -111,8 +111,10 @@ impl VirtualClock {
         Duration::from_nanos(self.inner.elapsed.load(Ordering::SeqCst))
     }
 
-    /// Sets the monotonic time to `monotonic` if that is later than now.
-    pub(crate) fn advance_to_monotonic(&self, monotonic: u64) {
+    /// Sets the monotonic time to `monotonic` (ns, as [`Clock::monotonic_nanos`]) if that
+    /// is later than now, without firing anything (for drivers of several hosts; see
+    /// [`crate::Worker::next_due`]).
+    pub fn advance_to_monotonic(&self, monotonic: u64) {
         let target = monotonic.saturating_sub(MONOTONIC_ORIGIN_NANOS);
         let _ = self.inner.elapsed.fetch_max(target, Ordering::SeqCst);
     }

@@ -169,5 +169,5 @@ pub use host::{FailurePolicy, Host, HostBuilder, HostError, MetricsHandle, TrapR
 pub use logs::{LogLevel, LogRecord, LogSource};
 pub use metrics::{Histogram, MetricKind, MetricValue};
 pub use request::{ClientResponse, Exchange, Message, Outcome, Request, Response, ResponseSource, StreamId};
-pub use shared_data::{SetOutcome, SharedData, SharedDataStore};
+pub use shared_data::{BeforeSharedData, SetOutcome, SharedData, SharedDataStore};
 pub use worker::Worker;

@@ -35,6 +35,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+/// Called before every shared-data host call a guest makes, with the index of the
+/// worker making it ([`crate::HostBuilder::before_shared_data`]). A test that runs
+/// workers on threads can use it to interleave their callbacks at each shared-data
+/// access, deterministically (one worker runs at a time; the hook chooses which), and so
+/// exercise the races a compare-and-swap protocol must survive.
+pub type BeforeSharedData = Arc<dyn Fn(usize) + Send + Sync>;
+
 /// The shared data of one proxy process: every `vm_id`'s keys and the one cas counter
 /// (Envoy's process-wide `SharedData`). See the module docs for the rules.
 pub struct SharedDataStore {

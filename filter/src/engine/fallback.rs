@@ -91,6 +91,46 @@ impl Fallback {
     }
 }
 
+/// What the fallback header says about a request: which fallback decided (the first
+/// one), why, and for which policies, e.g. `emergency; reason=timeout; policies=tenant`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Note {
+    fallback: Fallback,
+    cause: Cause,
+    policies: Few<usize>,
+}
+
+impl Note {
+    /// The header's value.
+    pub(crate) fn render(&self, engine: &Engine) -> String {
+        let mut value = String::with_capacity(48);
+        value.push_str(self.fallback.name());
+        value.push_str("; reason=");
+        value.push_str(self.cause.name());
+        value.push_str("; policies=");
+        for (i, policy) in self.policies.iter().enumerate() {
+            if i > 0 {
+                value.push(',');
+            }
+            if let Some(compiled) = engine.compiled(*policy) {
+                value.push_str(&compiled.policy.name);
+            }
+        }
+        value
+    }
+
+    /// Adds the policies of a later fallback of the same request.
+    fn merge(note: Option<Self>, fallback: Fallback, cause: Cause, failed: &[(Resolved, Cause)]) -> Self {
+        let mut note = note.unwrap_or(Self { fallback, cause, policies: Few::new() });
+        for (resolved, _) in failed {
+            if !note.policies.contains(&resolved.policy) {
+                note.policies.push(resolved.policy);
+            }
+        }
+        note
+    }
+}
+
 /// One log line per cause per interval, with the count of what it stood for.
 #[derive(Debug, Default)]
 pub(crate) struct LogLimiter {
@@ -188,7 +228,7 @@ impl Engine {
                             metrics.add(*policy, counter, 1);
                         }
                         self.log_degraded(first, Fallback::Emergency, now);
-                        pending.fallback = Some(header_value(Fallback::Emergency, first));
+                        pending.fallback = Some(Note::merge(pending.fallback, Fallback::Emergency, first, &failed));
                         let strictest = super::headers::strictest_rejection(&decisions);
                         let status = self.response.status;
                         let rejected = self.reject_pending(pending, strictest, status, limiter, metrics);
@@ -231,7 +271,7 @@ impl Engine {
         for (r, _) in &failed {
             self.owe(r, &pending.tag, now, limiter, metrics);
         }
-        pending.fallback.get_or_insert_with(|| header_value(fallback, first));
+        pending.fallback = Some(Note::merge(pending.fallback, fallback, first, &failed));
         Ok(pending)
     }
 
@@ -252,7 +292,7 @@ impl Engine {
             }
         }
         self.log_degraded(cause, Fallback::FailClosed, limiter.clock().now());
-        pending.fallback = Some(header_value(Fallback::FailClosed, cause));
+        pending.fallback = Some(Note::merge(pending.fallback, Fallback::FailClosed, cause, failed));
         self.reject_pending(pending, None, status, limiter, metrics)
     }
 
@@ -267,12 +307,4 @@ impl Engine {
             );
         }
     }
-}
-
-fn header_value(fallback: Fallback, cause: Cause) -> String {
-    let mut value = String::with_capacity(40);
-    value.push_str(fallback.name());
-    value.push_str("; reason=");
-    value.push_str(cause.name());
-    value
 }

@@ -315,7 +315,7 @@ fn fail_open_forwards_and_names_the_fallback_on_the_response() {
     let decided = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
 
     assert_eq!(status(&decided), 200);
-    assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("fail_open; reason=timeout"));
+    assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("fail_open; reason=timeout; policies=t"));
     assert_eq!(metrics.get(0, Counter::FailureAllowed), 1);
 }
 
@@ -337,7 +337,7 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
 
     assert_eq!(statuses, [200, 200, 429]);
     let headers = response_headers(&last);
-    assert_eq!(header(headers, "x-sluice-fallback"), Some("emergency; reason=reset"));
+    assert_eq!(header(headers, "x-sluice-fallback"), Some("emergency; reason=reset; policies=tenant"));
     assert_eq!(header(headers, "ratelimit-policy"), Some("\"tenant\";q=2;w=120"));
     assert_eq!(header(headers, "retry-after"), Some("60"));
     assert_eq!(metrics.get(1, Counter::EmergencyAllowed), 2);
@@ -360,7 +360,10 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
 
     let open = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
     assert_eq!(callouts.sent.len(), 3, "no callout while the circuit is open");
-    assert_eq!(header(response_headers(&open), "x-sluice-fallback"), Some("emergency; reason=circuit_open"));
+    assert_eq!(
+        header(response_headers(&open), "x-sluice-fallback"),
+        Some("emergency; reason=circuit_open; policies=tenant")
+    );
     assert_eq!(metrics.get(1, Counter::DegradedCircuitOpen), 1);
 
     limiter.clock().advance(Nanos::from_secs(1));
@@ -414,7 +417,10 @@ fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
     let _ = decided(engine.complete(slow, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
     let next = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
 
-    assert_eq!(header(response_headers(&next), "x-sluice-fallback"), Some("emergency; reason=circuit_open"));
+    assert_eq!(
+        header(response_headers(&next), "x-sluice-fallback"),
+        Some("emergency; reason=circuit_open; policies=tenant")
+    );
 }
 
 #[test]
@@ -426,7 +432,10 @@ fn a_callout_the_proxy_refuses_to_send_is_decided_by_the_failure_rule_at_once() 
     let decided = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
 
     assert_eq!(status(&decided), 200);
-    assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("emergency; reason=dispatch_failed"));
+    assert_eq!(
+        header(response_headers(&decided), "x-sluice-fallback"),
+        Some("emergency; reason=dispatch_failed; policies=tenant")
+    );
     assert_eq!(metrics.get(1, Counter::DegradedDispatchFailed), 1);
 }
 

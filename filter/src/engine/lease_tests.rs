@@ -311,7 +311,11 @@ fn a_lease_policy_after_one_that_takes_its_failure_rule_still_spends_its_own_lea
     let Begun::Decided(Decided { outcome: Outcome::Continue { headers }, .. }) = decided else {
         panic!("admitted by the route's failure rule and the tenant's lease")
     };
-    assert!(headers.iter().any(|(n, v)| n == "x-sluice-fallback" && v == "fail_open; reason=lease_slot_taken"));
+    assert!(
+        headers
+            .iter()
+            .any(|(n, v)| n == "x-sluice-fallback" && v == "fail_open; reason=lease_slot_taken; policies=route")
+    );
     let tokens = |r: Option<lease::Record>| r.map(|r| r.live_tokens(Nanos::from_secs(1000)));
     let after = w.engine.leases(w.limiter.store()).peek(
         &match &resolve_lease(&w, &routed("b", "t"), 1) {

@@ -164,8 +164,8 @@ pub struct Pending {
     since: Nanos,
     /// The check's hash tag, also the tag of refills.
     tag: String,
-    /// Set when a fallback decided part of the request: the fallback header's value.
-    fallback: Option<String>,
+    /// Set when a fallback decided part of the request: what the fallback header says.
+    fallback: Option<fallback::Note>,
     shadows: Few<Resolved>,
 }
 
@@ -638,7 +638,8 @@ impl Engine {
     ) -> Decided {
         self.give_back_leases(&pending.spent, limiter);
         self.give_back(pending.reservation, &pending.local, limiter, metrics);
-        let outcome = Outcome::Reject(self.rejection(strictest, status, pending.fallback.as_deref()));
+        let note = pending.fallback.as_ref().map(|note| note.render(self));
+        let outcome = Outcome::Reject(self.rejection(strictest, status, note.as_deref()));
         Decided { outcome, tally: pending.tally }
     }
 
@@ -785,7 +786,9 @@ impl Engine {
         let mut decisions: Few<(usize, Decision)> = pending.local.clone();
         decisions.extend(pending.decisions.iter().copied());
         let mut headers = self.allowed_headers(&decisions);
-        if let (Some(name), Some(value)) = (&self.response.fallback_header, pending.fallback) {
+        if let (Some(name), Some(value)) =
+            (&self.response.fallback_header, pending.fallback.as_ref().map(|note| note.render(self)))
+        {
             headers.push((name.clone(), value));
         }
         let due = match (pending.local_due, pending.global_due) {

@@ -155,7 +155,7 @@ fn timed(envoy: &Envoy, request: &Request) -> (u16, Option<String>, Duration) {
 fn assert_fails_closed(envoy: &Envoy, reason: &str) -> Duration {
     let (status, fallback, took) = timed(envoy, &tenant("acme"));
     assert_eq!(status, 503, "{reason}: the default rule fails closed with 503");
-    assert_eq!(fallback.as_deref(), Some(format!("fail_closed; reason={reason}").as_str()));
+    assert_eq!(fallback.as_deref(), Some(format!("fail_closed; reason={reason}; policies=tenant").as_str()));
     assert!(took < Duration::from_millis(100 + 900), "{reason}: decided after {took:?} for a 100 ms deadline");
     assert_eq!(envoy.metric("tenant", &format!("degraded.{reason}")), 1, "{reason} is counted");
     no_request_left_paused(envoy);
@@ -235,7 +235,7 @@ fn fail_open_forwards_and_says_so() {
     let (status, fallback, _) = timed(&envoy, &tenant("acme"));
 
     assert_eq!(status, 200);
-    assert_eq!(fallback.as_deref(), Some("fail_open; reason=refused"));
+    assert_eq!(fallback.as_deref(), Some("fail_open; reason=refused; policies=tenant"));
     assert_eq!(envoy.metric("tenant", "failure_allowed"), 1);
 }
 

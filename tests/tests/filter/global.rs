@@ -60,7 +60,7 @@ fn the_filter_ends_a_wait_at_its_own_deadline_when_the_host_never_times_out() {
     host.advance(millis(26));
 
     assert!(before, "decided before the deadline");
-    assert_eq!(fallback(&mut host, stream), (503, "fail_closed; reason=timeout".to_owned()));
+    assert_eq!(fallback(&mut host, stream), (503, "fail_closed; reason=timeout; policies=tenant".to_owned()));
     assert_eq!(metric(&host, "tenant", "degraded.timeout"), 1);
     assert_eq!(host.metric("sluice.counter_service.waiting"), Some(0));
 }
@@ -90,7 +90,7 @@ fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
         }
         host.advance(millis(1));
 
-        assert_eq!(fallback(&mut host, stream), (503, format!("fail_closed; reason={reason}")), "{reason}");
+        assert_eq!(fallback(&mut host, stream), (503, format!("fail_closed; reason={reason}; policies=tenant")), "{reason}");
         assert_eq!(metric(&host, "tenant", &format!("degraded.{reason}")), 1, "{reason}");
         assert_accounting(&host, "tenant");
     }

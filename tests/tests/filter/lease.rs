@@ -88,8 +88,8 @@ fn a_refill_that_never_returns_releases_its_waiters_through_the_failure_rule_and
     host.advance(millis(20));
 
     assert!(still, "released before the election's deadline");
-    assert_eq!(fallback(&mut host, 0, first).as_deref(), Some("emergency; reason=timeout"));
-    assert_eq!(fallback(&mut host, 1, second).as_deref(), Some("emergency; reason=timeout"));
+    assert_eq!(fallback(&mut host, 0, first).as_deref(), Some("emergency; reason=timeout; policies=tenant"));
+    assert_eq!(fallback(&mut host, 1, second).as_deref(), Some("emergency; reason=timeout; policies=tenant"));
     assert_eq!(paths.lock().unwrap().len(), 1);
     let _third = host.worker(0).request(tenant());
     host.advance(millis(10));
@@ -105,6 +105,6 @@ fn a_worker_holds_at_most_max_waiting_requests_for_a_refill() {
     let third = send(&mut host, tenant());
 
     assert!(held.iter().all(|s| host.worker(0).outcome(*s).unwrap().is_paused()));
-    assert_eq!(third.header_str("x-sluice-fallback"), Some("emergency; reason=lease_queue_full"));
+    assert_eq!(third.header_str("x-sluice-fallback"), Some("emergency; reason=lease_queue_full; policies=tenant"));
     assert_eq!(metric(&host, "tenant", "degraded.lease_queue_full"), 1);
 }

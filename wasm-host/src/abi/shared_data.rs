@@ -23,6 +23,7 @@ fn get_shared_data(
     size_ptr: u32,
     cas_ptr: u32,
 ) -> HostResult {
+    before_access(caller);
     let key = view(caller, key, key_size)?;
     let Some((value, cas)) = caller.data().vm.shared_data.get(key) else {
         return fail(status::NOT_FOUND);
@@ -40,10 +41,19 @@ fn set_shared_data(
     value_size: u32,
     cas: u32,
 ) -> HostResult {
+    before_access(caller);
     let key = view(caller, key, key_size)?;
     let value = view(caller, value, value_size)?;
     match caller.data().vm.shared_data.set(key, value, cas) {
         SetOutcome::Written => Ok(()),
         SetOutcome::CasMismatch => fail(status::CAS_MISMATCH),
+    }
+}
+
+/// Runs the host's hook before a shared-data access (a test's interleaving point).
+fn before_access(caller: &Caller<'_, HostState>) {
+    let state = caller.data();
+    if let Some(hook) = &state.shared.before_shared_data {
+        hook(state.worker);
     }
 }

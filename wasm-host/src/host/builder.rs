@@ -16,7 +16,7 @@ use crate::error::{FailurePolicy, HostError};
 use crate::logs::{LogLevel, LogRecord, LogSink, Printer};
 use crate::metrics::Metrics;
 use crate::services::{Entropy, Services, Shared};
-use crate::shared_data::SharedDataStore;
+use crate::shared_data::{BeforeSharedData, SharedDataStore};
 use crate::state::Plugin;
 use crate::worker::Worker;
 
@@ -88,6 +88,7 @@ pub struct HostBuilder {
     record_callouts: bool,
     failing_calls: HashMap<&'static str, u32>,
     ignore_callout_timeouts: bool,
+    before_shared_data: Option<BeforeSharedData>,
     serve_mode: bool,
 }
 
@@ -129,6 +130,7 @@ impl HostBuilder {
             record_callouts: true,
             failing_calls: HashMap::new(),
             ignore_callout_timeouts: false,
+            before_shared_data: None,
             serve_mode: false,
         }
     }
@@ -256,6 +258,14 @@ impl HostBuilder {
         self
     }
 
+    /// Calls `hook` with the worker's index before every `proxy_get_shared_data` and
+    /// `proxy_set_shared_data` a guest makes (see [`BeforeSharedData`]): the point where
+    /// a test that drives workers on threads may hand the turn to another worker.
+    pub fn before_shared_data(mut self, hook: BeforeSharedData) -> Self {
+        self.before_shared_data = Some(hook);
+        self
+    }
+
     /// Adds an environment variable the guest sees (WASI `environ_get`); there are none
     /// by default.
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
@@ -356,6 +366,7 @@ impl HostBuilder {
             record_callouts: self.record_callouts,
             failing_calls: self.failing_calls,
             ignore_callout_timeouts: self.ignore_callout_timeouts,
+            before_shared_data: self.before_shared_data,
             serve_mode: self.serve_mode,
             services: Services::new(self.io_handle),
         });

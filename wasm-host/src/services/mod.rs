@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::error::{FailurePolicy, TrapReport};
 use crate::logs::{LogLevel, LogRecord, LogSink, LogSource};
 use crate::metrics::Metrics;
-use crate::shared_data::{SharedData, SharedDataStore};
+use crate::shared_data::{BeforeSharedData, SharedData, SharedDataStore};
 
 /// What every worker of a host shares. The builder fills in the settings; the records,
 /// queues and the callout runtime start empty ([`Services::new`]).
@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub(crate) failing_calls: HashMap<&'static str, u32>,
     /// Scripted fault: the host never ends a callout at its timeout.
     pub(crate) ignore_callout_timeouts: bool,
+    /// Called before every shared-data host call (see [`BeforeSharedData`]).
+    pub(crate) before_shared_data: Option<BeforeSharedData>,
     /// `serve` drives each worker from its own loop, which owns the worker's inbox.
     pub(crate) serve_mode: bool,
     pub(crate) services: Services,

@@ -117,6 +117,18 @@ impl Worker {
         self.next_event().map(|(at, _)| at)
     }
 
+    /// The host clock's monotonic time (ns, as [`crate::Clock::monotonic_nanos`]) at
+    /// which something is next due on this worker: a tick, a scripted callout's answer,
+    /// a callout's timeout. For a driver of several hosts on one [`VirtualClock`] (a
+    /// fleet): move the clock to the earliest of these over every worker
+    /// ([`VirtualClock::advance_to_monotonic`]), then [`Worker::run_pending`] on each.
+    ///
+    /// [`VirtualClock`]: crate::VirtualClock
+    /// [`VirtualClock::advance_to_monotonic`]: crate::VirtualClock::advance_to_monotonic
+    pub fn next_due(&self) -> Option<u64> {
+        self.next_deadline()
+    }
+
     fn next_event(&self) -> Option<(u64, Event)> {
         if self.failed {
             return None;
