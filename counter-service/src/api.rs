@@ -6,8 +6,8 @@
 //! never changes a counter. See the crate README for the full protocol with examples.
 
 use sluice_protocol::{
-    ChargeRequest, CheckRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES,
-    SpecError,
+    ChargeRequest, CheckRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES,
+    MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
 };
 
 use crate::spec::Policy;
@@ -82,12 +82,35 @@ pub struct ChargePlan {
     pub entry: PlannedEntry,
     /// How far below empty the counter may go, in the limit's units (≤ capacity).
     pub max_debt: u64,
+    /// Where the charge's id is remembered ([`charge_key`]), when it has one.
+    pub charge_key: Option<String>,
 }
 
 /// The storage key of one counter. Injective: the tag cannot contain braces, the
 /// version is digits and the signature has no colon, so the key (last) is unambiguous.
 pub fn storage_key(tag: &str, version: u64, policy: &Policy, key: &str) -> String {
     format!("sluice:{{{tag}}}:v{version}:{}:{key}", policy.signature)
+}
+
+/// Where a charge id is remembered: within the counter's tag (one Redis Cluster slot
+/// with the counter), version and key. Injective: the id's length says where it ends
+/// (ids and keys may both hold colons), and no storage key has `charge` after its tag.
+pub fn charge_key(tag: &str, version: u64, key: &str, id: &str) -> String {
+    format!("sluice:{{{tag}}}:charge:{}:{id}:v{version}:{key}", id.len())
+}
+
+fn check_charge_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > MAX_CHARGE_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::bad_request(
+            "invalid_charge_id",
+            format!(
+                "charge_id: must be 1 to {MAX_CHARGE_ID_BYTES} visible ASCII characters without spaces \
+                 ({} bytes given)",
+                id.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_tag(tag: &str) -> Result<(), ApiError> {
@@ -257,8 +280,15 @@ impl ChargePlan {
                 format!("max_debt: {} is more than the limit's capacity ({capacity})", request.max_debt),
             ));
         }
+        let charge_key = match &request.charge_id {
+            Some(id) => {
+                check_charge_id(id)?;
+                Some(charge_key(tag, request.policy_version, &request.key, id))
+            }
+            None => None,
+        };
         entry.cost = request.cost;
-        Ok(Self { entry, max_debt: request.max_debt })
+        Ok(Self { entry, max_debt: request.max_debt, charge_key })
     }
 }
 
@@ -322,6 +352,12 @@ mod tests {
 
         assert_eq!(err.code, "invalid_value", "{err:?}");
         assert!(err.message.contains("entries[0].cost"), "{err:?}");
+    }
+
+    #[test]
+    fn charge_keys_tell_where_the_id_ends_whatever_colons_the_id_and_key_hold() {
+        assert_eq!(charge_key("t", 1, "a:b", "c"), "sluice:{t}:charge:1:c:v1:a:b");
+        assert_ne!(charge_key("t", 1, "b", "a:v1"), charge_key("t", 1, "v1:b", "a"));
     }
 
     #[test]

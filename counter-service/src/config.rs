@@ -177,6 +177,7 @@ impl Config {
         MemoryConfig {
             shards: usize::from(self.memory_shards),
             max_keys: usize::try_from(self.memory_max_keys).unwrap_or(usize::MAX),
+            ..MemoryConfig::default()
         }
     }
 

@@ -26,6 +26,7 @@ pub struct Metrics {
     charges: AtomicU64,
     tokens_charged: AtomicU64,
     tokens_forgiven: AtomicU64,
+    duplicate_charges: AtomicU64,
     store_errors: [AtomicU64; ERROR_KINDS.len()],
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
@@ -57,6 +58,11 @@ impl Metrics {
         self.charges.fetch_add(1, Ordering::Relaxed);
         self.tokens_charged.fetch_add(charged, Ordering::Relaxed);
         self.tokens_forgiven.fetch_add(forgiven, Ordering::Relaxed);
+    }
+
+    /// Counts a charge whose id had been applied already (answered, not applied again).
+    pub fn duplicate_charge(&self) {
+        self.duplicate_charges.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records one store call's latency.
@@ -142,6 +148,12 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE sluice_counter_forgiven_tokens_total counter");
         let _ = writeln!(out, "sluice_counter_forgiven_tokens_total {}", get(&self.tokens_forgiven));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_counter_duplicate_charges_total Charges whose id had been applied already: answered again, not applied."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_duplicate_charges_total counter");
+        let _ = writeln!(out, "sluice_counter_duplicate_charges_total {}", get(&self.duplicate_charges));
         let _ = writeln!(out, "# HELP sluice_counter_store_latency_seconds Latency of store calls.");
         let _ = writeln!(out, "# TYPE sluice_counter_store_latency_seconds histogram");
         let mut cumulative = 0;
@@ -201,6 +213,9 @@ impl Metrics {
                 let _ = writeln!(out, "# HELP sluice_counter_memory_keys Keys held by the memory store.");
                 let _ = writeln!(out, "# TYPE sluice_counter_memory_keys gauge");
                 let _ = writeln!(out, "sluice_counter_memory_keys {}", m.len());
+                let _ = writeln!(out, "# HELP sluice_counter_memory_charge_ids Charge ids the memory store remembers.");
+                let _ = writeln!(out, "# TYPE sluice_counter_memory_charge_ids gauge");
+                let _ = writeln!(out, "sluice_counter_memory_charge_ids {}", m.charge_ids());
             }
             Store::Redis(r) => {
                 let _ = writeln!(out, "# HELP sluice_counter_redis_connections Connections held by the pool.");

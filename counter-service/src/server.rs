@@ -246,13 +246,17 @@ async fn charge(State(app): State<Arc<App>>, body: Body) -> Result<Response, Api
     let request: ChargeRequest = api::parse(&bytes)?;
     let plan = ChargePlan::new(&request)?;
     let outcome = app.timed(app.store.charge(&plan, None)).await?;
-    let forgiven = plan.entry.cost.saturating_sub(outcome.charged);
-    app.metrics.charge(outcome.charged, forgiven);
+    if outcome.duplicate {
+        app.metrics.duplicate_charge();
+    } else {
+        app.metrics.charge(outcome.charged, outcome.forgiven);
+    }
     Ok(json(&ChargeResponse {
         charged: outcome.charged,
-        forgiven,
+        forgiven: outcome.forgiven,
         at_ns: outcome.at.as_u64(),
         entry: EntryResponse::from(&outcome.decision),
+        duplicate: outcome.duplicate,
     }))
 }
 

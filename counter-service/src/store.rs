@@ -37,8 +37,15 @@ pub struct LeaseOutcome {
 /// The outcome of a charge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChargeOutcome {
-    /// Units spent (the rest of the cost was forgiven).
+    /// Units spent (the rest of the cost was forgiven); for a duplicate, the units the
+    /// first charge with this id spent.
     pub charged: u64,
+    /// Units dropped because they did not fit within `max_debt`; for a duplicate, what
+    /// the first charge with this id forgave.
+    pub forgiven: u64,
+    /// The charge's id was applied before (within `CHARGE_ID_TTL_MS`): nothing was spent
+    /// now, and `charged` and `forgiven` repeat the first answer.
+    pub duplicate: bool,
     /// The time the charge was made at (Unix ns).
     pub at: Nanos,
     /// The limit after the charge: [`shared_store::Limit::status`].
@@ -73,6 +80,17 @@ pub enum StoreError {
         /// The configured bound.
         max_keys: usize,
     },
+    /// The memory store remembers its maximum number of charge ids, none expired yet;
+    /// charges with a new id are refused rather than forget an id (which could apply a
+    /// charge twice).
+    #[error(
+        "the memory store remembers its maximum of {max_ids} charge ids, none expired yet; \
+         charges with a new id are refused until some expire"
+    )]
+    ChargeIdsFull {
+        /// The bound.
+        max_ids: usize,
+    },
     /// Redis answered with an error (out of memory, script error, cluster redirect).
     #[error("redis answered with an error: {0}")]
     Server(String),
@@ -87,7 +105,7 @@ impl StoreError {
         match self {
             Self::Timeout { .. } => "timeout",
             Self::Unreachable { .. } => "connection",
-            Self::Full { .. } => "full",
+            Self::Full { .. } | Self::ChargeIdsFull { .. } => "full",
             Self::Server(_) => "server",
             Self::Protocol(_) => "protocol",
         }
@@ -96,7 +114,7 @@ impl StoreError {
     /// The API error code.
     pub const fn code(&self) -> &'static str {
         match self {
-            Self::Full { .. } => "store_full",
+            Self::Full { .. } | Self::ChargeIdsFull { .. } => "store_full",
             _ => "store_unavailable",
         }
     }

@@ -52,6 +52,7 @@ pub mod wire;
 
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use wire::{
-    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse, ErrorBody, ErrorDetail,
-    LeaseRequest, LeaseResponse, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, VerdictName,
+    CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse,
+    ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS,
+    MAX_TAG_BYTES, VerdictName,
 };

@@ -19,6 +19,12 @@ pub const MAX_KEY_BYTES: usize = 512;
 pub const MAX_TAG_BYTES: usize = 128;
 /// Longest lease, in milliseconds.
 pub const MAX_LEASE_TTL_MS: u64 = 300_000;
+/// Longest `charge_id`, in bytes (visible ASCII: at least one byte, no spaces).
+pub const MAX_CHARGE_ID_BYTES: usize = 64;
+/// How long the service remembers a charge id, in milliseconds: the same charge sent
+/// again within this time is not applied again (its first answer is repeated, with
+/// `duplicate: true`); after it, the id is new again.
+pub const CHARGE_ID_TTL_MS: u64 = 600_000;
 
 /// `POST /v1/check`: one all-or-nothing decision over one or several entries.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -97,6 +103,11 @@ pub struct ChargeRequest {
     /// How far below empty the charge may push the counter, in the limit's units
     /// (0..=capacity).
     pub max_debt: u64,
+    /// Identifies this charge (1 to [`MAX_CHARGE_ID_BYTES`] visible ASCII bytes): a
+    /// charge sent again with the same id for the same counter (after a timeout, say)
+    /// within [`CHARGE_ID_TTL_MS`] is applied once. Without an id, every charge is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
 }
 
 /// One entry's answer.
@@ -212,6 +223,11 @@ pub struct ChargeResponse {
     /// full again, debt included) and, when nothing is left, `verdict: rejected` with
     /// the exact wait until one unit is admitted again.
     pub entry: EntryResponse,
+    /// The charge's id was applied before (within [`CHARGE_ID_TTL_MS`]): `charged` and
+    /// `forgiven` repeat that answer, nothing was spent now, and `entry` is the limit as
+    /// it stands now.
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.

@@ -9,12 +9,15 @@
 -- Redis runs a script atomically and never expires a key in the middle of one, so the
 -- reads, the decision and the writes below cannot interleave with another decision.
 --
--- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot)
+-- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot). A
+--          charge has one entry, and KEYS[2] when it has a charge id: the key that
+--          remembers the id with its first answer, "charged forgiven" (same hash tag)
 -- ARGV[1]  time override in microseconds, "" in production (tests only)
 -- ARGV[2]  "check", "lease" or "charge"
 -- ARGV[3]  tokens asked for (lease), max_debt (charge), else 0
 -- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost (for a lease: min_tokens,
 --          the fewest worth granting)
+-- ARGV[10] a charge: how long its id is remembered, in ms (CHARGE_ID_TTL_MS)
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
 --   fw  fixed window  p1 = limit, p2 = window_ms
@@ -27,10 +30,13 @@
 --   windows  "last index count previous"
 --   log      "last at1 cost1 at2 cost2 ..."   (at in us)
 --
--- Reply: {sec, usec, admitted, granted, then per entry: verdict, limit, remaining,
--- reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait = delay), 2 rejected
--- (wait = retry_after, -1 = never), 3 exceeds. For a lease, granted is the grant; for a
--- charge, the units charged, and the entry is the limit's status after the charge.
+-- Reply: {sec, usec, admitted, granted, duplicate, forgiven, then per entry: verdict,
+-- limit, remaining, reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait =
+-- delay), 2 rejected (wait = retry_after, -1 = never), 3 exceeds. For a lease, granted
+-- is the grant; for a charge, the units charged and forgiven, and the entry is the
+-- limit's status after the charge. A charge whose id is remembered is not applied
+-- again: duplicate is 1, granted and forgiven repeat its first answer, and the entry is
+-- the limit's status now.
 --
 -- A charge may leave a counter up to max_debt (<= its capacity) below empty: debt and
 -- counts at most double, which keeps every integer below 2^53 within the envelope.
@@ -392,12 +398,18 @@ local op = ARGV[2]
 local tokens = tonumber(ARGV[3])
 
 local n = #KEYS
-local reply = { 0, 0, 1, 0 }
+local seen = nil
+if op == 'charge' then
+  n = 1
+  if KEYS[2] then seen = parse(redis.call('GET', KEYS[2])) end
+end
+local reply = { 0, 0, 1, 0, 0, 0 }
 reply[1] = fdiv(real_now, 1000000)
 reply[2] = real_now - reply[1] * 1000000
 local writes = {}
 local admitted = true
 local granted = 0
+local forgiven = 0
 
 for i = 1, n do
   local base = 4 + 6 * (i - 1)
@@ -416,6 +428,10 @@ for i = 1, n do
     if g < cost then g = 0 end
     v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
     if g > 0 and v <= 1 then granted = g else state = nil end
+  elseif op == 'charge' and seen then
+    granted, forgiven = seen[1] or 0, seen[2] or 0
+    reply[5] = 1
+    v, limit, remaining, reset, wait = status(code, st, now, p1, p2, p3, p4)
   elseif op == 'charge' then
     local charged_st, c, charged_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
     local after = st
@@ -423,6 +439,7 @@ for i = 1, n do
       after, granted, idle = charged_st, c, charged_idle
       state = serialize(charged_st)
     end
+    forgiven = cost - granted
     v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
   else
     v, limit, remaining, reset, wait, state, idle = run(code, st, now, cost, p1, p2, p3, p4)
@@ -442,6 +459,12 @@ end
 if op == 'lease' or op == 'charge' then
   reply[4] = granted
   admitted = granted > 0
+end
+if op == 'charge' then
+  reply[6] = forgiven
+  if KEYS[2] and not seen then
+    redis.call('SET', KEYS[2], fmt(granted) .. ' ' .. fmt(forgiven), 'PX', ARGV[10])
+  end
 end
 if admitted then
   for _, w in ipairs(writes) do

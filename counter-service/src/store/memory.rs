@@ -14,6 +14,13 @@
 //!   is full of active keys, a check that needs a *new* key there is refused with
 //!   [`StoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
 //!   active key is ever evicted, since evicting one would silently reset a client.
+//! * **Charge ids.** A charge with an id is remembered with its answer for
+//!   [`CHARGE_ID_TTL_MS`], in the shard of its counter, so that the same charge sent
+//!   again is answered again instead of applied again. At most `max_charge_ids` are
+//!   remembered (split evenly over the shards); expired ones are dropped by the sweep
+//!   and by a full shard, and when a shard still holds only live ones, charges with a
+//!   new id there are refused ([`StoreError::ChargeIdsFull`], 503 `store_full`) rather
+//!   than forget an id.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -21,6 +28,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shared_store::{Clock, Decision, Limit, Nanos, State};
+use sluice_protocol::CHARGE_ID_TTL_MS;
 
 use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
@@ -35,11 +43,16 @@ pub struct MemoryConfig {
     pub shards: usize,
     /// Most keys held at once.
     pub max_keys: usize,
+    /// Most charge ids remembered at once (each for [`CHARGE_ID_TTL_MS`]).
+    pub max_charge_ids: usize,
 }
+
+/// The default bound on remembered charge ids.
+pub const DEFAULT_MAX_CHARGE_IDS: usize = 100_000;
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { shards: 64, max_keys: 1_000_000 }
+        Self { shards: 64, max_keys: 1_000_000, max_charge_ids: DEFAULT_MAX_CHARGE_IDS }
     }
 }
 
@@ -100,18 +113,39 @@ impl Slot {
     }
 }
 
+/// What a charge with an id answered, remembered until `until`.
+#[derive(Clone, Copy, Debug)]
+struct Remembered {
+    charged: u64,
+    forgiven: u64,
+    until: Nanos,
+}
+
 #[derive(Debug, Default)]
 struct Shard {
     map: HashMap<String, Slot>,
     /// Until then, the shard is known to be full of active keys.
     full_until: Nanos,
+    /// Charge ids applied to this shard's counters, by [`crate::api::charge_key`].
+    charges: HashMap<String, Remembered>,
 }
 
 impl Shard {
+    /// Drops idle keys and expired charge ids; returns how many keys were dropped.
     fn sweep(&mut self, now: Nanos) -> usize {
         let before = self.map.len();
         self.map.retain(|_, slot| !slot.is_idle(now));
+        self.forget_expired(now);
         before - self.map.len()
+    }
+
+    fn forget_expired(&mut self, now: Nanos) {
+        self.charges.retain(|_, remembered| remembered.until > now);
+    }
+
+    /// The first answer of a charge id still remembered at `now`.
+    fn remembered(&self, charge_key: &str, now: Nanos) -> Option<Remembered> {
+        self.charges.get(charge_key).copied().filter(|r| r.until > now)
     }
 }
 
@@ -121,6 +155,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     max_keys: usize,
+    ids_per_shard: usize,
+    max_charge_ids: usize,
     hasher: std::hash::RandomState,
     clock: StoreClock,
 }
@@ -156,10 +192,13 @@ impl MemoryStore {
     fn build(config: MemoryConfig, clock: StoreClock) -> Self {
         let shards = config.shards.max(1);
         let max_keys = config.max_keys.max(1);
+        let max_charge_ids = config.max_charge_ids.max(1);
         Self {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: max_keys.div_ceil(shards),
             max_keys,
+            ids_per_shard: max_charge_ids.div_ceil(shards),
+            max_charge_ids,
             hasher: std::hash::RandomState::new(),
             clock,
         }
@@ -181,12 +220,18 @@ impl MemoryStore {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
+    /// Number of charge ids remembered (expired ones included until the next sweep).
+    pub fn charge_ids(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).charges.len()).sum()
+    }
+
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every idle key; returns how many were dropped.
+    /// Drops every idle key and every expired charge id; returns how many keys were
+    /// dropped.
     pub fn sweep(&self, at: Option<Nanos>) -> usize {
         let now = at.unwrap_or_else(|| self.now());
         self.shards.iter().map(|s| lock(s).sweep(now)).sum()
@@ -310,15 +355,36 @@ impl MemoryStore {
     }
 
     /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the
-    /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]).
+    /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]). A charge
+    /// whose id is remembered is not applied again: its first answer is repeated, with
+    /// the limit's status now.
     ///
     /// # Errors
-    /// [`StoreError::Full`] when the key is new and does not fit.
+    /// [`StoreError::Full`] when the key is new and does not fit;
+    /// [`StoreError::ChargeIdsFull`] when the id is new and its shard remembers as many
+    /// live ids as it may.
     pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
         let entries = [&plan.entry];
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
+        if let Some(charge_key) = &plan.charge_key
+            && let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard)
+        {
+            if let Some(first) = guard.remembered(charge_key, now) {
+                let slot = guard.map.get(&plan.entry.storage_key);
+                let decided_at = slot.map_or(now, |s| s.last.max(now));
+                let decision = plan.entry.policy.limit.status(slot.map(|s| &s.state), decided_at);
+                let (charged, forgiven) = (first.charged, first.forgiven);
+                return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
+            }
+            if guard.charges.len() >= self.ids_per_shard && !guard.charges.contains_key(charge_key) {
+                guard.forget_expired(now);
+                if guard.charges.len() >= self.ids_per_shard {
+                    return Err(StoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
+                }
+            }
+        }
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&plan.entry.storage_key));
         let decided_at = slot.map_or(now, |s| s.last.max(now));
         let limit = &plan.entry.policy.limit;
@@ -327,6 +393,13 @@ impl MemoryStore {
         let pending = vec![Pending { shard, decision, next: (charged > 0).then_some(next), at: decided_at }];
         self.reserve(&mut guards, &entries, &pending, now)?;
         Self::apply(&mut guards, &entries, pending);
-        Ok(ChargeOutcome { charged, at: now, decision })
+        let forgiven = plan.entry.cost.saturating_sub(charged);
+        if let Some(charge_key) = &plan.charge_key
+            && let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard)
+        {
+            let until = now.saturating_add(Nanos::from_millis(CHARGE_ID_TTL_MS));
+            guard.charges.insert(charge_key.clone(), Remembered { charged, forgiven, until });
+        }
+        Ok(ChargeOutcome { charged, forgiven, duplicate: false, at: now, decision })
     }
 }

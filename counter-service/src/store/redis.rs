@@ -27,6 +27,7 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use shared_store::{Decision, Nanos, Verdict};
+use sluice_protocol::CHARGE_ID_TTL_MS;
 
 use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
@@ -332,7 +333,7 @@ impl RedisStore {
         tokens: u64,
         entries: &[(&PlannedEntry, u64)],
         at: Option<Nanos>,
-    ) -> Result<(Nanos, bool, u64, Vec<Decision>), StoreError> {
+    ) -> Result<Reply, StoreError> {
         let keys: Vec<&str> = entries.iter().map(|(e, _)| e.storage_key.as_str()).collect();
         let reply = self.run_script(&keys, &Self::script_args(op, tokens, entries, at)).await?;
         parse_reply(&reply, entries.len())
@@ -345,7 +346,7 @@ impl RedisStore {
     /// See [`StoreError`].
     pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
         let entries: Vec<(&PlannedEntry, u64)> = plan.entries.iter().map(|e| (e, e.cost)).collect();
-        let (at, admitted, _, decisions) = self.decide("check", 0, &entries, at).await?;
+        let Reply { at, admitted, decisions, .. } = self.decide("check", 0, &entries, at).await?;
         Ok(CheckOutcome { admitted, at, decisions })
     }
 
@@ -355,7 +356,7 @@ impl RedisStore {
     /// # Errors
     /// See [`StoreError`].
     pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
-        let (at, _, granted, decisions) =
+        let Reply { at, granted, decisions, .. } =
             self.decide("lease", plan.tokens, &[(&plan.entry, plan.min_tokens)], at).await?;
         let decision = decisions
             .into_iter()
@@ -364,18 +365,30 @@ impl RedisStore {
         Ok(LeaseOutcome { granted, at, decision })
     }
 
-    /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script.
+    /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script; a
+    /// charge with an id is remembered (with its answer) in the same script, under its
+    /// charge key with a TTL of `CHARGE_ID_TTL_MS`, and not applied again while it is.
     ///
     /// # Errors
     /// See [`StoreError`].
     pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
-        let (at, _, charged, decisions) =
-            self.decide("charge", plan.max_debt, &[(&plan.entry, plan.entry.cost)], at).await?;
-        let decision = decisions
+        let mut keys = vec![plan.entry.storage_key.as_str()];
+        keys.extend(plan.charge_key.as_deref());
+        let mut args = Self::script_args("charge", plan.max_debt, &[(&plan.entry, plan.entry.cost)], at);
+        args.push(CHARGE_ID_TTL_MS.to_string());
+        let reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
+        let decision = reply
+            .decisions
             .into_iter()
             .next()
             .ok_or_else(|| StoreError::Protocol("charge reply without a decision".into()))?;
-        Ok(ChargeOutcome { charged, at, decision })
+        Ok(ChargeOutcome {
+            charged: reply.granted,
+            forgiven: reply.forgiven,
+            duplicate: reply.duplicate,
+            at: reply.at,
+            decision,
+        })
     }
 
     /// `PING` within the deadline.
@@ -426,15 +439,33 @@ fn non_negative(v: i64, what: &str) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Protocol(format!("negative {what}: {v}")))
 }
 
-/// Parses `{sec, usec, admitted, granted, (verdict, limit, remaining, reset, wait)*}`.
-fn parse_reply(reply: &[i64], entries: usize) -> Result<(Nanos, bool, u64, Vec<Decision>), StoreError> {
+/// What the script answered.
+#[derive(Debug, PartialEq, Eq)]
+struct Reply {
+    /// Redis' time (or the override).
+    at: Nanos,
+    /// A check: every entry admitted.
+    admitted: bool,
+    /// A lease: tokens granted; a charge: units charged (the first time, for a duplicate).
+    granted: u64,
+    /// A charge: its id was applied before.
+    duplicate: bool,
+    /// A charge: units forgiven (the first time, for a duplicate).
+    forgiven: u64,
+    /// One per entry.
+    decisions: Vec<Decision>,
+}
+
+/// Parses `{sec, usec, admitted, granted, duplicate, forgiven, (verdict, limit,
+/// remaining, reset, wait)*}`.
+fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, StoreError> {
     let (head, rest) = reply
-        .split_first_chunk::<4>()
+        .split_first_chunk::<6>()
         .ok_or_else(|| StoreError::Protocol(format!("script reply has {} values", reply.len())))?;
     if rest.len() != 5 * entries {
         return Err(StoreError::Protocol(format!("script reply has {} values for {entries} entries", reply.len())));
     }
-    let [sec, usec, admitted, granted] = *head;
+    let [sec, usec, admitted, granted, duplicate, forgiven] = *head;
     let at = Nanos::from_secs(non_negative(sec, "time")?)
         .saturating_add(Nanos(non_negative(usec, "time")?.saturating_mul(1000)));
     let mut decisions = Vec::with_capacity(entries);
@@ -448,7 +479,14 @@ fn parse_reply(reply: &[i64], entries: usize) -> Result<(Nanos, bool, u64, Vec<D
             });
         }
     }
-    Ok((at, admitted == 1, non_negative(granted, "grant")?, decisions))
+    Ok(Reply {
+        at,
+        admitted: admitted == 1,
+        granted: non_negative(granted, "grant")?,
+        duplicate: duplicate == 1,
+        forgiven: non_negative(forgiven, "forgiven")?,
+        decisions,
+    })
 }
 
 #[cfg(test)]
@@ -458,17 +496,19 @@ mod tests {
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
         assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
     }
 
     #[test]
     fn a_reply_is_read_into_decisions_and_the_redis_time() {
-        let (at, admitted, granted, decisions) = parse_reply(&[7, 5, 0, 0, 2, 5, 0, 900, -1], 1).unwrap();
+        let reply = parse_reply(&[7, 5, 0, 3, 1, 2, 2, 5, 0, 900, -1], 1).unwrap();
 
-        assert_eq!((at, admitted, granted), (Nanos(7_000_005_000), false, 0));
-        assert_eq!(decisions[0].verdict, Verdict::Rejected { retry_after: Nanos::MAX });
-        assert_eq!((decisions[0].limit, decisions[0].reset_after), (5, Nanos(900)));
+        assert_eq!((reply.at, reply.admitted, reply.granted), (Nanos(7_000_005_000), false, 3));
+        assert_eq!((reply.duplicate, reply.forgiven), (true, 2));
+        assert_eq!(reply.decisions[0].verdict, Verdict::Rejected { retry_after: Nanos::MAX });
+        assert_eq!((reply.decisions[0].limit, reply.decisions[0].reset_after), (5, Nanos(900)));
     }
 }

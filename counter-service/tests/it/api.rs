@@ -216,6 +216,35 @@ fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> 
             "missing_field",
         ),
         (
+            "charge with an empty id",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "", "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_charge_id",
+        ),
+        (
+            "charge with an id longer than 64 bytes",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "x".repeat(65), "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_charge_id",
+        ),
+        (
+            "charge with an id holding a space",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "a b", "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_charge_id",
+        ),
+        (
+            "charge with an id beyond ASCII",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "é", "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_charge_id",
+        ),
+        (
             "charge with a lease's fields",
             "/v1/charge",
             json!({"key": "probe", "cost": 1, "max_debt": 1, "tokens": 1, "limit": probe_limit()}).to_string(),
@@ -361,6 +390,9 @@ async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it_o
     let (status, first) = http.post("/v1/charge", &charge(15)).await;
     let (_, second) = http.post("/v1/charge", &charge(1)).await;
     let (_, check) = http.post("/v1/check", &json!({"entries": [{"key": "route", "limit": probe_limit()}]})).await;
+    let with_id = json!({"key": "other", "cost": 4, "max_debt": 0, "charge_id": "7f3a", "limit": probe_limit()});
+    let (_, once) = http.post("/v1/charge", &with_id).await;
+    let (_, twice) = http.post("/v1/charge", &with_id).await;
     let (_, metrics) = http.get("/metrics").await;
 
     assert_eq!(status, 200, "{first}");
@@ -378,10 +410,14 @@ async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it_o
     assert!(entry["reset_after_ns"].as_u64().expect("reset") > 12 * 86_400_000_000_000, "{entry}");
     assert_eq!((second["charged"].as_u64(), second["forgiven"].as_u64()), (Some(0), Some(1)), "at the bound: {second}");
     assert_eq!((check["admitted"].as_bool(), check["entries"][0]["verdict"].as_str()), (Some(false), Some("rejected")));
+    assert_eq!((once["charged"].as_u64(), once["duplicate"].as_bool()), (Some(4), Some(false)), "{once}");
+    assert_eq!((twice["charged"].as_u64(), twice["duplicate"].as_bool()), (Some(4), Some(true)), "{twice}");
+    assert_eq!(twice["entry"]["remaining"], 6, "{twice}");
     for line in [
-        "sluice_counter_charges_total 2",
-        "sluice_counter_charged_tokens_total 13",
+        "sluice_counter_charges_total 3",
+        "sluice_counter_charged_tokens_total 17",
         "sluice_counter_forgiven_tokens_total 3",
+        "sluice_counter_duplicate_charges_total 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
     }

@@ -296,6 +296,43 @@ async fn a_charge_of_a_key_never_seen_starts_from_a_full_limit(target: Target<'_
     assert_eq!((nothing.charged, nothing.decision.remaining), (0, 4));
 }
 
+async fn a_charge_sent_again_with_its_id_is_applied_once_and_answered_as_the_first_time(target: Target<'_>, tag: &str) {
+    let first = target.charge_once(tag, "k", bucket(), (6, 3), Some("c-1"), t_us(0)).await;
+    let again = target.charge_once(tag, "k", bucket(), (6, 3), Some("c-1"), t_us(100 * MS)).await;
+    let check_after = one(target, tag, entry("k", bucket(), 0), 100 * MS).await;
+    let another_id = target.charge_once(tag, "k", bucket(), (1, 3), Some("c-2"), t_us(100 * MS)).await;
+
+    // 4 in the bucket and 2 below empty: 6 charged; 6 units of debt drain in 3 s.
+    assert_eq!((first.charged, first.forgiven, first.duplicate), (6, 0, false));
+    assert_eq!((again.charged, again.forgiven, again.duplicate), (6, 0, true), "the first answer, repeated");
+    assert_eq!(again.decision.reset_after, Nanos::from_millis(2900), "the entry is the limit as it stands now");
+    assert_eq!(check_after.reset_after, Nanos::from_millis(2900), "nothing was spent the second time");
+    assert_eq!((another_id.charged, another_id.duplicate), (1, false));
+}
+
+async fn a_charge_id_is_remembered_per_counter_and_a_charge_without_one_is_applied_every_time(
+    target: Target<'_>,
+    tag: &str,
+) {
+    let first = target.charge_once(tag, "a", bucket(), (1, 0), Some("same"), t_us(0)).await;
+    let other_key = target.charge_once(tag, "b", bucket(), (1, 0), Some("same"), t_us(0)).await;
+    let without = target.charge(tag, "a", bucket(), (1, 0), t_us(0)).await;
+    let without_again = target.charge(tag, "a", bucket(), (1, 0), t_us(0)).await;
+    let forgiven_first = target.charge_once(tag, "c", bucket(), (9, 0), Some("all"), t_us(0)).await;
+    let forgiven_again = target.charge_once(tag, "c", bucket(), (9, 0), Some("all"), t_us(0)).await;
+
+    assert_eq!((first.charged, first.duplicate), (1, false));
+    assert_eq!((other_key.charged, other_key.duplicate), (1, false), "another counter, another charge");
+    assert_eq!((without.charged, without.duplicate, without_again.charged), (1, false, 1));
+    assert_eq!(without_again.decision.remaining, 1, "4 less the three charges of one");
+    assert_eq!((forgiven_first.charged, forgiven_first.forgiven), (4, 5));
+    assert_eq!(
+        (forgiven_again.charged, forgiven_again.forgiven, forgiven_again.duplicate),
+        (4, 5, true),
+        "what was forgiven is answered again too"
+    );
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -361,4 +398,6 @@ on_every_store!(
     a_fixed_window_charge_carries_its_debt_only_to_the_end_of_the_window,
     a_sliding_log_records_at_most_256_entries_of_charges,
     a_charge_of_a_key_never_seen_starts_from_a_full_limit,
+    a_charge_sent_again_with_its_id_is_applied_once_and_answered_as_the_first_time,
+    a_charge_id_is_remembered_per_counter_and_a_charge_without_one_is_applied_every_time,
 );

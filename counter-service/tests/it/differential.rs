@@ -8,7 +8,9 @@ use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::Policy;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
-use crate::support::{RedisServer, charge_plan, entry, lease_plan_at_least, plan, redis_store, t_us};
+use sluice_counter::api::ChargePlan;
+
+use crate::support::{RedisServer, charge_request, entry, lease_plan_at_least, plan, redis_store, t_us};
 
 /// xorshift64*: deterministic, seedable, no dependency.
 struct Rng(u64);
@@ -69,11 +71,13 @@ fn step_us(rng: &mut Rng, policy: &Policy, last: &Decision) -> i64 {
     }
 }
 
-/// What the reference keeps per key: shared-store's state and the latest decision time.
+/// What the reference keeps per key: shared-store's state, the latest decision time,
+/// and the charge ids applied with their answers (charged, forgiven).
 #[derive(Default)]
 struct Reference {
     state: Option<State>,
     last: Nanos,
+    charge_ids: std::collections::HashMap<String, (u64, u64)>,
 }
 
 impl Reference {
@@ -105,16 +109,30 @@ impl Reference {
     }
 
     /// What the memory store does: `Limit::charge` at the key's latest time, the status
-    /// after it, and a write only when something was charged.
-    fn charge(&mut self, limit: &Limit, now: Nanos, cost: u64, max_debt: u64) -> (u64, Decision) {
+    /// after it, and a write only when something was charged; a charge id seen before
+    /// answers its first (charged, forgiven) again, with the status now, and charges
+    /// nothing. Returns (charged, forgiven, duplicate, status).
+    fn charge(
+        &mut self,
+        limit: &Limit,
+        now: Nanos,
+        (cost, max_debt): (u64, u64),
+        id: Option<&str>,
+    ) -> (u64, u64, bool, Decision) {
         let at = now.max(self.last);
+        if let Some(&(charged, forgiven)) = id.and_then(|id| self.charge_ids.get(id)) {
+            return (charged, forgiven, true, limit.status(self.state.as_ref(), at));
+        }
         let (next, charged) = limit.charge(self.state.as_ref(), at, cost, max_debt);
         let status = limit.status(Some(&next), at);
         if charged > 0 {
             self.state = Some(next);
             self.last = at;
         }
-        (charged, status)
+        if let Some(id) = id {
+            self.charge_ids.insert(id.to_owned(), (charged, cost - charged));
+        }
+        (charged, cost - charged, false, status)
     }
 }
 
@@ -130,6 +148,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut rejections = 0u64;
     let mut charges = 0u64;
     let mut forgiven = 0u64;
+    let mut duplicates = 0u64;
 
     for case in 0..cases {
         let spec = random_spec(&mut rng);
@@ -147,19 +166,27 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                 // From nothing to three times the capacity, and debt bounds from none to the most allowed.
                 let cost = rng.below(3 * policy.capacity() + 1);
                 let max_debt = if rng.chance(20) { policy.capacity() } else { rng.below(policy.capacity() + 1) };
-                let (charged, expected) = reference.charge(&policy.limit, now, cost, max_debt);
-                let got = store
-                    .charge(&charge_plan(&tag, "k", spec, cost, max_debt), Some(now))
-                    .await
-                    .expect("redis answers");
+                // Half the charges carry an id, a third of those one already applied.
+                let ids_so_far = reference.charge_ids.len() as u64;
+                let id = match rng.below(6) {
+                    0 if ids_so_far > 0 => Some(format!("c{}", rng.below(ids_so_far))),
+                    1 | 2 => Some(format!("c{ids_so_far}")),
+                    _ => None,
+                };
+                let (charged, forgave, duplicate, expected) =
+                    reference.charge(&policy.limit, now, (cost, max_debt), id.as_deref());
+                let request = charge_request(&tag, "k", spec, (cost, max_debt), id.as_deref());
+                let plan = ChargePlan::new(&request).expect("a valid charge");
+                let got = store.charge(&plan, Some(now)).await.expect("redis answers");
                 assert_eq!(
-                    (got.charged, got.decision),
-                    (charged, expected),
-                    "charge of {cost}, debt {max_debt}: {}",
+                    (got.charged, got.forgiven, got.duplicate, got.decision),
+                    (charged, forgave, duplicate, expected),
+                    "charge of {cost}, debt {max_debt}, id {id:?}: {}",
                     context()
                 );
                 charges += 1;
-                forgiven += u64::from(charged < cost);
+                forgiven += u64::from(charged < cost && !duplicate);
+                duplicates += u64::from(duplicate);
                 last = expected;
             } else if policy.leasable() && rng.chance(15) {
                 let tokens = 1 + rng.below(policy.capacity());
@@ -196,5 +223,6 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
 
     assert!(rejections > compared / 20, "the random walk must reach rejections often: {rejections} of {compared}");
     assert!(forgiven > charges / 10, "charges must reach their debt bound often: {forgiven} of {charges}");
+    assert!(duplicates > charges / 20, "charges must be sent again with their id often: {duplicates} of {charges}");
     redis.assert_every_key_has_a_ttl();
 }

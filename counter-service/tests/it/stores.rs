@@ -3,9 +3,10 @@
 
 use serde_json::json;
 use shared_store::Verdict;
+use sluice_counter::api::ChargePlan;
 use sluice_counter::config::Config;
 use sluice_counter::store::{MemoryConfig, MemoryStore, Store, StoreError, Topology};
-use sluice_protocol::LimitSpec;
+use sluice_protocol::{CHARGE_ID_TTL_MS, LimitSpec};
 
 use crate::api::{redis_config, start};
 use crate::support::*;
@@ -17,7 +18,7 @@ fn bucket() -> LimitSpec {
 #[tokio::test]
 async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
     let _shared = crate::support::HEAVY.read().await;
-    let memory = MemoryStore::new(MemoryConfig { shards: 4, max_keys: 100 });
+    let memory = MemoryStore::new(MemoryConfig { shards: 4, max_keys: 100, ..MemoryConfig::default() });
     let store = Store::Memory(memory);
     let Store::Memory(memory) = &store else { unreachable!() };
     check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
@@ -35,7 +36,7 @@ async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
 #[tokio::test]
 async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
     let _shared = crate::support::HEAVY.read().await;
-    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 2 }));
+    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 2, ..MemoryConfig::default() }));
     check(&store, "t", vec![entry("a", bucket(), 4)], t_us(0)).await;
     check(&store, "t", vec![entry("b", bucket(), 4)], t_us(0)).await;
 
@@ -48,6 +49,48 @@ async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
     assert_eq!(partial, Err(StoreError::Full { max_keys: 2 }));
     assert!(matches!(a_still_exhausted.decisions[0].verdict, Verdict::Rejected { .. }));
     assert!(c_once_a_and_b_are_idle.admitted, "a full shard drops its idle keys before refusing");
+}
+
+#[tokio::test]
+async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_than_forget_one() {
+    let _shared = crate::support::HEAVY.read().await;
+    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 100, max_charge_ids: 2 }));
+    let charge = |key: &str, id: Option<&str>| {
+        ChargePlan::new(&charge_request("t", key, bucket(), (1, 0), id)).expect("a valid charge")
+    };
+    let ttl_us = CHARGE_ID_TTL_MS * 1000;
+    store.charge(&charge("a", Some("1")), Some(t_us(0))).await.expect("remembered");
+    store.charge(&charge("b", Some("2")), Some(t_us(0))).await.expect("remembered");
+
+    let third = store.charge(&charge("c", Some("3")), Some(t_us(1))).await;
+    let first_again = store.charge(&charge("a", Some("1")), Some(t_us(1))).await.expect("answered");
+    let without_id = store.charge(&charge("c", None), Some(t_us(1))).await.expect("applied");
+    let once_the_first_two_expired = store.charge(&charge("c", Some("3")), Some(t_us(ttl_us))).await;
+
+    assert_eq!(third, Err(StoreError::ChargeIdsFull { max_ids: 2 }));
+    assert_eq!(third.unwrap_err().code(), "store_full");
+    assert!(first_again.duplicate, "a remembered id is still answered as a duplicate");
+    assert_eq!((without_id.charged, without_id.duplicate), (1, false), "a charge without an id needs no room");
+    assert_eq!(once_the_first_two_expired.map(|o| (o.charged, o.duplicate)), Ok((1, false)));
+}
+
+#[tokio::test]
+async fn a_charge_id_is_forgotten_once_its_ttl_has_passed_and_swept_with_it() {
+    let _shared = crate::support::HEAVY.read().await;
+    let memory = MemoryStore::new(MemoryConfig { shards: 2, max_keys: 100, ..MemoryConfig::default() });
+    let plan = ChargePlan::new(&charge_request("t", "k", bucket(), (1, 0), Some("x"))).expect("a valid charge");
+    let ttl_us = CHARGE_ID_TTL_MS * 1000;
+    memory.charge(&plan, Some(t_us(0))).expect("applied");
+
+    let just_before = memory.charge(&plan, Some(t_us(ttl_us - 1))).expect("answered");
+    let remembered_before_the_sweep = memory.charge_ids();
+    memory.sweep(Some(t_us(ttl_us)));
+    let remembered_after_the_sweep = memory.charge_ids();
+    let at_the_ttl = memory.charge(&plan, Some(t_us(ttl_us))).expect("applied");
+
+    assert!(just_before.duplicate);
+    assert_eq!((remembered_before_the_sweep, remembered_after_the_sweep), (1, 0));
+    assert_eq!((at_the_ttl.charged, at_the_ttl.duplicate), (1, false), "ten minutes on, the id is new again");
 }
 
 #[tokio::test]

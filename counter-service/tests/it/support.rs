@@ -305,7 +305,7 @@ pub fn redis_config(urls: Vec<String>, topology: Topology) -> RedisConfig {
 }
 
 pub fn memory_store() -> Store {
-    Store::Memory(MemoryStore::new(MemoryConfig { shards: 8, max_keys: 10_000 }))
+    Store::Memory(MemoryStore::new(MemoryConfig { shards: 8, max_keys: 10_000, ..MemoryConfig::default() }))
 }
 
 pub fn redis_store(server: &RedisServer) -> Store {
@@ -358,16 +358,27 @@ pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens
     store.lease(&lease_plan(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
 }
 
-pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: u64) -> ChargePlan {
-    let request = ChargeRequest {
+/// A charge of `cost`, at most `max_debt` below empty, with an optional charge id.
+pub fn charge_request(
+    tag: &str,
+    key: &str,
+    limit: LimitSpec,
+    (cost, max_debt): (u64, u64),
+    charge_id: Option<&str>,
+) -> ChargeRequest {
+    ChargeRequest {
         tag: Some(tag.to_owned()),
         key: key.to_owned(),
         policy_version: 0,
         limit,
         cost,
         max_debt,
-    };
-    ChargePlan::new(&request).expect("a valid charge")
+        charge_id: charge_id.map(str::to_owned),
+    }
+}
+
+pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: u64) -> ChargePlan {
+    ChargePlan::new(&charge_request(tag, key, limit, (cost, max_debt), None)).expect("a valid charge")
 }
 
 pub async fn charge(
@@ -394,7 +405,7 @@ impl Served {
     pub async fn start(protocol: Protocol) -> Self {
         let clock = shared_store::ManualClock::at(t_us(0));
         let store = Store::Memory(MemoryStore::with_clock(
-            MemoryConfig { shards: 8, max_keys: 10_000 },
+            MemoryConfig { shards: 8, max_keys: 10_000, ..MemoryConfig::default() },
             std::sync::Arc::new(clock.clone()),
         ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -468,20 +479,37 @@ impl Target<'_> {
         (cost, max_debt): (u64, u64),
         at: Nanos,
     ) -> ChargeOutcome {
+        self.charge_once(tag, key, limit, (cost, max_debt), None, at).await
+    }
+
+    /// A charge with an optional charge id: applied once per id.
+    pub async fn charge_once(
+        &self,
+        tag: &str,
+        key: &str,
+        limit: LimitSpec,
+        (cost, max_debt): (u64, u64),
+        charge_id: Option<&str>,
+        at: Nanos,
+    ) -> ChargeOutcome {
+        let request = charge_request(tag, key, limit, (cost, max_debt), charge_id);
         match self {
-            Self::Store(store) => charge(store, tag, key, limit, (cost, max_debt), at).await,
+            Self::Store(store) => {
+                let plan = ChargePlan::new(&request).expect("a valid charge");
+                store.charge(&plan, Some(at)).await.expect("the store answers")
+            }
             Self::Http(served) => {
-                let request = ChargeRequest {
-                    tag: Some(tag.to_owned()),
-                    key: key.to_owned(),
-                    policy_version: 0,
-                    limit,
-                    cost,
-                    max_debt,
-                            };
                 let answer: ChargeResponse = served.post("/v1/charge", &request, at).await;
-                assert_eq!(answer.charged + answer.forgiven, cost);
-                ChargeOutcome { charged: answer.charged, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
+                if !answer.duplicate {
+                    assert_eq!(answer.charged + answer.forgiven, cost);
+                }
+                ChargeOutcome {
+                    charged: answer.charged,
+                    forgiven: answer.forgiven,
+                    duplicate: answer.duplicate,
+                    at: Nanos(answer.at_ns),
+                    decision: answer.entry.decision(),
+                }
             }
         }
     }
