@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use sluice_protocol::{DEFAULT_MAX_ENTRIES, MAX_ENTRIES_LIMIT};
 
 use crate::auth::{Auth, Token};
 use crate::store::{MemoryConfig, RedisConfig, Topology};
@@ -94,8 +95,14 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_MAX_BODY_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub max_body_bytes: u32,
 
-    /// Most entries in one check.
-    #[arg(long, env = "SLUICE_COUNTER_MAX_ENTRIES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    /// Most entries in one check (the filter refuses configurations that could need more
+    /// than the default).
+    #[arg(
+        long,
+        env = "SLUICE_COUNTER_MAX_ENTRIES",
+        default_value_t = DEFAULT_MAX_ENTRIES,
+        value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_ENTRIES_LIMIT))
+    )]
     pub max_entries: u16,
 
     /// Memory store: most keys held at once.
@@ -147,7 +154,7 @@ impl Config {
             max_in_flight: 1024,
             max_connections: 4096,
             max_body_bytes: 65_536,
-            max_entries: 16,
+            max_entries: DEFAULT_MAX_ENTRIES,
             memory_max_keys: 1_000_000,
             memory_shards: 64,
             sweep_interval_ms: 1000,
@@ -221,6 +228,18 @@ mod tests {
         let config = Config::try_parse_from(["sluice-counter", "--token", ""]).unwrap();
 
         assert_eq!(config.auth().unwrap_err(), "--token: the token is empty");
+    }
+
+    #[test]
+    fn max_entries_defaults_to_and_is_bounded_by_the_protocol_constants() {
+        let default = Config::try_parse_from(["sluice-counter"]).unwrap();
+        let largest = MAX_ENTRIES_LIMIT.to_string();
+        let above = (MAX_ENTRIES_LIMIT + 1).to_string();
+
+        assert_eq!(default.max_entries, DEFAULT_MAX_ENTRIES);
+        assert_eq!(Config::try_parse_from(["sluice-counter", "--max-entries", &largest]).unwrap().max_entries, 256);
+        let err = Config::try_parse_from(["sluice-counter", "--max-entries", &above]).unwrap_err().to_string();
+        assert!(err.contains("--max-entries") && err.contains("1..=256"), "{err}");
     }
 
     #[test]

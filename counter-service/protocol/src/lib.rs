@@ -50,6 +50,13 @@
 pub mod limit;
 pub mod wire;
 
+/// Entries one check carries at most, unless the service is started with another
+/// `--max-entries`: the filter refuses a configuration whose requests could need more.
+pub const DEFAULT_MAX_ENTRIES: u16 = 16;
+/// The largest `--max-entries` the service accepts.
+pub const MAX_ENTRIES_LIMIT: u16 = 256;
+const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
+
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse,
