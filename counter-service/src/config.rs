@@ -9,7 +9,7 @@ use clap::{Parser, ValueEnum};
 use sluice_protocol::{DEFAULT_MAX_ENTRIES, MAX_ENTRIES_LIMIT};
 
 use crate::auth::{Auth, Token};
-use crate::store::{MemoryConfig, RedisConfig, Topology};
+use crate::store::{MemoryConfig, RedisConfig, RedisUrl, Topology};
 
 /// The default listen address: loopback only, port 8710.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8710";
@@ -55,7 +55,10 @@ impl fmt::Debug for Secret {
 /// sluice-counter: the central counter service for Sluice's global rate-limit policies.
 ///
 /// Every flag can also be set from the environment variable named beside it.
-#[derive(Clone, Debug, PartialEq, Eq, Parser)]
+///
+/// Its `Debug` form hides the token and the Redis URLs' credentials (as `--help` hides
+/// both variables' values).
+#[derive(Clone, PartialEq, Eq, Parser)]
 #[command(name = "sluice-counter", version, about, long_about = None)]
 pub struct Config {
     /// Address to listen on.
@@ -67,7 +70,15 @@ pub struct Config {
     pub store: StoreKind,
 
     /// Redis URL(s), comma-separated: one for `redis`, seed nodes for `redis-cluster`.
-    #[arg(long, env = "SLUICE_COUNTER_REDIS_URL", value_delimiter = ',', default_value = "redis://127.0.0.1:6379")]
+    /// A password (`redis://user:password@host`) is never shown: not by `--help`, in a
+    /// log line, an error or a `Debug` print (see [`RedisUrl`]).
+    #[arg(
+        long,
+        env = "SLUICE_COUNTER_REDIS_URL",
+        hide_env_values = true,
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: Vec<String>,
 
     /// Redis connections in the pool (per node on a cluster); each is multiplexed.
@@ -141,6 +152,53 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Every field, by name: a field added later cannot be forgotten here.
+        let Self {
+            listen,
+            store,
+            redis_url,
+            redis_pool_size,
+            redis_timeout_ms,
+            redis_connect_timeout_ms,
+            max_in_flight,
+            max_connections,
+            max_body_bytes,
+            max_entries,
+            memory_max_keys,
+            memory_shards,
+            sweep_interval_ms,
+            shutdown_grace_ms,
+            token_file,
+            token,
+            log,
+            log_format,
+        } = self;
+        let redis_url: Vec<RedisUrl> = redis_url.iter().map(|u| RedisUrl::new(u.as_str())).collect();
+        f.debug_struct("Config")
+            .field("listen", listen)
+            .field("store", store)
+            .field("redis_url", &redis_url)
+            .field("redis_pool_size", redis_pool_size)
+            .field("redis_timeout_ms", redis_timeout_ms)
+            .field("redis_connect_timeout_ms", redis_connect_timeout_ms)
+            .field("max_in_flight", max_in_flight)
+            .field("max_connections", max_connections)
+            .field("max_body_bytes", max_body_bytes)
+            .field("max_entries", max_entries)
+            .field("memory_max_keys", memory_max_keys)
+            .field("memory_shards", memory_shards)
+            .field("sweep_interval_ms", sweep_interval_ms)
+            .field("shutdown_grace_ms", shutdown_grace_ms)
+            .field("token_file", token_file)
+            .field("token", token)
+            .field("log", log)
+            .field("log_format", log_format)
+            .finish()
+    }
+}
+
 impl Config {
     /// The defaults, ignoring the environment (for tests and embedding).
     pub fn defaults() -> Self {
@@ -191,7 +249,7 @@ impl Config {
     /// The Redis store's settings.
     pub fn redis(&self) -> RedisConfig {
         RedisConfig {
-            urls: self.redis_url.clone(),
+            urls: self.redis_url.iter().map(|u| RedisUrl::new(u.as_str())).collect(),
             topology: if self.store == StoreKind::RedisCluster { Topology::Cluster } else { Topology::Standalone },
             pool_size: usize::from(self.redis_pool_size),
             timeout: Duration::from_millis(self.redis_timeout_ms),
@@ -212,6 +270,19 @@ mod tests {
 
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(config.auth().unwrap().is_required());
+    }
+
+    #[test]
+    fn a_redis_password_never_shows_in_the_debug_form_of_the_config() {
+        let config =
+            Config::try_parse_from(["sluice-counter", "--redis-url", "redis://:hunter2@127.0.0.1:1/0,redis://n2:7000"])
+                .unwrap();
+
+        let shown = format!("{config:?} {:?}", config.redis());
+
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("redis://***@127.0.0.1:1/0") && shown.contains("redis://n2:7000"), "{shown}");
+        assert_eq!(config.redis().urls[0].expose(), "redis://:hunter2@127.0.0.1:1/0", "connections still use it");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use shared_store::{Decision, Nanos};
 
 use crate::api::{ChargePlan, CheckPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryStore};
-pub use redis::{RedisConfig, RedisStore, Topology};
+pub use redis::{RedisConfig, RedisStore, RedisUrl, Topology};
 
 /// The outcome of a check.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -39,6 +39,92 @@ pub const SCRIPT: &str = include_str!("decide.lua");
 /// that a Redis that is down is not hammered with connection attempts.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// A Redis URL as configured, whose `Display` and `Debug` forms hide its credentials:
+/// `redis://user:***@host:port/db`, `redis://***@host:port/db` when there is only a
+/// password, and `***` for the value of a `pass` or `password` query parameter
+/// (`redis+unix:///run/redis.sock?pass=...`). Every log line, metric, error message and
+/// `Debug` print names a node by this form; only the connection itself reads
+/// [`RedisUrl::expose`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given (it is parsed, and refused with a redacted message, when the
+    /// store is built).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL with its credentials, to connect with. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with every credential replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let url = self.0.as_str();
+        let (scheme, rest) = match url.find("://") {
+            Some(i) => url.split_at(i + 3),
+            None => ("", url),
+        };
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        let authority = match authority.rfind('@') {
+            Some(at) => {
+                let (userinfo, host) = authority.split_at(at);
+                match userinfo.split_once(':') {
+                    Some((user, _)) if !user.is_empty() => format!("{user}:***{host}"),
+                    // Only a password, or a lone word some clients read as one.
+                    _ => format!("***{host}"),
+                }
+            }
+            None => authority.to_owned(),
+        };
+        let (path, fragment) = match path.find('#') {
+            Some(i) => path.split_at(i),
+            None => (path, ""),
+        };
+        let path = match path.split_once('?') {
+            Some((before, query)) => {
+                let params: Vec<String> = query
+                    .split('&')
+                    .map(|param| match param.split_once('=') {
+                        Some((name, _)) if name.to_ascii_lowercase().contains("pass") => format!("{name}=***"),
+                        _ => param.to_owned(),
+                    })
+                    .collect();
+                format!("{before}?{}", params.join("&"))
+            }
+            None => path.to_owned(),
+        };
+        format!("{scheme}{authority}{path}{fragment}")
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisUrl({:?})", self.redacted())
+    }
+}
+
+impl From<&str> for RedisUrl {
+    fn from(url: &str) -> Self {
+        Self::new(url)
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(url: String) -> Self {
+        Self::new(url)
+    }
+}
+
 /// Standalone Redis or Redis Cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Topology {
@@ -52,7 +138,7 @@ pub enum Topology {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://host:port` URLs (one for standalone; seed nodes for a cluster).
-    pub urls: Vec<String>,
+    pub urls: Vec<RedisUrl>,
     /// Standalone or cluster.
     pub topology: Topology,
     /// Multiplexed connections (per node on a cluster).
@@ -116,8 +202,8 @@ pub struct RedisStats {
 /// What the startup check found about one node's eviction policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvictionCheck {
-    /// The node's URL.
-    pub node: String,
+    /// The node's URL (shown without its credentials).
+    pub node: RedisUrl,
     /// `maxmemory-policy`, or why it could not be read.
     pub policy: Result<String, String>,
 }
@@ -173,20 +259,23 @@ impl RedisStore {
     /// # Errors
     /// When a URL does not parse.
     pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
-        let bad = |e: RedisError| StoreError::Server(format!("bad redis url: {e}"));
+        let bad = |url: &RedisUrl, e: RedisError| StoreError::Server(format!("bad redis url {url}: {e}"));
+        for url in &config.urls {
+            redis::Client::open(url.expose()).map_err(|e| bad(url, e))?;
+        }
         let client = match config.topology {
             Topology::Standalone => {
                 let url = config.urls.first().ok_or_else(|| StoreError::Server("no redis url given".into()))?;
-                Client::Single(redis::Client::open(url.as_str()).map_err(bad)?)
+                Client::Single(redis::Client::open(url.expose()).map_err(|e| bad(url, e))?)
             }
             Topology::Cluster => Client::Cluster(Box::new(
-                redis::cluster::ClusterClient::builder(config.urls.clone())
+                redis::cluster::ClusterClient::builder(config.urls.iter().map(RedisUrl::expose))
                     // Zero retries: a retried script may run twice.
                     .retries(0)
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.timeout)
                     .build()
-                    .map_err(bad)?,
+                    .map_err(|e| StoreError::Server(format!("bad redis cluster seed nodes: {e}")))?,
             )),
         };
         let slots = (0..config.pool_size.max(1)).map(|_| Slot::default()).collect();
@@ -405,7 +494,7 @@ impl RedisStore {
         let mut checks = Vec::new();
         for url in &self.config.urls {
             let policy = async {
-                let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+                let client = redis::Client::open(url.expose()).map_err(|e| e.to_string())?;
                 let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
                 let reply: Vec<String> = redis::cmd("CONFIG")
                     .arg("GET")
@@ -492,6 +581,40 @@ fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redis_url_is_shown_without_its_credentials() {
+        for (given, shown) in [
+            ("redis://:hunter2@127.0.0.1:1/0", "redis://***@127.0.0.1:1/0"),
+            ("redis://sluice:hunter2@10.0.0.5:6379/2", "redis://sluice:***@10.0.0.5:6379/2"),
+            ("rediss://hunter2@cache.internal", "rediss://***@cache.internal"),
+            ("redis+unix:///run/redis.sock?db=1&pass=hunter2", "redis+unix:///run/redis.sock?db=1&pass=***"),
+            ("redis://u:p@ss:hunter2@h:1?Password=hunter2#x", "redis://u:***@h:1?Password=***#x"),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+        ] {
+            let url = RedisUrl::new(given);
+
+            assert_eq!(url.to_string(), shown, "{given}");
+            assert!(!format!("{url:?}").contains("hunter2"), "{url:?}");
+            assert_eq!(url.expose(), given);
+        }
+    }
+
+    #[test]
+    fn a_bad_redis_url_is_refused_without_its_password() {
+        let config = RedisConfig {
+            urls: vec![RedisUrl::new("redis://:hunter2@127.0.0.1:notaport/0")],
+            topology: Topology::Standalone,
+            pool_size: 1,
+            timeout: Duration::from_millis(1),
+            connect_timeout: Duration::from_millis(1),
+        };
+
+        let err = RedisStore::new(config.clone()).unwrap_err().to_string();
+
+        assert!(err.contains("bad redis url redis://***@127.0.0.1:notaport/0"), "{err}");
+        assert!(!err.contains("hunter2") && !format!("{config:?}").contains("hunter2"), "{err}");
+    }
 
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {

@@ -202,6 +202,62 @@ fn a_token_from_a_file_is_required_of_callers_and_never_logged_even_at_trace_lev
 }
 
 #[test]
+fn help_never_shows_a_redis_password_set_in_the_environment() {
+    let out = Command::new(BIN)
+        .arg("--help")
+        .env("SLUICE_COUNTER_REDIS_URL", "redis://sluice:hunter2-7a1c@10.0.0.5:6379/0")
+        .output()
+        .expect("runs");
+
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(help.contains("SLUICE_COUNTER_REDIS_URL"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+}
+
+#[test]
+fn a_redis_password_never_reaches_the_logs_even_at_trace_level() {
+    const PASSWORD: &str = "hunter2-5e9d";
+    let redis = RedisServer::start_with_password(PASSWORD);
+    // The second node answers nothing: its eviction check fails, and is logged too.
+    let nowhere = format!("redis://:{PASSWORD}@127.0.0.1:{}/0", free_port());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("SLUICE_COUNTER_LISTEN", &addr)
+        .env("SLUICE_COUNTER_STORE", "redis")
+        .env("SLUICE_COUNTER_REDIS_URL", format!("{}/0,{nowhere}", redis.url()))
+        .args(["--log", "trace"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let service = Service(child);
+    let logs = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let body = r#"{"entries":[{"key":"k","limit":{"algorithm":"fixed_window","limit":5,"window_ms":60000}}]}"#;
+
+    let mut ready = None;
+    wait_until(Duration::from_secs(10), "GET /readyz", || {
+        ready = http_get(&addr, "/readyz");
+        ready.is_some()
+    });
+    let check = http_request(&addr, "POST", "/v1/check", "", body).expect("answered");
+    let exit = service.terminate();
+    let logs = logs.join().expect("the log reader");
+
+    assert!(ready.expect("answered").starts_with("HTTP/1.1 200"), "the password works");
+    assert!(check.starts_with("HTTP/1.1 200"), "{check}");
+    assert!(exit.success());
+    let shown = format!("redis://***@127.0.0.1:{}/0", redis.port);
+    assert!(
+        logs.iter().any(|l| l.contains("redis eviction policy") && l.contains(&shown)),
+        "the node is named, without its password: {logs:#?}"
+    );
+    assert!(logs.iter().any(|l| l.contains("cannot read redis maxmemory-policy")), "{logs:#?}");
+    assert!(logs.iter().all(|l| !l.contains(PASSWORD)), "the password is in the logs: {logs:#?}");
+}
+
+#[test]
 fn an_empty_token_file_refuses_to_start_and_names_the_flag() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("token");

@@ -23,7 +23,8 @@ use serde_json::Value;
 use shared_store::Nanos;
 use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
-    ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, Store, Topology,
+    ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, RedisUrl, Store,
+    Topology,
 };
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse, LeaseRequest,
@@ -64,6 +65,8 @@ pub struct RedisServer {
     pid: u32,
     dir: PathBuf,
     extra: Vec<String>,
+    /// `requirepass`, which [`RedisServer::url`] then carries.
+    password: Option<String>,
     /// The watchdog shells, reaped on drop.
     watchdogs: Vec<std::process::Child>,
     _tmp: Option<tempfile::TempDir>,
@@ -84,8 +87,17 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// A server that requires `password` (`requirepass`); its URL carries it.
+    pub fn start_with_password(password: &str) -> Self {
+        Self::start_configured(&["--requirepass", password], Some(password))
+    }
+
     /// A server with extra `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_configured(extra, None)
+    }
+
+    fn start_configured(extra: &[&str], password: Option<&str>) -> Self {
         let tmp = tempfile::Builder::new().prefix("sluice-redis-").tempdir().expect("a temp dir");
         let dir = tmp.path().to_path_buf();
         let mut server = Self {
@@ -93,6 +105,7 @@ impl RedisServer {
             pid: 0,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            password: password.map(str::to_owned),
             watchdogs: Vec::new(),
             _tmp: Some(tmp),
         };
@@ -152,7 +165,10 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -296,7 +312,7 @@ pub fn shared_cluster() -> &'static RedisCluster {
 
 pub fn redis_config(urls: Vec<String>, topology: Topology) -> RedisConfig {
     RedisConfig {
-        urls,
+        urls: urls.into_iter().map(RedisUrl::new).collect(),
         topology,
         pool_size: 2,
         timeout: Duration::from_secs(2),
