@@ -102,6 +102,13 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
 
+    /// How long a request's body may take to arrive once its headers are in, in
+    /// milliseconds; past it the request gets 408 `request_timeout` (and an HTTP/1.1
+    /// connection is closed). A request takes a `--max-in-flight` permit only once its
+    /// body is whole.
+    #[arg(long, env = "SLUICE_COUNTER_REQUEST_TIMEOUT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub request_timeout_ms: u64,
+
     /// Largest request body, in bytes.
     #[arg(long, env = "SLUICE_COUNTER_MAX_BODY_BYTES", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub max_body_bytes: u32,
@@ -164,6 +171,7 @@ impl fmt::Debug for Config {
             redis_connect_timeout_ms,
             max_in_flight,
             max_connections,
+            request_timeout_ms,
             max_body_bytes,
             max_entries,
             memory_max_keys,
@@ -185,6 +193,7 @@ impl fmt::Debug for Config {
             .field("redis_connect_timeout_ms", redis_connect_timeout_ms)
             .field("max_in_flight", max_in_flight)
             .field("max_connections", max_connections)
+            .field("request_timeout_ms", request_timeout_ms)
             .field("max_body_bytes", max_body_bytes)
             .field("max_entries", max_entries)
             .field("memory_max_keys", memory_max_keys)
@@ -211,6 +220,7 @@ impl Config {
             redis_connect_timeout_ms: 250,
             max_in_flight: 1024,
             max_connections: 4096,
+            request_timeout_ms: 5000,
             max_body_bytes: 65_536,
             max_entries: DEFAULT_MAX_ENTRIES,
             memory_max_keys: 1_000_000,

@@ -13,7 +13,7 @@ use crate::store::{Store, StoreError};
 const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
-const STATUSES: [u16; 10] = [200, 400, 401, 404, 405, 413, 500, 503, 429, 0];
+const STATUSES: [u16; 11] = [200, 400, 401, 404, 405, 408, 413, 500, 503, 429, 0];
 
 /// All counters of one service instance.
 #[derive(Debug, Default)]
@@ -32,6 +32,7 @@ pub struct Metrics {
     latency_count: AtomicU64,
     latency_sum_ns: AtomicU64,
     in_flight: AtomicI64,
+    reading: AtomicI64,
     shed: AtomicU64,
     unauthorized: AtomicU64,
     refused_connections: AtomicU64,
@@ -121,6 +122,12 @@ impl Metrics {
         InFlight(self)
     }
 
+    /// Marks a request whose body is being read; the guard marks it read when dropped.
+    pub fn reading(&self) -> Reading<'_> {
+        self.reading.fetch_add(1, Ordering::Relaxed);
+        Reading(self)
+    }
+
     /// Renders everything in Prometheus text format.
     pub fn render(&self, store: &Store) -> String {
         let mut out = String::with_capacity(4096);
@@ -184,6 +191,12 @@ impl Metrics {
         let _ = writeln!(out, "sluice_counter_in_flight_requests {}", self.in_flight.load(Ordering::Relaxed));
         let _ = writeln!(
             out,
+            "# HELP sluice_counter_reading_requests Requests whose headers are in and whose body is still arriving."
+        );
+        let _ = writeln!(out, "# TYPE sluice_counter_reading_requests gauge");
+        let _ = writeln!(out, "sluice_counter_reading_requests {}", self.reading.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
             "# HELP sluice_counter_shed_requests_total Requests refused because too many were in flight."
         );
         let _ = writeln!(out, "# TYPE sluice_counter_shed_requests_total counter");
@@ -243,5 +256,15 @@ pub struct InFlight<'a>(&'a Metrics);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Decrements the gauge of requests being read when dropped.
+#[derive(Debug)]
+pub struct Reading<'a>(&'a Metrics);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.reading.fetch_sub(1, Ordering::Relaxed);
     }
 }

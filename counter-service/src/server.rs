@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -35,6 +36,7 @@ pub struct App {
     auth: Auth,
     max_entries: usize,
     max_body: usize,
+    request_timeout: Duration,
     in_flight: Arc<Semaphore>,
     connections: Arc<Semaphore>,
     /// Seconds since start at which a store error was last logged (one line per second
@@ -53,6 +55,7 @@ impl App {
             auth,
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
             in_flight: Arc::new(Semaphore::new(usize::try_from(config.max_in_flight).unwrap_or(1024))),
             connections: Arc::new(Semaphore::new(usize::try_from(config.max_connections).unwrap_or(4096))),
             last_error_log: AtomicU64::new(u64::MAX),
@@ -114,19 +117,27 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), bound))
+        // `bound` has read the body within --max-body-bytes already.
+        .layer(DefaultBodyLimit::disable())
         .with_state(app)
 }
 
 /// Refuses callers without the configured token (except on the probes, which
-/// orchestrators and scrapers call without one), sheds requests beyond `max_in_flight`
+/// orchestrators and scrapers call without one), reads the whole body within
+/// `max_body` bytes and `request_timeout`, then sheds requests beyond `max_in_flight`
 /// (except liveness and metrics, which must answer under overload), keeps the in-flight
 /// gauge and counts statuses.
+///
+/// The permit is taken only once the request is whole: a caller that sends headers and
+/// then a body slowly, or never, holds no permit while it does (it holds a connection,
+/// or an HTTP/2 stream, bounded by `--max-connections` and the streams per connection,
+/// until the request timeout answers it `408`).
 async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if matches!(path, "/healthz" | "/metrics") {
         return next.run(request).await;
     }
-    // Before the in-flight bound: a refused caller costs a header comparison, no permit.
+    // Before anything else: a refused caller costs a header comparison, no read.
     if path != "/readyz"
         && let Err(refusal) = app.auth.check(request.headers())
     {
@@ -135,6 +146,26 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
         app.metrics.response(401);
         return unauthorized(refusal);
     }
+    let (parts, body) = request.into_parts();
+    let read = {
+        let _reading = app.metrics.reading();
+        read_body(body, app.max_body, app.request_timeout).await
+    };
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let timed_out = error.status == 408;
+            let mut response = error.into_response();
+            if timed_out && parts.version <= axum::http::Version::HTTP_11 {
+                // The rest of the body may still come: this connection cannot carry
+                // another request (RFC 9110 §15.5.9).
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            app.metrics.response(response.status().as_u16());
+            return response;
+        }
+    };
+    let request = Request::from_parts(parts, Body::from(bytes));
     let response = match app.in_flight.clone().try_acquire_owned() {
         Ok(permit) => {
             let _gauge = app.metrics.start();
@@ -173,16 +204,33 @@ const DRAIN_BYTES: usize = 4 << 20;
 /// The longest time spent discarding an oversized body.
 const DRAIN_TIME: Duration = Duration::from_secs(1);
 
-async fn read_body(mut body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+/// Reads a whole body of at most `limit` bytes that arrives within `timeout`: `413
+/// body_too_large` past the size (after discarding some of the rest, see
+/// [`DRAIN_BYTES`]), `408 request_timeout` past the time.
+async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<bytes::Bytes, ApiError> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let too_large = || ApiError {
         status: 413,
         code: "body_too_large",
         message: format!("the request body is larger than {limit} bytes"),
     };
+    let timed_out = || ApiError {
+        status: 408,
+        code: "request_timeout",
+        message: format!(
+            "the request body did not arrive within {} ms of its headers (--request-timeout-ms)",
+            timeout.as_millis()
+        ),
+    };
     let unreadable =
         |e: axum::Error| ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"));
     let mut buffer = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(timed_out()),
+        };
         let Ok(data) = frame.map_err(unreadable)?.into_data() else { continue };
         if buffer.len() + data.len() > limit {
             let mut discarded = buffer.len() + data.len();
@@ -214,8 +262,7 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-async fn check(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(body, app.max_body).await?;
+async fn check(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
     let request: CheckRequest = api::parse(&bytes)?;
     let plan = CheckPlan::new(&request, app.max_entries)?;
     let outcome = app.timed(app.store.check(&plan, None)).await?;
@@ -227,8 +274,7 @@ async fn check(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiE
     }))
 }
 
-async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(body, app.max_body).await?;
+async fn lease(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
     let request: LeaseRequest = api::parse(&bytes)?;
     let plan = LeasePlan::new(&request)?;
     let outcome = app.timed(app.store.lease(&plan, None)).await?;
@@ -241,8 +287,7 @@ async fn lease(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiE
     }))
 }
 
-async fn charge(State(app): State<Arc<App>>, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(body, app.max_body).await?;
+async fn charge(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
     let request: ChargeRequest = api::parse(&bytes)?;
     let plan = ChargePlan::new(&request)?;
     let outcome = app.timed(app.store.charge(&plan, None)).await?;

@@ -65,6 +65,8 @@ fn help_lists_every_setting_with_its_environment_variable() {
         "--redis-pool-size",
         "--redis-timeout-ms",
         "--max-in-flight",
+        "--request-timeout-ms",
+        "SLUICE_COUNTER_REQUEST_TIMEOUT_MS",
         "--max-body-bytes",
         "--max-entries",
         "--memory-max-keys",

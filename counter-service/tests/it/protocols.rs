@@ -1,8 +1,8 @@
 //! HTTP/1.1 and h2c on one port: many streams multiplexed on one HTTP/2 connection,
-//! graceful shutdown with HTTP/2 connections open, and a killed service restarted on
-//! the same address.
+//! graceful shutdown with HTTP/2 connections open, a killed service restarted on the
+//! same address, and requests whose body never arrives.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::channel::{Channel, Sender};
@@ -12,6 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use sluice_counter::Running;
 use sluice_counter::config::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::start;
 use crate::support::{Http, Protocol};
@@ -180,4 +181,101 @@ async fn a_killed_service_drops_every_connection_unanswered_and_a_new_one_starts
     assert_eq!((status, after["entries"][0]["remaining"].as_u64()), (200, Some(399)), "a new memory store: {after}");
     assert_eq!(old_client["entries"][0]["remaining"], 398, "a pooled client reconnects to the new service");
     restarted.stop().await.expect("clean stop");
+}
+
+/// Requests the service has seen arrive and not answered or shed: whose body is still
+/// being read, being served, or refused for want of a permit (a metric the service does
+/// not have reads as 0).
+async fn requests_held(http: &Http) -> i64 {
+    let (_, metrics) = http.get("/metrics").await;
+    ["sluice_counter_reading_requests", "sluice_counter_in_flight_requests", "sluice_counter_shed_requests_total"]
+        .iter()
+        .map(|name| metric(&metrics, name).unwrap_or(0))
+        .sum()
+}
+
+async fn wait_for_requests_held(http: &Http, count: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while requests_held(http).await < count {
+        assert!(Instant::now() < deadline, "the service never saw the {count} stalled requests");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn timeouts_answered(http: &Http) -> Option<i64> {
+    let (_, metrics) = http.get("/metrics").await;
+    metric(&metrics, "sluice_counter_responses_total{status=\"408\"}")
+}
+
+const STALL_DEADLINE_MS: u64 = 1000;
+
+fn stalling_config() -> Config {
+    Config { max_in_flight: 16, request_timeout_ms: STALL_DEADLINE_MS, ..Config::defaults() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_never_arrive_over_http1_take_no_permit_and_get_408_at_the_deadline() {
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(stalling_config()).await;
+    let sent = Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..20 {
+        let mut stream = tokio::net::TcpStream::connect(running.addr).await.expect("connect");
+        let head =
+            "POST /v1/check HTTP/1.1\r\nhost: sluice\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.expect("the headers are sent, and no body");
+        stalled.push(stream);
+    }
+    wait_for_requests_held(&http, 20).await;
+
+    let (status, answered) = http.post("/v1/check", &window_check("k")).await;
+    let timeouts_when_answered = timeouts_answered(&http).await;
+    assert_eq!((status, answered["admitted"].as_bool()), (200, Some(true)), "not overloaded: {answered}");
+    assert_eq!(timeouts_when_answered, Some(0), "the check did not wait for the stalled requests' deadline");
+    let mut answers = Vec::new();
+    for mut stream in stalled {
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        assert!(matches!(read, Ok(Ok(_))), "answered, then closed: {read:?}");
+        answers.push(String::from_utf8_lossy(&answer).into_owned());
+    }
+    let waited = sent.elapsed();
+
+    for answer in &answers {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains(r#""code":"request_timeout""#) && answer.contains("connection: close"), "{answer}");
+    }
+    assert!(waited >= Duration::from_millis(STALL_DEADLINE_MS), "not before the deadline: {waited:?}");
+    assert_eq!(timeouts_answered(&http).await, Some(20));
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_whose_body_never_ends_take_no_permit_and_get_408_at_the_deadline() {
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(stalling_config()).await;
+    let (sender, _connection) = h2_connection::<Channel<Bytes>>(running.addr).await;
+    let sent = Instant::now();
+    let (bodies, pending): (Vec<_>, Vec<_>) = (0..20).map(|_| in_flight(&sender)).unzip();
+    wait_for_requests_held(&http, 20).await;
+
+    let other = Http::with(running.addr, Protocol::H2c);
+    let (status, answered) = other.post("/v1/check", &window_check("k")).await;
+    let timeouts_when_answered = timeouts_answered(&http).await;
+    assert_eq!((status, answered["admitted"].as_bool()), (200, Some(true)), "not overloaded: {answered}");
+    assert_eq!(timeouts_when_answered, Some(0), "the check did not wait for the stalled requests' deadline");
+    let mut answers = Vec::new();
+    for stream in pending {
+        let response = tokio::time::timeout(Duration::from_secs(10), stream).await;
+        let response = response.expect("answered within the deadline and a margin").expect("the task");
+        answers.push(answer(response.expect("an answer")).await);
+    }
+    let waited = sent.elapsed();
+    drop(bodies);
+
+    for (status, body) in &answers {
+        assert_eq!((*status, body["error"]["code"].as_str()), (408, Some("request_timeout")), "{body}");
+    }
+    assert!(waited >= Duration::from_millis(STALL_DEADLINE_MS), "not before the deadline: {waited:?}");
+    running.stop().await.expect("clean stop");
 }
