@@ -72,6 +72,9 @@ fn main() {
     build(&["sluice-filter"], Some("sluice-filter/mutant-blind-writes"));
     let mutant = target_dir.join("sluice-mutant-blind-writes.wasm");
     std::fs::copy(release.join("sluice.wasm"), &mutant).expect("could not copy the mutant aside");
+    build(&["sluice-filter"], Some("sluice-filter/mutant-lease-no-cas"));
+    let lease_mutant = target_dir.join("sluice-mutant-lease-no-cas.wasm");
+    std::fs::copy(release.join("sluice.wasm"), &lease_mutant).expect("could not copy the lease mutant aside");
     let packages: Vec<&str> = GUESTS.iter().map(|(package, _, _)| *package).collect();
     build(&packages, None);
 
@@ -89,6 +92,12 @@ fn main() {
         "/// Path of a TEST-ONLY mutant of `sluice.wasm` whose shared-data writes ignore CAS (feature \
          `mutant-blind-writes`): tests show their oracles catch it.\npub const SLUICE_MUTANT_BLIND_WRITES_WASM: &str = {:?};\n",
         mutant.display().to_string()
+    ));
+    generated.push_str(&format!(
+        "/// Path of a TEST-ONLY mutant of `sluice.wasm` whose lease-record writes ignore CAS (feature \
+         `mutant-lease-no-cas`; every other write keeps it): the fleet simulation shows it catches \
+         it.\npub const SLUICE_MUTANT_LEASE_NO_CAS_WASM: &str = {:?};\n",
+        lease_mutant.display().to_string()
     ));
     std::fs::write(out_dir.join("artifacts.rs"), generated).expect("could not write artifacts.rs");
 }

@@ -93,12 +93,15 @@ pub struct SluiceFilter {
     name: String,
 }
 
-/// The Sluice filter with `config`, loaded from the freshly built `sluice.wasm`, named
-/// as in `envoy-config/envoy.yaml` (plugin name, root id and vm id `sluice`).
+/// The Sluice filter with `config`, loaded from the freshly built `sluice.wasm` (or the
+/// file `SLUICE_WASM_UNDER_TEST` names, to show that a test fails on an older build),
+/// named as in `envoy-config/envoy.yaml` (plugin name, root id and vm id `sluice`).
 pub fn sluice(config: &str) -> SluiceFilter {
+    let wasm =
+        std::env::var_os("SLUICE_WASM_UNDER_TEST").map_or_else(|| sluice_artifacts::SLUICE_WASM.into(), PathBuf::from);
     SluiceFilter {
         config: config.to_owned(),
-        wasm: PathBuf::from(sluice_artifacts::SLUICE_WASM),
+        wasm,
         env: BTreeMap::new(),
         failure_policy: "FAIL_CLOSED",
         name: "sluice".to_owned(),

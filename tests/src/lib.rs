@@ -3,13 +3,15 @@
 //! ([`upstream`]), an upstream that echoes the request head ([`echo`]), loopback servers
 //! that misbehave on the wire in one chosen way ([`wire`]) or as a counter service can
 //! ([`faults`]), a real `sluice-counter` ([`counter`]) and Redis ([`redis`]), and the reference bucket
-//! admissions are replayed through ([`oracle`]).
+//! admissions are replayed through ([`oracle`]), and the deterministic simulation of a
+//! fleet of proxies and the counter service under faults ([`fleet`]).
 
 pub mod counter;
 pub mod deploy;
 pub mod echo;
 pub mod envoy;
 pub mod faults;
+pub mod fleet;
 pub mod http;
 pub mod oracle;
 pub mod redis;

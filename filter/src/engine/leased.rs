@@ -420,16 +420,19 @@ impl Engine {
     }
 
     /// The calls waiting in this worker's outbox, to be sent by the root context; with
-    /// `charges`, also the charges this worker owes (at most a few per call, and only
-    /// while the circuit is closed).
+    /// `charges`, also the charges this worker owes (at most a few per call, and not
+    /// while the circuit is open).
     pub fn take_outgoing<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, charges: bool) -> Vec<Outgoing> {
         let mut out = self.outbox.try_borrow_mut().map(|mut outbox| std::mem::take(&mut *outbox)).unwrap_or_default();
-        let closed = self
+        // While the circuit is open, charges wait; once its cooldown has passed, the first
+        // charge may be the probe that closes it (a quiet proxy has no other call to probe
+        // with).
+        let reachable = self
             .service
             .as_ref()
-            .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) == Admit::Call);
+            .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) != Admit::Open);
         if charges
-            && closed
+            && reachable
             && let Ok(mut pending) = self.charges.try_borrow_mut()
         {
             let keys: Vec<String> = pending.keys().take(MAX_CHARGES_PER_TICK).cloned().collect();

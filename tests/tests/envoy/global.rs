@@ -391,3 +391,87 @@ fn a_local_rejection_makes_no_callout_and_a_global_rejection_gives_the_local_spe
         assert_eq!(offered, envoy.metric(policy, "allowed") + envoy.metric(policy, "rejected"), "{policy}");
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Numbers that change: a rolling update runs old and new numbers side by side on one
+// counter, and never hands anyone a fresh budget.
+
+fn changed_numbers(burst: u64, version: u64, strategy: &str) -> String {
+    format!(
+        r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"}},
+            "policies": [{{"name": "tenant", "key": [{{"header": "x-tenant"}}], "rate": "1/hour", "burst": {burst},
+                           "version": {version}, "global": {strategy}, "on_failure": {{"action": "deny"}}}}],
+            "response": {{"fallback_header": "x-sluice-fallback"}}}}"#
+    )
+}
+
+fn admitted(envoy: &Envoy, tenant: &str, n: usize) -> usize {
+    (0..n).filter(|_| send(envoy, &Request::get("/").header("x-tenant", tenant)).status == 200).count()
+}
+
+fn assert_new_numbers_carry_the_counter_over(strategy: &str) {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let old = envoy(&changed_numbers(10, 0, strategy), service.addr(), 1);
+    let new = envoy(&changed_numbers(20, 0, strategy), service.addr(), 1);
+    let bumped = envoy(&changed_numbers(20, 1, strategy), service.addr(), 1);
+
+    let on_old = admitted(&old, "acme", 15);
+    let on_new = admitted(&new, "acme", 25);
+    let after_bump = admitted(&bumped, "acme", 25);
+
+    eprintln!("{strategy}: old numbers admitted {on_old}, new numbers {on_new}, a version bump {after_bump}");
+    assert_eq!(on_old, 10);
+    // The tenant spent its 10: a larger burst keeps what it had left (nothing), and does
+    // not refill it.
+    assert_eq!(on_new, 0, "the new numbers handed out a fresh budget");
+    assert_eq!(after_bump, 20, "a version bump starts over, deliberately");
+}
+
+#[test]
+fn a_proxy_with_new_numbers_carries_the_check_counter_over_instead_of_starting_a_fresh_one() {
+    assert_new_numbers_carry_the_counter_over(r#"{"strategy": "check"}"#);
+}
+
+#[test]
+fn a_proxy_with_new_numbers_carries_the_leased_counter_over_instead_of_starting_a_fresh_one() {
+    assert_new_numbers_carry_the_counter_over(r#"{"strategy": "lease", "lease": {"size": 1, "low_water": 0}}"#);
+}
+
+#[test]
+fn numbers_changed_by_xds_mid_traffic_never_add_a_budget() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = Envoy::builder()
+        .workers(2)
+        .xds()
+        .cluster(cluster("sluice-counter", service.addr(), false))
+        .sluice(filter(&changed_numbers(10, 0, r#"{"strategy": "check"}"#)))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let count = std::sync::atomic::AtomicU64::new(0);
+
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                let mut connection = Connection::connect(envoy.addr()).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let response = connection.send(&Request::get("/").header("x-tenant", "acme")).unwrap();
+                    if response.status == 200 {
+                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        envoy.push_filter(&filter(&changed_numbers(20, 0, r#"{"strategy": "check"}"#))).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+
+    let total = count.into_inner();
+    eprintln!("burst 10, then 20 pushed mid-traffic: {total} admitted");
+    assert!(total <= 20, "{total} admitted: the new numbers added a budget to the old one");
+    assert_eq!(total, 10, "the tenant's 10, carried over: a raise does not refill");
+}

@@ -90,7 +90,11 @@ fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
         }
         host.advance(millis(1));
 
-        assert_eq!(fallback(&mut host, stream), (503, format!("fail_closed; reason={reason}; policies=tenant")), "{reason}");
+        assert_eq!(
+            fallback(&mut host, stream),
+            (503, format!("fail_closed; reason={reason}; policies=tenant")),
+            "{reason}"
+        );
         assert_eq!(metric(&host, "tenant", &format!("degraded.{reason}")), 1, "{reason}");
         assert_accounting(&host, "tenant");
     }

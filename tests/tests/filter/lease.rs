@@ -66,12 +66,13 @@ fn one_refill_is_in_flight_per_proxy_and_every_workers_waiting_requests_spend_it
     assert_eq!(sent, ["/v1/lease"], "one refill, sent by the root of the worker that elected it");
     assert!(forwarded(&mut host, 0, first) && forwarded(&mut host, 1, second), "both waiters spent the grant");
     assert_eq!(metric(&host, "tenant", "lease.granted"), 10);
-    // Eight left: spent locally, with no callout, until the low-water mark elects again.
-    let statuses: Vec<u16> = (0..6).map(|_| status(&mut host, tenant())).collect();
-    assert_eq!(statuses, [200; 6]);
+    // Eight left: spent locally, with no callout, until the low-water mark elects again,
+    // and the refill goes out at once.
+    let statuses: Vec<u16> = (0..5).map(|_| status(&mut host, tenant())).collect();
+    assert_eq!(statuses, [200; 5]);
     assert_eq!(paths.lock().unwrap().len(), 1);
-    host.advance(millis(10));
-    assert_eq!(paths.lock().unwrap().len(), 2, "below 3 left, one refill was elected");
+    assert_eq!(status(&mut host, tenant()), 200);
+    assert_eq!(paths.lock().unwrap().len(), 2, "below 3 left, one refill was elected and sent");
 }
 
 #[test]
@@ -90,10 +91,10 @@ fn a_refill_that_never_returns_releases_its_waiters_through_the_failure_rule_and
     assert!(still, "released before the election's deadline");
     assert_eq!(fallback(&mut host, 0, first).as_deref(), Some("emergency; reason=timeout; policies=tenant"));
     assert_eq!(fallback(&mut host, 1, second).as_deref(), Some("emergency; reason=timeout; policies=tenant"));
-    assert_eq!(paths.lock().unwrap().len(), 1);
+    let refills = || paths.lock().unwrap().iter().filter(|p| *p == "/v1/lease").count();
+    assert_eq!(refills(), 1);
     let _third = host.worker(0).request(tenant());
-    host.advance(millis(10));
-    assert_eq!(paths.lock().unwrap().len(), 2, "the dead election expired: a new refill went out");
+    assert_eq!(refills(), 2, "the dead election expired: a new refill went out at once");
 }
 
 #[test]
@@ -107,4 +108,142 @@ fn a_worker_holds_at_most_max_waiting_requests_for_a_refill() {
     assert!(held.iter().all(|s| host.worker(0).outcome(*s).unwrap().is_paused()));
     assert_eq!(third.header_str("x-sluice-fallback"), Some("emergency; reason=lease_queue_full; policies=tenant"));
     assert_eq!(metric(&host, "tenant", "degraded.lease_queue_full"), 1);
+}
+
+/// A lease answer of `granted` tokens (0: the budget is spent, for `retry_ms`).
+fn lease_answer(granted: u64, retry_ms: u64) -> Answer {
+    let verdict = if granted == 0 { "rejected" } else { "allowed" };
+    Answer::status(200).body(format!(
+        r#"{{"granted":{granted},"expires_in_ms":2000,"at_ns":1,"entry":{{"verdict":"{verdict}","limit":100,
+            "remaining":0,"reset_after_ns":1,"retry_after_ns":{},"delay_ns":0}}}}"#,
+        retry_ms * 1_000_000
+    ))
+}
+
+/// The JSON body of a callout.
+fn body(call: &wasm_host::CalloutRequest) -> serde_json::Value {
+    serde_json::from_slice(&call.body).unwrap_or_default()
+}
+
+const ROUTE_AND_TENANT: &str = r#"{
+  "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
+  "policies": [
+    {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
+     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
+    {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "50/second", "burst": 50,
+     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+#[test]
+fn a_second_lease_policy_is_decided_when_the_first_takes_its_failure_rule() {
+    // The route budget grants; the tenant's is spent.
+    let mut host = builder(ROUTE_AND_TENANT)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .scripted_cluster("sluice-counter", |call| {
+            let spent = body(call)["limit"]["burst"] == 50;
+            lease_answer(if spent { 0 } else { 10 }, 1500).after(millis(1))
+        })
+        .build()
+        .unwrap();
+    let first = host.worker(0).request(Request::get("/").header("x-route", "a").header("x-tenant", "t"));
+    host.advance(millis(30));
+    assert_eq!(host.worker(0).outcome(first).unwrap().response().map(|r| r.status), Some(429));
+
+    // Route "a" holds the route policy's only slot; route "b" takes its failure rule
+    // (allow), and must still meet the tenant's spent budget.
+    let second = send(&mut host, Request::get("/").header("x-route", "b").header("x-tenant", "t"));
+
+    assert_eq!(
+        second.status(),
+        Some(429),
+        "admitted past the tenant's budget: {:?}",
+        second.header_str("x-sluice-fallback")
+    );
+    assert_eq!(metric(&host, "route", "degraded.lease_slot_taken"), 1);
+    assert_eq!(metric(&host, "tenant", "over_limit"), 2);
+    assert_accounting(&host, "route");
+    assert_accounting(&host, "tenant");
+}
+
+const TWO_QUEUES: &str = r#"{
+  "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
+  "policies": [
+    {"name": "a", "key": [{"header": "x-a"}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
+     "global": {"strategy": "lease", "lease": {"size": 10, "max_waiting": 4}}, "on_failure": {"action": "deny"}},
+    {"name": "b", "key": [{"header": "x-b"}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
+     "global": {"strategy": "lease", "lease": {"size": 10, "max_waiting": 64}}, "on_failure": {"action": "deny"}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+#[test]
+fn a_waiting_request_keeps_its_place_when_a_tick_retries_it_behind_a_longer_queue() {
+    // The service is paused: refills never answer, the host never times them out.
+    let mut host = builder(TWO_QUEUES)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .scripted_cluster("sluice-counter", |_| Answer::never())
+        .ignore_callout_timeouts()
+        .build()
+        .unwrap();
+    let first = host.worker(0).request(Request::get("/").header("x-a", "1"));
+    let others: Vec<StreamId> = (0..10).map(|_| host.worker(0).request(Request::get("/").header("x-b", "1"))).collect();
+
+    // Ticks retry the first behind ten of the longer queue; then the waits run out.
+    host.advance(millis(20));
+    let still_waiting = host.worker(0).outcome(first).unwrap().is_paused();
+    host.advance(secs(1));
+
+    assert!(still_waiting, "it waits for its refill, as the others do");
+    for stream in std::iter::once(first).chain(others) {
+        let outcome = host.worker(0).outcome(stream).unwrap();
+        assert!(!outcome.is_paused(), "a decision made on a tick was dropped: the stream stays paused");
+    }
+    assert_eq!(metric(&host, "a", "degraded.timeout"), 1, "it took its failure rule at its deadline");
+    assert_accounting(&host, "a");
+    assert_accounting(&host, "b");
+}
+
+const QUICK_REFILLS: &str = r#"{
+  "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
+  "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "1000/second", "burst": 1000,
+                "global": {"strategy": "lease", "lease": {"size": 2, "low_water": 0}}, "on_failure": {"action": "deny"}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+#[test]
+fn a_request_that_waits_for_its_refill_waits_one_round_trip_on_its_worker_and_one_tick_more_on_others() {
+    let rtt = millis(1);
+    let mut host = builder(QUICK_REFILLS)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .workers(2)
+        .scripted_cluster("sluice-counter", move |_| lease_answer(2, 0).after(rtt))
+        .build()
+        .unwrap();
+    // Let the ticks settle into a phase, then start between two of them.
+    host.advance(millis(13));
+
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        // Each pair spends a whole grant: every first request finds the lease empty.
+        let elector = host.worker(0).request(tenant());
+        let other = host.worker(1).request(tenant());
+        host.advance(rtt);
+        let elector_done = !host.worker(0).outcome(elector).unwrap().is_paused();
+        let mut other_after = rtt;
+        while host.worker(1).outcome(other).unwrap().is_paused() && other_after < millis(100) {
+            host.advance(millis(1));
+            other_after += millis(1);
+        }
+        waits.push((elector_done, other_after));
+        host.worker(0).respond(elector, Response::ok()).unwrap();
+        host.worker(1).respond(other, Response::ok()).unwrap();
+        host.advance(millis(7));
+    }
+
+    assert!(waits.iter().all(|(done, _)| *done), "the electing worker's request waited longer than the round trip");
+    assert!(
+        waits.iter().all(|(_, after)| *after <= rtt + millis(10)),
+        "another worker's request waited longer than the round trip and one tick: {waits:?}"
+    );
+    assert_eq!(metric(&host, "tenant", "degraded.timeout"), 0);
 }

@@ -15,9 +15,15 @@ use sluice_artifacts::SLUICE_WASM;
 use std::time::Duration;
 use wasm_host::{Exchange, Host, HostBuilder, Request, Response};
 
+/// The module under test: `sluice.wasm` as built from this tree, or the file named by
+/// `SLUICE_WASM_UNDER_TEST` (to show that a test fails on an older build).
+pub fn wasm() -> String {
+    std::env::var("SLUICE_WASM_UNDER_TEST").unwrap_or_else(|_| SLUICE_WASM.to_owned())
+}
+
 /// A builder for a host running `sluice.wasm` with `config`, named as in envoy-config.
 pub fn builder(config: &str) -> HostBuilder {
-    Host::builder(SLUICE_WASM).plugin_configuration(config).plugin_name("sluice").root_id("sluice").vm_id("sluice")
+    Host::builder(wasm().as_str()).plugin_configuration(config).plugin_name("sluice").root_id("sluice").vm_id("sluice")
 }
 
 /// A one-worker host running `sluice.wasm` with `config`.

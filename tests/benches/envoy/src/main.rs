@@ -188,17 +188,28 @@ fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: 
 }
 
 /// The global group's policy on `x-tenant`, by mode: `local`, `check` (either
-/// protocol) or `lease`; a budget that never runs out.
+/// protocol) or `lease`, on a budget that never runs out; and `lease, over the limit`: a
+/// budget of 200 per second, leased 20 at a time, under a demand far above it (the
+/// budget is exhausted, most requests get the service's 429).
 fn global_policy(mode: &str) -> String {
-    let strategy = match mode {
-        "check" | "check over HTTP/1.1" => r#","global":{"strategy":"check"}"#,
-        "lease" => r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
-        _ => "",
+    let (strategy, numbers) = match mode {
+        "check" | "check over HTTP/1.1" => {
+            (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
+        }
+        "lease" => (
+            r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
+            r#""1000000000/second","burst":1000000000"#,
+        ),
+        "lease, over the limit" => (
+            r#","global":{"strategy":"lease","lease":{"size":20,"duration":"1s","low_water":5}}"#,
+            r#""200/second","burst":200"#,
+        ),
+        _ => ("", r#""1000000000/second","burst":1000000000"#),
     };
     format!(
         r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
-           "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":"1000000000/second",
-                         "burst":1000000000{strategy}}}]}}"#
+           "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":{numbers}{strategy}}}],
+           "response":{{"fallback_header":"x-sluice-fallback"}}}}"#
     )
 }
 
@@ -231,7 +242,7 @@ fn global_group(rounds: u64, seconds: u64) {
     .unwrap();
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     for round in 1..=rounds {
-        for mode in ["none", "local", "check", "check over HTTP/1.1", "lease"] {
+        for mode in ["none", "local", "check", "check over HTTP/1.1", "lease", "lease, over the limit"] {
             let envoy = envoy_with(mode);
             let url = format!("http://{}/", envoy.addr());
             let _ = wrk(&url, &["x-tenant: acme"], 32, 1, None);
@@ -243,11 +254,24 @@ fn global_group(rounds: u64, seconds: u64) {
                 - count(&before, "wasmcustom.sluice.counter_service.callouts");
             let requests =
                 count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
+            let degraded: u64 = after
+                .iter()
+                .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
+                .map(|(_, value)| *value)
+                .sum::<u64>()
+                - before
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
+                    .map(|(_, value)| *value)
+                    .sum::<u64>();
+            let rejected = count(&after, "wasmcustom.sluice.tenant.rejected")
+                - count(&before, "wasmcustom.sluice.tenant.rejected");
             let one = wrk(&url, &["x-tenant: acme"], 1, seconds, None);
             let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(
-                "round {round}: {mode:19} {:>8.0} req/s saturated, {per_thousand:.2} callouts per 1000; 1 connection p50 {:.0} µs",
-                saturated.rps, one.p50_us
+                "round {round}: {mode:21} {:>8.0} req/s saturated (p50 {:.0} µs, p99 {:.0} µs), {per_thousand:.2} callouts \
+                 per 1000, {rejected} rejected, {degraded} degraded; 1 connection p50 {:.0} µs",
+                saturated.rps, saturated.p50_us, saturated.p99_us, one.p50_us
             );
             rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
             rows.entry(format!("{mode}, 1 connection")).or_default().push(one);

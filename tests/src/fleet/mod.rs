@@ -1,0 +1,602 @@
+//! A deterministic simulation of a fleet: several proxies running the real `sluice.wasm`
+//! in wasm-host (several workers each, one virtual clock), the counter service's real
+//! decision code behind a scripted transport ([`service`]), a seeded scheduler that
+//! interleaves requests, ticks, callouts and answers, and injects faults, and oracles
+//! checked after every step ([`oracle`]).
+//!
+//! # One run
+//!
+//! A seed makes a [`Scenario`]: the fleet's shape, a random filter configuration from
+//! the real schema, traffic, and a timeline of faults and events. The run moves the
+//! virtual clock from one event to the next (an arrival, a fault starting or ending, a
+//! reload, an upstream's answer, anything due on a worker: ticks, callout answers and
+//! timeouts, queue wakes). At each instant the workers of a proxy that have something to
+//! do run either one after another in a random order, or at once on threads of their
+//! own, interleaved at every shared-data call ([`interleave`]): the races Envoy's worker
+//! threads have. After each instant the oracles check the fleet. At the end the service
+//! is healthy and quiet for a while, and the oracles check what must have settled.
+//!
+//! # Replay
+//!
+//! Everything comes from the seed; a failure names it:
+//!
+//! ```text
+//! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --nocapture
+//! ```
+//!
+//! runs that seed alone and prints its trace. `SLUICE_FLEET_SEEDS` and
+//! `SLUICE_FLEET_STEPS` make the CI run longer (see `tests/tests/fleet.rs`), and
+//! `SLUICE_WASM_UNDER_TEST` runs another build of the filter (an older one, a mutant).
+
+pub mod interleave;
+pub mod oracle;
+pub mod rng;
+pub mod scenario;
+pub mod service;
+
+pub use scenario::Scenario;
+
+use interleave::Baton;
+use oracle::{Observed, Oracle, Violation};
+use rng::Rng;
+use scenario::{Event, PolicyDef};
+use service::Service;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use wasm_host::{Clock as _, Host, Outcome, Request, Response, StreamId, VirtualClock};
+
+/// The operator's hash key every proxy is given.
+pub const HASH_KEY: &str = "fleet-hash-key-0123456789abcdef";
+
+/// What a run did, for the report of a clean run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Instants the clock stopped at.
+    pub steps: u64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Of those, admitted (forwarded upstream).
+    pub admitted: u64,
+    /// Callouts the service answered.
+    pub callouts: u64,
+    /// Turns handed between interleaved workers.
+    pub switches: u64,
+}
+
+/// How a run failed: the seed, when, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The seed (replay it with `SLUICE_FLEET_SEED`).
+    pub seed: u64,
+    /// The step at which an oracle failed.
+    pub step: u64,
+    /// The oracle's finding.
+    pub violation: Violation,
+    /// The last lines of the run's trace.
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {} failed at step {}: {}", self.seed, self.step, self.violation)?;
+        writeln!(
+            f,
+            "replay: SLUICE_FLEET_SEED={} cargo test -p sluice-tests --test fleet replay -- --nocapture",
+            self.seed
+        )?;
+        for line in &self.trace {
+            writeln!(f, "  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A request of the simulation, and what became of it.
+#[derive(Clone, Debug)]
+struct Stream {
+    proxy: usize,
+    worker: usize,
+    id: StreamId,
+    arrived: u64,
+    request: oracle::Sent,
+    /// When the upstream answers it (once forwarded).
+    respond_at: Option<u64>,
+}
+
+/// One proxy: a host and the configuration it runs now.
+struct Proxy {
+    host: Host,
+    policies: Vec<PolicyDef>,
+    baton: Arc<Baton>,
+}
+
+/// What a worker is to do at an instant.
+#[derive(Clone, Debug)]
+enum Action {
+    /// A request arrives.
+    Arrive(usize, oracle::Sent),
+    /// The upstream answers a forwarded request; then the stream ends.
+    Respond(usize),
+    /// The client gives up on a paused request.
+    Leave(usize),
+    /// Whatever is due (ticks, answers, timeouts, queue wakes).
+    Due,
+}
+
+/// The traffic generator.
+struct Arrivals {
+    rng: Rng,
+    next: u64,
+    flood_serial: u64,
+}
+
+/// Runs `scenario` with the filter at `wasm` for at most `max_steps` instants.
+///
+/// # Errors
+/// The first oracle that fails, with the seed and the trace's tail.
+pub fn run(scenario: &Scenario, wasm: &str, max_steps: u64) -> Result<Report, Box<Failure>> {
+    Fleet::new(scenario, wasm).run(max_steps)
+}
+
+struct Fleet<'a> {
+    scenario: &'a Scenario,
+    clock: VirtualClock,
+    start: u64,
+    proxies: Vec<Proxy>,
+    service: Arc<Mutex<Service>>,
+    streams: BTreeMap<u64, Stream>,
+    next_stream: u64,
+    rng: Rng,
+    arrivals: Arrivals,
+    oracle: Oracle,
+    trace: Vec<String>,
+    report: Report,
+    step: u64,
+}
+
+impl<'a> Fleet<'a> {
+    fn new(scenario: &'a Scenario, wasm: &str) -> Self {
+        let mut rng = Rng::new(scenario.seed ^ 0x00f1_ee70_0000_0000);
+        let clock = VirtualClock::new();
+        let service = Arc::new(Mutex::new(Service::new(&clock, scenario.proxies, scenario.rtt, rng.fork())));
+        let config = scenario.filter_config(&scenario.policies);
+        let proxies = (0..scenario.proxies)
+            .map(|p| {
+                let baton = Baton::new(rng.fork());
+                let hook = baton.clone();
+                let service = service.clone();
+                let host = Host::builder(wasm)
+                    .plugin_configuration(config.clone())
+                    .plugin_name("sluice")
+                    .root_id("sluice")
+                    .vm_id("sluice")
+                    .workers(scenario.workers)
+                    .virtual_clock(clock.clone())
+                    .env("SLUICE_HASH_KEY", HASH_KEY)
+                    .env("SLUICE_COUNTER_TOKEN", service::TOKEN)
+                    .random_seed(Some(scenario.seed.wrapping_add(p as u64)))
+                    .capture_logs(false)
+                    .record_callouts(false)
+                    .scripted_cluster("sluice-counter", move |call| {
+                        service.lock().unwrap_or_else(PoisonError::into_inner).answer(p, call)
+                    })
+                    .before_shared_data(Arc::new(move |worker| hook.before_access(worker)))
+                    .build()
+                    .unwrap_or_else(|e| panic!("seed {}: the filter refused {config}: {e}", scenario.seed));
+                Proxy { host, policies: scenario.policies.clone(), baton }
+            })
+            .collect();
+        let start = clock.monotonic_nanos();
+        let arrivals = Arrivals { rng: rng.fork(), next: start, flood_serial: 0 };
+        let oracle = Oracle::new(scenario, start);
+        Self {
+            scenario,
+            clock,
+            start,
+            proxies,
+            service,
+            streams: BTreeMap::new(),
+            next_stream: 0,
+            rng,
+            arrivals,
+            oracle,
+            trace: Vec::new(),
+            report: Report::default(),
+            step: 0,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.monotonic_nanos()
+    }
+
+    fn at(&self, offset: Duration) -> u64 {
+        self.start + offset.as_nanos() as u64
+    }
+
+    fn note(&mut self, line: String) {
+        if self.trace.len() >= 4000 {
+            self.trace.drain(..2000);
+        }
+        self.trace.push(format!("{:>9.3} ms  {line}", (self.now() - self.start) as f64 / 1e6));
+    }
+
+    fn fail(&self, violation: Violation) -> Box<Failure> {
+        let tail = self.trace.len().saturating_sub(40);
+        Box::new(Failure {
+            seed: self.scenario.seed,
+            step: self.step,
+            violation,
+            trace: self.trace.get(tail..).unwrap_or_default().to_vec(),
+        })
+    }
+
+    fn run(mut self, max_steps: u64) -> Result<Report, Box<Failure>> {
+        let end = self.at(self.scenario.duration);
+        let mut boundaries = self.boundaries();
+        while self.step < max_steps {
+            let next = [
+                Some(self.arrivals.next),
+                boundaries.keys().next().copied(),
+                self.streams.values().filter_map(|s| s.respond_at).min(),
+                self.next_due(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let Some(t) = next.filter(|t| *t <= end) else { break };
+            self.clock.advance_to_monotonic(t);
+            while let Some(entry) = boundaries.first_entry().filter(|e| *e.key() <= t) {
+                for change in entry.remove() {
+                    self.apply(change)?;
+                }
+            }
+            let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
+            while self.arrivals.next <= t {
+                let (proxy, worker, sent) = self.arrival(t);
+                actions.entry((proxy, worker)).or_default().push(Action::Arrive(proxy, sent));
+            }
+            for (key, stream) in &self.streams {
+                if stream.respond_at.is_some_and(|at| at <= t) {
+                    actions.entry((stream.proxy, stream.worker)).or_default().push(Action::Respond(*key as usize));
+                }
+            }
+            for (p, proxy) in self.proxies.iter_mut().enumerate() {
+                for (w, worker) in proxy.host.workers_mut().iter().enumerate() {
+                    if worker.next_due().is_some_and(|at| at <= t) {
+                        actions.entry((p, w)).or_default().push(Action::Due);
+                    }
+                }
+            }
+            self.act(actions)?;
+            self.step += 1;
+            self.report.steps = self.step;
+            self.check()?;
+        }
+        self.quiet_end()?;
+        self.report.callouts = self.service.lock().unwrap_or_else(PoisonError::into_inner).calls();
+        self.report.switches = self.proxies.iter().map(|p| p.baton.switches()).sum();
+        Ok(self.report)
+    }
+
+    /// The moments the scenario changes something, with what changes.
+    fn boundaries(&self) -> BTreeMap<u64, Vec<Change>> {
+        let mut out: BTreeMap<u64, Vec<Change>> = BTreeMap::new();
+        for fault in &self.scenario.faults {
+            out.entry(self.at(fault.from)).or_default().push(Change::Mode(fault.proxy, fault.mode));
+            out.entry(self.at(fault.until)).or_default().push(Change::Mode(fault.proxy, service::Mode::Healthy));
+        }
+        for (when, event) in &self.scenario.events {
+            match event {
+                // A rolling update: one proxy after another, 50 ms apart.
+                Event::Reload { proxy: None, policy, num, den, bump } => {
+                    for p in 0..self.scenario.proxies {
+                        let at = self.at(*when + Duration::from_millis(50 * p as u64));
+                        let event =
+                            Event::Reload { proxy: Some(p), policy: *policy, num: *num, den: *den, bump: *bump };
+                        out.entry(at).or_default().push(Change::Event(event));
+                    }
+                }
+                event => out.entry(self.at(*when)).or_default().push(Change::Event(event.clone())),
+            }
+        }
+        out
+    }
+
+    fn apply(&mut self, change: Change) -> Result<(), Box<Failure>> {
+        let now = self.now();
+        match change {
+            Change::Mode(proxy, mode) => {
+                self.note(format!(
+                    "service {mode:?} for {}",
+                    proxy.map_or("every proxy".into(), |p| format!("proxy {p}"))
+                ));
+                self.service.lock().unwrap_or_else(PoisonError::into_inner).set_mode(proxy, mode);
+                self.oracle.service_mode(proxy, mode, now);
+            }
+            Change::Event(Event::Restart) => {
+                self.note("service restarts, its counters lost".into());
+                self.service.lock().unwrap_or_else(PoisonError::into_inner).restart();
+            }
+            Change::Event(Event::ClockStep(ms)) => {
+                self.note(format!("service clock steps {ms} ms"));
+                self.service.lock().unwrap_or_else(PoisonError::into_inner).step_clock(ms * 1_000_000);
+            }
+            Change::Event(Event::ClientsLeave { proxy }) => {
+                let leaving: Vec<u64> = self
+                    .streams
+                    .iter()
+                    .filter(|(_, s)| s.proxy == proxy && s.respond_at.is_none())
+                    .map(|(k, _)| *k)
+                    .collect();
+                self.note(format!("clients of proxy {proxy} leave {} paused requests", leaving.len()));
+                let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
+                for key in leaving {
+                    if let Some(s) = self.streams.get(&key) {
+                        actions.entry((s.proxy, s.worker)).or_default().push(Action::Leave(key as usize));
+                    }
+                }
+                self.act(actions)?;
+            }
+            Change::Event(Event::Reload { proxy: Some(p), policy, num, den, bump }) => {
+                let Some(current) = self.proxies.get(p).map(|proxy| proxy.policies.clone()) else { return Ok(()) };
+                let next = Scenario::reloaded(&current, policy, num, den, bump);
+                let config = self.scenario.filter_config(&next);
+                self.note(format!(
+                    "proxy {p} reloads policy {policy} ×{num}/{den}{}",
+                    if bump { ", version bumped" } else { "" }
+                ));
+                if let Some(proxy) = self.proxies.get_mut(p) {
+                    match proxy.host.reconfigure(config) {
+                        Ok(()) => {
+                            self.oracle.reloaded(p, &next, now);
+                            proxy.policies = next;
+                        }
+                        Err(error) => return Err(self.fail(Violation::new("reload", format!("refused: {error}")))),
+                    }
+                }
+            }
+            Change::Event(Event::Reload { proxy: None, .. }) => {}
+        }
+        Ok(())
+    }
+
+    fn next_due(&mut self) -> Option<u64> {
+        self.proxies.iter_mut().flat_map(|p| p.host.workers_mut().iter().filter_map(|w| w.next_due())).min()
+    }
+
+    /// The next arrival (and draws the one after).
+    fn arrival(&mut self, now: u64) -> (usize, usize, oracle::Sent) {
+        let scenario = self.scenario;
+        let a = &mut self.arrivals;
+        let offset = Duration::from_nanos(now - self.start);
+        let flooding = scenario.traffic.floods.iter().any(|(from, until)| *from <= offset && offset < *until);
+        let tenant = if flooding && a.rng.chance(80) {
+            a.flood_serial += 1;
+            format!("flood-{}", a.flood_serial)
+        } else if a.rng.chance(scenario.traffic.hot_percent) {
+            "t0".to_owned()
+        } else {
+            format!("t{}", a.rng.below(scenario.traffic.tenants))
+        };
+        let sent = oracle::Sent {
+            tenant,
+            user: format!("u{}", a.rng.below(6)),
+            route: format!("r{}", a.rng.below(4)),
+            under_a: a.rng.chance(scenario.traffic.under_a_percent),
+            cost: if a.rng.chance(30) { a.rng.between(1, 12) } else { 1 },
+        };
+        let proxy = a.rng.below(scenario.proxies as u64) as usize;
+        let worker = a.rng.below(scenario.workers as u64) as usize;
+        // Exponential-looking gaps: mostly short, sometimes long.
+        let mean = scenario.traffic.mean_gap.as_nanos() as u64;
+        let gap = match a.rng.below(10) {
+            0 => mean * 4,
+            1..=3 => mean / 4 + 1,
+            _ => a.rng.between(mean / 2, mean * 3 / 2),
+        };
+        a.next = now + gap.max(1);
+        (proxy, worker, sent)
+    }
+
+    /// Carries out one instant's actions, proxy by proxy.
+    fn act(&mut self, actions: BTreeMap<(usize, usize), Vec<Action>>) -> Result<(), Box<Failure>> {
+        let mut by_proxy: BTreeMap<usize, Vec<(usize, Vec<Action>)>> = BTreeMap::new();
+        for ((p, w), list) in actions {
+            by_proxy.entry(p).or_default().push((w, list));
+        }
+        for (p, mut per_worker) in by_proxy {
+            let interleaved = per_worker.len() > 1 && self.rng.chance(50);
+            if !interleaved {
+                // One after another, in a random order.
+                for i in (1..per_worker.len()).rev() {
+                    let j = self.rng.below(i as u64 + 1) as usize;
+                    per_worker.swap(i, j);
+                }
+            }
+            let created = Mutex::new(Vec::new());
+            let streams = &self.streams;
+            let now = self.clock.monotonic_nanos();
+            let Some(proxy) = self.proxies.get_mut(p) else { continue };
+            let run = |worker: &mut wasm_host::Worker, w: usize, list: Vec<Action>| {
+                for action in list {
+                    match action {
+                        Action::Arrive(_, sent) => {
+                            let id = worker.request(sent.request());
+                            created.lock().unwrap_or_else(PoisonError::into_inner).push((w, id, sent));
+                        }
+                        Action::Respond(key) => {
+                            if let Some(s) = streams.get(&(key as u64)) {
+                                let _ = worker.respond(s.id, Response::ok());
+                                let _ = worker.finish(s.id);
+                            }
+                        }
+                        Action::Leave(key) => {
+                            if let Some(s) = streams.get(&(key as u64)) {
+                                let _ = worker.finish(s.id);
+                            }
+                        }
+                        Action::Due => worker.run_pending(),
+                    }
+                }
+            };
+            if interleaved {
+                let mut slots: Vec<Option<&mut wasm_host::Worker>> =
+                    proxy.host.workers_mut().iter_mut().map(Some).collect();
+                let batch: Vec<(usize, (&mut wasm_host::Worker, Vec<Action>))> = per_worker
+                    .into_iter()
+                    .filter_map(|(w, list)| slots.get_mut(w).and_then(Option::take).map(|worker| (w, (worker, list))))
+                    .collect();
+                proxy.baton.run(batch, |w, (worker, list)| run(worker, w, list));
+            } else {
+                for (w, list) in per_worker {
+                    if let Some(worker) = proxy.host.workers_mut().get_mut(w) {
+                        run(worker, w, list);
+                    }
+                }
+            }
+            let mut created = created.into_inner().unwrap_or_else(PoisonError::into_inner);
+            created.sort_by_key(|(w, id, _)| (*w, format!("{id:?}")));
+            for (w, id, sent) in created {
+                self.report.requests += 1;
+                let key = self.next_stream;
+                self.next_stream += 1;
+                self.streams
+                    .insert(key, Stream { proxy: p, worker: w, id, arrived: now, request: sent, respond_at: None });
+            }
+            self.observe(p)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what became of proxy `p`'s streams, and hands each to the oracle.
+    fn observe(&mut self, p: usize) -> Result<(), Box<Failure>> {
+        let now = self.now();
+        let keys: Vec<u64> = self.streams.iter().filter(|(_, s)| s.proxy == p).map(|(k, _)| *k).collect();
+        let mut done = Vec::new();
+        let mut forwarded = Vec::new();
+        for key in keys {
+            let Some(stream) = self.streams.get(&key) else { continue };
+            let Some(proxy) = self.proxies.get_mut(p) else { continue };
+            let Some(worker) = proxy.host.workers_mut().get_mut(stream.worker) else { continue };
+            let observed = match worker.outcome(stream.id) {
+                Err(_) => Observed::Gone,
+                Ok(Outcome::Paused | Outcome::ResponsePaused) => Observed::Paused,
+                Ok(Outcome::Forwarded(_)) => Observed::Forwarded,
+                Ok(Outcome::Responded(response)) => Observed::Answered {
+                    status: response.status,
+                    local: response.is_local(),
+                    fallback: response.headers.get_str("x-sluice-fallback").map(str::to_owned),
+                },
+                Ok(Outcome::Reset) => Observed::Reset,
+            };
+            let policies = &proxy.policies;
+            match self.oracle.stream(p, key, stream.arrived, &stream.request, policies, &observed, now) {
+                Err(violation) => return Err(self.fail(violation)),
+                Ok(oracle::Next::Keep) => {}
+                Ok(oracle::Next::Upstream) => forwarded.push(key),
+                Ok(oracle::Next::Done) => done.push(key),
+            }
+        }
+        for key in forwarded {
+            let latency = self.rng.between(100_000, 3_000_000);
+            if let Some(s) = self.streams.get_mut(&key)
+                && s.respond_at.is_none()
+            {
+                s.respond_at = Some(now + latency);
+                self.report.admitted += 1;
+            }
+        }
+        for key in done {
+            if let Some(s) = self.streams.remove(&key) {
+                let line = format!("p{} w{} {:?}: {}", s.proxy, s.worker, s.request, self.oracle.last_note());
+                self.note(line);
+            }
+        }
+        Ok(())
+    }
+
+    /// The oracles after every instant.
+    fn check(&mut self) -> Result<(), Box<Failure>> {
+        let now = self.now();
+        let decisions = self.service.lock().unwrap_or_else(PoisonError::into_inner).decisions().to_vec();
+        for (p, proxy) in self.proxies.iter().enumerate() {
+            let result = self.oracle.proxy(p, &proxy.host, &proxy.policies, now);
+            if let Err(violation) = result {
+                return Err(self.fail(violation));
+            }
+        }
+        if let Err(violation) = self.oracle.service(&decisions, now) {
+            return Err(self.fail(violation));
+        }
+        Ok(())
+    }
+
+    /// The end: no more traffic, the service healthy, the clock moving until every
+    /// stream is answered and what must settle has (charges, expiries).
+    fn quiet_end(&mut self) -> Result<(), Box<Failure>> {
+        self.service.lock().unwrap_or_else(PoisonError::into_inner).set_mode(None, service::Mode::Healthy);
+        self.oracle.service_mode(None, service::Mode::Healthy, self.now());
+        let quiet = Duration::from_millis(self.scenario.cooldown_ms + 3000);
+        let until = self.now() + quiet.as_nanos() as u64;
+        while self.now() < until {
+            let next = [self.streams.values().filter_map(|s| s.respond_at).min(), self.next_due()]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(until)
+                .min(until);
+            self.clock.advance_to_monotonic(next);
+            let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
+            for (key, stream) in &self.streams {
+                if stream.respond_at.is_some_and(|at| at <= next) {
+                    actions.entry((stream.proxy, stream.worker)).or_default().push(Action::Respond(*key as usize));
+                }
+            }
+            for (p, proxy) in self.proxies.iter_mut().enumerate() {
+                for (w, worker) in proxy.host.workers_mut().iter().enumerate() {
+                    if worker.next_due().is_some_and(|at| at <= next) {
+                        actions.entry((p, w)).or_default().push(Action::Due);
+                    }
+                }
+            }
+            self.act(actions)?;
+            self.check()?;
+        }
+        let now = self.now();
+        for (p, proxy) in self.proxies.iter().enumerate() {
+            if let Err(violation) = self.oracle.settled(p, &proxy.host, &proxy.policies, now) {
+                return Err(self.fail(violation));
+            }
+        }
+        if let Some(stream) = self.streams.values().next() {
+            return Err(self.fail(Violation::new(
+                "answered",
+                format!(
+                    "a request of proxy {} is still unanswered after the quiet end: {:?}",
+                    stream.proxy, stream.request
+                ),
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A scheduled change of the scenario.
+#[derive(Clone, Debug)]
+enum Change {
+    Mode(Option<usize>, service::Mode),
+    Event(Event),
+}
+
+impl oracle::Sent {
+    fn request(&self) -> Request {
+        let path = if self.under_a { "/a/item" } else { "/item" };
+        Request::get(path)
+            .header("x-tenant", self.tenant.as_str())
+            .header("x-user", self.user.as_str())
+            .header("x-route", self.route.as_str())
+            .header("x-cost", self.cost.to_string())
+    }
+}

@@ -1,0 +1,682 @@
+//! What must hold of the fleet after every step, and at the end.
+//!
+//! Per request (as it is observed):
+//!
+//! * **answered**: no stream stays paused longer than [`Scenario::max_pause`];
+//! * **no degraded decision from a healthy service**: while the service has been healthy
+//!   for a proxy long enough for earlier faults to have passed (a refill window twice,
+//!   the breaker's cooldown), no answer carries a fallback for a service reason.
+//!
+//! Per proxy (from its metrics and shared data):
+//!
+//! * **accounting**: `offered = allowed + rejected + queued` for every policy;
+//! * **counted**: every policy a fallback header names was counted under some cause
+//!   (`degraded.*`, `cas_exhausted`, `store_errors`) at least that often;
+//! * **debt**: no lease record owes more than its policy's `max_debt`;
+//! * **no trap**, ever.
+//!
+//! Across the fleet, per global counter (a policy, version and caller: the key the
+//! service sees):
+//!
+//! * **spent ⊆ granted**: every unit admitted through a lease (the request was forwarded
+//!   and the fallback header does not name this policy) came from a grant of that
+//!   counter that was live when it was spent: granted at or before, and not past the
+//!   life the service gave it. This catches lost updates, tokens spent after their life
+//!   (a lease outliving its window), and requests admitted without spending at all;
+//! * **checked ⊆ admitted**: every unit admitted through a check was admitted by the
+//!   service for that counter, before;
+//! * **the budget**: what the service granted and admitted on one counter fits the
+//!   policy's numbers (the loosest a reload put in force for that version), replayed in
+//!   the service's own time, from its last restart;
+//! * **emergency caps**: what a proxy's cap admitted for one caller fits the cap.
+//!
+//! At the end, after a quiet, healthy period: every stream is answered, and no lease
+//! record holds anything (no debt, no tokens): no slot is held by a key that is gone.
+
+use super::scenario::{Algorithm, Failure, Kind, PolicyDef, Scenario};
+use super::service::{Decision, Mode};
+use crate::oracle::ReferenceBucket;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::Duration;
+
+/// A request as the simulation sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// `x-tenant`.
+    pub tenant: String,
+    /// `x-user`.
+    pub user: String,
+    /// `x-route`.
+    pub route: String,
+    /// Whether its path is under `/a/`.
+    pub under_a: bool,
+    /// `x-cost`.
+    pub cost: u64,
+}
+
+impl Sent {
+    fn value(&self, header: &str) -> &str {
+        match header {
+            "x-tenant" => &self.tenant,
+            "x-user" => &self.user,
+            _ => &self.route,
+        }
+    }
+}
+
+/// What a stream is now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// The filter holds it.
+    Paused,
+    /// It went upstream.
+    Forwarded,
+    /// The client got an answer.
+    Answered {
+        /// Its status.
+        status: u16,
+        /// The filter's own reply (a rejection), not the upstream's.
+        local: bool,
+        /// The fallback header.
+        fallback: Option<String>,
+    },
+    /// The filter reset it.
+    Reset,
+    /// It ended (its client left).
+    Gone,
+}
+
+/// What the simulation does with a stream next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing yet.
+    Keep,
+    /// Have the upstream answer it.
+    Upstream,
+    /// Forget it.
+    Done,
+}
+
+/// An oracle's finding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Which oracle.
+    pub oracle: &'static str,
+    /// What it found.
+    pub detail: String,
+}
+
+impl Violation {
+    /// A finding of `oracle`.
+    pub fn new(oracle: &'static str, detail: impl Into<String>) -> Self {
+        Self { oracle, detail: detail.into() }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}] {}", self.oracle, self.detail)
+    }
+}
+
+/// One policy a request matched.
+#[derive(Clone, Debug)]
+struct Matched {
+    policy: PolicyDef,
+    /// The caller's key value.
+    value: String,
+    /// The global counter's key, as the service sees it.
+    counter: Option<String>,
+    cost: u64,
+}
+
+/// A stream the oracle follows.
+#[derive(Clone, Debug)]
+struct Followed {
+    proxy: usize,
+    arrived: u64,
+    matched: Vec<Matched>,
+    forwarded_at: Option<u64>,
+}
+
+/// The reasons that say the service could not decide.
+const SERVICE_REASONS: [&str; 8] =
+    ["timeout", "refused", "reset", "bad_status", "bad_body", "unauthorized", "circuit_open", "dispatch_failed"];
+
+/// The checks and what they have seen.
+pub struct Oracle {
+    max_pause: u64,
+    /// How long after a fault a healthy service may still see its effects.
+    linger: u64,
+    /// Per proxy: since when the service has been healthy for it (`None`: it is not).
+    healthy_since: Vec<Option<u64>>,
+    hash_key: shared_store::HashKey,
+    streams: BTreeMap<u64, Followed>,
+    /// Per counter: units spent through leases, (time, units).
+    lease_spends: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Per counter: units admitted through checks.
+    check_admits: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Per counter: the policy (name, version) it belongs to.
+    counters: BTreeMap<String, (String, u64)>,
+    /// Per (name, version): every form the policy took (reloads).
+    forms: BTreeMap<(String, u64), Vec<PolicyDef>>,
+    /// Per (proxy, policy, version, caller): the emergency cap's replay.
+    caps: BTreeMap<(usize, String, u64, String), ReferenceBucket>,
+    /// Per (proxy, policy): answers whose fallback header named it.
+    named: BTreeMap<(usize, String), u64>,
+    /// Decisions of the service already checked against the budget.
+    budget_seen: usize,
+    budgets: BTreeMap<String, Budget>,
+    steps: u64,
+    note: String,
+}
+
+/// The replay of one counter's budget in the service's time.
+struct Budget {
+    /// Token bucket: the reference; windows: units per window index.
+    bucket: Option<ReferenceBucket>,
+    windows: BTreeMap<u64, u64>,
+    last: u64,
+}
+
+impl Oracle {
+    /// The oracle of `scenario`, whose run starts at `start`.
+    pub fn new(scenario: &Scenario, start: u64) -> Self {
+        let window = scenario.timeout_ms + 100;
+        let mut forms = BTreeMap::new();
+        for p in &scenario.policies {
+            forms.entry((p.name.clone(), p.version)).or_insert_with(Vec::new).push(p.clone());
+        }
+        Self {
+            max_pause: scenario.max_pause().as_nanos() as u64,
+            linger: Duration::from_millis(2 * window + scenario.cooldown_ms + 50).as_nanos() as u64,
+            healthy_since: vec![Some(start); scenario.proxies],
+            hash_key: sluice::engine::namespace::global_hash_key(super::HASH_KEY.as_bytes()),
+            streams: BTreeMap::new(),
+            lease_spends: BTreeMap::new(),
+            check_admits: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            forms,
+            caps: BTreeMap::new(),
+            named: BTreeMap::new(),
+            budget_seen: 0,
+            budgets: BTreeMap::new(),
+            steps: 0,
+            note: String::new(),
+        }
+    }
+
+    /// The last stream's summary, for the trace.
+    pub fn last_note(&self) -> &str {
+        &self.note
+    }
+
+    /// The service changed how it behaves for `proxy` (every proxy: `None`).
+    pub fn service_mode(&mut self, proxy: Option<usize>, mode: Mode, now: u64) {
+        for (p, since) in self.healthy_since.iter_mut().enumerate() {
+            if proxy.is_none_or(|x| x == p) {
+                *since = match (mode.is_healthy(), *since) {
+                    (true, Some(since)) => Some(since),
+                    (true, None) => Some(now),
+                    (false, _) => None,
+                };
+            }
+        }
+    }
+
+    /// Proxy `proxy` now runs `policies`.
+    pub fn reloaded(&mut self, _proxy: usize, policies: &[PolicyDef], _now: u64) {
+        for p in policies {
+            let forms = self.forms.entry((p.name.clone(), p.version)).or_default();
+            if !forms.contains(p) {
+                forms.push(p.clone());
+            }
+        }
+    }
+
+    fn counter(&mut self, policy: &PolicyDef, value: &str) -> String {
+        let mut hasher = self.hash_key.fingerprinter(&policy.name, policy.version);
+        hasher.part(value.as_bytes());
+        let key = sluice::engine::namespace::hex128(hasher.finish());
+        self.counters.entry(key.clone()).or_insert_with(|| (policy.name.clone(), policy.version));
+        key
+    }
+
+    fn matches(&mut self, sent: &Sent, policies: &[PolicyDef]) -> Vec<Matched> {
+        let mut out = Vec::new();
+        for policy in policies {
+            if policy.under_a && !sent.under_a {
+                continue;
+            }
+            let value = sent.value(policy.header).to_owned();
+            let counter = policy.is_global().then(|| self.counter(policy, &value));
+            let cost = if policy.max_cost > 1 { sent.cost.clamp(1, policy.max_cost) } else { 1 };
+            out.push(Matched { policy: policy.clone(), value, counter, cost });
+        }
+        out
+    }
+
+    /// Follows stream `key` of `proxy`, now `observed`; `policies` are those it arrived
+    /// under (used the first time it is seen).
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream(
+        &mut self,
+        proxy: usize,
+        key: u64,
+        arrived: u64,
+        sent: &Sent,
+        policies: &[PolicyDef],
+        observed: &Observed,
+        now: u64,
+    ) -> Result<Next, Violation> {
+        if !self.streams.contains_key(&key) {
+            let matched = self.matches(sent, policies);
+            self.streams.insert(key, Followed { proxy, arrived, matched, forwarded_at: None });
+        }
+        let Some(followed) = self.streams.get(&key).cloned() else { return Ok(Next::Keep) };
+        match observed {
+            Observed::Paused => {
+                if now.saturating_sub(arrived) > self.max_pause {
+                    return Err(Violation::new(
+                        "answered",
+                        format!(
+                            "a request of proxy {proxy} ({sent:?}) has been paused {:.1} ms, more than the {:.1} ms \
+                             the filter promises",
+                            (now - arrived) as f64 / 1e6,
+                            self.max_pause as f64 / 1e6
+                        ),
+                    ));
+                }
+                Ok(Next::Keep)
+            }
+            Observed::Forwarded => {
+                if let Some(f) = self.streams.get_mut(&key)
+                    && f.forwarded_at.is_none()
+                {
+                    f.forwarded_at = Some(now);
+                }
+                Ok(Next::Upstream)
+            }
+            Observed::Answered { status, local, fallback } => {
+                self.streams.remove(&key);
+                self.answered(&followed, sent, *status, *local, fallback.as_deref())?;
+                Ok(Next::Done)
+            }
+            Observed::Reset | Observed::Gone => {
+                self.streams.remove(&key);
+                self.note = format!("{observed:?}");
+                Ok(Next::Done)
+            }
+        }
+    }
+
+    fn answered(
+        &mut self,
+        followed: &Followed,
+        sent: &Sent,
+        status: u16,
+        local: bool,
+        fallback: Option<&str>,
+    ) -> Result<(), Violation> {
+        let proxy = followed.proxy;
+        let (kind, reason, mut named) = parse_fallback(fallback);
+        if kind.is_some() && named.is_empty() {
+            // A filter that does not say which policies fell back: assume all of its
+            // global ones did (never blame it for what a fallback admitted).
+            named = followed.matched.iter().filter(|m| m.counter.is_some()).map(|m| m.policy.name.clone()).collect();
+        }
+        self.note = format!("{status}{}", fallback.map(|f| format!(" [{f}]")).unwrap_or_default());
+        for name in &named {
+            *self.named.entry((proxy, name.clone())).or_insert(0) += 1;
+        }
+        if let Some(reason) = reason
+            && SERVICE_REASONS.contains(&reason)
+            && let Some(since) = self.healthy_since.get(proxy).copied().flatten()
+            && since.saturating_add(self.linger) <= followed.arrived
+        {
+            return Err(Violation::new(
+                "healthy",
+                format!(
+                    "proxy {proxy}: a healthy service (since {:.1} ms before the request) produced a degraded \
+                     decision: {status} {}",
+                    (followed.arrived - since) as f64 / 1e6,
+                    fallback.unwrap_or("")
+                ),
+            ));
+        }
+        if local {
+            return Ok(());
+        }
+        // Admitted: each global policy it matched paid for it, or fell back (named).
+        let Some(at) = followed.forwarded_at else { return Ok(()) };
+        for m in &followed.matched {
+            let Some(counter) = &m.counter else { continue };
+            if named.contains(&m.policy.name) {
+                if let Failure::Emergency { rate, burst, .. } = m.policy.failure {
+                    let cap = self
+                        .caps
+                        .entry((proxy, m.policy.name.clone(), m.policy.version, m.value.clone()))
+                        .or_insert_with(|| ReferenceBucket::new(rate, 1_000_000_000, burst));
+                    // A cap that could not decide falls to the action: only an `allow`
+                    // may admit beyond it, and then the cap was not spent.
+                    let allow = matches!(m.policy.failure, Failure::Emergency { allow: true, .. });
+                    if !cap.admit(at, m.cost) && !allow {
+                        return Err(Violation::new(
+                            "emergency cap",
+                            format!(
+                                "proxy {proxy}, policy {} caller {}: admitted beyond its emergency cap \
+                                 ({rate}/s, burst {burst}) failing closed: {sent:?}",
+                                m.policy.name, m.value
+                            ),
+                        ));
+                    }
+                }
+                continue;
+            }
+            let spends = match m.policy.kind {
+                Kind::Lease { .. } => self.lease_spends.entry(counter.clone()).or_default(),
+                Kind::Check => self.check_admits.entry(counter.clone()).or_default(),
+                Kind::Local => continue,
+            };
+            spends.push((at, m.cost));
+        }
+        Ok(())
+    }
+
+    /// The per-proxy checks.
+    pub fn proxy(
+        &mut self,
+        proxy: usize,
+        host: &wasm_host::Host,
+        policies: &[PolicyDef],
+        now: u64,
+    ) -> Result<(), Violation> {
+        let _ = now;
+        let traps = host.traps();
+        if let Some(trap) = traps.first() {
+            return Err(Violation::new("no trap", format!("proxy {proxy}: a worker trapped: {trap:?}")));
+        }
+        let metric = |policy: &str, counter: &str| host.metric(&format!("sluice.{policy}.{counter}")).unwrap_or(0);
+        let mut names: BTreeSet<String> = policies.iter().map(|p| p.name.clone()).collect();
+        names.extend(self.forms.keys().map(|(n, _)| n.clone()));
+        for name in &names {
+            let offered = metric(name, "offered");
+            let sum = metric(name, "allowed") + metric(name, "rejected") + metric(name, "queued");
+            if offered != sum {
+                return Err(Violation::new(
+                    "accounting",
+                    format!("proxy {proxy}, policy {name}: offered {offered} != allowed + rejected + queued {sum}"),
+                ));
+            }
+            let causes: u64 = [
+                "degraded.timeout",
+                "degraded.refused",
+                "degraded.reset",
+                "degraded.bad_status",
+                "degraded.bad_body",
+                "degraded.unauthorized",
+                "degraded.circuit_open",
+                "degraded.dispatch_failed",
+                "degraded.lease_queue_full",
+                "degraded.lease_slot_taken",
+                "cas_exhausted",
+                "store_errors",
+            ]
+            .iter()
+            .map(|c| metric(name, c))
+            .sum();
+            let named = self.named.get(&(proxy, name.clone())).copied().unwrap_or(0);
+            if named > causes {
+                return Err(Violation::new(
+                    "counted",
+                    format!(
+                        "proxy {proxy}, policy {name}: {named} answers name it in their fallback header, but only \
+                         {causes} degraded decisions were counted"
+                    ),
+                ));
+            }
+        }
+        self.steps += 1;
+        if self.steps % 25 == 0 {
+            self.debts(proxy, host, false)?;
+        }
+        Ok(())
+    }
+
+    fn debts(&self, proxy: usize, host: &wasm_host::Host, settled: bool) -> Result<(), Violation> {
+        for (key, value) in host.shared_data().entries() {
+            let key = String::from_utf8_lossy(&key).into_owned();
+            // sluice/<plugin>/<root>/l/<policy>/v<version>/<slot>
+            let parts: Vec<&str> = key.split('/').collect();
+            let ["sluice", _, _, "l", name, version, slot] = parts.as_slice() else { continue };
+            if *slot == "meta" {
+                continue;
+            }
+            let Some(record) = sluice::engine::inspect_lease_record(&value) else { continue };
+            let version: u64 = version.trim_start_matches('v').parse().unwrap_or(0);
+            let max_debt = self
+                .forms
+                .get(&(name.to_string(), version))
+                .into_iter()
+                .flatten()
+                .filter_map(|p| match p.kind {
+                    Kind::Lease { max_debt, .. } => Some(max_debt),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            if record.debt > max_debt {
+                return Err(Violation::new(
+                    "debt",
+                    format!("proxy {proxy}: lease record {key} owes {} > max_debt {max_debt}", record.debt),
+                ));
+            }
+            if settled && (record.debt > 0 || record.charging > 0) {
+                return Err(Violation::new(
+                    "settled",
+                    format!(
+                        "proxy {proxy}: after a quiet, healthy end, lease record {key} still owes {} ({} in a \
+                         charge): its slot is held by a key that is gone",
+                        record.debt, record.charging
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What must hold at the end.
+    pub fn settled(
+        &mut self,
+        proxy: usize,
+        host: &wasm_host::Host,
+        policies: &[PolicyDef],
+        now: u64,
+    ) -> Result<(), Violation> {
+        self.proxy(proxy, host, policies, now)?;
+        self.debts(proxy, host, true)
+    }
+
+    /// The fleet-wide checks against what the service decided.
+    pub fn service(&mut self, decisions: &[Decision], now: u64) -> Result<(), Violation> {
+        let _ = now;
+        self.budget(decisions)?;
+        if self.steps % 20 != 0 {
+            return Ok(());
+        }
+        self.spent_within_grants(decisions)?;
+        self.checked_within_admissions(decisions)
+    }
+
+    fn spent_within_grants(&self, decisions: &[Decision]) -> Result<(), Violation> {
+        for (counter, spends) in &self.lease_spends {
+            // Grants before spends at one instant (a spend follows its grant's arrival).
+            let mut events: Vec<(u64, u8, u64, u64)> = decisions
+                .iter()
+                .filter_map(|d| match d {
+                    Decision::Grant { key, granted, at, life, .. } if key == counter => Some((*at, 0, *granted, *life)),
+                    _ => None,
+                })
+                .collect();
+            events.extend(spends.iter().map(|(at, units)| (*at, 1, *units, 0)));
+            events.sort_unstable();
+            // Live grants by expiry: (expiry, tokens left), soonest first.
+            let mut live: BinaryHeap<std::cmp::Reverse<(u64, u64)>> = BinaryHeap::new();
+            for (at, kind, units, life) in events {
+                if kind == 0 {
+                    live.push(std::cmp::Reverse((at.saturating_add(life), units)));
+                    continue;
+                }
+                let mut need = units;
+                while need > 0 {
+                    let Some(std::cmp::Reverse((expiry, tokens))) = live.pop() else {
+                        let (name, version) = self.counters.get(counter).cloned().unwrap_or_default();
+                        return Err(Violation::new(
+                            "spent within grants",
+                            format!(
+                                "policy {name} v{version}, counter {counter}: {units} unit(s) admitted through its lease \
+                                 at {:.3} ms with no live grant to pay for them (spent {} in all, granted {})",
+                                at as f64 / 1e6,
+                                spends.iter().map(|s| s.1).sum::<u64>(),
+                                decisions
+                                    .iter()
+                                    .map(|d| match d {
+                                        Decision::Grant { key, granted, .. } if key == counter => *granted,
+                                        _ => 0,
+                                    })
+                                    .sum::<u64>()
+                            ),
+                        ));
+                    };
+                    if expiry < at {
+                        continue;
+                    }
+                    let take = tokens.min(need);
+                    need -= take;
+                    if tokens > take {
+                        live.push(std::cmp::Reverse((expiry, tokens - take)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn checked_within_admissions(&self, decisions: &[Decision]) -> Result<(), Violation> {
+        for (counter, admits) in &self.check_admits {
+            let mut events: Vec<(u64, u8, u64)> = decisions
+                .iter()
+                .filter_map(|d| match d {
+                    Decision::Check { key, cost, at, .. } if key == counter => Some((*at, 0, *cost)),
+                    _ => None,
+                })
+                .collect();
+            events.extend(admits.iter().map(|(at, units)| (*at, 1, *units)));
+            events.sort_unstable();
+            let mut available: u64 = 0;
+            for (at, kind, units) in events {
+                if kind == 0 {
+                    available += units;
+                } else if available >= units {
+                    available -= units;
+                } else {
+                    let (name, version) = self.counters.get(counter).cloned().unwrap_or_default();
+                    return Err(Violation::new(
+                        "checked within admissions",
+                        format!(
+                            "policy {name} v{version}, counter {counter}: admitted through a check at {:.3} ms \
+                             that the service never admitted",
+                            at as f64 / 1e6
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays the service's new decisions through each counter's budget.
+    fn budget(&mut self, decisions: &[Decision]) -> Result<(), Violation> {
+        let fresh = decisions.get(self.budget_seen..).unwrap_or_default().to_vec();
+        self.budget_seen = decisions.len();
+        for decision in fresh {
+            let (key, units, at) = match decision {
+                Decision::Restart { .. } => {
+                    self.budgets.clear();
+                    continue;
+                }
+                Decision::Grant { key, granted, service_at, .. } => (key, granted, service_at),
+                Decision::Check { key, cost, service_at, .. } => (key, cost, service_at),
+                Decision::Charge { .. } => continue,
+            };
+            let Some((name, version)) = self.counters.get(&key).cloned() else { continue };
+            let Some(forms) = self.forms.get(&(name.clone(), version)) else { continue };
+            let loosest = loosest(forms);
+            let budget = self.budgets.entry(key.clone()).or_insert_with(|| Budget {
+                bucket: match loosest {
+                    Algorithm::TokenBucket { rate, burst } => Some(ReferenceBucket::new(rate, 1_000_000_000, burst)),
+                    _ => None,
+                },
+                windows: BTreeMap::new(),
+                last: 0,
+            });
+            let at = at.max(budget.last);
+            budget.last = at;
+            let over = match loosest {
+                Algorithm::TokenBucket { .. } => budget.bucket.as_mut().is_some_and(|b| !b.admit(at, units)),
+                Algorithm::FixedWindow { limit, window_ms } | Algorithm::SlidingWindow { limit, window_ms } => {
+                    let count = budget.windows.entry(at / (window_ms * 1_000_000)).or_insert(0);
+                    *count += units;
+                    *count > limit
+                }
+            };
+            if over {
+                return Err(Violation::new(
+                    "budget",
+                    format!(
+                        "policy {name} v{version}, counter {key}: the service granted or admitted {units} at {:.3} ms \
+                         beyond the policy's numbers ({loosest:?}, the loosest in force): a fresh budget appeared",
+                        at as f64 / 1e6
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The loosest numbers among a policy's forms (same algorithm and window throughout).
+fn loosest(forms: &[PolicyDef]) -> Algorithm {
+    let mut out = forms.first().map(|p| p.algorithm).unwrap_or(Algorithm::TokenBucket { rate: 1, burst: 1 });
+    for form in forms {
+        out = match (out, form.algorithm) {
+            (Algorithm::TokenBucket { rate, burst }, Algorithm::TokenBucket { rate: r, burst: b }) => {
+                Algorithm::TokenBucket { rate: rate.max(r), burst: burst.max(b) }
+            }
+            (Algorithm::FixedWindow { limit, window_ms }, Algorithm::FixedWindow { limit: l, .. }) => {
+                Algorithm::FixedWindow { limit: limit.max(l), window_ms }
+            }
+            (Algorithm::SlidingWindow { limit, window_ms }, Algorithm::SlidingWindow { limit: l, .. }) => {
+                Algorithm::SlidingWindow { limit: limit.max(l), window_ms }
+            }
+            (out, _) => out,
+        };
+    }
+    out
+}
+
+/// `emergency; reason=timeout; policies=a,b` → (kind, reason, policies).
+fn parse_fallback(value: Option<&str>) -> (Option<&str>, Option<&str>, Vec<String>) {
+    let Some(value) = value else { return (None, None, Vec::new()) };
+    let mut parts = value.split("; ");
+    let kind = parts.next();
+    let (mut reason, mut policies) = (None, Vec::new());
+    for part in parts {
+        if let Some(r) = part.strip_prefix("reason=") {
+            reason = Some(r);
+        } else if let Some(list) = part.strip_prefix("policies=") {
+            policies = list.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        }
+    }
+    (kind, reason, policies)
+}

@@ -1,0 +1,286 @@
+//! The counter service in the simulation: the real service (its [`router`]: every
+//! route, the authentication and in-flight bounds, parsing, validation, the memory store
+//! and the response bodies) called without a socket, behind a scripted transport that
+//! can fail in every way the wire can, for all proxies or for one region.
+//!
+//! The service decides at the moment a callout is dispatched and its answer travels back
+//! for the round trip the scenario gives; every decision is recorded (in virtual time)
+//! for the oracles: grants with their life, admitted checks, charges.
+
+use super::rng::Rng;
+use shared_store::{Clock as _, Nanos};
+use sluice_counter::App;
+use sluice_counter::config::{Config, Secret};
+use sluice_counter::server::router;
+use sluice_counter::store::{MemoryConfig, MemoryStore, Store};
+use sluice_protocol::{ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, LeaseRequest, LeaseResponse};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use wasm_host::{Answer, CalloutRequest, Clock as _, VirtualClock};
+
+/// The token the proxies present.
+pub const TOKEN: &str = "fleet-token-42";
+
+/// How the service (or the network to it) behaves for a proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// It answers after its usual round trip.
+    Healthy,
+    /// It answers after this long (beyond the callout deadline, a timeout).
+    Slow(Duration),
+    /// Nothing listens (a crashed service, a partition that refuses).
+    Refused,
+    /// It never answers (a partition that drops packets).
+    Silent,
+    /// It closes the connection without answering.
+    Closed,
+    /// It sends a response head, then resets.
+    ResetMidAnswer,
+    /// It answers 500.
+    Error500,
+    /// Its store is down: 503 `store_unavailable`.
+    StoreDown,
+    /// It answers 200 with a body that is not an answer.
+    Garbage,
+    /// The proxies' token is not the one it expects (a rotation gone wrong): 401.
+    WrongToken,
+    /// It decides and applies the call, but the answer is lost (a charge the proxy must
+    /// send again, under the same id).
+    AppliedButLost,
+}
+
+impl Mode {
+    /// Whether the service decides normally in this mode.
+    pub const fn is_healthy(self) -> bool {
+        matches!(self, Self::Healthy)
+    }
+}
+
+/// What the service decided, in virtual time (the proxies' monotonic clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// A lease of `granted` tokens on counter `key`, spendable for `life`; `service_at` is
+    /// the service's own clock (windows align to it).
+    Grant { key: String, granted: u64, at: u64, life: u64, service_at: u64 },
+    /// A check admitted `cost` on counter `key`.
+    Check { key: String, cost: u64, at: u64, service_at: u64 },
+    /// A charge of `charged` units on counter `key` (`duplicate`: its id was seen).
+    Charge { key: String, charged: u64, at: u64, duplicate: bool },
+    /// The service restarted: every counter is fresh from here.
+    Restart { at: u64 },
+}
+
+/// The service's clock: the fleet's virtual wall clock, plus a step (a clock fault).
+#[derive(Debug)]
+pub struct ServiceClock {
+    clock: VirtualClock,
+    step_ns: AtomicI64,
+}
+
+impl shared_store::Clock for ServiceClock {
+    fn now(&self) -> Nanos {
+        let real = self.clock.realtime_nanos();
+        Nanos(real.saturating_add_signed(self.step_ns.load(Ordering::SeqCst)))
+    }
+}
+
+/// The simulated service.
+pub struct Service {
+    app: Arc<App>,
+    runtime: tokio::runtime::Runtime,
+    config: Config,
+    clock: Arc<ServiceClock>,
+    fleet_clock: VirtualClock,
+    modes: Vec<Mode>,
+    rtt: Duration,
+    rng: Rng,
+    decisions: Vec<Decision>,
+    calls: u64,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("modes", &self.modes).field("calls", &self.calls).finish()
+    }
+}
+
+fn app(config: &Config, clock: &Arc<ServiceClock>) -> Arc<App> {
+    let store = MemoryStore::with_clock(
+        MemoryConfig { shards: 4, max_keys: 100_000, ..MemoryConfig::default() },
+        clock.clone() as Arc<dyn shared_store::Clock + Send + Sync>,
+    );
+    // The token is valid: this cannot fail.
+    let auth = config.auth().unwrap_or_else(|e| panic!("the simulation's token is refused: {e}"));
+    Arc::new(App::new(Store::Memory(store), config, auth))
+}
+
+impl Service {
+    /// A healthy service for `proxies` proxies on the fleet's clock, answering after `rtt`.
+    pub fn new(clock: &VirtualClock, proxies: usize, rtt: Duration, rng: Rng) -> Self {
+        let config = Config { token: Some(Secret::from(TOKEN.to_owned())), ..Config::defaults() };
+        let clock_ = Arc::new(ServiceClock { clock: clock.clone(), step_ns: AtomicI64::new(0) });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap_or_else(|e| panic!("a runtime for the simulated service: {e}"));
+        Self {
+            app: app(&config, &clock_),
+            runtime,
+            config,
+            clock: clock_,
+            fleet_clock: clock.clone(),
+            modes: vec![Mode::Healthy; proxies],
+            rtt,
+            rng,
+            decisions: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    /// Sets how the service behaves for `proxy` (every proxy when `None`).
+    pub fn set_mode(&mut self, proxy: Option<usize>, mode: Mode) {
+        match proxy {
+            Some(p) => {
+                if let Some(m) = self.modes.get_mut(p) {
+                    *m = mode;
+                }
+            }
+            None => self.modes.iter_mut().for_each(|m| *m = mode),
+        }
+    }
+
+    /// How the service behaves for `proxy`.
+    pub fn mode(&self, proxy: usize) -> Mode {
+        self.modes.get(proxy).copied().unwrap_or(Mode::Healthy)
+    }
+
+    /// Restarts the service with nothing kept (its memory store lost every counter).
+    pub fn restart(&mut self) {
+        self.app = app(&self.config, &self.clock);
+        let at = self.fleet_clock.monotonic_nanos();
+        self.decisions.push(Decision::Restart { at });
+    }
+
+    /// Steps the service's wall clock by `by_ns` (negative: backwards).
+    pub fn step_clock(&self, by_ns: i64) {
+        let _ = self.clock.step_ns.fetch_add(by_ns, Ordering::SeqCst);
+    }
+
+    /// Every decision so far.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
+
+    /// Calls answered (whatever the answer).
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// The answer to one callout from `proxy`.
+    pub fn answer(&mut self, proxy: usize, call: &CalloutRequest) -> Answer {
+        self.calls += 1;
+        let path = call.headers.get_str(":path").unwrap_or("").to_owned();
+        let jitter = Duration::from_micros(self.rng.below(self.rtt.as_micros() as u64 / 2 + 1));
+        let rtt = self.rtt + jitter;
+        let authorization = call.headers.get("authorization").map(<[u8]>::to_vec);
+        match self.mode(proxy) {
+            Mode::Healthy => self.decide(&path, authorization.as_deref(), &call.body, rtt),
+            Mode::Slow(after) => self.decide(&path, authorization.as_deref(), &call.body, after),
+            Mode::AppliedButLost => {
+                let _ = self.decide(&path, authorization.as_deref(), &call.body, rtt);
+                Answer::never()
+            }
+            Mode::WrongToken => self.decide(&path, Some(b"Bearer not-the-token"), &call.body, rtt),
+            Mode::Refused => Answer::refused().after(rtt / 2),
+            Mode::Silent => Answer::never(),
+            Mode::Closed => Answer::closed().after(rtt / 2),
+            Mode::ResetMidAnswer => {
+                Answer::status(200).header("content-length", "100").body("{\"granted\"").then_reset().after(rtt)
+            }
+            Mode::Error500 => Answer::status(500).body("internal error").after(rtt),
+            Mode::StoreDown => Answer::status(503)
+                .header("content-type", "application/json")
+                .body(r#"{"error":{"code":"store_unavailable","message":"the redis store is unreachable"}}"#)
+                .after(rtt),
+            Mode::Garbage => Answer::status(200).body("<html>not an answer</html>").after(rtt),
+        }
+    }
+
+    /// Runs the real decision code and records what it decided.
+    fn decide(&mut self, path: &str, authorization: Option<&[u8]>, body: &[u8], after: Duration) -> Answer {
+        let (status, answer) = self.call(path, authorization, body);
+        let at = self.fleet_clock.monotonic_nanos();
+        if status == 200 {
+            let service_at = self.clock.now().0;
+            self.record(path, body, &answer, at, service_at);
+        }
+        Answer::status(status).header("content-type", "application/json").body(answer).after(after)
+    }
+
+    /// One request through the service's router, as its HTTP server would hand it over.
+    fn call(&self, path: &str, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .header("content-length", body.len());
+        if let Some(value) = authorization {
+            request = request.header("authorization", value);
+        }
+        let Ok(request) = request.body(axum::body::Body::from(body.to_vec())) else {
+            return (400, b"unbuildable request".to_vec());
+        };
+        let routes = router(self.app.clone());
+        self.runtime.block_on(async move {
+            let Ok(response) = routes.oneshot(request).await;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+            (status, body)
+        })
+    }
+
+    fn record(&mut self, path: &str, request: &[u8], answer: &[u8], at: u64, service_at: u64) {
+        match path {
+            "/v1/lease" => {
+                if let (Ok(request), Ok(answer)) =
+                    (serde_json::from_slice::<LeaseRequest>(request), serde_json::from_slice::<LeaseResponse>(answer))
+                    && answer.granted > 0
+                {
+                    self.decisions.push(Decision::Grant {
+                        key: request.key,
+                        granted: answer.granted,
+                        at,
+                        life: answer.expires_in_ms.saturating_mul(1_000_000),
+                        service_at,
+                    });
+                }
+            }
+            "/v1/check" => {
+                if let (Ok(request), Ok(answer)) =
+                    (serde_json::from_slice::<CheckRequest>(request), serde_json::from_slice::<CheckResponse>(answer))
+                    && answer.admitted
+                {
+                    for entry in request.entries {
+                        self.decisions.push(Decision::Check { key: entry.key, cost: entry.cost, at, service_at });
+                    }
+                }
+            }
+            "/v1/charge" => {
+                if let (Ok(request), Ok(answer)) =
+                    (serde_json::from_slice::<ChargeRequest>(request), serde_json::from_slice::<ChargeResponse>(answer))
+                {
+                    self.decisions.push(Decision::Charge {
+                        key: request.key,
+                        charged: answer.charged,
+                        at,
+                        duplicate: answer.duplicate,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
