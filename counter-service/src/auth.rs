@@ -107,14 +107,21 @@ impl Auth {
     /// # Errors
     /// The [`Refusal`] when it may not.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        self.check_values(headers.get_all(header::AUTHORIZATION).iter().map(|value| value.as_bytes()))
+    }
+
+    /// Whether a request whose `authorization` headers hold `values` (in order) may
+    /// proceed: [`Auth::check`] without a header map.
+    ///
+    /// # Errors
+    /// The [`Refusal`] when it may not.
+    pub fn check_values<'a>(&self, mut values: impl Iterator<Item = &'a [u8]>) -> Result<(), Refusal> {
         let Self::Bearer(token) = self else { return Ok(()) };
-        let mut values = headers.get_all(header::AUTHORIZATION).iter();
-        let value = values.next().ok_or(Refusal::Missing)?;
+        let bytes = values.next().ok_or(Refusal::Missing)?;
         if values.next().is_some() {
             return Err(Refusal::Several);
         }
         // RFC 9110 §11.1: the scheme is case-insensitive, then one or more spaces.
-        let bytes = value.as_bytes();
         let space = bytes.iter().position(|b| *b == b' ');
         let (scheme, rest) = space.and_then(|i| bytes.split_at_checked(i)).ok_or(Refusal::Scheme)?;
         if !scheme.eq_ignore_ascii_case(b"bearer") {

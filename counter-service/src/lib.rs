@@ -14,6 +14,8 @@
 //! # Layout
 //!
 //! * [`api`] holds strict parsing and the validation of requests into plans.
+//! * [`handle`] holds one decision request, shared by the HTTP routes and by
+//!   [`App::handle_now`], the synchronous entry for deterministic simulations.
 //! * [`spec`] holds validated limits with what the Redis script runs.
 //! * [`store`] holds [`store::MemoryStore`] (shared-store's algorithms behind a sharded map)
 //!   and [`store::RedisStore`] (the same algorithms as one Lua script).
@@ -43,6 +45,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod conn;
+pub mod handle;
 pub mod metrics;
 pub mod server;
 pub mod spec;

@@ -17,14 +17,11 @@ use http_body_util::BodyExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use sluice_protocol::{
-    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
-};
-
-use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
-use crate::auth::{Auth, Refusal};
+use crate::api::ApiError;
+use crate::auth::Auth;
 use crate::config::{Config, StoreKind};
 use crate::conn;
+use crate::handle::Route;
 use crate::metrics::Metrics;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
@@ -78,7 +75,37 @@ impl App {
         if self.auth.is_required() { "bearer" } else { "none" }
     }
 
-    fn log_store_error(&self, error: &StoreError) {
+    pub(crate) fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    pub(crate) fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    /// Whether a request with these `authorization` header values may proceed; a
+    /// refusal is logged (at `debug`) and counted.
+    pub(crate) fn authenticate<'a>(&self, values: impl Iterator<Item = &'a [u8]>) -> Result<(), ApiError> {
+        self.auth.check_values(values).map_err(|refusal| {
+            tracing::debug!(%refusal, "caller refused");
+            self.metrics.unauthorized();
+            ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }
+        })
+    }
+
+    /// One of the `--max-in-flight` permits, or `503 overloaded` (counted) at once.
+    pub(crate) fn in_flight_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.shed();
+            ApiError {
+                status: 503,
+                code: "overloaded",
+                message: "too many requests in flight; retry later or add instances".to_owned(),
+            }
+        })
+    }
+
+    pub(crate) fn log_store_error(&self, error: &StoreError) {
         let now = self.started.elapsed().as_secs();
         let last = self.last_error_log.swap(now, Ordering::Relaxed);
         if last != now {
@@ -139,12 +166,11 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
     }
     // Before anything else: a refused caller costs a header comparison, no read.
     if path != "/readyz"
-        && let Err(refusal) = app.auth.check(request.headers())
+        && let Err(refused) =
+            app.authenticate(request.headers().get_all(header::AUTHORIZATION).iter().map(|v| v.as_bytes()))
     {
-        tracing::debug!(%refusal, "caller refused");
-        app.metrics.unauthorized();
         app.metrics.response(401);
-        return unauthorized(refusal);
+        return unauthorized(refused);
     }
     let (parts, body) = request.into_parts();
     let read = {
@@ -166,22 +192,14 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
         }
     };
     let request = Request::from_parts(parts, Body::from(bytes));
-    let response = match app.in_flight.clone().try_acquire_owned() {
+    let response = match app.in_flight_permit() {
         Ok(permit) => {
             let _gauge = app.metrics.start();
             let response = next.run(request).await;
             drop(permit);
             response
         }
-        Err(_) => {
-            app.metrics.shed();
-            ApiError {
-                status: 503,
-                code: "overloaded",
-                message: "too many requests in flight; retry later or add instances".to_owned(),
-            }
-            .into_response()
-        }
+        Err(overloaded) => overloaded.into_response(),
     };
     app.metrics.response(response.status().as_u16());
     response
@@ -189,8 +207,8 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
 
 /// `401 unauthorized` with `WWW-Authenticate: Bearer` (RFC 6750 §3). The message says
 /// which rule failed, never what was sent.
-fn unauthorized(refusal: Refusal) -> Response {
-    let mut response = ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }.into_response();
+fn unauthorized(refused: ApiError) -> Response {
+    let mut response = refused.into_response();
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sluice-counter\""));
@@ -209,11 +227,7 @@ const DRAIN_TIME: Duration = Duration::from_secs(1);
 /// [`DRAIN_BYTES`]), `408 request_timeout` past the time.
 async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<bytes::Bytes, ApiError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let too_large = || ApiError {
-        status: 413,
-        code: "body_too_large",
-        message: format!("the request body is larger than {limit} bytes"),
-    };
+    let too_large = || body_too_large_error(limit);
     let timed_out = || ApiError {
         status: 408,
         code: "request_timeout",
@@ -252,57 +266,50 @@ async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<by
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
     match serde_json::to_vec(value) {
-        Ok(bytes) => {
-            let mut response = Response::new(Body::from(bytes));
-            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
-        }
+        Ok(bytes) => json_bytes(bytes),
         Err(e) => ApiError { status: 500, code: "internal", message: format!("cannot encode the response: {e}") }
             .into_response(),
     }
 }
 
-async fn check(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
-    let request: CheckRequest = api::parse(&bytes)?;
-    let plan = CheckPlan::new(&request, app.max_entries)?;
-    let outcome = app.timed(app.store.check(&plan, None)).await?;
-    app.metrics.decision(outcome.admitted);
-    Ok(json(&CheckResponse {
-        admitted: outcome.admitted,
-        at_ns: outcome.at.as_u64(),
-        entries: outcome.decisions.iter().map(EntryResponse::from).collect(),
-    }))
+fn json_bytes(bytes: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(bytes));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
-async fn lease(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
-    let request: LeaseRequest = api::parse(&bytes)?;
-    let plan = LeasePlan::new(&request)?;
-    let outcome = app.timed(app.store.lease(&plan, None)).await?;
-    app.metrics.lease(outcome.granted);
-    Ok(json(&LeaseResponse {
-        granted: outcome.granted,
-        expires_in_ms: plan.ttl_ms,
-        at_ns: outcome.at.as_u64(),
-        entry: EntryResponse::from(&outcome.decision),
-    }))
+/// `413 body_too_large`.
+pub(crate) fn body_too_large_error(limit: usize) -> ApiError {
+    ApiError { status: 413, code: "body_too_large", message: format!("the request body is larger than {limit} bytes") }
 }
 
-async fn charge(State(app): State<Arc<App>>, bytes: Bytes) -> Result<Response, ApiError> {
-    let request: ChargeRequest = api::parse(&bytes)?;
-    let plan = ChargePlan::new(&request)?;
-    let outcome = app.timed(app.store.charge(&plan, None)).await?;
-    if outcome.duplicate {
-        app.metrics.duplicate_charge();
-    } else {
-        app.metrics.charge(outcome.charged, outcome.forgiven);
-    }
-    Ok(json(&ChargeResponse {
-        charged: outcome.charged,
-        forgiven: outcome.forgiven,
-        at_ns: outcome.at.as_u64(),
-        entry: EntryResponse::from(&outcome.decision),
-        duplicate: outcome.duplicate,
-    }))
+/// `404 not_found`.
+pub(crate) fn not_found_error(path: &str) -> ApiError {
+    ApiError { status: 404, code: "not_found", message: format!("no route for {path}") }
+}
+
+/// `405 method_not_allowed`.
+pub(crate) fn method_not_allowed_error(method: &str, path: &str) -> ApiError {
+    ApiError { status: 405, code: "method_not_allowed", message: format!("{method} is not allowed on {path}") }
+}
+
+/// A decision route over HTTP: what [`App::handle_now`] does, with the store awaited.
+async fn decide(app: &App, route: Route, body: &[u8]) -> Result<Response, ApiError> {
+    let call = app.prepare(route, body)?;
+    let outcome = app.call_store(&call).await?;
+    Ok(json_bytes(app.answer(&call, &outcome)?))
+}
+
+async fn check(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Check, &body).await
+}
+
+async fn lease(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Lease, &body).await
+}
+
+async fn charge(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Charge, &body).await
 }
 
 async fn healthz() -> Response {
@@ -323,15 +330,11 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn not_found(request: Request) -> ApiError {
-    ApiError { status: 404, code: "not_found", message: format!("no route for {}", request.uri().path()) }
+    not_found_error(request.uri().path())
 }
 
 async fn method_not_allowed(request: Request) -> ApiError {
-    ApiError {
-        status: 405,
-        code: "method_not_allowed",
-        message: format!("{} is not allowed on {}", request.method(), request.uri().path()),
-    }
+    method_not_allowed_error(request.method().as_str(), request.uri().path())
 }
 
 /// Builds the configured store and runs its startup checks (Redis: reachability and

@@ -36,7 +36,7 @@ async fn probe_remaining(http: &Http) -> u64 {
 
 /// (what, path, body, status, code): every class of bad input, each carrying a valid
 /// entry for the probe key, so that a partial application would show.
-fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> {
+pub fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static str)> {
     let probe = probe_entry(1);
     let with = |extra: Value| json!({"tag": "p", "entries": [probe.clone(), extra]}).to_string();
     let bucket = |limit: Value| json!({"key": "other", "limit": limit});

@@ -10,6 +10,7 @@ mod binary;
 mod concurrency;
 mod differential;
 mod faults;
+mod handle_now;
 mod load;
 mod protocols;
 mod stores;

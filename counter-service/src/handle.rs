@@ -1,0 +1,234 @@
+//! One decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`), whichever path
+//! carries it.
+//!
+//! The HTTP routes and [`App::handle_now`] share everything here: parsing and
+//! validation ([`App::prepare`]), the store call's metrics and errors, the response body
+//! and its metrics ([`App::answer`]). What the HTTP path adds is only what is
+//! asynchronous: reading the body (bounded in size and time, in the server's
+//! middleware) and awaiting the store.
+
+use std::time::{Duration, Instant};
+
+use sluice_protocol::{
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
+};
+
+use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
+use crate::server::App;
+use crate::store::{ChargeOutcome, CheckOutcome, LeaseOutcome, Store, StoreError};
+
+/// A decision route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/check`.
+    Check,
+    /// `POST /v1/lease`.
+    Lease,
+    /// `POST /v1/charge`.
+    Charge,
+}
+
+impl Route {
+    /// The route served at `path`, if any.
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/check" => Some(Self::Check),
+            "/v1/lease" => Some(Self::Lease),
+            "/v1/charge" => Some(Self::Charge),
+            _ => None,
+        }
+    }
+}
+
+/// A validated request, ready for the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// A check.
+    Check(CheckPlan),
+    /// A lease.
+    Lease(LeasePlan),
+    /// A charge.
+    Charge(ChargePlan),
+}
+
+/// What the store answered to a [`Call`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// To a check.
+    Check(CheckOutcome),
+    /// To a lease.
+    Lease(LeaseOutcome),
+    /// To a charge.
+    Charge(ChargeOutcome),
+}
+
+impl App {
+    /// Parses `body` strictly and validates it for `route`: a request that gets a 4xx
+    /// here never reaches the store.
+    ///
+    /// # Errors
+    /// The 400 [`ApiError`] naming the first problem found.
+    pub fn prepare(&self, route: Route, body: &[u8]) -> Result<Call, ApiError> {
+        Ok(match route {
+            Route::Check => Call::Check(CheckPlan::new(&api::parse::<CheckRequest>(body)?, self.max_entries())?),
+            Route::Lease => Call::Lease(LeasePlan::new(&api::parse::<LeaseRequest>(body)?)?),
+            Route::Charge => Call::Charge(ChargePlan::new(&api::parse::<ChargeRequest>(body)?)?),
+        })
+    }
+
+    /// Runs `call` on the store, at the store's time.
+    ///
+    /// # Errors
+    /// The 503 [`ApiError`] of a store that could not decide (counted and logged).
+    pub async fn call_store(&self, call: &Call) -> Result<Outcome, ApiError> {
+        let start = Instant::now();
+        let store = self.store();
+        let result = match call {
+            Call::Check(plan) => store.check(plan, None).await.map(Outcome::Check),
+            Call::Lease(plan) => store.lease(plan, None).await.map(Outcome::Lease),
+            Call::Charge(plan) => store.charge(plan, None).await.map(Outcome::Charge),
+        };
+        self.stored(start.elapsed(), result)
+    }
+
+    /// [`App::call_store`] without waiting: the memory store decides in the caller's
+    /// thread.
+    ///
+    /// # Errors
+    /// As [`App::call_store`]; on the Redis store, always a 503 `store_unavailable` (it
+    /// can only be awaited).
+    pub fn call_store_now(&self, call: &Call) -> Result<Outcome, ApiError> {
+        let Store::Memory(memory) = self.store() else {
+            return Err(ApiError {
+                status: 503,
+                code: "store_unavailable",
+                message: "handle_now decides on the memory store only: the redis store needs the async HTTP path"
+                    .to_owned(),
+            });
+        };
+        let start = Instant::now();
+        let result = match call {
+            Call::Check(plan) => memory.check(plan, None).map(Outcome::Check),
+            Call::Lease(plan) => memory.lease(plan, None).map(Outcome::Lease),
+            Call::Charge(plan) => memory.charge(plan, None).map(Outcome::Charge),
+        };
+        self.stored(start.elapsed(), result)
+    }
+
+    /// Records a store call's latency, and its error (metric, rate-limited log line).
+    fn stored(&self, took: Duration, result: Result<Outcome, StoreError>) -> Result<Outcome, ApiError> {
+        self.metrics().store_latency(took);
+        result.map_err(|error| {
+            self.metrics().store_error(&error);
+            self.log_store_error(&error);
+            ApiError { status: 503, code: error.code(), message: error.to_string() }
+        })
+    }
+
+    /// Counts `outcome` and encodes the `200` answer to `call`.
+    ///
+    /// # Errors
+    /// A 500 `internal` when the answer cannot be encoded (it always can).
+    pub fn answer(&self, call: &Call, outcome: &Outcome) -> Result<Vec<u8>, ApiError> {
+        let metrics = self.metrics();
+        let encoded = match (call, outcome) {
+            (Call::Check(_), Outcome::Check(outcome)) => {
+                metrics.decision(outcome.admitted);
+                serde_json::to_vec(&CheckResponse {
+                    admitted: outcome.admitted,
+                    at_ns: outcome.at.as_u64(),
+                    entries: outcome.decisions.iter().map(EntryResponse::from).collect(),
+                })
+            }
+            (Call::Lease(plan), Outcome::Lease(outcome)) => {
+                metrics.lease(outcome.granted);
+                serde_json::to_vec(&LeaseResponse {
+                    granted: outcome.granted,
+                    expires_in_ms: plan.ttl_ms,
+                    at_ns: outcome.at.as_u64(),
+                    entry: EntryResponse::from(&outcome.decision),
+                })
+            }
+            (Call::Charge(_), Outcome::Charge(outcome)) => {
+                if outcome.duplicate {
+                    metrics.duplicate_charge();
+                } else {
+                    metrics.charge(outcome.charged, outcome.forgiven);
+                }
+                serde_json::to_vec(&ChargeResponse {
+                    charged: outcome.charged,
+                    forgiven: outcome.forgiven,
+                    at_ns: outcome.at.as_u64(),
+                    entry: EntryResponse::from(&outcome.decision),
+                    duplicate: outcome.duplicate,
+                })
+            }
+            _ => {
+                return Err(ApiError {
+                    status: 500,
+                    code: "internal",
+                    message: "the store answered another kind of request".to_owned(),
+                });
+            }
+        };
+        encoded.map_err(|e| ApiError {
+            status: 500,
+            code: "internal",
+            message: format!("cannot encode the response: {e}"),
+        })
+    }
+
+    /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease` and
+    /// `/v1/charge` do, synchronously: for tests that simulate a fleet on a virtual
+    /// clock (a [`crate::store::MemoryStore::with_clock`] store) and step the service as
+    /// they step everything else. Returns the status and the body the HTTP path would.
+    ///
+    /// The same code as HTTP decides: authentication (`authorization` is the header's
+    /// value, `None` when absent), the body bound (`413 body_too_large`), the in-flight
+    /// bound (`503 overloaded`, shared with concurrent HTTP requests on this app),
+    /// parsing and validation, the store call, every metric, the response and error
+    /// bodies. What it does not do is what HTTP adds around them: reading the body
+    /// (there is no `408`), response headers (`WWW-Authenticate`, `Content-Type`), and
+    /// the probes, which it answers `404` (`/healthz`, `/readyz` and `/metrics` are
+    /// served over HTTP only). Unknown paths get `404 not_found` and other methods
+    /// `405 method_not_allowed`, as over HTTP (after authentication, as over HTTP).
+    ///
+    /// On the Redis store it answers `503 store_unavailable`: Redis can only be awaited.
+    pub fn handle_now(&self, method: &str, path: &str, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
+        let (status, body) = match self.decide_now(method, path, authorization, body) {
+            Ok(body) => (200, body),
+            Err(error) => (error.status, serde_json::to_vec(&error.body()).unwrap_or_default()),
+        };
+        self.metrics().response(status);
+        (status, body)
+    }
+
+    fn decide_now(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<Vec<u8>, ApiError> {
+        if matches!(path, "/healthz" | "/readyz" | "/metrics") {
+            return Err(ApiError {
+                status: 404,
+                code: "not_found",
+                message: format!("{path} is served over HTTP only: handle_now serves the decision routes"),
+            });
+        }
+        self.authenticate(authorization.into_iter())?;
+        let Some(route) = Route::from_path(path) else { return Err(crate::server::not_found_error(path)) };
+        if method != "POST" {
+            return Err(crate::server::method_not_allowed_error(method, path));
+        }
+        if body.len() > self.max_body() {
+            return Err(crate::server::body_too_large_error(self.max_body()));
+        }
+        let _permit = self.in_flight_permit()?;
+        let _gauge = self.metrics().start();
+        let call = self.prepare(route, body)?;
+        let outcome = self.call_store_now(&call)?;
+        self.answer(&call, &outcome)
+    }
+}
