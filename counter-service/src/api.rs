@@ -46,7 +46,9 @@ impl ApiError {
 /// A validated entry: where its counter lives and what to apply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedEntry {
-    /// The storage key: `sluice:{tag}:v<version>:<signature>:<key>`.
+    /// The storage key: `sluice:{tag}:v<version>:<key>` (the limit's numbers are not in
+    /// it: a counter decided under other numbers is carried over to these, see
+    /// [`shared_store::Limit::adopt`]).
     pub storage_key: String,
     /// The validated limit.
     pub policy: Policy,
@@ -86,10 +88,12 @@ pub struct ChargePlan {
     pub charge_key: Option<String>,
 }
 
-/// The storage key of one counter. Injective: the tag cannot contain braces, the
-/// version is digits and the signature has no colon, so the key (last) is unambiguous.
-pub fn storage_key(tag: &str, version: u64, policy: &Policy, key: &str) -> String {
-    format!("sluice:{{{tag}}}:v{version}:{}:{key}", policy.signature)
+/// The storage key of one counter: its tag, policy version and key, and not the limit's
+/// numbers, so that a policy whose numbers change without a version bump keeps its
+/// counters (carried over to the new numbers when next decided). Injective: the tag
+/// cannot contain braces and the version is digits, so the key (last) is unambiguous.
+pub fn storage_key(tag: &str, version: u64, key: &str) -> String {
+    format!("sluice:{{{tag}}}:v{version}:{key}")
 }
 
 /// Where a charge id is remembered: within the counter's tag (one Redis Cluster slot
@@ -158,7 +162,7 @@ fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -
             format!("cost: {cost} is more than this limit can ever hold ({})", policy.capacity()),
         ));
     }
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, &policy, key), policy, cost })
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), policy, cost })
 }
 
 impl CheckPlan {
@@ -194,7 +198,7 @@ impl CheckPlan {
             if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
                 return Err(ApiError::bad_request(
                     "duplicate_entry",
-                    format!("entries[{index}]: same key, version and limit as an earlier entry"),
+                    format!("entries[{index}]: same key and version as an earlier entry (one counter)"),
                 ));
             }
             entries.push(planned);
@@ -361,9 +365,21 @@ mod tests {
     }
 
     #[test]
-    fn storage_keys_share_the_tag_as_a_redis_hash_tag() {
-        let policy = Policy::new(LimitSpec::FixedWindow { limit: 1, window_ms: 1000 }).unwrap();
+    fn storage_keys_share_the_tag_as_a_redis_hash_tag_and_leave_the_numbers_out() {
+        assert_eq!(storage_key("t", 2, "a:b"), "sluice:{t}:v2:a:b");
+    }
 
-        assert_eq!(storage_key("t", 2, &policy, "a:b"), "sluice:{t}:v2:fw.1.1000:a:b");
+    #[test]
+    fn one_counter_cannot_be_checked_twice_in_one_check_even_under_two_limits() {
+        let entry = |limit| sluice_protocol::EntryRequest { key: "k".to_owned(), policy_version: 1, limit, cost: 1 };
+        let request = CheckRequest {
+            tag: Some("t".to_owned()),
+            entries: vec![
+                entry(LimitSpec::FixedWindow { limit: 1, window_ms: 1000 }),
+                entry(LimitSpec::FixedWindow { limit: 2, window_ms: 1000 }),
+            ],
+        };
+
+        assert_eq!(CheckPlan::new(&request, 16).unwrap_err().code, "duplicate_entry");
     }
 }

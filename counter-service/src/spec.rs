@@ -3,7 +3,7 @@
 //! The limits themselves ([`LimitSpec`]), their validation and the numeric envelope are
 //! defined once, in `sluice-protocol`, for the service and the filter alike. A
 //! [`Policy`] adds what only this service needs: the integers the Redis script runs on
-//! and the signature that names a counter in its storage key.
+//! and the signature that names the limit a Redis state was decided under.
 
 use shared_store::Limit;
 use sluice_protocol::{LimitSpec, SpecError, ValidLimit};
@@ -17,7 +17,7 @@ pub struct ScriptParams {
     pub args: [u64; 4],
 }
 
-/// A validated limit: what each store runs, and the signature that names its counter.
+/// A validated limit: what each store runs, and the signature that names it in Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// As requested.
@@ -26,7 +26,11 @@ pub struct Policy {
     pub limit: Limit,
     /// What the Redis script runs.
     pub script: ScriptParams,
-    /// Identifies the algorithm and its numbers inside a storage key.
+    /// The algorithm and its script parameters, `code.p1.p2.p3.p4` (`tb.1.500000.4.0`):
+    /// the prefix of every state the Redis script writes, which it compares with the
+    /// request's own to tell that a counter was decided under other numbers and must be
+    /// carried over first. Two limits have the same signature exactly when they are the
+    /// same [`Limit`] (rates are in lowest terms on both sides).
     pub signature: String,
 }
 
@@ -45,24 +49,19 @@ impl Policy {
         let spec = valid.spec();
         // Buckets always have a reduced rate; the fallback is never taken.
         let (a, p) = valid.reduced_rate().unwrap_or((0, 0));
-        let (script, signature) = match spec {
-            LimitSpec::TokenBucket { amount, per_ms, burst } => {
-                (ScriptParams { code: "tb", args: [a, p, burst, 0] }, format!("tb.{amount}.{per_ms}.{burst}"))
+        let script = match spec {
+            LimitSpec::TokenBucket { burst, .. } => ScriptParams { code: "tb", args: [a, p, burst, 0] },
+            LimitSpec::LeakyBucket { max_queue, max_wait_ms, .. } => {
+                ScriptParams { code: "lb", args: [a, p, max_queue, max_wait_ms * 1000] }
             }
-            LimitSpec::LeakyBucket { amount, per_ms, max_queue, max_wait_ms } => (
-                ScriptParams { code: "lb", args: [a, p, max_queue, max_wait_ms * 1000] },
-                format!("lb.{amount}.{per_ms}.{max_queue}.{max_wait_ms}"),
-            ),
-            LimitSpec::FixedWindow { limit, window_ms } => {
-                (ScriptParams { code: "fw", args: [limit, window_ms, 0, 0] }, format!("fw.{limit}.{window_ms}"))
-            }
+            LimitSpec::FixedWindow { limit, window_ms } => ScriptParams { code: "fw", args: [limit, window_ms, 0, 0] },
             LimitSpec::SlidingWindow { limit, window_ms } => {
-                (ScriptParams { code: "sw", args: [limit, window_ms, 0, 0] }, format!("sw.{limit}.{window_ms}"))
+                ScriptParams { code: "sw", args: [limit, window_ms, 0, 0] }
             }
-            LimitSpec::SlidingLog { limit, window_ms } => {
-                (ScriptParams { code: "sl", args: [limit, window_ms, 0, 0] }, format!("sl.{limit}.{window_ms}"))
-            }
+            LimitSpec::SlidingLog { limit, window_ms } => ScriptParams { code: "sl", args: [limit, window_ms, 0, 0] },
         };
+        let [p1, p2, p3, p4] = script.args;
+        let signature = format!("{}.{p1}.{p2}.{p3}.{p4}", script.code);
         Self { spec, limit: valid.limit(), script, signature }
     }
 
@@ -95,7 +94,18 @@ mod tests {
             Policy::new(LimitSpec::LeakyBucket { amount: 3, per_ms: 1000, max_queue: 4, max_wait_ms: 250 }).unwrap();
 
         assert_eq!(policy.script.args, [3, 1_000_000, 4, 250_000]);
-        assert_eq!(policy.signature, "lb.3.1000.4.250");
+        assert_eq!(policy.signature, "lb.3.1000000.4.250000");
+    }
+
+    #[test]
+    fn two_limits_share_a_signature_exactly_when_they_are_the_same_limit() {
+        let per_second = Policy::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }).unwrap();
+        let same_rate = Policy::new(LimitSpec::TokenBucket { amount: 4, per_ms: 2000, burst: 4 }).unwrap();
+        let other_burst = Policy::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 5 }).unwrap();
+
+        assert_eq!(per_second.signature, same_rate.signature);
+        assert_eq!(per_second.limit, same_rate.limit);
+        assert_ne!(per_second.signature, other_burst.signature);
     }
 
     #[test]

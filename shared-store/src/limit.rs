@@ -523,13 +523,27 @@ impl Limit {
         })
     }
 
-    /// Converts `state`, kept under the limit `old`, to this limit at `now`.
+    /// Converts `state`, kept under the limit `old`, to this limit at `now`: what a key
+    /// decided under other numbers (a policy changed without a version bump) holds
+    /// under these. Never looser than the old state (what it counted stays counted), and
+    /// never looser than a fresh state of this limit. The rule is integer-exact, so the
+    /// counter service's Redis script computes the same state:
     ///
-    /// A bucket keeps the tokens it has available, clamped to the new capacity: a smaller
-    /// burst takes effect at once, and a larger one fills up at the new rate rather than
-    /// all at once (a reconfiguration never hands out allowance by itself). Windows and
-    /// logs keep what they counted. State of another algorithm becomes
-    /// [`Limit::exhausted`].
+    /// * **Buckets** (token to token, leaky to leaky): the units spent are rounded up to
+    ///   whole units, `spent = ceil(debt / per_old)` with `debt = tat − now` (scaled, 0
+    ///   when negative); then `spent_new = min(max(spent + burst_new − burst_old, 0),
+    ///   burst_new)`, stored as `tat = now × amount_new + spent_new × per_new`. That is,
+    ///   the whole units available are kept, capped at the new capacity: a smaller
+    ///   burst takes effect at once, a larger one fills up at the new rate (a raise does
+    ///   not refill), and a debt below empty is capped at an empty bucket.
+    /// * **Windows** (fixed to fixed, sliding to sliding): the state is first brought to
+    ///   `now` under the old limit (a fixed window older than the current one counts 0;
+    ///   a sliding window's counts shift as its decision would shift them); then, if the
+    ///   window length is unchanged, it is kept, and otherwise its counts are carried
+    ///   into the current window of the new length. The counts are kept, so a larger
+    ///   limit leaves more room in the same window.
+    /// * **Sliding log** to sliding log: the entries are kept.
+    /// * **Another algorithm**: [`Limit::exhausted`] (stricter, never looser).
     pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
         if old == self {
             return state;
@@ -550,16 +564,23 @@ impl Limit {
                 .adopt(&Gcra::new(old_rate, old_queue), tat, now)
                 .unwrap_or_else(|| self.exhausted(now)),
             (
-                Self::FixedWindow { window, .. } | Self::SlidingWindow { window, .. },
-                Self::FixedWindow { window: old_window, .. } | Self::SlidingWindow { window: old_window, .. },
+                Self::FixedWindow { window, .. },
+                Self::FixedWindow { window: old_window, .. },
+                State::Window { index, count, .. },
+            ) => {
+                let current = now.0 / old_window.0.max(1);
+                let (index, count) = if index >= current { (index, count) } else { (current, 0) };
+                let index = if window == old_window { index } else { now.0 / window.0.max(1) };
+                State::Window { index, count, previous: 0 }
+            }
+            (
+                Self::SlidingWindow { window, .. },
+                Self::SlidingWindow { window: old_window, .. },
                 State::Window { index, count, previous },
-            ) if std::mem::discriminant(self) == std::mem::discriminant(old) => {
-                if window == old_window {
-                    State::Window { index, count, previous }
-                } else {
-                    // Window boundaries moved: carry the counts into the current window.
-                    State::Window { index: now.0 / window.0.max(1), count, previous }
-                }
+            ) => {
+                let (index, previous, count, _) = slide(old_window.0.max(1), (index, count, previous), now);
+                let index = if window == old_window { index } else { now.0 / window.0.max(1) };
+                State::Window { index, count, previous }
             }
             (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => state,
             _ => self.exhausted(now),
@@ -659,22 +680,15 @@ impl Gcra {
         Some((next, charged))
     }
 
-    /// Re-expresses a bucket kept under `old` in this bucket's units, keeping the tokens
-    /// available, clamped to this capacity. `None` when the arithmetic overflows.
+    /// Re-expresses a bucket kept under `old` in this bucket's units (see
+    /// [`Limit::adopt`]): the whole units available are kept, capped at this capacity.
+    /// `None` when the arithmetic overflows.
     fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
-        let old_now = old.now(now);
-        let old_debt = tat.max(old_now) - old_now;
-        // Spent tokens, as old scaled time: capacity_old - available_old. Available tokens
-        // are kept, up to the new capacity: new debt (tokens) = max(new_cap - avail, 0).
-        let new_capacity_tokens = u128::from(self.burst);
-        let old_capacity_tokens = u128::from(old.burst);
-        let spent_old_scaled = if new_capacity_tokens >= old_capacity_tokens {
-            ((new_capacity_tokens - old_capacity_tokens).checked_mul(old.per)?).checked_add(old_debt)?
-        } else {
-            old_debt.saturating_sub((old_capacity_tokens - new_capacity_tokens).checked_mul(old.per)?)
-        };
-        let debt = ceil_div(spent_old_scaled.checked_mul(self.per)?, old.per.max(1));
-        Some(State::Gcra { tat: self.now(now).checked_add(debt.min(self.capacity))? })
+        let debt = tat.saturating_sub(old.now(now));
+        let spent = ceil_div(debt, old.per.max(1));
+        let burst = u128::from(self.burst);
+        let spent = spent.saturating_add(burst).saturating_sub(u128::from(old.burst)).min(burst);
+        Some(State::Gcra { tat: self.now(now).checked_add(spent.checked_mul(self.per)?)? })
     }
 }
 
@@ -1048,6 +1062,44 @@ mod tests {
 
         assert_eq!(charged, 2, "only the debt: the unreadable state counts as empty");
         assert_eq!(bucket().status(Some(&state), T0).reset_after, Nanos(700 * MS));
+    }
+
+    #[test]
+    fn adopting_other_bucket_numbers_keeps_the_whole_units_left_and_never_refills() {
+        let raised = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 8).unwrap();
+        let lowered = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 2).unwrap();
+        // 3 of 5 spent, and 50 ms of the next token refilled: 2.5 left, 3 spent rounded up.
+        let (_, spent) = bucket().decide(None, T0, 3);
+        let spent = spent.unwrap();
+
+        let up = raised.adopt(&bucket(), spent.clone(), at(50 * MS));
+        let down = lowered.adopt(&bucket(), spent, at(50 * MS));
+
+        assert_eq!(raised.status(Some(&up), at(50 * MS)).remaining, 2, "2 whole units kept, none added");
+        assert_eq!(up, State::Gcra { tat: u128::from(at(50 * MS).0) + 6 * 100 * u128::from(MS) });
+        assert_eq!(lowered.status(Some(&down), at(50 * MS)).remaining, 2, "capped at the new burst");
+    }
+
+    #[test]
+    fn adopting_a_new_window_length_carries_this_windows_count_and_forgets_a_past_one() {
+        let old = Limit::fixed_window(5, Nanos(S)).unwrap();
+        let longer = Limit::fixed_window(5, Nanos(2 * S)).unwrap();
+        let now = Nanos(10 * S + S / 2);
+        let current = State::Window { index: 10, count: 4, previous: 0 };
+        let past = State::Window { index: 9, count: 4, previous: 0 };
+
+        assert_eq!(longer.adopt(&old, current, now), State::Window { index: 5, count: 4, previous: 0 });
+        assert_eq!(longer.adopt(&old, past, now), State::Window { index: 5, count: 0, previous: 0 });
+    }
+
+    #[test]
+    fn adopting_another_algorithms_state_starts_exhausted() {
+        let window = Limit::sliding_window(5, Nanos(S)).unwrap();
+        let (_, spent) = bucket().decide(None, T0, 1);
+
+        let adopted = window.adopt(&bucket(), spent.unwrap(), T0);
+
+        assert_eq!(adopted, window.exhausted(T0));
     }
 
     #[test]

@@ -41,6 +41,39 @@ fn arrivals(max_step: i64, max_cost: u64) -> impl Strategy<Value = Vec<(i64, u64
     prop::collection::vec((prop_oneof![8 => 0..max_step, 1 => -max_step..0, 1 => Just(0i64)], 1..=max_cost), 1..300)
 }
 
+/// Any limit, with numbers small enough for short histories to reach every state.
+fn any_limit() -> impl Strategy<Value = Limit> {
+    let rate = (1u64..20, 1_000u64..2_000_000_000).prop_map(|(amount, per)| Rate::new(amount, Nanos(per)).unwrap());
+    let window = (1_000u64..2_000_000_000).prop_map(Nanos);
+    prop_oneof![
+        (rate.clone(), 1u64..40).prop_map(|(rate, burst)| Limit::token_bucket(rate, burst).unwrap()),
+        (rate, 1u64..40, 0u64..2_000_000_000).prop_map(|(rate, queue, wait)| Limit::leaky_bucket(
+            rate,
+            queue,
+            Nanos(wait)
+        )
+        .unwrap()),
+        (1u64..40, window.clone()).prop_map(|(limit, window)| Limit::fixed_window(limit, window).unwrap()),
+        (1u64..40, window.clone()).prop_map(|(limit, window)| Limit::sliding_window(limit, window).unwrap()),
+        (1u64..40, window).prop_map(|(limit, window)| Limit::sliding_log(limit, window).unwrap()),
+    ]
+}
+
+/// Applies `arrivals` (forward time steps, costs) to one key under `limit`, from
+/// 2^40 ns. Returns the state and the admissions, (time, cost).
+fn spend(limit: &Limit, arrivals: &[(u64, u64)]) -> (Option<State>, Vec<(u64, u64)>) {
+    let (mut state, mut now, mut admitted) = (None, 1u64 << 40, Vec::new());
+    for (step, cost) in arrivals {
+        now += step;
+        let (decision, next) = limit.decide(state.as_ref(), Nanos(now), *cost);
+        if decision.is_admitted() {
+            admitted.push((now, *cost));
+        }
+        state = next.or(state);
+    }
+    (state, admitted)
+}
+
 proptest! {
     #[test]
     fn a_token_bucket_never_admits_more_than_burst_plus_rate_times_elapsed(
@@ -197,6 +230,47 @@ proptest! {
         prop_assert!(after <= new_burst.min(before) , "{after} > min({new_burst}, {before})");
         // Nothing spent is forgotten beyond rounding down to whole tokens.
         prop_assert!(after + 1 >= new_burst.min(before));
+    }
+
+    #[test]
+    fn adopting_keeps_what_was_counted_and_never_leaves_more_than_the_old_state_or_a_fresh_one(
+        old in any_limit(), new in any_limit(),
+        arrivals in prop::collection::vec((0u64..400_000_000, 1u64..6), 0..60),
+        gap in 0u64..3_000_000_000,
+    ) {
+        let (state, admitted) = spend(&old, &arrivals);
+        let now = Nanos(admitted.last().map_or(1 << 40, |(at, _)| *at) + gap);
+        let before = old.decide(state.as_ref(), now, 0).0.remaining;
+        let fresh = new.decide(None, now, 0).0.remaining;
+        let adopted = new.adopt(&old, state.clone().unwrap_or_else(|| old.fresh()), now);
+        let after = new.decide(Some(&adopted), now, 0).0.remaining;
+        let counted_since = |since: u64| -> u64 {
+            admitted.iter().filter(|(at, _)| *at >= since).map(|(_, cost)| cost).sum()
+        };
+
+        prop_assert!(after <= fresh, "{after} left, more than a fresh {new:?} ({fresh})");
+        match (old, new) {
+            _ if old == new => prop_assert_eq!(Some(adopted), state.or_else(|| Some(old.fresh()))),
+            (Limit::TokenBucket { .. }, Limit::TokenBucket { .. })
+            | (Limit::LeakyBucket { .. }, Limit::LeakyBucket { .. }) => {
+                // The whole units the old state had left, capped at the new capacity.
+                prop_assert_eq!(after, before.min(new.capacity()));
+            }
+            (Limit::FixedWindow { window, .. }, Limit::FixedWindow { .. }) => {
+                // Exactly the old window's count is kept.
+                let counted = counted_since(now.0 / window.0 * window.0);
+                prop_assert_eq!(after, new.capacity().saturating_sub(counted));
+            }
+            (Limit::SlidingWindow { window, .. }, Limit::SlidingWindow { .. }) => {
+                let counted = counted_since(now.0 / window.0 * window.0);
+                prop_assert!(after <= new.capacity().saturating_sub(counted), "{after} left, {counted} counted");
+            }
+            (Limit::SlidingLog { window: old_window, .. }, Limit::SlidingLog { window: new_window, .. }) => {
+                let counted = counted_since((now.0 + 1).saturating_sub(old_window.0.min(new_window.0)));
+                prop_assert!(after <= new.capacity().saturating_sub(counted), "{after} left, {counted} counted");
+            }
+            _ => prop_assert_eq!(after, 0, "another algorithm's state is adopted as exhausted"),
+        }
     }
 
     #[test]

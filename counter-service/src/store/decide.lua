@@ -24,11 +24,16 @@
 --   sw  sliding window  p1 = limit, p2 = window_ms
 --   sl  sliding log   p1 = limit, p2 = window_ms
 --
--- State (a string, written with SET .. PX so every key has a TTL), first field = the
--- latest time (us) the key was decided at; time never runs backwards for a key:
---   buckets  "last debt"                 debt = GCRA's tat - now, in units of 1000*g/amount ns
---   windows  "last index count previous"
---   log      "last at1 cost1 at2 cost2 ..."   (at in us)
+-- State (a string, written with SET .. PX so every key has a TTL): the signature of
+-- the limit it was decided under, "code.p1.p2.p3.p4" (the service's Policy::signature),
+-- then the numbers, whose first field is the latest time (us) the key was decided at;
+-- time never runs backwards for a key:
+--   buckets  "sig last debt"                 debt = GCRA's tat - now, in units of 1000*g/amount ns
+--   windows  "sig last index count previous"
+--   log      "sig last at1 cost1 at2 cost2 ..."   (at in us)
+-- A state decided under another signature (a policy whose numbers changed without a
+-- version bump) is carried over to the request's limit first, exactly as
+-- shared_store::Limit::adopt does (adopt below).
 --
 -- Reply: {sec, usec, admitted, granted, duplicate, forgiven, then per entry: verdict,
 -- limit, remaining, reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait =
@@ -380,6 +385,53 @@ local function status(code, st, now, p1, p2, p3, p4)
   return v, limit, remaining, reset, wait
 end
 
+-- shared_store::Limit::exhausted at now, in the parsed form.
+local function exhausted(code, now, p1, p2, p3)
+  if code == 'tb' or code == 'lb' then return { now, p3 * p2 } end
+  if code == 'fw' or code == 'sw' then return { now, fdiv(fdiv(now, 1000), p2), p1, p1 } end
+  return { now, now, p1 }
+end
+
+-- shared_store::Limit::adopt: the state st, decided under the limit named osig, as the
+-- state of the limit (code, p1..p3) at now.
+local function adopt(code, p1, p2, p3, osig, st, now)
+  local o = {}
+  for w in string.gmatch(osig, '[^.]+') do o[#o + 1] = w end
+  local o1, o2, o3 = tonumber(o[2]), tonumber(o[3]), tonumber(o[4])
+  if o[1] ~= code or not (o1 and o2 and o3) or #st == 0 then return exhausted(code, now, p1, p2, p3) end
+  if code == 'tb' or code == 'lb' then
+    -- whole units spent, rounded up; those available are kept, capped at the new capacity
+    local spent = cdiv(bucket_debt(st, now, o1, o3 * o2), o2) + p3 - o3
+    if spent < 0 then spent = 0 end
+    if spent > p3 then spent = p3 end
+    return { now, spent * p2 }
+  end
+  if code == 'fw' then
+    if not st[4] then return exhausted(code, now, p1, p2, p3) end
+    local index, count = st[2], st[3]
+    local cur = fdiv(fdiv(now, 1000), o2)
+    if index < cur then index, count = cur, 0 end
+    if p2 ~= o2 then index = fdiv(fdiv(now, 1000), p2) end
+    return { st[1], index, count, 0 }
+  end
+  if code == 'sw' then
+    if not st[4] then return exhausted(code, now, p1, p2, p3) end
+    local index, count, previous = slide(st, now, o1, o2)
+    if p2 ~= o2 then index = fdiv(fdiv(now, 1000), p2) end
+    return { st[1], index, count, previous }
+  end
+  return st -- a sliding log keeps its entries
+end
+
+-- A stored state: its signature and its numbers (nil, nil for a key never seen; an
+-- empty table for one that does not decode, which every algorithm reads as exhausted).
+local function parse_state(s)
+  if not s then return nil, nil end
+  local sig, rest = string.match(s, '^(%a%a[%d.]*) (.*)$')
+  if not sig then return '', {} end
+  return sig, parse(rest)
+end
+
 local function serialize(t)
   local parts = {}
   for i = 1, #t do parts[i] = fmt(t[i]) end
@@ -416,9 +468,11 @@ for i = 1, n do
   local code = ARGV[base]
   local p1, p2, p3, p4 = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
   local cost = tonumber(ARGV[base + 5])
-  local st = parse(redis.call('GET', KEYS[i]))
+  local sig = code .. '.' .. ARGV[base + 1] .. '.' .. ARGV[base + 2] .. '.' .. ARGV[base + 3] .. '.' .. ARGV[base + 4]
+  local osig, st = parse_state(redis.call('GET', KEYS[i]))
   local now = real_now
   if st and st[1] and st[1] > now then now = st[1] end
+  if st and osig ~= sig then st = adopt(code, p1, p2, p3, osig, st, now) end
   local v, limit, remaining, reset, wait, state, idle
   if op == 'lease' then
     -- min(tokens, left) when that reaches min_tokens (the entry's cost), else the
@@ -450,7 +504,7 @@ for i = 1, n do
     -- with a test time override, keep keys for ten minutes of real time
     local ttl = cdiv(idle, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
     if override ~= '' and ttl < 600000 then ttl = 600000 end
-    writes[#writes + 1] = { KEYS[i], state, ttl }
+    writes[#writes + 1] = { KEYS[i], sig .. ' ' .. state, ttl }
   end
   local k = #reply
   reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait

@@ -3,6 +3,9 @@
 //! * **Atomic across entries.** A check locks the shards its keys live in, always in
 //!   ascending shard order (so two checks never wait on each other in a cycle), decides
 //!   every entry on the current states, and writes only if all admit.
+//! * **Numbers that change.** A key remembers the limit it was decided under; a
+//!   decision under other numbers (a policy changed without a version bump) first
+//!   carries its state over ([`Limit::adopt`]), and a write stores the new limit.
 //! * **Time never runs backwards for a key.** Each key remembers the latest time it was
 //!   decided at, and a decision uses the later of that and the clock. The Redis script
 //!   does the same, so the two stores agree even on a clock step.
@@ -22,6 +25,7 @@
 //!   new id there are refused ([`StoreError::ChargeIdsFull`], 503 `store_full`) rather
 //!   than forget an id.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -110,6 +114,16 @@ struct Slot {
 impl Slot {
     fn is_idle(&self, now: Nanos) -> bool {
         self.limit.is_idle(&self.state, now.max(self.last))
+    }
+
+    /// The state under `limit` at `at`: as stored, or carried over from the limit it
+    /// was decided under ([`Limit::adopt`]) when the policy's numbers changed.
+    fn state_under(&self, limit: &Limit, at: Nanos) -> Cow<'_, State> {
+        if self.limit == *limit {
+            Cow::Borrowed(&self.state)
+        } else {
+            Cow::Owned(limit.adopt(&self.limit, self.state.clone(), at))
+        }
     }
 }
 
@@ -254,8 +268,9 @@ impl MemoryStore {
     ) -> (Pending, u64) {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
         let at = slot.map_or(now, |s| s.last.max(now));
-        let state = slot.map(|s| &s.state);
         let limit = &entry.policy.limit;
+        let adopted = slot.map(|s| s.state_under(limit, at));
+        let state = adopted.as_deref();
         let (granted, decision, next) = match lease {
             Some(tokens) => decide_lease(limit, state, at, tokens),
             None => {
@@ -301,6 +316,7 @@ impl MemoryStore {
                 // Update in place when the key exists: no key allocation on the hot path.
                 match guard.map.get_mut(&entry.storage_key) {
                     Some(slot) => {
+                        slot.limit = entry.policy.limit;
                         slot.state = state;
                         slot.last = p.at;
                     }
@@ -374,7 +390,8 @@ impl MemoryStore {
             if let Some(first) = guard.remembered(charge_key, now) {
                 let slot = guard.map.get(&plan.entry.storage_key);
                 let decided_at = slot.map_or(now, |s| s.last.max(now));
-                let decision = plan.entry.policy.limit.status(slot.map(|s| &s.state), decided_at);
+                let limit = &plan.entry.policy.limit;
+                let decision = limit.status(slot.map(|s| s.state_under(limit, decided_at)).as_deref(), decided_at);
                 let (charged, forgiven) = (first.charged, first.forgiven);
                 return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
             }
@@ -388,7 +405,8 @@ impl MemoryStore {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&plan.entry.storage_key));
         let decided_at = slot.map_or(now, |s| s.last.max(now));
         let limit = &plan.entry.policy.limit;
-        let (next, charged) = limit.charge(slot.map(|s| &s.state), decided_at, plan.entry.cost, plan.max_debt);
+        let adopted = slot.map(|s| s.state_under(limit, decided_at));
+        let (next, charged) = limit.charge(adopted.as_deref(), decided_at, plan.entry.cost, plan.max_debt);
         let decision = limit.status(Some(&next), decided_at);
         let pending = vec![Pending { shard, decision, next: (charged > 0).then_some(next), at: decided_at }];
         self.reserve(&mut guards, &entries, &pending, now)?;

@@ -333,6 +333,63 @@ async fn a_charge_id_is_remembered_per_counter_and_a_charge_without_one_is_appli
     );
 }
 
+fn per_minute(burst: u64) -> LimitSpec {
+    LimitSpec::TokenBucket { amount: 1, per_ms: 60_000, burst }
+}
+
+async fn a_policy_whose_numbers_change_without_a_version_bump_keeps_its_counter(target: Target<'_>, tag: &str) {
+    for _ in 0..10 {
+        assert!(one(target, tag, entry("k", per_minute(10), 1), 0).await.is_admitted());
+    }
+
+    let raised = one(target, tag, entry("k", per_minute(20), 1), 0).await;
+    let bumped = one(target, tag, EntryRequest { policy_version: 1, ..entry("k", per_minute(20), 1) }, 0).await;
+    // A minute on, one token is back: 9 of 10 spent, so 1 of 5 left under a burst of 5.
+    let lowered = one(target, tag, entry("k", per_minute(5), 1), 60_000 * MS).await;
+    let lowered_again = one(target, tag, entry("k", per_minute(5), 1), 60_000 * MS).await;
+
+    assert_eq!(raised.verdict, rejected(60_000), "no fresh bucket: still empty, refilling at its rate");
+    assert_eq!((raised.limit, raised.remaining), (20, 0));
+    assert_eq!((bumped.verdict, bumped.remaining), (Verdict::Allowed, 19), "a new version starts afresh");
+    assert_eq!((lowered.verdict, lowered.remaining), (Verdict::Allowed, 0));
+    assert_eq!(lowered_again.verdict, rejected(60_000));
+}
+
+async fn a_lease_and_a_charge_share_the_counter_whatever_numbers_they_carry(target: Target<'_>, tag: &str) {
+    let leased = target.lease(tag, "k", per_minute(10), 10, t_us(0)).await;
+
+    let raised = target.lease(tag, "k", per_minute(20), 5, t_us(0)).await;
+    let charged = target.charge(tag, "k", per_minute(20), (3, 2), t_us(0)).await;
+    let checked = one(target, tag, entry("k", per_minute(10), 1), 0).await;
+
+    assert_eq!(leased.granted, 10);
+    assert_eq!((raised.granted, raised.decision.verdict), (0, rejected(60_000)), "the raise hands out nothing");
+    assert_eq!((charged.charged, charged.forgiven), (2, 1), "empty under 20, then 2 below empty");
+    // Back under 10: 22 spent is more than empty, so empty (a debt is capped at empty).
+    assert_eq!(checked.verdict, rejected(60_000));
+}
+
+async fn a_window_whose_numbers_change_keeps_what_it_counted(target: Target<'_>, tag: &str) {
+    let window = |limit, window_ms| LimitSpec::FixedWindow { limit, window_ms };
+    for _ in 0..3 {
+        assert!(one(target, tag, entry("k", window(3, 1000), 1), 250 * MS).await.is_admitted());
+    }
+
+    let raised = [
+        one(target, tag, entry("k", window(5, 1000), 1), 250 * MS).await,
+        one(target, tag, entry("k", window(5, 1000), 1), 250 * MS).await,
+        one(target, tag, entry("k", window(5, 1000), 1), 250 * MS).await,
+    ];
+    // A longer window starts with what this one counted, until it ends.
+    let longer = one(target, tag, entry("k", window(5, 2000), 1), 500 * MS).await;
+    // Another algorithm starts exhausted.
+    let logged = one(target, tag, entry("k", LimitSpec::SlidingLog { limit: 5, window_ms: 1000 }, 1), 600 * MS).await;
+
+    assert_eq!(raised.map(|d| d.verdict), [Verdict::Allowed, Verdict::Allowed, rejected(750)]);
+    assert_eq!((longer.verdict, longer.remaining), (rejected(1500), 0));
+    assert_eq!(logged.verdict, rejected(1000));
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -389,6 +446,9 @@ on_every_store!(
     a_leaky_bucket_delays_within_its_queue_and_rejects_beyond_it,
     a_check_with_one_rejecting_entry_spends_nothing_on_the_others,
     a_new_policy_version_starts_from_fresh_state,
+    a_policy_whose_numbers_change_without_a_version_bump_keeps_its_counter,
+    a_lease_and_a_charge_share_the_counter_whatever_numbers_they_carry,
+    a_window_whose_numbers_change_keeps_what_it_counted,
     a_lease_deducts_the_granted_tokens_from_the_global_budget,
     a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums_exact_wait,
     a_cost_of_zero_queries_without_spending,

@@ -1,8 +1,10 @@
 //! Differential test: the Lua script on a real Redis against `shared-store`'s
 //! `Limit::decide`, over many random limits inside the numeric envelope, random
 //! times (including exact retry-after instants, one microsecond before them, long
-//! idle gaps and backward steps) and random costs, checks, leases and charges (which
-//! push counters below empty, so checks and leases also run on states in debt).
+//! idle gaps and backward steps) and random costs, checks, leases (with minimums) and
+//! charges (which push counters below empty, so checks and leases also run on states in
+//! debt; with charge ids, sent again), and policies whose numbers or algorithm change
+//! mid-sequence on one key (carried over by `Limit::adopt` in both).
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::Policy;
@@ -71,22 +73,64 @@ fn step_us(rng: &mut Rng, policy: &Policy, last: &Decision) -> i64 {
     }
 }
 
-/// What the reference keeps per key: shared-store's state, the latest decision time,
-/// and the charge ids applied with their answers (charged, forgiven).
+/// A limit like `spec` with other numbers: the same algorithm, and often the same
+/// period or window (so that both of `Limit::adopt`'s window rules are reached).
+fn changed_spec(rng: &mut Rng, spec: LimitSpec) -> LimitSpec {
+    let same_algorithm = |other: &LimitSpec| std::mem::discriminant(other) == std::mem::discriminant(&spec);
+    loop {
+        let other = random_spec(rng);
+        if !same_algorithm(&other) {
+            continue;
+        }
+        let other = match (other, spec, rng.chance(40)) {
+            (LimitSpec::FixedWindow { limit, .. }, LimitSpec::FixedWindow { window_ms, .. }, true) => {
+                LimitSpec::FixedWindow { limit, window_ms }
+            }
+            (LimitSpec::SlidingWindow { limit, .. }, LimitSpec::SlidingWindow { window_ms, .. }, true) => {
+                LimitSpec::SlidingWindow { limit, window_ms }
+            }
+            (LimitSpec::TokenBucket { burst, .. }, LimitSpec::TokenBucket { amount, per_ms, .. }, true) => {
+                LimitSpec::TokenBucket { amount, per_ms, burst }
+            }
+            (other, ..) => other,
+        };
+        if Policy::new(other).is_ok() {
+            return other;
+        }
+    }
+}
+
+/// What the reference keeps per key, as the memory store does: shared-store's state, the
+/// limit it was written under, the latest decision time, and the charge ids applied
+/// with their answers (charged, forgiven).
 #[derive(Default)]
 struct Reference {
     state: Option<State>,
+    limit: Option<Limit>,
     last: Nanos,
     charge_ids: std::collections::HashMap<String, (u64, u64)>,
 }
 
 impl Reference {
+    /// The state under `limit` at `at`: carried over when it was written under another.
+    fn state_under(&self, limit: &Limit, at: Nanos) -> Option<State> {
+        match (&self.state, &self.limit) {
+            (Some(state), Some(old)) if old != limit => Some(limit.adopt(old, state.clone(), at)),
+            (state, _) => state.clone(),
+        }
+    }
+
+    fn write(&mut self, limit: &Limit, state: State, at: Nanos) {
+        self.state = Some(state);
+        self.limit = Some(*limit);
+        self.last = at;
+    }
+
     fn check(&mut self, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         let at = now.max(self.last);
-        let (decision, next) = limit.decide(self.state.as_ref(), at, cost);
+        let (decision, next) = limit.decide(self.state_under(limit, at).as_ref(), at, cost);
         if let Some(next) = next {
-            self.state = Some(next);
-            self.last = at;
+            self.write(limit, next, at);
         }
         decision
     }
@@ -95,13 +139,13 @@ impl Reference {
     /// rejection of `min_tokens` units.
     fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64, min_tokens: u64) -> (u64, Decision) {
         let at = now.max(self.last);
-        let (query, _) = limit.decide(self.state.as_ref(), at, 0);
+        let state = self.state_under(limit, at);
+        let (query, _) = limit.decide(state.as_ref(), at, 0);
         let granted = Some(tokens.min(query.remaining)).filter(|g| *g >= min_tokens).unwrap_or(0);
-        let (decision, next) = limit.decide(self.state.as_ref(), at, granted.max(min_tokens));
+        let (decision, next) = limit.decide(state.as_ref(), at, granted.max(min_tokens));
         match next {
             Some(next) if granted > 0 && decision.is_admitted() => {
-                self.state = Some(next);
-                self.last = at;
+                self.write(limit, next, at);
                 (granted, decision)
             }
             _ => (0, decision),
@@ -120,14 +164,14 @@ impl Reference {
         id: Option<&str>,
     ) -> (u64, u64, bool, Decision) {
         let at = now.max(self.last);
+        let state = self.state_under(limit, at);
         if let Some(&(charged, forgiven)) = id.and_then(|id| self.charge_ids.get(id)) {
-            return (charged, forgiven, true, limit.status(self.state.as_ref(), at));
+            return (charged, forgiven, true, limit.status(state.as_ref(), at));
         }
-        let (next, charged) = limit.charge(self.state.as_ref(), at, cost, max_debt);
+        let (next, charged) = limit.charge(state.as_ref(), at, cost, max_debt);
         let status = limit.status(Some(&next), at);
         if charged > 0 {
-            self.state = Some(next);
-            self.last = at;
+            self.write(limit, next, at);
         }
         if let Some(id) = id {
             self.charge_ids.insert(id.to_owned(), (charged, cost - charged));
@@ -149,16 +193,24 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut charges = 0u64;
     let mut forgiven = 0u64;
     let mut duplicates = 0u64;
+    let mut changes = 0u64;
 
     for case in 0..cases {
-        let spec = random_spec(&mut rng);
-        let policy = Policy::new(spec).expect("valid");
+        let mut spec = random_spec(&mut rng);
+        let mut policy = Policy::new(spec).expect("valid");
         let tag = format!("diff{case}");
         let mut reference = Reference::default();
         let mut now_us: i64 = rng.below(86_400_000_000_000) as i64;
         let mut last =
             Decision { verdict: shared_store::Verdict::Allowed, limit: 0, remaining: 0, reset_after: Nanos::ZERO };
         for step in 0..40 {
+            // The key's policy changes mid-sequence, without a version bump: other
+            // numbers of its algorithm, or another algorithm.
+            if step > 0 && rng.chance(12) {
+                spec = if rng.chance(70) { changed_spec(&mut rng, spec) } else { random_spec(&mut rng) };
+                policy = Policy::new(spec).expect("valid");
+                changes += 1;
+            }
             now_us = (now_us + step_us(&mut rng, &policy, &last)).max(0);
             let now = t_us(now_us as u64);
             let context = || format!("seed {seed:#x} case {case} step {step}: {spec:?} at {now_us} us");
@@ -223,6 +275,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
 
     assert!(rejections > compared / 20, "the random walk must reach rejections often: {rejections} of {compared}");
     assert!(forgiven > charges / 10, "charges must reach their debt bound often: {forgiven} of {charges}");
+    assert!(changes > cases * 2, "policies must change mid-sequence often: {changes} in {cases} cases");
     assert!(duplicates > charges / 20, "charges must be sent again with their id often: {duplicates} of {charges}");
     redis.assert_every_key_has_a_ttl();
 }

@@ -130,9 +130,9 @@ async fn every_key_redis_writes_expires_shortly_after_its_state_goes_idle() {
     for (key, ttl) in keys {
         // Idle after at most 500 ms (buckets), 2 s (window), 4 s (sliding: the next
         // window), 2 s (log); plus one second of grace.
-        let most = if key.contains(":sw.") {
+        let most = if key.ends_with(":sliding") {
             5000
-        } else if key.contains(":tb.") || key.contains(":lb.") {
+        } else if key.ends_with(":bucket") || key.ends_with(":leaky") {
             1500
         } else {
             3000
@@ -162,6 +162,26 @@ async fn all_counters_of_one_check_hash_to_one_cluster_slot() {
     assert!(slots.windows(2).all(|w| w[0] == w[1]), "{slots:?}");
     assert!(outcome.expect("no CROSSSLOT").admitted);
     cluster.assert_every_key_has_a_ttl();
+}
+
+#[tokio::test]
+async fn a_redis_counter_is_stored_under_its_key_alone_with_the_limit_it_was_decided_under() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let store = redis_store(&redis);
+    let first = plan("t", vec![entry("k", bucket(), 1)]);
+    let raised = plan("t", vec![entry("k", LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 8 }, 1)]);
+
+    store.check(&first, Some(t_us(0))).await.expect("decided");
+    let before: String = redis.cmd(&["GET", "sluice:{t}:v0:k"]);
+    store.check(&raised, Some(t_us(0))).await.expect("decided");
+    let after: String = redis.cmd(&["GET", "sluice:{t}:v0:k"]);
+
+    assert_eq!(first.entries[0].storage_key, "sluice:{t}:v0:k");
+    assert_eq!(redis.limiter_keys().len(), 1, "one counter, whatever its numbers");
+    assert!(before.starts_with(&format!("{} ", first.entries[0].policy.signature)), "{before}");
+    assert!(after.starts_with(&format!("{} ", raised.entries[0].policy.signature)), "{after}");
+    redis.assert_every_key_has_a_ttl();
 }
 
 #[tokio::test]
