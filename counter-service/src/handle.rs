@@ -140,11 +140,11 @@ impl App {
                     entries: outcome.decisions.iter().map(EntryResponse::from).collect(),
                 })
             }
-            (Call::Lease(plan), Outcome::Lease(outcome)) => {
+            (Call::Lease(_), Outcome::Lease(outcome)) => {
                 metrics.lease(outcome.granted);
                 serde_json::to_vec(&LeaseResponse {
                     granted: outcome.granted,
-                    expires_in_ms: plan.ttl_ms,
+                    expires_in_ms: outcome.expires_in_ms,
                     at_ns: outcome.at.as_u64(),
                     entry: EntryResponse::from(&outcome.decision),
                 })

@@ -5,7 +5,7 @@
 pub mod memory;
 pub mod redis;
 
-use shared_store::{Decision, Nanos};
+use shared_store::{Decision, Limit, Nanos};
 
 use crate::api::{ChargePlan, CheckPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryStore};
@@ -27,6 +27,8 @@ pub struct CheckOutcome {
 pub struct LeaseOutcome {
     /// Tokens granted and deducted.
     pub granted: u64,
+    /// How long the grant may be spent, in milliseconds: [`lease_life`] at `at`.
+    pub expires_in_ms: u64,
     /// The time the decision was made at (Unix ns).
     pub at: Nanos,
     /// The limit's decision: after spending `granted`, or the rejection of `min_tokens`
@@ -183,21 +185,86 @@ impl Store {
     }
 }
 
+/// How long a lease decided at `at` may be spent, in whole milliseconds: `ttl_ms`, and for
+/// a fixed or sliding window at most what is left of the aligned window `at` falls in, so
+/// that leased tokens are spent in the window that counted them. `Err` with the time
+/// until that window ends when less than a millisecond is left: such a lease is granted
+/// nothing (both stores check it when they decide, at the same `at` they answer with).
+///
+/// # Errors
+/// The wait until the window ends, when it ends within a millisecond.
+pub fn lease_life(limit: &Limit, at: Nanos, ttl_ms: u64) -> Result<u64, Nanos> {
+    match *limit {
+        Limit::FixedWindow { window, .. } | Limit::SlidingWindow { window, .. } => {
+            let w = u128::from(window.as_u64().max(1));
+            let end = (u128::from(at.as_u64()) / w + 1) * w;
+            let left = Nanos(u64::try_from(end - u128::from(at.as_u64())).unwrap_or(u64::MAX));
+            match left.as_u64() / 1_000_000 {
+                0 => Err(left),
+                whole_ms => Ok(ttl_ms.min(whole_ms)),
+            }
+        }
+        _ => Ok(ttl_ms),
+    }
+}
+
+impl LeaseOutcome {
+    /// The outcome of `plan` decided at `at`, with the lease's life ([`lease_life`]; 0
+    /// when the window was closing and nothing was granted).
+    pub fn new(plan: &LeasePlan, granted: u64, at: Nanos, decision: Decision) -> Self {
+        let expires_in_ms = lease_life(&plan.entry.policy.limit, at, plan.ttl_ms).unwrap_or(0);
+        Self { granted, expires_in_ms, at, decision }
+    }
+}
+
 /// Decides a lease with the pure algorithm: grant the smaller of `tokens` and what is
 /// left when that is at least `min_tokens`; otherwise grant nothing and answer the
 /// rejection of `min_tokens` units, whose `retry_after` is the exact wait until that many
-/// are left.
+/// are left. When the window is `closing` (less than a millisecond left, see
+/// [`lease_life`]), grant nothing and answer the rejection with the wait until it ends.
 pub(crate) fn decide_lease(
     limit: &shared_store::Limit,
     state: Option<&shared_store::State>,
     now: Nanos,
     (tokens, min_tokens): (u64, u64),
+    closing: Option<Nanos>,
 ) -> (u64, Decision, Option<shared_store::State>) {
     let (query, _) = limit.decide(state, now, 0);
+    if let Some(retry_after) = closing {
+        return (0, Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query }, None);
+    }
     let left = tokens.min(query.remaining);
     let granted = if left >= min_tokens { left } else { 0 };
     let (decision, next) = limit.decide(state, now, granted.max(min_tokens).max(1));
     // Spending what the query reported left always admits, and asking for more than is
     // left always rejects; the check keeps that an invariant rather than an assumption.
     if granted == 0 || !decision.is_admitted() { (0, decision, None) } else { (granted, decision, next) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn window() -> Limit {
+        Limit::fixed_window(5, Nanos(1000 * MS)).unwrap()
+    }
+
+    #[test]
+    fn a_window_lease_lives_the_whole_milliseconds_left_in_its_window_at_most() {
+        let start = Nanos(1_750_000_000_000 * MS);
+
+        assert_eq!(lease_life(&window(), start, 2000), Ok(1000));
+        assert_eq!(lease_life(&window(), Nanos(start.0 + 700 * MS + 1), 2000), Ok(299));
+        assert_eq!(lease_life(&window(), Nanos(start.0 + 700 * MS), 200), Ok(200), "the ttl when shorter");
+        assert_eq!(lease_life(&window(), Nanos(start.0 + 999 * MS + 1), 2000), Err(Nanos(MS - 1)));
+    }
+
+    #[test]
+    fn a_bucket_or_log_lease_lives_its_ttl() {
+        let log = Limit::sliding_log(5, Nanos(1000 * MS)).unwrap();
+
+        assert_eq!(lease_life(&log, Nanos(999 * MS + 1), 2000), Ok(2000));
+    }
 }

@@ -201,6 +201,10 @@ pub struct LeaseResponse {
     /// Tokens granted (0..=tokens asked), already deducted from the global budget.
     pub granted: u64,
     /// How long the proxy may spend them, in milliseconds; unused tokens are forfeited.
+    /// The request's `ttl_ms`, or for a fixed or sliding window at most the whole
+    /// milliseconds left in the aligned window the grant was decided in (0 when nothing
+    /// was granted because less than one was left). Counted from when the proxy sent the
+    /// request, a grant never outlives what the service said.
     pub expires_in_ms: u64,
     /// The time the store decided at (Unix ns).
     pub at_ns: u64,

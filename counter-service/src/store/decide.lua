@@ -475,13 +475,25 @@ for i = 1, n do
   if st and osig ~= sig then st = adopt(code, p1, p2, p3, osig, st, now) end
   local v, limit, remaining, reset, wait, state, idle
   if op == 'lease' then
+    -- A window that ends within a millisecond of the reply's time grants nothing: the
+    -- rejection waits until it ends (lease_life in the service's store.rs).
+    local closing = nil
+    if code == 'fw' or code == 'sw' then
+      local left = (fdiv(fdiv(real_now, 1000), p2) + 1) * p2 * 1000 - real_now
+      if left < 1000 then closing = left * 1000 end
+    end
     -- min(tokens, left) when that reaches min_tokens (the entry's cost), else the
     -- rejection of min_tokens units (decide_lease in the service's store.rs)
     local _, _, left = run(code, st, now, 0, p1, p2, p3, p4)
     local g = math.min(tokens, left)
     if g < cost then g = 0 end
-    v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
-    if g > 0 and v <= 1 then granted = g else state = nil end
+    if closing then
+      v, limit, remaining, reset = run(code, st, now, 0, p1, p2, p3, p4)
+      v, wait = 2, closing
+    else
+      v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
+      if g > 0 and v <= 1 then granted = g else state = nil end
+    end
   elseif op == 'charge' and seen then
     granted, forgiven = seen[1] or 0, seen[2] or 0
     reply[5] = 1

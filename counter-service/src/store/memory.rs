@@ -34,7 +34,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use shared_store::{Clock, Decision, Limit, Nanos, State};
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
-use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease};
+use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease, lease_life};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
 
 /// How long a shard that was found full of active keys is not swept again.
@@ -264,7 +264,7 @@ impl MemoryStore {
         shard: usize,
         entry: &PlannedEntry,
         now: Nanos,
-        lease: Option<(u64, u64)>,
+        lease: Option<(u64, u64, Option<Nanos>)>,
     ) -> (Pending, u64) {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
         let at = slot.map_or(now, |s| s.last.max(now));
@@ -272,7 +272,7 @@ impl MemoryStore {
         let adopted = slot.map(|s| s.state_under(limit, at));
         let state = adopted.as_deref();
         let (granted, decision, next) = match lease {
-            Some(tokens) => decide_lease(limit, state, at, tokens),
+            Some((tokens, min_tokens, closing)) => decide_lease(limit, state, at, (tokens, min_tokens), closing),
             None => {
                 let (decision, next) = limit.decide(state, at, entry.cost);
                 (0, decision, next)
@@ -361,13 +361,14 @@ impl MemoryStore {
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        let (pending, granted) =
-            Self::decide(&mut guards, shard, &plan.entry, now, Some((plan.tokens, plan.min_tokens)));
+        let closing = lease_life(&plan.entry.policy.limit, now, plan.ttl_ms).err();
+        let lease = Some((plan.tokens, plan.min_tokens, closing));
+        let (pending, granted) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
         let decision = pending.decision;
         let pending = vec![pending];
         self.reserve(&mut guards, &entries, &pending, now)?;
         Self::apply(&mut guards, &entries, pending);
-        Ok(LeaseOutcome { granted, at: now, decision })
+        Ok(LeaseOutcome::new(plan, granted, now, decision))
     }
 
     /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the

@@ -451,7 +451,7 @@ impl RedisStore {
             .into_iter()
             .next()
             .ok_or_else(|| StoreError::Protocol("lease reply without a decision".into()))?;
-        Ok(LeaseOutcome { granted, at, decision })
+        Ok(LeaseOutcome::new(plan, granted, at, decision))
     }
 
     /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script; a

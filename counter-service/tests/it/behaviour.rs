@@ -200,6 +200,28 @@ async fn a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums
     assert_eq!((after_the_wait.granted, after_the_wait.decision.remaining), (4, 0));
 }
 
+async fn a_window_lease_lives_no_longer_than_the_window_it_was_decided_in(target: Target<'_>, tag: &str) {
+    for (key, limit) in [
+        ("fixed", LimitSpec::FixedWindow { limit: 10, window_ms: 1000 }),
+        ("sliding", LimitSpec::SlidingWindow { limit: 10, window_ms: 1000 }),
+    ] {
+        let late = target.lease(tag, key, limit, 4, t_us(700 * MS)).await;
+        let last_millisecond = target.lease(tag, key, limit, 1, t_us(999 * MS)).await;
+        let too_late = target.lease(tag, key, limit, 1, t_us(999 * MS + 500)).await;
+
+        assert_eq!((late.granted, late.expires_in_ms), (4, 300), "{key}: spent in the window that counted it");
+        assert_eq!((last_millisecond.granted, last_millisecond.expires_in_ms), (1, 1), "{key}");
+        assert_eq!(too_late.granted, 0, "{key}: less than a millisecond left");
+        assert_eq!(too_late.decision.verdict, Verdict::Rejected { retry_after: Nanos(500_000) }, "{key}");
+        assert_eq!(too_late.decision.remaining, 5, "{key}: nothing was deducted");
+    }
+    let bucket = target.lease(tag, "bucket", bucket(), 1, t_us(999 * MS + 500)).await;
+    let log = target.lease(tag, "log", LimitSpec::SlidingLog { limit: 3, window_ms: 1000 }, 1, t_us(999 * MS)).await;
+
+    assert_eq!((bucket.granted, bucket.expires_in_ms), (1, 1000), "a bucket's lease keeps its ttl");
+    assert_eq!((log.granted, log.expires_in_ms), (1, 1000), "a sliding log's lease keeps its ttl");
+}
+
 async fn a_cost_of_zero_queries_without_spending(target: Target<'_>, tag: &str) {
     one(target, tag, entry("k", bucket(), 3), 0).await;
 
@@ -451,6 +473,7 @@ on_every_store!(
     a_window_whose_numbers_change_keeps_what_it_counted,
     a_lease_deducts_the_granted_tokens_from_the_global_budget,
     a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums_exact_wait,
+    a_window_lease_lives_no_longer_than_the_window_it_was_decided_in,
     a_cost_of_zero_queries_without_spending,
     time_that_steps_backwards_never_refills,
     a_charge_spends_what_was_admitted_and_forgives_beyond_the_debt_bound,

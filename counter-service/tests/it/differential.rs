@@ -11,8 +11,12 @@ use sluice_counter::spec::Policy;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
 use sluice_counter::api::ChargePlan;
+use sluice_counter::store::lease_life;
 
 use crate::support::{RedisServer, charge_request, entry, lease_plan_at_least, plan, redis_store, t_us};
+
+/// The `ttl_ms` of `support::lease_request`.
+const LEASE_TTL_MS: u64 = 1000;
 
 /// xorshift64*: deterministic, seedable, no dependency.
 struct Rng(u64);
@@ -136,11 +140,15 @@ impl Reference {
     }
 
     /// Grants `min(tokens, left)` when that reaches `min_tokens`, else answers the
-    /// rejection of `min_tokens` units.
+    /// rejection of `min_tokens` units; a window that ends within a millisecond of `now`
+    /// grants nothing, and the rejection waits until it ends.
     fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64, min_tokens: u64) -> (u64, Decision) {
         let at = now.max(self.last);
         let state = self.state_under(limit, at);
         let (query, _) = limit.decide(state.as_ref(), at, 0);
+        if let Err(retry_after) = lease_life(limit, now, LEASE_TTL_MS) {
+            return (0, Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query });
+        }
         let granted = Some(tokens.min(query.remaining)).filter(|g| *g >= min_tokens).unwrap_or(0);
         let (decision, next) = limit.decide(state.as_ref(), at, granted.max(min_tokens));
         match next {
@@ -254,6 +262,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "lease of {tokens}, at least {min_tokens}: {}",
                     context()
                 );
+                assert_eq!(got.expires_in_ms, lease_life(&policy.limit, now, LEASE_TTL_MS).unwrap_or(0));
                 last = expected;
             } else {
                 let spread = 1 + rng.below(8);

@@ -481,8 +481,12 @@ impl Target<'_> {
             Self::Http(served) => {
                 let request = lease_request(tag, key, limit, tokens);
                 let answer: LeaseResponse = served.post("/v1/lease", &request, at).await;
-                assert_eq!(answer.expires_in_ms, 1000);
-                LeaseOutcome { granted: answer.granted, at: Nanos(answer.at_ns), decision: answer.entry.decision() }
+                LeaseOutcome {
+                    granted: answer.granted,
+                    expires_in_ms: answer.expires_in_ms,
+                    at: Nanos(answer.at_ns),
+                    decision: answer.entry.decision(),
+                }
             }
         }
     }
