@@ -329,6 +329,7 @@ impl RootContext for Root {
         }
         // Requests waiting for a lease refill: each tries again.
         retry_lease_waiters(shared);
+        shared.engine.sweep_debts(&shared.limiter);
         // Refills and charges: sent by this root context, so their answers reach it even
         // when the request that asked has ended. Those whose answer can no longer come
         // count as timed out.

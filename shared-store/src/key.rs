@@ -171,6 +171,14 @@ impl SlotTable {
         &self.overflow
     }
 
+    /// The key of slot `index` (for a sweep over the table; `index < slots`).
+    pub fn slot_key(&self, index: u32) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + MAX_DECIMAL_DIGITS);
+        key.push_str(&self.prefix);
+        push_decimal(&mut key, u64::from(index));
+        key
+    }
+
     /// Where the client with this [`HashKey::fingerprint`] lives.
     pub fn place(&self, fingerprint: u128) -> Placement {
         // Low half picks the slot, high half identifies the owner: independent bits.

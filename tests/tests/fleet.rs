@@ -6,7 +6,7 @@
 //! * A longer run: `SLUICE_FLEET_SEEDS=2000 SLUICE_FLEET_FIRST=1000 cargo test --release -p
 //!   sluice-tests --test fleet fixed_seeds_run_clean -- --nocapture` (seeds 1000..3000).
 //! * One seed, with its trace: `SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests
-//!   --test fleet replay -- --nocapture`.
+//!   --test fleet replay -- --exact --nocapture`.
 //! * Another build of the filter: `SLUICE_WASM_UNDER_TEST=<path to a .wasm>`.
 
 use sluice_tests::fleet::{self, Scenario};
@@ -63,6 +63,7 @@ fn replay() {
     let seed: u64 = seed.parse().expect("SLUICE_FLEET_SEED is a number");
     let scenario = Scenario::generate(seed);
     eprintln!("{scenario:#?}");
+    eprintln!("filter configuration: {}", scenario.filter_config(&scenario.policies));
     match fleet::run(&scenario, &wasm(), env("SLUICE_FLEET_STEPS", MAX_STEPS)) {
         Ok(report) => eprintln!("seed {seed} ran clean: {report:?}"),
         Err(failure) => panic!("{failure}"),

@@ -177,6 +177,7 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) -> Result<Pending, Decided> {
         let Some(first) = failed.first().map(|(_, cause)| *cause) else { return Ok(pending) };
+
         let now = limiter.clock().now();
         self.count_causes(&failed, metrics);
         // 1. A policy without a cap that fails closed rejects the request.

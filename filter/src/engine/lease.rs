@@ -42,7 +42,7 @@ pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
 const VERSION: u8 = 2;
 /// Encoded fields, each a little-endian u64.
-const FIELDS: usize = 17;
+const FIELDS: usize = 22;
 /// Encoded size: version, then the fields.
 const SIZE: usize = 1 + 8 * FIELDS;
 
@@ -89,6 +89,10 @@ pub(crate) struct Record {
     pub(crate) charging: u64,
     pub(crate) charge_id: u64,
     pub(crate) charge_until: Nanos,
+    /// Whose debt it is, for a charge sent without its caller: the global counter's key
+    /// and the check tag it lives under (kept once debt is owed).
+    pub(crate) counter: u128,
+    pub(crate) tag: Option<u128>,
 }
 
 impl Record {
@@ -111,6 +115,11 @@ impl Record {
             self.charging,
             self.charge_id,
             self.charge_until.0,
+            self.counter as u64,
+            (self.counter >> 64) as u64,
+            u64::from(self.tag.is_some()),
+            self.tag.unwrap_or(0) as u64,
+            (self.tag.unwrap_or(0) >> 64) as u64,
         ]
     }
 
@@ -151,6 +160,9 @@ impl Record {
             charging: field(14)?,
             charge_id: field(15)?,
             charge_until: Nanos(field(16)?),
+            counter: u128::from(field(17)?) | (u128::from(field(18)?) << 64),
+            tag: (field(19)? != 0)
+                .then(|| u128::from(field(20).unwrap_or(0)) | (u128::from(field(21).unwrap_or(0)) << 64)),
         })
     }
 
@@ -419,14 +431,16 @@ impl<S: Store> Leases<'_, S> {
         Ok(())
     }
 
-    /// Records units admitted under the failure rule, up to `max_debt` owed. Returns
-    /// what did not fit (forgiven at once) and whether the record now owes something
-    /// (a charge is to be scheduled).
+    /// Records units admitted under the failure rule, up to `max_debt` owed, on the
+    /// global counter `counter` under check tag `tag`. Returns what did not fit
+    /// (forgiven at once) and whether the record now owes something (a charge is to be
+    /// scheduled).
     pub(crate) fn owe(
         &self,
         place: &Placement,
         cost: u64,
         max_debt: u64,
+        (counter, tag): (u128, Option<u128>),
         now: Nanos,
     ) -> Result<Updated<(u64, bool)>, LeaseError> {
         let updated = self.update(place, now, |record| {
@@ -435,6 +449,8 @@ impl<S: Store> Leases<'_, S> {
             record.debt = record.debt.saturating_add(owed);
             if owed > 0 {
                 record.owed_at = now;
+                record.counter = counter;
+                record.tag = tag;
             }
             (owed > 0, (cost - owed, record.debt > 0))
         })?;
@@ -550,6 +566,12 @@ impl<S: Store> Leases<'_, S> {
     /// The caller's record as it stands (`None` when the slot is another key's).
     pub(crate) fn peek(&self, place: &Placement, now: Nanos) -> Result<Option<Record>, LeaseError> {
         Ok(self.update(place, now, |record| (false, *record))?.result)
+    }
+
+    /// The record in `key`, whoever holds it (a sweep over a table); `None` when there is
+    /// none, or it is not a record.
+    pub(crate) fn read_slot(&self, key: &str) -> Result<Option<Record>, LeaseError> {
+        Ok(self.store.get(key)?.and_then(|entry| Record::decode(&entry.value)))
     }
 }
 
@@ -792,7 +814,8 @@ mod tests {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
 
-        let forgiven: Vec<u64> = (0..4).map(|_| leases.owe(&place(), 2, 5, T).unwrap().result.unwrap().0).collect();
+        let forgiven: Vec<u64> =
+            (0..4).map(|_| leases.owe(&place(), 2, 5, (0, None), T).unwrap().result.unwrap().0).collect();
 
         assert_eq!(forgiven, [0, 0, 1, 2]);
         assert_eq!(record(&store).debt, 5);
@@ -802,11 +825,11 @@ mod tests {
     fn a_charge_claims_the_debt_once_and_a_timed_out_one_is_sent_again_under_the_same_id() {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
-        leases.owe(&place(), 3, 10, T).unwrap();
+        leases.owe(&place(), 3, 10, (0, None), T).unwrap();
 
         let first = leases.claim_charge(&place(), 11, Nanos(100), T).unwrap().0;
         let while_in_flight = leases.claim_charge(&place(), 12, Nanos(100), at(50)).unwrap().0;
-        leases.owe(&place(), 2, 10, at(60)).unwrap();
+        leases.owe(&place(), 2, 10, (0, None), at(60)).unwrap();
         let after_timeout = leases.claim_charge(&place(), 13, Nanos(100), at(100)).unwrap().0;
         let settled = leases.settle_charge(&place(), 11, at(120)).unwrap();
 
@@ -824,7 +847,7 @@ mod tests {
     fn debt_keeps_its_slot_for_its_life_then_the_slot_changes_hands_and_the_debt_is_forgiven() {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
-        leases.owe(&place(), 3, 10, T).unwrap();
+        leases.owe(&place(), 3, 10, (0, None), T).unwrap();
         let other = Placement { key: "l/0".into(), owner: 9, overflow: None };
 
         let before = leases.spend(&other, 1, at(DEBT_LIFE.0 - 1), RULES).unwrap();
@@ -838,7 +861,7 @@ mod tests {
     fn debt_that_cannot_be_charged_within_its_life_is_forgiven_by_the_next_claim() {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
-        leases.owe(&place(), 3, 10, T).unwrap();
+        leases.owe(&place(), 3, 10, (0, None), T).unwrap();
 
         let claimed = leases.claim_charge(&place(), 1, Nanos(100), at(DEBT_LIFE.0)).unwrap();
 
@@ -888,6 +911,8 @@ mod tests {
             charging: 15,
             charge_id: 16,
             charge_until: Nanos(17),
+            counter: (18 << 64) | 19,
+            tag: Some((20 << 64) | 21),
         };
 
         assert_eq!(Record::decode(&r.encode()), Some(r));

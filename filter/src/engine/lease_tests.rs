@@ -499,3 +499,26 @@ fn a_lease_policy_cannot_change_its_slots_without_a_new_version() {
     assert!(error.starts_with("policies[0].slots: policy \"tenant\" version 0 already has 1 slots"), "{error}");
     assert!(bumped.is_ok());
 }
+
+#[test]
+fn debt_owed_under_an_earlier_configuration_is_found_by_the_sweep_and_charged() {
+    let mut w = world_with(ONE_SLOT);
+    let pending = waiting(w.begin_with(&tenant("one-off")));
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    let _ = w.retry(pending);
+    // The proxy is reconfigured before the charge goes out: a new engine, which never
+    // saw the debt, on the same shared data.
+    let before = std::mem::replace(
+        &mut w.engine,
+        Engine::new(Config::from_json(ONE_SLOT.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env)
+            .unwrap(),
+    );
+    drop(before);
+
+    w.engine.sweep_debts(&w.limiter);
+    let sent = w.tick(|_| charged(1));
+
+    assert_eq!(sent, 1, "the sweep found the debt");
+    assert_eq!(w.last_body("/v1/charge")["cost"], 1);
+    assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);
+}

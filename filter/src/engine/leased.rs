@@ -53,6 +53,10 @@ const REFILL_MARGIN: Nanos = Nanos::from_millis(100);
 pub(crate) const MAX_PENDING_CHARGES: usize = 4096;
 /// The most charges one worker sends per tick.
 const MAX_CHARGES_PER_TICK: usize = 16;
+/// Lease records one worker reads per tick, round the tables, for debt it does not know
+/// of (owed by a worker that restarted, or by an earlier configuration): every debt is
+/// charged within `slots / SWEEP_PER_TICK` ticks of the service answering again.
+pub(crate) const SWEEP_PER_TICK: u32 = 16;
 
 /// A call the root context is to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -396,7 +400,12 @@ impl Engine {
         else {
             return;
         };
-        match self.counted(policy, self.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, now), metrics) {
+        let whose = (*key, tag_bits(tag));
+        match self.counted(
+            policy,
+            self.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, whose, now),
+            metrics,
+        ) {
             Ok(Some((forgiven, owes))) => {
                 if forgiven > 0 {
                     metrics.add(policy, Counter::LeaseForgiven, count(forgiven));
@@ -408,6 +417,45 @@ impl Engine {
             // The slot is another key's, or the record could not be written: nothing is
             // owed anywhere, so what the fallback admitted is forgiven.
             Ok(None) | Err(_) => metrics.add(policy, Counter::LeaseForgiven, count(cost)),
+        }
+    }
+
+    /// Reads the next few lease records round this worker's lease tables, and schedules
+    /// a charge for any that owes (see [`SWEEP_PER_TICK`]).
+    pub fn sweep_debts<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>) {
+        let tables: Vec<(usize, &Leased)> = self
+            .policies
+            .iter()
+            .filter_map(|c| match &c.home {
+                Home::Global { lease: Some(leased), .. } => Some((c.index, leased)),
+                _ => None,
+            })
+            .collect();
+        let total: u64 = tables.iter().map(|(_, l)| u64::from(l.table.slots())).sum();
+        if total == 0 {
+            return;
+        }
+        let leases = self.leases(limiter.store());
+        for _ in 0..SWEEP_PER_TICK {
+            let mut at = self.sweep.get() % total;
+            self.sweep.set(self.sweep.get().wrapping_add(1));
+            for (policy, leased) in &tables {
+                let slots = u64::from(leased.table.slots());
+                if at >= slots {
+                    at -= slots;
+                    continue;
+                }
+                let key = leased.table.slot_key(u32::try_from(at).unwrap_or(0));
+                if let Ok(Some(record)) = leases.read_slot(&key)
+                    && record.debt > 0
+                    && self.charges.try_borrow().is_ok_and(|c| !c.contains_key(&key))
+                {
+                    let slot = Placement { key, owner: record.owner, overflow: None };
+                    let tag = record.tag.map_or_else(|| "none".to_owned(), namespace::hex128);
+                    self.schedule_charge(Target { policy: *policy, slot, key: record.counter, tag });
+                }
+                break;
+            }
         }
     }
 
@@ -643,6 +691,12 @@ impl Engine {
             },
         }
     }
+}
+
+/// A check tag as the lease record keeps it: the 128-bit hash, or `None` for `"none"`
+/// (no partition).
+fn tag_bits(tag: &str) -> Option<u128> {
+    (tag != "none").then(|| u128::from_str_radix(tag, 16).unwrap_or(0))
 }
 
 /// A charge id as the service receives it: the worker's instance and a sequence number.

@@ -224,6 +224,8 @@ pub struct Engine {
     /// This worker's instance: ids it hands out (waiters, charges) start from it.
     instance: u64,
     ids: Cell<u64>,
+    /// Where the sweep for unknown debt goes on (see `leased::SWEEP_PER_TICK`).
+    sweep: Cell<u64>,
 }
 
 /// Reads a secret from the configuration or from the VM's environment.
@@ -317,6 +319,7 @@ impl Engine {
             charges: RefCell::new(leased::PendingCharges::new()),
             instance,
             ids: Cell::new(0),
+            sweep: Cell::new(0),
         })
     }
 
@@ -438,6 +441,7 @@ impl Engine {
     ) -> Begun {
         let secrets = Secrets { local: &self.secret, global: self.service.as_ref().map(|s| &s.secret) };
         let resolution = resolve(&self.policies, request, &secrets, metrics);
+
         let tally = Tally(resolution.offered);
         if let Some(refusal) = resolution.refused {
             let status = match refusal {

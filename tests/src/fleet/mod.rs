@@ -21,10 +21,10 @@
 //! Everything comes from the seed; a failure names it:
 //!
 //! ```text
-//! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --nocapture
+//! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --exact --nocapture
 //! ```
 //!
-//! runs that seed alone and prints its trace. `SLUICE_FLEET_SEEDS` and
+//! runs that seed alone and prints its trace's end (`SLUICE_FLEET_TRACE=1`: all of it). `SLUICE_FLEET_SEEDS` and
 //! `SLUICE_FLEET_STEPS` make the CI run longer (see `tests/tests/fleet.rs`), and
 //! `SLUICE_WASM_UNDER_TEST` runs another build of the filter (an older one, a mutant).
 
@@ -82,7 +82,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "seed {} failed at step {}: {}", self.seed, self.step, self.violation)?;
         writeln!(
             f,
-            "replay: SLUICE_FLEET_SEED={} cargo test -p sluice-tests --test fleet replay -- --nocapture",
+            "replay: SLUICE_FLEET_SEED={} cargo test -p sluice-tests --test fleet replay -- --exact --nocapture",
             self.seed
         )?;
         for line in &self.trace {
@@ -151,6 +151,8 @@ struct Fleet<'a> {
     arrivals: Arrivals,
     oracle: Oracle,
     trace: Vec<String>,
+    /// Prints every line of the trace as it happens (`SLUICE_FLEET_TRACE`).
+    verbose: bool,
     report: Report,
     step: u64,
 }
@@ -202,6 +204,7 @@ impl<'a> Fleet<'a> {
             arrivals,
             oracle,
             trace: Vec::new(),
+            verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
             report: Report::default(),
             step: 0,
         }
@@ -219,7 +222,11 @@ impl<'a> Fleet<'a> {
         if self.trace.len() >= 4000 {
             self.trace.drain(..2000);
         }
-        self.trace.push(format!("{:>9.3} ms  {line}", (self.now() - self.start) as f64 / 1e6));
+        let line = format!("{:>9.3} ms  {line}", (self.now() - self.start) as f64 / 1e6);
+        if self.verbose {
+            eprintln!("{line}");
+        }
+        self.trace.push(line);
     }
 
     fn fail(&self, violation: Violation) -> Box<Failure> {
@@ -257,8 +264,9 @@ impl<'a> Fleet<'a> {
                 let (proxy, worker, sent) = self.arrival(t);
                 actions.entry((proxy, worker)).or_default().push(Action::Arrive(proxy, sent));
             }
-            for (key, stream) in &self.streams {
+            for (key, stream) in &mut self.streams {
                 if stream.respond_at.is_some_and(|at| at <= t) {
+                    stream.respond_at = Some(u64::MAX);
                     actions.entry((stream.proxy, stream.worker)).or_default().push(Action::Respond(*key as usize));
                 }
             }
@@ -429,7 +437,6 @@ impl<'a> Fleet<'a> {
                         Action::Respond(key) => {
                             if let Some(s) = streams.get(&(key as u64)) {
                                 let _ = worker.respond(s.id, Response::ok());
-                                let _ = worker.finish(s.id);
                             }
                         }
                         Action::Leave(key) => {
@@ -496,7 +503,7 @@ impl<'a> Fleet<'a> {
                 Err(violation) => return Err(self.fail(violation)),
                 Ok(oracle::Next::Keep) => {}
                 Ok(oracle::Next::Upstream) => forwarded.push(key),
-                Ok(oracle::Next::Done) => done.push(key),
+                Ok(oracle::Next::Done) => done.push((key, self.oracle.take_note())),
             }
         }
         for key in forwarded {
@@ -508,9 +515,17 @@ impl<'a> Fleet<'a> {
                 self.report.admitted += 1;
             }
         }
-        for key in done {
+        for (key, outcome) in done {
             if let Some(s) = self.streams.remove(&key) {
-                let line = format!("p{} w{} {:?}: {}", s.proxy, s.worker, s.request, self.oracle.last_note());
+                // The client has its answer: the stream ends.
+                if let Some(worker) =
+                    self.proxies.get_mut(p).and_then(|proxy| proxy.host.workers_mut().get_mut(s.worker))
+                {
+                    let _ = worker.finish(s.id);
+                }
+                let arrived = (s.arrived - self.start) as f64 / 1e6;
+                let line =
+                    format!("proxy {} worker {} {:?} (arrived {arrived:.3}): {outcome}", s.proxy, s.worker, s.request);
                 self.note(line);
             }
         }
@@ -527,7 +542,8 @@ impl<'a> Fleet<'a> {
                 return Err(self.fail(violation));
             }
         }
-        if let Err(violation) = self.oracle.service(&decisions, now) {
+        let hosts: Vec<&Host> = self.proxies.iter().map(|p| &p.host).collect();
+        if let Err(violation) = self.oracle.service(&decisions, &hosts, now) {
             return Err(self.fail(violation));
         }
         Ok(())
@@ -549,8 +565,9 @@ impl<'a> Fleet<'a> {
                 .min(until);
             self.clock.advance_to_monotonic(next);
             let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
-            for (key, stream) in &self.streams {
+            for (key, stream) in &mut self.streams {
                 if stream.respond_at.is_some_and(|at| at <= next) {
+                    stream.respond_at = Some(u64::MAX);
                     actions.entry((stream.proxy, stream.worker)).or_default().push(Action::Respond(*key as usize));
                 }
             }

@@ -36,7 +36,7 @@
 use super::scenario::{Algorithm, Failure, Kind, PolicyDef, Scenario};
 use super::service::{Decision, Mode};
 use crate::oracle::ReferenceBucket;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// A request as the simulation sent it.
@@ -145,6 +145,8 @@ const SERVICE_REASONS: [&str; 8] =
 
 /// The checks and what they have seen.
 pub struct Oracle {
+    /// When the run started (times in findings are from here).
+    start: u64,
     max_pause: u64,
     /// How long after a fault a healthy service may still see its effects.
     linger: u64,
@@ -152,8 +154,12 @@ pub struct Oracle {
     healthy_since: Vec<Option<u64>>,
     hash_key: shared_store::HashKey,
     streams: BTreeMap<u64, Followed>,
-    /// Per counter: units spent through leases, (time, units).
-    lease_spends: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Per counter: units spent through leases: (the request's arrival, its admission,
+    /// units). A policy spends at some moment of the request's life, not necessarily when
+    /// the whole request is admitted (another policy may still make it wait).
+    lease_spends: BTreeMap<String, Vec<(u64, u64, u64)>>,
+    /// Per counter: what each spend was (for findings).
+    spend_notes: BTreeMap<String, Vec<String>>,
     /// Per counter: units admitted through checks.
     check_admits: BTreeMap<String, Vec<(u64, u64)>>,
     /// Per counter: the policy (name, version) it belongs to.
@@ -188,12 +194,14 @@ impl Oracle {
             forms.entry((p.name.clone(), p.version)).or_insert_with(Vec::new).push(p.clone());
         }
         Self {
+            start,
             max_pause: scenario.max_pause().as_nanos() as u64,
             linger: Duration::from_millis(2 * window + scenario.cooldown_ms + 50).as_nanos() as u64,
             healthy_since: vec![Some(start); scenario.proxies],
             hash_key: sluice::engine::namespace::global_hash_key(super::HASH_KEY.as_bytes()),
             streams: BTreeMap::new(),
             lease_spends: BTreeMap::new(),
+            spend_notes: BTreeMap::new(),
             check_admits: BTreeMap::new(),
             counters: BTreeMap::new(),
             forms,
@@ -206,9 +214,9 @@ impl Oracle {
         }
     }
 
-    /// The last stream's summary, for the trace.
-    pub fn last_note(&self) -> &str {
-        &self.note
+    /// Takes the note of the stream the oracle saw last (for the trace).
+    pub fn take_note(&mut self) -> String {
+        std::mem::take(&mut self.note)
     }
 
     /// The service changed how it behaves for `proxy` (every proxy: `None`).
@@ -320,14 +328,15 @@ impl Oracle {
     ) -> Result<(), Violation> {
         let proxy = followed.proxy;
         let (kind, reason, mut named) = parse_fallback(fallback);
-        if kind.is_some() && named.is_empty() {
-            // A filter that does not say which policies fell back: assume all of its
-            // global ones did (never blame it for what a fallback admitted).
-            named = followed.matched.iter().filter(|m| m.counter.is_some()).map(|m| m.policy.name.clone()).collect();
-        }
         self.note = format!("{status}{}", fallback.map(|f| format!(" [{f}]")).unwrap_or_default());
         for name in &named {
             *self.named.entry((proxy, name.clone())).or_insert(0) += 1;
+        }
+        if kind.is_some() && named.is_empty() {
+            // A filter that does not say which policies fell back (an older build):
+            // assume all of its global ones did, never blaming it for what a fallback
+            // admitted; the per-policy conservation below still holds it to account.
+            named = followed.matched.iter().filter(|m| m.counter.is_some()).map(|m| m.policy.name.clone()).collect();
         }
         if let Some(reason) = reason
             && SERVICE_REASONS.contains(&reason)
@@ -352,11 +361,21 @@ impl Oracle {
         for m in &followed.matched {
             let Some(counter) = &m.counter else { continue };
             if named.contains(&m.policy.name) {
-                if let Failure::Emergency { rate, burst, .. } = m.policy.failure {
+                // Only requests decided within a millisecond of their arrival are replayed
+                // (a cap spends when the failure rule runs, which for a request that then
+                // waits is earlier than its admission; a subset of a bucket's admissions
+                // always fits it), at their admission, a millisecond's refill of slack.
+                if let Failure::Emergency { rate, burst, .. } = m.policy.failure
+                    && at.saturating_sub(followed.arrived) <= 1_000_000
+                {
+                    // A caller's cap is its slot's bucket, or, while its slot is another
+                    // caller's, the table's overflow bucket: between the two it may spend
+                    // one burst more than one bucket holds (shared-store's slot tables).
+                    let slack = crate::oracle::latency_slack(rate, 1_000_000_000, 1_000_000);
                     let cap = self
                         .caps
                         .entry((proxy, m.policy.name.clone(), m.policy.version, m.value.clone()))
-                        .or_insert_with(|| ReferenceBucket::new(rate, 1_000_000_000, burst));
+                        .or_insert_with(|| ReferenceBucket::new(rate, 1_000_000_000, 2 * burst + slack));
                     // A cap that could not decide falls to the action: only an `allow`
                     // may admit beyond it, and then the cap was not spent.
                     let allow = matches!(m.policy.failure, Failure::Emergency { allow: true, .. });
@@ -365,7 +384,7 @@ impl Oracle {
                             "emergency cap",
                             format!(
                                 "proxy {proxy}, policy {} caller {}: admitted beyond its emergency cap \
-                                 ({rate}/s, burst {burst}) failing closed: {sent:?}",
+                                 ({rate}/s, burst {burst}, and the overflow bucket's burst) failing closed: {sent:?}",
                                 m.policy.name, m.value
                             ),
                         ));
@@ -373,12 +392,21 @@ impl Oracle {
                 }
                 continue;
             }
-            let spends = match m.policy.kind {
-                Kind::Lease { .. } => self.lease_spends.entry(counter.clone()).or_default(),
-                Kind::Check => self.check_admits.entry(counter.clone()).or_default(),
-                Kind::Local => continue,
-            };
-            spends.push((at, m.cost));
+            if matches!(m.policy.kind, Kind::Lease { .. }) {
+                let arrived = followed.arrived.saturating_sub(self.start) as f64 / 1e6;
+                let note = format!(
+                    "proxy {proxy}: {sent:?} arrived {arrived:.3} ms, forwarded {:.3} ms, {status} {fallback:?}",
+                    at.saturating_sub(self.start) as f64 / 1e6
+                );
+                self.spend_notes.entry(counter.clone()).or_default().push(note);
+            }
+            match m.policy.kind {
+                Kind::Lease { .. } => {
+                    self.lease_spends.entry(counter.clone()).or_default().push((followed.arrived, at, m.cost));
+                }
+                Kind::Check => self.check_admits.entry(counter.clone()).or_default().push((at, m.cost)),
+                Kind::Local => {}
+            }
         }
         Ok(())
     }
@@ -438,12 +466,18 @@ impl Oracle {
         }
         self.steps += 1;
         if self.steps % 25 == 0 {
-            self.debts(proxy, host, false)?;
+            self.debts(proxy, host, policies, false)?;
         }
         Ok(())
     }
 
-    fn debts(&self, proxy: usize, host: &wasm_host::Host, settled: bool) -> Result<(), Violation> {
+    fn debts(
+        &self,
+        proxy: usize,
+        host: &wasm_host::Host,
+        policies: &[PolicyDef],
+        settled: bool,
+    ) -> Result<(), Violation> {
         for (key, value) in host.shared_data().entries() {
             let key = String::from_utf8_lossy(&key).into_owned();
             // sluice/<plugin>/<root>/l/<policy>/v<version>/<slot>
@@ -471,7 +505,10 @@ impl Oracle {
                     format!("proxy {proxy}: lease record {key} owes {} > max_debt {max_debt}", record.debt),
                 ));
             }
-            if settled && (record.debt > 0 || record.charging > 0) {
+            // A table of a version no longer configured is abandoned, and so is the
+            // service's counter its debt belonged to.
+            let configured = policies.iter().any(|p| p.name == *name && p.version == version);
+            if settled && configured && (record.debt > 0 || record.charging > 0) {
                 return Err(Violation::new(
                     "settled",
                     format!(
@@ -494,50 +531,116 @@ impl Oracle {
         now: u64,
     ) -> Result<(), Violation> {
         self.proxy(proxy, host, policies, now)?;
-        self.debts(proxy, host, true)
+        self.debts(proxy, host, policies, true)
     }
 
-    /// The fleet-wide checks against what the service decided.
-    pub fn service(&mut self, decisions: &[Decision], now: u64) -> Result<(), Violation> {
+    /// The fleet-wide checks against what the service decided; `proxies` are every
+    /// proxy's host.
+    pub fn service(&mut self, decisions: &[Decision], proxies: &[&wasm_host::Host], now: u64) -> Result<(), Violation> {
         let _ = now;
         self.budget(decisions)?;
         if self.steps % 20 != 0 {
             return Ok(());
         }
         self.spent_within_grants(decisions)?;
-        self.checked_within_admissions(decisions)
+        self.checked_within_admissions(decisions)?;
+        self.conservation(decisions, proxies)
+    }
+
+    /// Per global policy, from the proxies' own metrics (whatever their fallback header
+    /// says): requests it let through other than by its failure rule
+    /// (`allowed - failure_allowed - emergency.allowed`, over every proxy) never exceed
+    /// the units the service granted it (lease) or admitted for it (check). A request
+    /// admitted without paying, and without being counted as a fallback, shows here.
+    fn conservation(&self, decisions: &[Decision], proxies: &[&wasm_host::Host]) -> Result<(), Violation> {
+        let mut paid: BTreeMap<&str, u64> = BTreeMap::new();
+        for decision in decisions {
+            let (key, units) = match decision {
+                Decision::Grant { key, granted, .. } => (key, *granted),
+                Decision::Check { key, cost, .. } => (key, *cost),
+                _ => continue,
+            };
+            if let Some((name, _)) = self.counters.get(key) {
+                *paid.entry(name.as_str()).or_insert(0) += units;
+            }
+        }
+        let names: BTreeSet<&str> = self
+            .forms
+            .iter()
+            .filter(|(_, f)| f.iter().any(PolicyDef::is_global))
+            .map(|((n, _), _)| n.as_str())
+            .collect();
+        for name in names {
+            let metric =
+                |host: &wasm_host::Host, counter: &str| host.metric(&format!("sluice.{name}.{counter}")).unwrap_or(0);
+            let through: u64 = proxies
+                .iter()
+                .map(|h| {
+                    metric(h, "allowed").saturating_sub(metric(h, "failure_allowed") + metric(h, "emergency.allowed"))
+                })
+                .sum();
+            let units = paid.get(name).copied().unwrap_or(0);
+            if through > units {
+                return Err(Violation::new(
+                    "conservation",
+                    format!(
+                        "policy {name}: the proxies let {through} requests through it other than by its failure rule, \
+                         but the service granted or admitted only {units} units for it: requests were admitted \
+                         without paying and without being counted as fallbacks"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn spent_within_grants(&self, decisions: &[Decision]) -> Result<(), Violation> {
         for (counter, spends) in &self.lease_spends {
-            // Grants before spends at one instant (a spend follows its grant's arrival).
-            let mut events: Vec<(u64, u8, u64, u64)> = decisions
+            // Grants as (granted at, expiring at, tokens left).
+            let mut grants: Vec<(u64, u64, u64)> = decisions
                 .iter()
                 .filter_map(|d| match d {
-                    Decision::Grant { key, granted, at, life, .. } if key == counter => Some((*at, 0, *granted, *life)),
+                    Decision::Grant { key, granted, at, life, .. } if key == counter => {
+                        Some((*at, at.saturating_add(*life), *granted))
+                    }
                     _ => None,
                 })
                 .collect();
-            events.extend(spends.iter().map(|(at, units)| (*at, 1, *units, 0)));
-            events.sort_unstable();
-            // Live grants by expiry: (expiry, tokens left), soonest first.
-            let mut live: BinaryHeap<std::cmp::Reverse<(u64, u64)>> = BinaryHeap::new();
-            for (at, kind, units, life) in events {
-                if kind == 0 {
-                    live.push(std::cmp::Reverse((at.saturating_add(life), units)));
-                    continue;
-                }
+            // Each spend happened at some moment between its request's arrival and its
+            // admission: match it to the grant that was live then and expires first,
+            // spends in the order their windows close.
+            let mut ordered = spends.clone();
+            ordered.sort_unstable_by_key(|(from, until, _)| (*until, *from));
+            for (from, until, units) in ordered {
                 let mut need = units;
                 while need > 0 {
-                    let Some(std::cmp::Reverse((expiry, tokens))) = live.pop() else {
+                    let usable = grants
+                        .iter_mut()
+                        .filter(|(granted, expires, left)| *left > 0 && *granted <= until && *expires >= from)
+                        .min_by_key(|(_, expires, _)| *expires);
+                    let Some(grant) = usable else {
                         let (name, version) = self.counters.get(counter).cloned().unwrap_or_default();
+                        let grants: Vec<String> = decisions
+                            .iter()
+                            .filter_map(|d| match d {
+                                Decision::Grant { key, granted, at, life, .. } if key == counter => Some(format!(
+                                    "{granted} at {:.3} ms for {:.0} ms",
+                                    at.saturating_sub(self.start) as f64 / 1e6,
+                                    *life as f64 / 1e6
+                                )),
+                                _ => None,
+                            })
+                            .collect();
+                        let notes = self.spend_notes.get(counter).cloned().unwrap_or_default();
                         return Err(Violation::new(
                             "spent within grants",
                             format!(
-                                "policy {name} v{version}, counter {counter}: {units} unit(s) admitted through its lease \
-                                 at {:.3} ms with no live grant to pay for them (spent {} in all, granted {})",
-                                at as f64 / 1e6,
-                                spends.iter().map(|s| s.1).sum::<u64>(),
+                                "policy {name} v{version}, counter {counter}: {units} unit(s) admitted through its \
+                                 lease by a request of {:.3}..{:.3} ms, with no grant live then to pay for them \
+                                 (spent {} in all, granted {}); grants {grants:?}; spends {notes:#?}",
+                                from.saturating_sub(self.start) as f64 / 1e6,
+                                until.saturating_sub(self.start) as f64 / 1e6,
+                                spends.iter().map(|s| s.2).sum::<u64>(),
                                 decisions
                                     .iter()
                                     .map(|d| match d {
@@ -548,14 +651,9 @@ impl Oracle {
                             ),
                         ));
                     };
-                    if expiry < at {
-                        continue;
-                    }
-                    let take = tokens.min(need);
+                    let take = grant.2.min(need);
+                    grant.2 -= take;
                     need -= take;
-                    if tokens > take {
-                        live.push(std::cmp::Reverse((expiry, tokens - take)));
-                    }
                 }
             }
         }
@@ -586,7 +684,7 @@ impl Oracle {
                         format!(
                             "policy {name} v{version}, counter {counter}: admitted through a check at {:.3} ms \
                              that the service never admitted",
-                            at as f64 / 1e6
+                            at.saturating_sub(self.start) as f64 / 1e6
                         ),
                     ));
                 }

@@ -97,6 +97,8 @@ pub struct Service {
     rng: Rng,
     decisions: Vec<Decision>,
     calls: u64,
+    /// Prints every call (`SLUICE_FLEET_TRACE`).
+    verbose: bool,
 }
 
 impl std::fmt::Debug for Service {
@@ -135,6 +137,7 @@ impl Service {
             rng,
             decisions: Vec::new(),
             calls: 0,
+            verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
         }
     }
 
@@ -184,6 +187,14 @@ impl Service {
         let jitter = Duration::from_micros(self.rng.below(self.rtt.as_micros() as u64 / 2 + 1));
         let rtt = self.rtt + jitter;
         let authorization = call.headers.get("authorization").map(<[u8]>::to_vec);
+        if self.verbose {
+            eprintln!(
+                "    service: proxy {proxy} worker {} {path} ({:?}) {}",
+                call.worker,
+                self.mode(proxy),
+                String::from_utf8_lossy(&call.body)
+            );
+        }
         match self.mode(proxy) {
             Mode::Healthy => self.decide(&path, authorization.as_deref(), &call.body, rtt),
             Mode::Slow(after) => self.decide(&path, authorization.as_deref(), &call.body, after),
