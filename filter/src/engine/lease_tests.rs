@@ -522,3 +522,27 @@ fn debt_owed_under_an_earlier_configuration_is_found_by_the_sweep_and_charged() 
     assert_eq!(w.last_body("/v1/charge")["cost"], 1);
     assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);
 }
+
+#[test]
+fn with_the_circuit_open_a_request_that_finds_its_lease_empty_takes_the_failure_rule_at_once() {
+    let mut w = world_with(ONE_SLOT);
+    // Refills (and the charges of what the failure rule admitted) fail: the circuit opens.
+    for _ in 0..5 {
+        if w.metrics.plugin(PluginCounter::CircuitOpened) > 0 {
+            break;
+        }
+        let pending = waiting(w.begin_with(&tenant("acme")));
+        let _ = w.tick(|call| match call {
+            Outgoing::Refill(..) => CalloutAnswer::Failed,
+            Outgoing::Charge(_) => CalloutAnswer::TimedOut,
+        });
+        let _ = w.retry(pending);
+    }
+    assert_eq!(w.metrics.plugin(PluginCounter::CircuitOpened), 1);
+
+    let decided = w.begin_with(&tenant("acme"));
+
+    assert!(matches!(decided, Begun::Decided(_)), "no wait for a refill that cannot be sent");
+    assert_eq!(w.metrics.get(0, Counter::DegradedCircuitOpen), 1);
+    assert_eq!(w.engine.take_outgoing(&w.limiter, false), Vec::new(), "no refill elected");
+}

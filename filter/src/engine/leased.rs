@@ -234,6 +234,7 @@ impl Engine {
                 Spent::Failed(cause) => failed.push((resolved, cause)),
             }
         }
+        self.open_circuit_decides(&mut waiting, &mut failed, limiter);
         if !failed.is_empty() {
             pending = match self.apply_failure_rule(failed, pending, limiter, metrics) {
                 Ok(pending) => pending,
@@ -302,6 +303,7 @@ impl Engine {
             }
         }
         let mut pending = *pending;
+        self.open_circuit_decides(&mut waiting, &mut failed, limiter);
         if !failed.is_empty() {
             pending = match self.apply_failure_rule(failed, pending, limiter, metrics) {
                 Ok(pending) => pending,
@@ -318,6 +320,35 @@ impl Engine {
         }
         pending.leased = waiting;
         Begun::Waiting(Box::new(pending))
+    }
+
+    /// While the circuit is open no refill can be sent: lease policies that would wait
+    /// for one take the failure rule at once (`circuit_open`), and their elections are
+    /// given up, rather than waiting for a refill that will not leave.
+    fn open_circuit_decides<S: Store, C: Clock>(
+        &self,
+        waiting: &mut Few<Resolved>,
+        failed: &mut Few<(Resolved, Cause)>,
+        limiter: &Limiter<S, C>,
+    ) {
+        let now = limiter.clock().now();
+        let open = self.service.as_ref().is_some_and(|s| s.breaker.admit_quietly(limiter.store(), now) == Admit::Open);
+        if !open || waiting.is_empty() {
+            return;
+        }
+        let leases = self.leases(limiter.store());
+        let mut given_up = Vec::new();
+        for resolved in std::mem::take(waiting) {
+            if let Place::Global { lease: Some(slot), .. } = &resolved.at {
+                let _ = leases.refill_failed(slot, u64::try_from(Reason::CircuitOpen.index()).unwrap_or(0), now);
+                given_up.push(slot.key.clone());
+            }
+            failed.push((resolved, Cause::Service(Reason::CircuitOpen)));
+        }
+        // The elections just given up: nothing to send for them.
+        if let Ok(mut outbox) = self.outbox.try_borrow_mut() {
+            outbox.retain(|call| !matches!(call, Outgoing::Refill(target, _) if given_up.contains(&target.slot.key)));
+        }
     }
 
     /// A request that cannot wait for a refill (the worker holds `max_waiting` already):
