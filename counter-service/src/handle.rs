@@ -147,6 +147,7 @@ impl App {
                     expires_in_ms: outcome.expires_in_ms,
                     at_ns: outcome.at.as_u64(),
                     entry: EntryResponse::from(&outcome.decision),
+                    refill_after_ns: outcome.refill_after.as_u64(),
                 })
             }
             (Call::Charge(_), Outcome::Charge(outcome)) => {

@@ -34,6 +34,11 @@ pub struct LeaseOutcome {
     /// The limit's decision: after spending `granted`, or the rejection of `min_tokens`
     /// when fewer were left.
     pub decision: Decision,
+    /// When something was granted and fewer than `min_tokens` are left after it: the
+    /// exact wait until `min_tokens` could be granted again (the `retry_after` of
+    /// deciding `min_tokens` on the state the grant left; [`Nanos::MAX`] for never).
+    /// Zero otherwise, and when nothing was granted (`decision` carries the wait then).
+    pub refill_after: Nanos,
 }
 
 /// The outcome of a charge.
@@ -211,10 +216,23 @@ pub fn lease_life(limit: &Limit, at: Nanos, ttl_ms: u64) -> Result<u64, Nanos> {
 impl LeaseOutcome {
     /// The outcome of `plan` decided at `at`, with the lease's life ([`lease_life`]; 0
     /// when the window was closing and nothing was granted).
-    pub fn new(plan: &LeasePlan, granted: u64, at: Nanos, decision: Decision) -> Self {
+    pub fn new(plan: &LeasePlan, (granted, refill_after): (u64, Nanos), at: Nanos, decision: Decision) -> Self {
         let expires_in_ms = lease_life(&plan.entry.policy.limit, at, plan.ttl_ms).unwrap_or(0);
-        Self { granted, expires_in_ms, at, decision }
+        Self { granted, expires_in_ms, at, decision, refill_after }
     }
+}
+
+/// What [`decide_lease`] found.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    /// Tokens granted (0 or at least `min_tokens`).
+    pub granted: u64,
+    /// [`LeaseOutcome::refill_after`].
+    pub refill_after: Nanos,
+    /// After spending `granted`, or the rejection of `min_tokens`.
+    pub decision: Decision,
+    /// The state to write: `Some` only when something was granted.
+    pub next: Option<shared_store::State>,
 }
 
 /// Decides a lease with the pure algorithm: grant the smaller of `tokens` and what is
@@ -222,23 +240,36 @@ impl LeaseOutcome {
 /// rejection of `min_tokens` units, whose `retry_after` is the exact wait until that many
 /// are left. When the window is `closing` (less than a millisecond left, see
 /// [`lease_life`]), grant nothing and answer the rejection with the wait until it ends.
+/// A grant that leaves fewer than `min_tokens` also answers when that many are back: the
+/// `retry_after` of deciding `min_tokens` on the state the grant leaves.
 pub(crate) fn decide_lease(
     limit: &shared_store::Limit,
     state: Option<&shared_store::State>,
     now: Nanos,
     (tokens, min_tokens): (u64, u64),
     closing: Option<Nanos>,
-) -> (u64, Decision, Option<shared_store::State>) {
+) -> Leased {
     let (query, _) = limit.decide(state, now, 0);
+    let nothing = |decision| Leased { granted: 0, refill_after: Nanos::ZERO, decision, next: None };
     if let Some(retry_after) = closing {
-        return (0, Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query }, None);
+        return nothing(Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query });
     }
     let left = tokens.min(query.remaining);
     let granted = if left >= min_tokens { left } else { 0 };
     let (decision, next) = limit.decide(state, now, granted.max(min_tokens).max(1));
     // Spending what the query reported left always admits, and asking for more than is
     // left always rejects; the check keeps that an invariant rather than an assumption.
-    if granted == 0 || !decision.is_admitted() { (0, decision, None) } else { (granted, decision, next) }
+    match next {
+        Some(next) if granted > 0 && decision.is_admitted() => {
+            let refill_after = if decision.remaining < min_tokens {
+                limit.decide(Some(&next), now, min_tokens).0.retry_after().unwrap_or(Nanos::ZERO)
+            } else {
+                Nanos::ZERO
+            };
+            Leased { granted, refill_after, decision, next: Some(next) }
+        }
+        _ => nothing(decision),
+    }
 }
 
 #[cfg(test)]

@@ -210,6 +210,13 @@ pub struct LeaseResponse {
     pub at_ns: u64,
     /// The limit's state after the grant (`retry_after_ns` set when nothing was granted).
     pub entry: EntryResponse,
+    /// When this lease leaves fewer than `min_tokens` units available: the exact wait
+    /// (ns) until `min_tokens` could be granted again, if nothing else spends meanwhile;
+    /// 0 otherwise (also when nothing was granted: then `entry.retry_after_ns` says it).
+    ///
+    /// Older services do not send it: it then reads as 0.
+    #[serde(default)]
+    pub refill_after_ns: u64,
 }
 
 /// The answer to a charge.
@@ -315,6 +322,21 @@ mod tests {
         let err = serde_json::from_str::<LeaseRequest>(body).unwrap_err();
 
         assert!(err.to_string().contains("unknown field `cost`"), "{err}");
+    }
+
+    #[test]
+    fn a_lease_answer_without_refill_after_ns_reads_as_zero_and_one_with_it_keeps_it() {
+        let entry = r#"{"verdict":"allowed","limit":5,"remaining":0,"reset_after_ns":4500000000,
+                        "retry_after_ns":0,"delay_ns":0}"#;
+        let older = format!(r#"{{"granted":2,"expires_in_ms":1000,"at_ns":1,"entry":{entry}}}"#);
+
+        let read: LeaseResponse = serde_json::from_str(&older).unwrap();
+        let newer = LeaseResponse { refill_after_ns: 1_500_000_000, ..read };
+        let json = serde_json::to_string(&newer).unwrap();
+
+        assert_eq!((read.granted, read.refill_after_ns), (2, 0));
+        assert!(json.ends_with(r#","refill_after_ns":1500000000}"#), "{json}");
+        assert_eq!(serde_json::from_str::<LeaseResponse>(&json).unwrap(), newer);
     }
 
     #[test]

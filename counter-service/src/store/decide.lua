@@ -35,10 +35,13 @@
 -- version bump) is carried over to the request's limit first, exactly as
 -- shared_store::Limit::adopt does (adopt below).
 --
--- Reply: {sec, usec, admitted, granted, duplicate, forgiven, then per entry: verdict,
--- limit, remaining, reset_after_ns, wait_ns}; verdict 0 allowed, 1 delayed (wait =
--- delay), 2 rejected (wait = retry_after, -1 = never), 3 exceeds. For a lease, granted
--- is the grant; for a charge, the units charged and forgiven, and the entry is the
+-- Reply: {sec, usec, admitted, granted, duplicate, forgiven, refill_after_ns, then per
+-- entry: verdict, limit, remaining, reset_after_ns, wait_ns}; verdict 0 allowed, 1
+-- delayed (wait = delay), 2 rejected (wait = retry_after, -1 = never), 3 exceeds. For a
+-- lease, granted is the grant, and refill_after_ns, when the grant leaves fewer than
+-- min_tokens, the wait until min_tokens could be granted again (the retry_after of
+-- min_tokens on the state written; -1 = never), else 0; for a charge, granted and
+-- forgiven are the units charged and forgiven, and the entry is the
 -- limit's status after the charge. A charge whose id is remembered is not applied
 -- again: duplicate is 1, granted and forgiven repeat its first answer, and the entry is
 -- the limit's status now.
@@ -455,7 +458,7 @@ if op == 'charge' then
   n = 1
   if KEYS[2] then seen = parse(redis.call('GET', KEYS[2])) end
 end
-local reply = { 0, 0, 1, 0, 0, 0 }
+local reply = { 0, 0, 1, 0, 0, 0, 0 }
 reply[1] = fdiv(real_now, 1000000)
 reply[2] = real_now - reply[1] * 1000000
 local writes = {}
@@ -492,7 +495,17 @@ for i = 1, n do
       v, wait = 2, closing
     else
       v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
-      if g > 0 and v <= 1 then granted = g else state = nil end
+      if g > 0 and v <= 1 and state then
+        granted = g
+        -- Fewer than min_tokens left: when that many are back, decided on the state
+        -- about to be written (decide_lease's refill_after).
+        if remaining < cost then
+          local rv, _, _, _, rwait = run(code, parse(state), now, cost, p1, p2, p3, p4)
+          if rv == 2 then reply[7] = rwait end
+        end
+      else
+        state = nil
+      end
     end
   elseif op == 'charge' and seen then
     granted, forgiven = seen[1] or 0, seen[2] or 0

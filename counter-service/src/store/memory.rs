@@ -265,20 +265,23 @@ impl MemoryStore {
         entry: &PlannedEntry,
         now: Nanos,
         lease: Option<(u64, u64, Option<Nanos>)>,
-    ) -> (Pending, u64) {
+    ) -> (Pending, (u64, Nanos)) {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
         let at = slot.map_or(now, |s| s.last.max(now));
         let limit = &entry.policy.limit;
         let adopted = slot.map(|s| s.state_under(limit, at));
         let state = adopted.as_deref();
-        let (granted, decision, next) = match lease {
-            Some((tokens, min_tokens, closing)) => decide_lease(limit, state, at, (tokens, min_tokens), closing),
+        let (grant, decision, next) = match lease {
+            Some((tokens, min_tokens, closing)) => {
+                let leased = decide_lease(limit, state, at, (tokens, min_tokens), closing);
+                ((leased.granted, leased.refill_after), leased.decision, leased.next)
+            }
             None => {
                 let (decision, next) = limit.decide(state, at, entry.cost);
-                (0, decision, next)
+                ((0, Nanos::ZERO), decision, next)
             }
         };
-        (Pending { shard, decision, next, at }, granted)
+        (Pending { shard, decision, next, at }, grant)
     }
 
     /// Makes room for the new keys `pending` would create, or refuses.
@@ -363,12 +366,12 @@ impl MemoryStore {
         let now = at.unwrap_or_else(|| self.now());
         let closing = lease_life(&plan.entry.policy.limit, now, plan.ttl_ms).err();
         let lease = Some((plan.tokens, plan.min_tokens, closing));
-        let (pending, granted) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
+        let (pending, grant) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
         let decision = pending.decision;
         let pending = vec![pending];
         self.reserve(&mut guards, &entries, &pending, now)?;
         Self::apply(&mut guards, &entries, pending);
-        Ok(LeaseOutcome::new(plan, granted, now, decision))
+        Ok(LeaseOutcome::new(plan, grant, now, decision))
     }
 
     /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the

@@ -445,13 +445,13 @@ impl RedisStore {
     /// # Errors
     /// See [`StoreError`].
     pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
-        let Reply { at, granted, decisions, .. } =
+        let Reply { at, granted, refill_after, decisions, .. } =
             self.decide("lease", plan.tokens, &[(&plan.entry, plan.min_tokens)], at).await?;
         let decision = decisions
             .into_iter()
             .next()
             .ok_or_else(|| StoreError::Protocol("lease reply without a decision".into()))?;
-        Ok(LeaseOutcome::new(plan, granted, at, decision))
+        Ok(LeaseOutcome::new(plan, (granted, refill_after), at, decision))
     }
 
     /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script; a
@@ -513,8 +513,13 @@ impl RedisStore {
     }
 }
 
-fn verdict(code: i64, wait: i64) -> Result<Verdict, StoreError> {
-    let wait = Nanos(u64::try_from(wait).unwrap_or(u64::MAX));
+/// A wait in the script's reply: nanoseconds, -1 for never.
+fn wait(ns: i64) -> Nanos {
+    Nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+fn verdict(code: i64, wait_ns: i64) -> Result<Verdict, StoreError> {
+    let wait = wait(wait_ns);
     match code {
         0 => Ok(Verdict::Allowed),
         1 => Ok(Verdict::Delayed(wait)),
@@ -541,20 +546,23 @@ struct Reply {
     duplicate: bool,
     /// A charge: units forgiven (the first time, for a duplicate).
     forgiven: u64,
+    /// A lease: the wait until `min_tokens` could be granted again, when the grant left
+    /// fewer ([`Nanos::MAX`] for never); zero otherwise.
+    refill_after: Nanos,
     /// One per entry.
     decisions: Vec<Decision>,
 }
 
-/// Parses `{sec, usec, admitted, granted, duplicate, forgiven, (verdict, limit,
-/// remaining, reset, wait)*}`.
+/// Parses `{sec, usec, admitted, granted, duplicate, forgiven, refill_after, (verdict,
+/// limit, remaining, reset, wait)*}`.
 fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, StoreError> {
     let (head, rest) = reply
-        .split_first_chunk::<6>()
+        .split_first_chunk::<7>()
         .ok_or_else(|| StoreError::Protocol(format!("script reply has {} values", reply.len())))?;
     if rest.len() != 5 * entries {
         return Err(StoreError::Protocol(format!("script reply has {} values for {entries} entries", reply.len())));
     }
-    let [sec, usec, admitted, granted, duplicate, forgiven] = *head;
+    let [sec, usec, admitted, granted, duplicate, forgiven, refill_after] = *head;
     let at = Nanos::from_secs(non_negative(sec, "time")?)
         .saturating_add(Nanos(non_negative(usec, "time")?.saturating_mul(1000)));
     let mut decisions = Vec::with_capacity(entries);
@@ -574,6 +582,7 @@ fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, StoreError> {
         granted: non_negative(granted, "grant")?,
         duplicate: duplicate == 1,
         forgiven: non_negative(forgiven, "forgiven")?,
+        refill_after: wait(refill_after),
         decisions,
     })
 }
@@ -619,19 +628,29 @@ mod tests {
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
         assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
     }
 
     #[test]
     fn a_reply_is_read_into_decisions_and_the_redis_time() {
-        let reply = parse_reply(&[7, 5, 0, 3, 1, 2, 2, 5, 0, 900, -1], 1).unwrap();
+        let reply = parse_reply(&[7, 5, 0, 3, 1, 2, 0, 2, 5, 0, 900, -1], 1).unwrap();
 
         assert_eq!((reply.at, reply.admitted, reply.granted), (Nanos(7_000_005_000), false, 3));
-        assert_eq!((reply.duplicate, reply.forgiven), (true, 2));
+        assert_eq!((reply.duplicate, reply.forgiven, reply.refill_after), (true, 2, Nanos::ZERO));
         assert_eq!(reply.decisions[0].verdict, Verdict::Rejected { retry_after: Nanos::MAX });
         assert_eq!((reply.decisions[0].limit, reply.decisions[0].reset_after), (5, Nanos(900)));
+    }
+
+    #[test]
+    fn a_lease_reply_carries_the_wait_until_its_minimum_is_back_with_minus_one_for_never() {
+        let soon = parse_reply(&[7, 5, 1, 2, 0, 0, 1_500_000_000, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
+        let never = parse_reply(&[7, 5, 1, 2, 0, 0, -1, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
+
+        assert_eq!((soon.granted, soon.refill_after), (2, Nanos(1_500_000_000)));
+        assert_eq!(never.refill_after, Nanos::MAX);
     }
 }

@@ -200,6 +200,36 @@ async fn a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums
     assert_eq!((after_the_wait.granted, after_the_wait.decision.remaining), (4, 0));
 }
 
+async fn a_lease_that_leaves_less_than_its_minimum_answers_the_exact_wait_until_the_minimum_is_back(
+    target: Target<'_>,
+    tag: &str,
+) {
+    // One token a second, bursts of 5.
+    let limit = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 5 };
+    one(target, tag, entry("k", limit, 4), 0).await;
+
+    // 1.5 s on, 2.5 tokens are back: 2 are granted, half a token is left.
+    let partial = target.lease_at_least(tag, "k", limit, (5, 2), t_us(1500 * MS)).await;
+    let early = target.lease_at_least(tag, "k", limit, (5, 2), t_us(3000 * MS - 1)).await;
+    let on_time = target.lease_at_least(tag, "k", limit, (5, 2), t_us(3000 * MS)).await;
+    let enough = target.lease_at_least(tag, "enough", limit, (3, 2), t_us(0)).await;
+    let whole = target.lease_at_least(tag, "whole", limit, (4, 2), t_us(0)).await;
+    let window = LimitSpec::FixedWindow { limit: 5, window_ms: 1000 };
+    one(target, tag, entry("window", window, 2), 250 * MS).await;
+    let windowed = target.lease_at_least(tag, "window", window, (4, 2), t_us(250 * MS)).await;
+
+    assert_eq!((partial.granted, partial.decision.remaining), (2, 0));
+    assert_eq!(partial.refill_after, Nanos::from_millis(1500), "half a token left, 1.5 tokens to go");
+    assert_eq!((early.granted, early.decision.verdict), (0, Verdict::Rejected { retry_after: Nanos(1000) }));
+    assert_eq!(early.refill_after, Nanos::ZERO, "nothing granted: the entry's retry_after says it");
+    assert_eq!((on_time.granted, on_time.refill_after), (2, Nanos::from_millis(2000)), "exactly on time");
+    assert_eq!((enough.granted, enough.decision.remaining, enough.refill_after), (3, 2, Nanos::ZERO));
+    assert_eq!((whole.granted, whole.decision.remaining), (4, 1), "all that was asked, and 1 left");
+    assert_eq!(whole.refill_after, Nanos::from_millis(1000), "the wait for the minimum, not for 1");
+    assert_eq!((windowed.granted, windowed.expires_in_ms), (3, 750));
+    assert_eq!(windowed.refill_after, Nanos::from_millis(750), "the window's end");
+}
+
 async fn a_window_lease_lives_no_longer_than_the_window_it_was_decided_in(target: Target<'_>, tag: &str) {
     for (key, limit) in [
         ("fixed", LimitSpec::FixedWindow { limit: 10, window_ms: 1000 }),
@@ -473,6 +503,7 @@ on_every_store!(
     a_window_whose_numbers_change_keeps_what_it_counted,
     a_lease_deducts_the_granted_tokens_from_the_global_budget,
     a_lease_with_a_minimum_grants_nothing_below_it_and_answers_the_minimums_exact_wait,
+    a_lease_that_leaves_less_than_its_minimum_answers_the_exact_wait_until_the_minimum_is_back,
     a_window_lease_lives_no_longer_than_the_window_it_was_decided_in,
     a_cost_of_zero_queries_without_spending,
     time_that_steps_backwards_never_refills,

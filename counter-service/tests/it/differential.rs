@@ -4,7 +4,9 @@
 //! idle gaps and backward steps) and random costs, checks, leases (with minimums) and
 //! charges (which push counters below empty, so checks and leases also run on states in
 //! debt; with charge ids, sent again), and policies whose numbers or algorithm change
-//! mid-sequence on one key (carried over by `Limit::adopt` in both).
+//! mid-sequence on one key (carried over by `Limit::adopt` in both). A lease's answer
+//! includes its `refill_after`: when the grant leaves fewer than its minimum, the wait
+//! until the minimum could be granted again.
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::Policy;
@@ -141,22 +143,30 @@ impl Reference {
 
     /// Grants `min(tokens, left)` when that reaches `min_tokens`, else answers the
     /// rejection of `min_tokens` units; a window that ends within a millisecond of `now`
-    /// grants nothing, and the rejection waits until it ends.
-    fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64, min_tokens: u64) -> (u64, Decision) {
+    /// grants nothing, and the rejection waits until it ends. A grant that leaves fewer
+    /// than `min_tokens` also answers the wait until that many are back (the retry_after
+    /// of `min_tokens` on the state written), else zero. Returns (granted, decision,
+    /// refill_after).
+    fn lease(&mut self, limit: &Limit, now: Nanos, tokens: u64, min_tokens: u64) -> (u64, Decision, Nanos) {
         let at = now.max(self.last);
         let state = self.state_under(limit, at);
         let (query, _) = limit.decide(state.as_ref(), at, 0);
         if let Err(retry_after) = lease_life(limit, now, LEASE_TTL_MS) {
-            return (0, Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query });
+            return (0, Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query }, Nanos::ZERO);
         }
         let granted = Some(tokens.min(query.remaining)).filter(|g| *g >= min_tokens).unwrap_or(0);
         let (decision, next) = limit.decide(state.as_ref(), at, granted.max(min_tokens));
         match next {
             Some(next) if granted > 0 && decision.is_admitted() => {
+                let refill_after = if decision.remaining < min_tokens {
+                    limit.decide(Some(&next), at, min_tokens).0.retry_after().unwrap_or(Nanos::ZERO)
+                } else {
+                    Nanos::ZERO
+                };
                 self.write(limit, next, at);
-                (granted, decision)
+                (granted, decision, refill_after)
             }
-            _ => (0, decision),
+            _ => (0, decision, Nanos::ZERO),
         }
     }
 
@@ -202,6 +212,8 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut forgiven = 0u64;
     let mut duplicates = 0u64;
     let mut changes = 0u64;
+    let mut refills = 0u64;
+    let mut leases = 0u64;
 
     for case in 0..cases {
         let mut spec = random_spec(&mut rng);
@@ -251,17 +263,19 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
             } else if policy.leasable() && rng.chance(15) {
                 let tokens = 1 + rng.below(policy.capacity());
                 let min_tokens = if rng.chance(50) { 1 } else { 1 + rng.below(tokens) };
-                let (granted, expected) = reference.lease(&policy.limit, now, tokens, min_tokens);
+                let (granted, expected, refill_after) = reference.lease(&policy.limit, now, tokens, min_tokens);
                 let got = store
                     .lease(&lease_plan_at_least(&tag, "k", spec, (tokens, min_tokens)), Some(now))
                     .await
                     .expect("redis answers");
                 assert_eq!(
-                    (got.granted, got.decision),
-                    (granted, expected),
+                    (got.granted, got.decision, got.refill_after),
+                    (granted, expected, refill_after),
                     "lease of {tokens}, at least {min_tokens}: {}",
                     context()
                 );
+                leases += 1;
+                refills += u64::from(refill_after > Nanos::ZERO);
                 assert_eq!(got.expires_in_ms, lease_life(&policy.limit, now, LEASE_TTL_MS).unwrap_or(0));
                 last = expected;
             } else {
@@ -286,5 +300,6 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     assert!(forgiven > charges / 10, "charges must reach their debt bound often: {forgiven} of {charges}");
     assert!(changes > cases * 2, "policies must change mid-sequence often: {changes} in {cases} cases");
     assert!(duplicates > charges / 20, "charges must be sent again with their id often: {duplicates} of {charges}");
+    assert!(refills > leases / 10, "leases must leave less than their minimum often: {refills} of {leases}");
     redis.assert_every_key_has_a_ttl();
 }

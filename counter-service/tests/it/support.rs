@@ -486,6 +486,7 @@ impl Target<'_> {
                     expires_in_ms: answer.expires_in_ms,
                     at: Nanos(answer.at_ns),
                     decision: answer.entry.decision(),
+                    refill_after: Nanos(answer.refill_after_ns),
                 }
             }
         }
