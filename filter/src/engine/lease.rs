@@ -461,7 +461,10 @@ impl<S: Store> Leases<'_, S> {
     /// `sent_at + expires_in` (never later than the service said). When the refill was
     /// elected by a waiting request (`for_waiter`) and the grant covers `min_tokens`,
     /// those are held for it. With nothing granted, the budget is empty for
-    /// `retry_after`. Returns the tokens that had expired unspent (forfeited).
+    /// `retry_after`; when the grant left the budget short of what was asked,
+    /// requests the tokens cannot cover are rejected for `empty_after` (the service's
+    /// wait until it could grant again) rather than each asking in turn. Returns the
+    /// tokens that had expired unspent (forfeited).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn grant(
         &self,
@@ -470,7 +473,7 @@ impl<S: Store> Leases<'_, S> {
         for_waiter: Option<(u64, u64)>,
         sent_at: Nanos,
         expires_in: Nanos,
-        retry_after: Nanos,
+        (retry_after, empty_after): (Nanos, Nanos),
         now: Nanos,
     ) -> Result<Updated<u64>, LeaseError> {
         self.update(place, now, |record| {
@@ -482,7 +485,7 @@ impl<S: Store> Leases<'_, S> {
                 record.empty_until = now.saturating_add(retry_after.max(Nanos(1)));
                 return (true, expired.saturating_add(if granted > 0 { granted } else { 0 }));
             }
-            record.empty_until = Nanos::ZERO;
+            record.empty_until = if empty_after > Nanos::ZERO { now.saturating_add(empty_after) } else { Nanos::ZERO };
             let mut pool = Pool { tokens: granted, expires_at };
             if let Some((waiter, min_tokens)) = for_waiter
                 && granted >= min_tokens
@@ -665,7 +668,7 @@ mod tests {
     }
 
     fn grant(leases: &Leases<'_, MemoryStore>, n: u64, sent: Nanos, life: u64, now: Nanos) -> u64 {
-        leases.grant(&place(), n, None, sent, Nanos(life), Nanos::ZERO, now).unwrap().result.unwrap()
+        leases.grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), now).unwrap().result.unwrap()
     }
 
     fn record(store: &MemoryStore) -> Record {
@@ -760,7 +763,7 @@ mod tests {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
         assert_eq!(spend(&leases, 3, T), Spend::Wait { elected: true });
-        leases.grant(&place(), 4, Some((42, 3)), T, Nanos(1000), Nanos::ZERO, at(5)).unwrap();
+        leases.grant(&place(), 4, Some((42, 3)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), at(5)).unwrap();
 
         let newcomer = spend(&leases, 3, at(6));
         let waiter = retry(&leases, 3, at(7), T, 42);
@@ -775,7 +778,7 @@ mod tests {
         let store = MemoryStore::new();
         let leases = Leases { store: &store, anchor: "a" };
         let _ = spend(&leases, 1, T);
-        leases.grant(&place(), 0, None, T, Nanos(1000), Nanos(500), T).unwrap();
+        leases.grant(&place(), 0, None, T, Nanos(1000), (Nanos(500), Nanos::ZERO), T).unwrap();
 
         assert_eq!(spend(&leases, 1, T), Spend::Empty { until: at(500) });
         assert_eq!(spend(&leases, 1, at(500)), Spend::Wait { elected: true });

@@ -546,3 +546,23 @@ fn with_the_circuit_open_a_request_that_finds_its_lease_empty_takes_the_failure_
     assert_eq!(w.metrics.get(0, Counter::DegradedCircuitOpen), 1);
     assert_eq!(w.engine.take_outgoing(&w.limiter, false), Vec::new(), "no refill elected");
 }
+
+#[test]
+fn a_grant_that_empties_the_budget_serves_its_waiter_and_rejects_the_next_with_the_services_wait() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    let last_token = r#"{"granted":1,"expires_in_ms":2000,"at_ns":1,"refill_after_ns":300000000,"entry":{"verdict":"allowed",
+        "limit":100,"remaining":0,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;
+    let _ = w.tick(|_| CalloutAnswer::Response { status: 200, body: last_token.as_bytes().to_vec() });
+
+    let waiter = w.retry(pending);
+    let next = w.begin();
+
+    assert_eq!(status(&waiter), Some(200));
+    let Begun::Decided(Decided { outcome: Outcome::Reject(response), .. }) = next else {
+        panic!("the next request must not wait for a refill the service said cannot be granted yet")
+    };
+    assert_eq!(response.status, 429);
+    assert!(response.headers.iter().any(|(n, v)| n == "retry-after" && v == "1"), "{:?}", response.headers);
+    assert_eq!(w.tick(|_| granted(10)), 0, "no refill until the service's wait has passed");
+}

@@ -667,7 +667,10 @@ impl Engine {
                 Ok(granted) => {
                     record(Some(true), metrics);
                     let expires_in = Nanos::from_millis(granted.expires_in_ms);
-                    let retry = Nanos(granted.entry.retry_after_ns);
+                    // The service's waits; "never" (u64::MAX) is held to a minute, after
+                    // which the lease asks again.
+                    let wait = |ns: u64| Nanos(ns).min(Nanos::from_secs(60));
+                    let retry = (wait(granted.entry.retry_after_ns), wait(granted.refill_after_ns));
                     let hold = match asker {
                         Asker::Waiter { waiter, cost } if is_waiting(*waiter) => Some((*waiter, *cost)),
                         _ => None,
