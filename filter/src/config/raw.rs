@@ -424,7 +424,8 @@ pub struct RawResponse {
     pub headers_on_allowed: Option<Vec<RawHeaderSet>>,
     /// A header (lower-case name) added to responses decided by a fallback while the
     /// counter service could not decide: `emergency`, `fail_open` or `fail_closed`, with
-    /// the reason, such as `emergency; reason=timeout`. Default none.
+    /// the reason and the policies it decided, such as `emergency; reason=timeout;
+    /// policies=per-tenant`. Default none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_header: Option<String>,
 }
