@@ -189,9 +189,29 @@ impl Oracle {
     /// The oracle of `scenario`, whose run starts at `start`.
     pub fn new(scenario: &Scenario, start: u64) -> Self {
         let window = scenario.timeout_ms + 100;
-        let mut forms = BTreeMap::new();
-        for p in &scenario.policies {
-            forms.entry((p.name.clone(), p.version)).or_insert_with(Vec::new).push(p.clone());
+        // Every form a policy will take: the numbers in force are the loosest of all of
+        // them from the start (a budget replayed under one set of numbers must not be
+        // surprised by a reload it has not seen yet).
+        let mut forms: BTreeMap<(String, u64), Vec<PolicyDef>> = BTreeMap::new();
+        let mut per_proxy = vec![scenario.policies.clone(); scenario.proxies];
+        let mut add = |policies: &[PolicyDef]| {
+            for p in policies {
+                let entry = forms.entry((p.name.clone(), p.version)).or_default();
+                if !entry.contains(p) {
+                    entry.push(p.clone());
+                }
+            }
+        };
+        add(&scenario.policies);
+        for (_, event) in &scenario.events {
+            if let super::scenario::Event::Reload { proxy, policy, num, den, bump } = event {
+                for (p, current) in per_proxy.iter_mut().enumerate() {
+                    if proxy.is_none_or(|x| x == p) {
+                        *current = Scenario::reloaded(current, *policy, *num, *den, *bump);
+                        add(current);
+                    }
+                }
+            }
         }
         Self {
             start,
@@ -695,6 +715,7 @@ impl Oracle {
 
     /// Replays the service's new decisions through each counter's budget.
     fn budget(&mut self, decisions: &[Decision]) -> Result<(), Violation> {
+        let all = decisions;
         let fresh = decisions.get(self.budget_seen..).unwrap_or_default().to_vec();
         self.budget_seen = decisions.len();
         for decision in fresh {
@@ -729,12 +750,27 @@ impl Oracle {
                 }
             };
             if over {
+                let history: Vec<String> = all
+                    .iter()
+                    .filter_map(|d| match d {
+                        Decision::Grant { key: k, granted, service_at, spec, .. } if *k == key => Some(format!(
+                            "grant {granted} at {:.3} ms: {spec}",
+                            (service_at % 1_000_000_000_000) as f64 / 1e6
+                        )),
+                        Decision::Check { key: k, cost, service_at, .. } if *k == key => {
+                            Some(format!("check {cost} at {:.3} ms", (service_at % 1_000_000_000_000) as f64 / 1e6))
+                        }
+                        Decision::Restart { .. } => Some("restart".to_owned()),
+                        _ => None,
+                    })
+                    .collect();
                 return Err(Violation::new(
                     "budget",
                     format!(
                         "policy {name} v{version}, counter {key}: the service granted or admitted {units} at {:.3} ms \
-                         beyond the policy's numbers ({loosest:?}, the loosest in force): a fresh budget appeared",
-                        at as f64 / 1e6
+                         beyond the policy's numbers ({loosest:?}, the loosest in force): a fresh budget appeared; \
+                         history {history:#?}",
+                        (at % 1_000_000_000_000) as f64 / 1e6
                     ),
                 ));
             }

@@ -62,7 +62,7 @@ impl Mode {
 pub enum Decision {
     /// A lease of `granted` tokens on counter `key`, spendable for `life`; `service_at` is
     /// the service's own clock (windows align to it).
-    Grant { key: String, granted: u64, at: u64, life: u64, service_at: u64 },
+    Grant { key: String, granted: u64, at: u64, life: u64, service_at: u64, spec: String },
     /// A check admitted `cost` on counter `key`.
     Check { key: String, cost: u64, at: u64, service_at: u64 },
     /// A charge of `charged` units on counter `key` (`duplicate`: its id was seen).
@@ -266,6 +266,7 @@ impl Service {
                         at,
                         life: answer.expires_in_ms.saturating_mul(1_000_000),
                         service_at,
+                        spec: format!("{:?} asked {} min {}", request.limit, request.tokens, request.min_tokens),
                     });
                 }
             }
