@@ -8,6 +8,7 @@
 //! * One seed, with its trace: `SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests
 //!   --test fleet replay -- --exact --nocapture`.
 //! * Another build of the filter: `SLUICE_WASM_UNDER_TEST=<path to a .wasm>`.
+//! * A contended scenario (one record, three racing workers): add `SLUICE_FLEET_CONTENDED=1`.
 
 use sluice_tests::fleet::{self, Scenario};
 
@@ -61,7 +62,11 @@ fn fixed_seeds_run_clean() {
 fn replay() {
     let Ok(seed) = std::env::var("SLUICE_FLEET_SEED") else { return };
     let seed: u64 = seed.parse().expect("SLUICE_FLEET_SEED is a number");
-    let scenario = Scenario::generate(seed);
+    let scenario = if std::env::var_os("SLUICE_FLEET_CONTENDED").is_some() {
+        Scenario::contended(seed)
+    } else {
+        Scenario::generate(seed)
+    };
     eprintln!("{scenario:#?}");
     eprintln!("filter configuration: {}", scenario.filter_config(&scenario.policies));
     match fleet::run(&scenario, &wasm(), env("SLUICE_FLEET_STEPS", MAX_STEPS)) {
@@ -83,24 +88,23 @@ fn a_seed_replays_exactly() {
 #[test]
 fn the_simulation_catches_a_lease_record_written_without_cas() {
     // The mutant loses lease updates only when two workers interleave inside their
-    // callbacks on one record: scenarios with several workers and leases.
+    // callbacks on one record: scenarios made for that race.
     let mutant = sluice_artifacts::SLUICE_MUTANT_LEASE_NO_CAS_WASM;
-    let mut caught = None;
-    for seed in 1..200 {
-        let scenario = Scenario::generate(seed);
-        let leases = scenario.policies.iter().any(|p| matches!(p.kind, fleet::scenario::Kind::Lease { .. }));
-        if scenario.workers < 2 || !leases {
-            continue;
-        }
-        if let Err(failure) = fleet::run(&scenario, mutant, MAX_STEPS) {
-            caught = Some(failure);
-            break;
-        }
-    }
+    let caught = (1..=10).find_map(|seed| fleet::run(&Scenario::contended(seed), mutant, MAX_STEPS).err());
+
     let failure = caught.expect("no seed caught a lease record that loses its updates");
     eprintln!("{failure}");
     assert!(
-        matches!(failure.violation.oracle, "spent within grants" | "budget" | "debt" | "settled"),
-        "caught, but by an oracle that does not speak of leases: {failure}"
+        matches!(failure.violation.oracle, "spent within grants" | "conservation" | "budget"),
+        "caught, but by an oracle that does not speak of spending: {failure}"
     );
+}
+
+#[test]
+fn the_contended_scenarios_run_clean_with_the_real_filter() {
+    for seed in 1..=3 {
+        if let Err(failure) = fleet::run(&Scenario::contended(seed), &wasm(), MAX_STEPS) {
+            panic!("{failure}");
+        }
+    }
 }

@@ -24,7 +24,9 @@
 //! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --exact --nocapture
 //! ```
 //!
-//! runs that seed alone and prints its trace's end (`SLUICE_FLEET_TRACE=1`: all of it). `SLUICE_FLEET_SEEDS` and
+//! runs that seed alone and prints its trace's end (`SLUICE_FLEET_TRACE=1`: all of it;
+//! `SLUICE_FLEET_MAX_PAUSE_MS` raises the pause bound, to see whether a request that waited
+//! too long is ever answered). `SLUICE_FLEET_SEEDS` and
 //! `SLUICE_FLEET_STEPS` make the CI run longer (see `tests/tests/fleet.rs`), and
 //! `SLUICE_WASM_UNDER_TEST` runs another build of the filter (an older one, a mutant).
 
@@ -69,6 +71,8 @@ pub struct Report {
 pub struct Failure {
     /// The seed (replay it with `SLUICE_FLEET_SEED`).
     pub seed: u64,
+    /// Whether the scenario was a contended one (`SLUICE_FLEET_CONTENDED=1` replays it).
+    pub contended: bool,
     /// The step at which an oracle failed.
     pub step: u64,
     /// The oracle's finding.
@@ -82,8 +86,9 @@ impl std::fmt::Display for Failure {
         writeln!(f, "seed {} failed at step {}: {}", self.seed, self.step, self.violation)?;
         writeln!(
             f,
-            "replay: SLUICE_FLEET_SEED={} cargo test -p sluice-tests --test fleet replay -- --exact --nocapture",
-            self.seed
+            "replay: SLUICE_FLEET_SEED={}{} cargo test -p sluice-tests --test fleet replay -- --exact --nocapture",
+            self.seed,
+            if self.contended { " SLUICE_FLEET_CONTENDED=1" } else { "" }
         )?;
         for line in &self.trace {
             writeln!(f, "  {line}")?;
@@ -233,6 +238,7 @@ impl<'a> Fleet<'a> {
         let tail = self.trace.len().saturating_sub(40);
         Box::new(Failure {
             seed: self.scenario.seed,
+            contended: self.scenario.contended,
             step: self.step,
             violation,
             trace: self.trace.get(tail..).unwrap_or_default().to_vec(),
@@ -405,6 +411,10 @@ impl<'a> Fleet<'a> {
             _ => a.rng.between(mean / 2, mean * 3 / 2),
         };
         a.next = now + gap.max(1);
+        if let Some(grid) = scenario.traffic.grid {
+            let grid = grid.as_nanos() as u64;
+            a.next = a.next.div_ceil(grid) * grid;
+        }
         (proxy, worker, sent)
     }
 

@@ -215,7 +215,10 @@ impl Oracle {
         }
         Self {
             start,
-            max_pause: scenario.max_pause().as_nanos() as u64,
+            max_pause: std::env::var("SLUICE_FLEET_MAX_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(scenario.max_pause().as_nanos() as u64, |ms| ms * 1_000_000),
             linger: Duration::from_millis(2 * window + scenario.cooldown_ms + 50).as_nanos() as u64,
             healthy_since: vec![Some(start); scenario.proxies],
             hash_key: sluice::engine::namespace::global_hash_key(super::HASH_KEY.as_bytes()),

@@ -186,6 +186,9 @@ pub struct Traffic {
     pub floods: Vec<(Duration, Duration)>,
     /// Percent of requests under `/a/`.
     pub under_a_percent: u64,
+    /// When set, requests arrive on this grid of instants: several at once, on several
+    /// workers, whose callbacks then race.
+    pub grid: Option<Duration>,
 }
 
 /// A whole scenario.
@@ -193,6 +196,8 @@ pub struct Traffic {
 pub struct Scenario {
     /// Its seed.
     pub seed: u64,
+    /// Made for races on one lease record ([`Scenario::contended`]).
+    pub contended: bool,
     /// Proxies.
     pub proxies: usize,
     /// Workers per proxy.
@@ -340,9 +345,11 @@ impl Scenario {
             hot_percent: rng.between(0, 80),
             floods,
             under_a_percent: rng.between(0, 60),
+            grid: rng.chance(30).then(|| Duration::from_micros(rng.pick(&[500, 1000, 2000]))),
         };
         Self {
             seed,
+            contended: false,
             proxies,
             workers,
             duration,
@@ -354,6 +361,40 @@ impl Scenario {
             events,
             traffic,
         }
+    }
+
+    /// A scenario made for races on one lease record: one proxy of three workers, one
+    /// lease policy with small grants, a hot key at a high rate, a healthy service.
+    pub fn contended(seed: u64) -> Self {
+        let mut scenario = Self::generate(seed);
+        scenario.contended = true;
+        let mut rng = Rng::new(seed ^ 0xc0_47e7_7ed0);
+        scenario.proxies = 1;
+        scenario.workers = 3;
+        scenario.duration = Duration::from_millis(1500);
+        let size = rng.between(2, 6);
+        scenario.policies = vec![PolicyDef {
+            name: "p0".to_owned(),
+            header: "x-tenant",
+            kind: Kind::Lease { size, low_water: rng.below(size), duration_ms: 1000, max_waiting: 64, max_debt: 0 },
+            algorithm: Algorithm::TokenBucket { rate: 200, burst: 200 },
+            failure: Failure::Deny,
+            max_cost: 1,
+            slots: 64,
+            under_a: false,
+            version: 0,
+        }];
+        scenario.faults.clear();
+        scenario.events.clear();
+        scenario.traffic = Traffic {
+            mean_gap: Duration::from_micros(100),
+            tenants: 2,
+            hot_percent: 90,
+            floods: Vec::new(),
+            under_a_percent: 0,
+            grid: Some(Duration::from_millis(1)),
+        };
+        scenario
     }
 
     /// The filter configuration of `policies` (the scenario's, or as a reload left them).
