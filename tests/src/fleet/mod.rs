@@ -120,7 +120,7 @@ struct Proxy {
 #[derive(Clone, Debug)]
 enum Action {
     /// A request arrives.
-    Arrive(usize, oracle::Sent),
+    Arrive(oracle::Sent),
     /// The upstream answers a forwarded request; then the stream ends.
     Respond(usize),
     /// The client gives up on a paused request.
@@ -268,7 +268,7 @@ impl<'a> Fleet<'a> {
             let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
             while self.arrivals.next <= t {
                 let (proxy, worker, sent) = self.arrival(t);
-                actions.entry((proxy, worker)).or_default().push(Action::Arrive(proxy, sent));
+                actions.entry((proxy, worker)).or_default().push(Action::Arrive(sent));
             }
             for (key, stream) in &mut self.streams {
                 if stream.respond_at.is_some_and(|at| at <= t) {
@@ -440,7 +440,7 @@ impl<'a> Fleet<'a> {
             let run = |worker: &mut wasm_host::Worker, w: usize, list: Vec<Action>| {
                 for action in list {
                     match action {
-                        Action::Arrive(_, sent) => {
+                        Action::Arrive(sent) => {
                             let id = worker.request(sent.request());
                             created.lock().unwrap_or_else(PoisonError::into_inner).push((w, id, sent));
                         }

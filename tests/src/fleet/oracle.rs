@@ -488,7 +488,7 @@ impl Oracle {
             }
         }
         self.steps += 1;
-        if self.steps % 25 == 0 {
+        if self.steps.is_multiple_of(25) {
             self.debts(proxy, host, policies, false)?;
         }
         Ok(())
@@ -562,7 +562,7 @@ impl Oracle {
     pub fn service(&mut self, decisions: &[Decision], proxies: &[&wasm_host::Host], now: u64) -> Result<(), Violation> {
         let _ = now;
         self.budget(decisions)?;
-        if self.steps % 20 != 0 {
+        if !self.steps.is_multiple_of(20) {
             return Ok(());
         }
         self.spent_within_grants(decisions)?;

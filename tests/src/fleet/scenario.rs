@@ -20,18 +20,44 @@ pub enum Kind {
     /// At the service, asked per request.
     Check,
     /// At the service, leased.
-    Lease { size: u64, low_water: u64, duration_ms: u64, max_waiting: u32, max_debt: u64 },
+    Lease {
+        /// `lease.size`.
+        size: u64,
+        /// `lease.low_water`.
+        low_water: u64,
+        /// `lease.duration`, in milliseconds.
+        duration_ms: u64,
+        /// `lease.max_waiting`.
+        max_waiting: u32,
+        /// `lease.max_debt`.
+        max_debt: u64,
+    },
 }
 
 /// A policy's algorithm and numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Algorithm {
     /// `rate` per second, bursts of `burst`.
-    TokenBucket { rate: u64, burst: u64 },
+    TokenBucket {
+        /// Per second.
+        rate: u64,
+        /// Capacity.
+        burst: u64,
+    },
     /// `limit` per `window_ms`.
-    FixedWindow { limit: u64, window_ms: u64 },
+    FixedWindow {
+        /// Per window.
+        limit: u64,
+        /// The window, in milliseconds.
+        window_ms: u64,
+    },
     /// `limit` per trailing `window_ms`.
-    SlidingWindow { limit: u64, window_ms: u64 },
+    SlidingWindow {
+        /// Per window.
+        limit: u64,
+        /// The window, in milliseconds.
+        window_ms: u64,
+    },
 }
 
 impl Algorithm {
@@ -63,7 +89,14 @@ pub enum Failure {
     /// Fail closed.
     Deny,
     /// An emergency cap (per caller and proxy), then `allow` (or `deny`).
-    Emergency { rate: u64, burst: u64, allow: bool },
+    Emergency {
+        /// The cap's rate per second.
+        rate: u64,
+        /// The cap's burst.
+        burst: u64,
+        /// Whether `allow` follows (else `deny`).
+        allow: bool,
+    },
 }
 
 /// One policy of the scenario's configuration.
@@ -168,9 +201,23 @@ pub enum Event {
     ClockStep(i64),
     /// A proxy (or every proxy, one after another: a rolling update) is reconfigured:
     /// policy `policy`'s numbers scaled by `num / den`, its version bumped or not.
-    Reload { proxy: Option<usize>, policy: usize, num: u64, den: u64, bump: bool },
+    Reload {
+        /// One proxy, or all (rolling).
+        proxy: Option<usize>,
+        /// Which policy.
+        policy: usize,
+        /// Scale numerator.
+        num: u64,
+        /// Scale denominator.
+        den: u64,
+        /// Whether its version is bumped.
+        bump: bool,
+    },
     /// Clients give up on every request paused on this proxy (streams reset).
-    ClientsLeave { proxy: usize },
+    ClientsLeave {
+        /// Which proxy.
+        proxy: usize,
+    },
 }
 
 /// Traffic over the run.

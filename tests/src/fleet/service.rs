@@ -60,15 +60,48 @@ impl Mode {
 /// What the service decided, in virtual time (the proxies' monotonic clock).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// A lease of `granted` tokens on counter `key`, spendable for `life`; `service_at` is
-    /// the service's own clock (windows align to it).
-    Grant { key: String, granted: u64, at: u64, life: u64, service_at: u64, spec: String },
+    /// A lease of `granted` tokens on counter `key`, spendable for `life`.
+    Grant {
+        /// The counter.
+        key: String,
+        /// Tokens granted.
+        granted: u64,
+        /// When (the proxies' clock).
+        at: u64,
+        /// How long they may be spent (ns).
+        life: u64,
+        /// When, on the service's own clock (windows align to it).
+        service_at: u64,
+        /// The limit and amounts asked, for findings.
+        spec: String,
+    },
     /// A check admitted `cost` on counter `key`.
-    Check { key: String, cost: u64, at: u64, service_at: u64 },
-    /// A charge of `charged` units on counter `key` (`duplicate`: its id was seen).
-    Charge { key: String, charged: u64, at: u64, duplicate: bool },
+    Check {
+        /// The counter.
+        key: String,
+        /// Units admitted.
+        cost: u64,
+        /// When (the proxies' clock).
+        at: u64,
+        /// When, on the service's own clock.
+        service_at: u64,
+    },
+    /// A charge of `charged` units on counter `key`.
+    Charge {
+        /// The counter.
+        key: String,
+        /// Units charged.
+        charged: u64,
+        /// When (the proxies' clock).
+        at: u64,
+        /// Its id was applied before.
+        duplicate: bool,
+    },
     /// The service restarted: every counter is fresh from here.
-    Restart { at: u64 },
+    Restart {
+        /// When (the proxies' clock).
+        at: u64,
+    },
 }
 
 /// The service's clock: the fleet's virtual wall clock, plus a step (a clock fault).

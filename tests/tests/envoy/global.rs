@@ -8,6 +8,7 @@ use super::*;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use sluice_tests::faults::{Behaviour, Peer, closed_port};
+use sluice_tests::http::Connection;
 use sluice_tests::oracle::{ReferenceBucket, latency_slack, over_admitted};
 use sluice_tests::redis::Redis;
 use std::collections::BTreeMap;
