@@ -276,6 +276,8 @@ pub(crate) struct Charge {
 /// What a settled charge leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Settled {
+    /// Whether the record still carried this charge (and now no longer does).
+    pub(crate) settled: bool,
     /// Debt still owed (added while the charge was in flight).
     pub(crate) left: u64,
 }
@@ -556,14 +558,14 @@ impl<S: Store> Leases<'_, S> {
     pub(crate) fn settle_charge(&self, place: &Placement, id: u64, now: Nanos) -> Result<Settled, LeaseError> {
         let updated = self.update(place, now, |record| {
             if record.charge_id != id || record.charging == 0 {
-                return (false, Settled { left: record.debt });
+                return (false, Settled { settled: false, left: record.debt });
             }
             record.debt = record.debt.saturating_sub(record.charging);
             record.charging = 0;
             record.charge_until = Nanos::ZERO;
-            (true, Settled { left: record.debt })
+            (true, Settled { settled: true, left: record.debt })
         })?;
-        Ok(updated.result.unwrap_or(Settled { left: 0 }))
+        Ok(updated.result.unwrap_or(Settled { settled: false, left: 0 }))
     }
 
     /// The caller's record as it stands (`None` when the slot is another key's).
@@ -839,7 +841,7 @@ mod tests {
         assert_eq!(first, Some(Charge { units: 3, id: 11 }));
         assert_eq!(while_in_flight, None, "the debt a charge carries is reserved");
         assert_eq!(after_timeout, Some(Charge { units: 3, id: 11 }), "same units, same id");
-        assert_eq!(settled, Settled { left: 2 }, "what was owed meanwhile is still owed");
+        assert_eq!(settled, Settled { settled: true, left: 2 }, "what was owed meanwhile is still owed");
         assert_eq!(
             leases.claim_charge(&place(), 14, Nanos(100), at(130)).unwrap().0,
             Some(Charge { units: 2, id: 14 })

@@ -704,15 +704,16 @@ impl Engine {
             Sent::Charge(target, charge) => match wire::classify_charge(answer) {
                 Ok(charged) => {
                     record(Some(true), metrics);
-                    if !charged.duplicate {
+                    let Ok(settled) = leases.settle_charge(&target.slot, charge.id, now) else { return };
+                    // Counted by the answer that settles the charge: a duplicate answers
+                    // for an earlier attempt whose own answer never came.
+                    if settled.settled {
                         metrics.add(target.policy, Counter::LeaseReconciled, count(charged.charged));
                         if charged.forgiven > 0 {
                             metrics.add(target.policy, Counter::LeaseForgiven, count(charged.forgiven));
                         }
                     }
-                    if let Ok(settled) = leases.settle_charge(&target.slot, charge.id, now)
-                        && settled.left > 0
-                    {
+                    if settled.left > 0 {
                         self.schedule_charge(target.clone());
                     }
                 }
