@@ -368,9 +368,9 @@ fn two_queues(timeout: &str) -> String {
         r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "{timeout}",
                                 "token_env": "SLUICE_COUNTER_TOKEN"}},
             "policies": [
-              {{"name": "a", "key": [{{"header": "x-a"}}], "rate": "100/second", "burst": 100,
+              {{"name": "a", "key": [{{"header": "x-a"}}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
                 "global": {{"strategy": "lease", "lease": {{"size": 10, "max_waiting": 4}}}}, "on_failure": {{"action": "deny"}}}},
-              {{"name": "b", "key": [{{"header": "x-b"}}], "rate": "100/second", "burst": 100,
+              {{"name": "b", "key": [{{"header": "x-b"}}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
                 "global": {{"strategy": "lease", "lease": {{"size": 10, "max_waiting": 64}}}}, "on_failure": {{"action": "deny"}}}}],
             "response": {{"fallback_header": "x-sluice-fallback"}}}}"#
     )
