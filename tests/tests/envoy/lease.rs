@@ -34,8 +34,11 @@ fn config(rate: &str, burst: u64, lease: &str, on_failure: &str, timeout: &str, 
     )
 }
 
+/// The filter with `config`, from `wasm` (the real build stays overridable by
+/// `SLUICE_WASM_UNDER_TEST`, see `sluice_tests::envoy::sluice`).
 fn filter(config: &str, wasm: &str) -> SluiceFilter {
-    sluice(config).wasm(wasm).env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN)
+    let filter = if wasm == sluice_artifacts::SLUICE_WASM { sluice(config) } else { sluice(config).wasm(wasm) };
+    filter.env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN)
 }
 
 fn envoy(config: &str, service: SocketAddr, wasm: &str) -> Envoy {
