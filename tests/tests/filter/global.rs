@@ -225,3 +225,16 @@ fn a_shaped_request_the_host_will_not_resume_is_counted_and_not_left_waiting() {
     assert_eq!(metric(&host, "s", "queued"), 0);
     assert_accounting(&host, "s");
 }
+
+#[test]
+fn answers_about_one_key_never_open_the_circuit_for_everyone() {
+    let full = r#"{"error":{"code":"store_full","message":"the memory store holds its maximum of 1000 active keys"}}"#;
+    let mut host = scripted(&config(DENY), move || Answer::status(503).body(full)).build().unwrap();
+    // Three failures open this configuration's circuit; ten answers about one key each.
+    let statuses: Vec<u16> = (0..10).map(|_| status(&mut host, tenant())).collect();
+
+    assert_eq!(statuses, [503; 10], "each took its policy's failure rule");
+    assert_eq!(host.callouts().len(), 10, "every request still asked the service");
+    assert_eq!(metric(&host, "tenant", "degraded.circuit_open"), 0);
+    assert_eq!(host.metric("sluice.counter_service.circuit_opened").unwrap_or(0), 0);
+}

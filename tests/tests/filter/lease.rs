@@ -247,3 +247,63 @@ fn a_request_that_waits_for_its_refill_waits_one_round_trip_on_its_worker_and_on
     );
     assert_eq!(metric(&host, "tenant", "degraded.timeout"), 0);
 }
+
+const ONE_LEASE_SLOT: &str = r#"{
+  "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms",
+                      "circuit_breaker": {"failures": 100}},
+  "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
+                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+#[test]
+fn a_one_off_callers_outage_debt_is_charged_once_the_service_is_back_and_its_slot_serves_others() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let paths = Arc::new(Mutex::new(Vec::new()));
+    let (down_, paths_) = (down.clone(), paths.clone());
+    let charged = r#"{"charged":1,"forgiven":0,"at_ns":1,"entry":{"verdict":"allowed","limit":100,"remaining":90,
+        "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;
+    let mut host = builder(ONE_LEASE_SLOT)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .scripted_cluster("sluice-counter", move |call| {
+            let path = String::from_utf8_lossy(call.headers.get(":path").unwrap_or_default()).into_owned();
+            paths_.lock().unwrap().push(path.clone());
+            if down_.load(std::sync::atomic::Ordering::SeqCst) {
+                Answer::refused()
+            } else if path == "/v1/charge" {
+                Answer::status(200).body(charged).after(millis(1))
+            } else {
+                lease_answer(10, 0).after(millis(1))
+            }
+        })
+        .build()
+        .unwrap();
+    // During the outage a one-off caller is admitted by the failure rule: it owes.
+    let one_off = host.worker(0).request(Request::get("/").header("x-tenant", "one-off"));
+    host.advance(millis(200));
+    assert!(forwarded(&mut host, 0, one_off), "the failure rule (allow) admitted it");
+
+    // The service is back; the one-off caller never returns. (A charge refused during
+    // the outage is sent again once its window, the deadline and 100 ms, has passed.)
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    host.advance(millis(200));
+    let regular = host.worker(0).request(tenant());
+    host.advance(millis(10));
+
+    assert!(paths.lock().unwrap().iter().any(|p| p == "/v1/charge"), "the debt was charged on its own");
+    assert_eq!(metric(&host, "tenant", "lease.reconciled"), 1);
+    assert!(forwarded(&mut host, 0, regular), "the slot serves the next caller: no lease_slot_taken");
+    assert_eq!(metric(&host, "tenant", "degraded.lease_slot_taken"), 0);
+}
+
+#[test]
+fn a_lease_policy_cannot_change_its_slots_without_a_version_bump() {
+    let mut host = builder(ONE_LEASE_SLOT).env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef").build().unwrap();
+
+    let changed = host.reconfigure(ONE_LEASE_SLOT.replace(r#""slots": 1"#, r#""slots": 4"#));
+    let bumped = host.reconfigure(ONE_LEASE_SLOT.replace(r#""slots": 1"#, r#""slots": 4, "version": 1"#));
+
+    let error = changed.expect_err("its records would move to other slots").to_string();
+    assert!(error.contains("policies[0].slots"), "{error}");
+    assert!(bumped.is_ok());
+}
