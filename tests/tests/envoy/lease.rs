@@ -194,12 +194,14 @@ fn envoys_and_wasm_hosts_on_one_leased_budget_never_admit_more_than_was_granted_
 #[test]
 fn the_oracle_catches_leases_spent_without_cas() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    // Demand far above the budget: every token granted is spent at once, so what a proxy
-    // still holds at the end is a handful, and every lost update shows.
+    // Demand above the budget: every token granted is spent at once, so what a proxy
+    // still holds at the end is a handful, and every lost update shows. A lost update
+    // needs two workers of one Envoy spending on one record at the same instant, so the
+    // budget is large enough for thousands of spends per round.
     let config =
-        config("200/second", 200, r#"{"size": 20, "duration": "5s", "low_water": 5}"#, DENY, HEALTHY_TIMEOUT, "1s");
+        config("5000/second", 5000, r#"{"size": 20, "duration": "5s", "low_water": 5}"#, DENY, HEALTHY_TIMEOUT, "1s");
     let mut over = false;
-    for _ in 0..3 {
+    for _ in 0..5 {
         let envoys: Vec<Envoy> =
             (0..2).map(|_| envoy(&config, service.addr(), SLUICE_MUTANT_BLIND_WRITES_WASM)).collect();
         let addrs: Vec<SocketAddr> = envoys.iter().map(Envoy::addr).collect();
