@@ -193,25 +193,11 @@ impl SlotTable {
     }
 }
 
-/// Digits in `u64::MAX`.
-const MAX_DECIMAL_DIGITS: usize = 20;
-
-/// Appends `n` in decimal: what `write!(out, "{n}")` does, without the formatting
-/// machinery, which is slow in wasm (callers build keys and headers per request).
-pub fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; MAX_DECIMAL_DIGITS];
-    let mut start = MAX_DECIMAL_DIGITS;
-    for slot in digits.iter_mut().rev() {
-        *slot = b'0' + (n % 10) as u8;
-        start -= 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in digits.get(start..).unwrap_or_default() {
-        out.push(char::from(digit));
-    }
+/// Appends `n` in decimal: what `write!(out, "{n}")` does, through `itoa`, without the
+/// formatting machinery, which is slow in wasm (callers build keys and headers per
+/// request).
+pub fn push_decimal(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 #[cfg(test)]

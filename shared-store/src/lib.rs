@@ -14,6 +14,8 @@
 //! * [`store`]: the [`Store`] trait, with Envoy's exact shared-data semantics, and
 //!   [`MemoryStore`].
 //! * [`limiter`]: the CAS loop, all-or-nothing across limits, key creation.
+//! * [`update`]: the same loop for one record under one key (lease records, breaker).
+//! * [`words`]: a fixed-width codec for such records.
 //! * [`key`]: canonical descriptors, keyed hashing, bounded slot tables.
 //! * [`time`]: [`Nanos`], the [`Clock`] trait, [`ManualClock`] for tests.
 //!
@@ -47,6 +49,8 @@ pub mod limit;
 pub mod limiter;
 pub mod store;
 pub mod time;
+pub mod update;
+pub mod words;
 
 pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
@@ -60,3 +64,4 @@ pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap, create};
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
 pub use time::MonotonicClock;
 pub use time::{Clock, ManualClock, Nanos};
+pub use update::{Change, Landed, UpdateError, update};

@@ -17,8 +17,15 @@ const GUESTS: &[(&str, &str, &str)] = &[
 ];
 
 /// Sources whose change must rebuild the guests.
-const WATCHED: &[&str] =
-    &["Cargo.toml", "Cargo.lock", "filter", "shared-store/src", "shared-store/Cargo.toml", "wasm-host/test-guest"];
+const WATCHED: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "filter",
+    "shared-store/src",
+    "shared-store/Cargo.toml",
+    "protocol",
+    "wasm-host/test-guest",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -3,7 +3,7 @@
 -- Runs shared-store's algorithms (shared-store/src/limit.rs: decide, charge, status)
 -- with exactly the same answers, in Lua doubles: every integer below stays under 2^53
 -- for limits inside the numeric envelope the service validates
--- (counter-service/protocol/src/limit.rs). Times are whole microseconds (Redis TIME);
+-- (protocol/src/limit.rs). Times are whole microseconds (Redis TIME);
 -- results are nanoseconds, as in shared-store.
 --
 -- Redis runs a script atomically and never expires a key in the middle of one, so the

@@ -26,9 +26,13 @@ use std::num::NonZeroU32;
 pub const DEFAULT_SLOTS: u32 = 8192;
 /// Most slots a policy may have (about 90 MiB of shared data).
 pub const MAX_SLOTS: u32 = 1 << 20;
-/// Largest rate amount, burst, window limit, queue depth or cost accepted. Far above any
-/// real limit; it keeps every header value and every product in the arithmetic small.
-pub const MAX_AMOUNT: u64 = 1_000_000_000_000;
+/// Largest rate amount, burst, window limit, queue depth or cost a configuration may
+/// give. Far above any real limit; it keeps every header value and every product in the
+/// arithmetic small, and it is below the largest amount the counter service takes
+/// ([`sluice_protocol::MAX_AMOUNT`], 2^40), so every number a global policy is
+/// configured with is one the service accepts.
+pub const MAX_CONFIGURED_AMOUNT: u64 = 1_000_000_000_000;
+const _: () = assert!(MAX_CONFIGURED_AMOUNT <= sluice_protocol::MAX_AMOUNT);
 /// Longest shaping delay: a paused request holds a connection and memory in the proxy.
 pub const MAX_WAIT_MS: u128 = 5 * 60 * 1000;
 /// Largest rejection body.
@@ -395,8 +399,8 @@ fn amount(issues: &mut Issues, path: &str, value: u64) -> Option<u64> {
     if value == 0 {
         issues.add(path, "must be at least 1");
         None
-    } else if value > MAX_AMOUNT {
-        issues.add(path, format!("must be at most {MAX_AMOUNT}, got {value}"));
+    } else if value > MAX_CONFIGURED_AMOUNT {
+        issues.add(path, format!("must be at most {MAX_CONFIGURED_AMOUNT}, got {value}"));
         None
     } else {
         Some(value)

@@ -20,7 +20,7 @@
 //! And a result counts only for the state it was sent in: a success (or failure) of a
 //! call sent before the circuit opened neither closes (nor reopens) it.
 
-use shared_store::{Cas, Nanos, Store, Swap};
+use shared_store::{Change, Nanos, Store, UpdateError, words};
 
 /// Attempts at a breaker update before giving it up.
 const MAX_ATTEMPTS: u32 = 8;
@@ -37,36 +37,33 @@ enum State {
     Probing { until: Nanos, since: Nanos },
 }
 
-/// Encoded size: a tag and two u64.
-const SIZE: usize = 17;
+/// Encoded size: a tag (the variant) and two words.
+const SIZE: usize = words::width(2);
 
 impl State {
     fn encode(self) -> [u8; SIZE] {
         let (tag, a, b) = match self {
-            Self::Closed { failures } => (0u8, u64::from(failures), 0),
+            Self::Closed { failures } => (0, u64::from(failures), 0),
             Self::Open { until, since } => (1, until.0, since.0),
             Self::Probing { until, since } => (2, until.0, since.0),
         };
-        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
-        std::array::from_fn(|i| match i {
-            0 => tag,
-            1..=8 => a.get(i - 1).copied().unwrap_or(0),
-            _ => b.get(i - 9).copied().unwrap_or(0),
-        })
+        words::encode(tag, &[a, b])
     }
 
     /// Anything undecodable reads as a closed circuit: the breaker may only ever cost a
     /// timeout, never block callouts because of a bad byte.
     fn decode(bytes: &[u8]) -> Self {
-        let word = |at: usize| bytes.get(at..at + 8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
-        match (bytes.first(), word(1), word(9), bytes.len()) {
-            (Some(1), Some(until), Some(since), SIZE) => Self::Open { until: Nanos(until), since: Nanos(since) },
-            (Some(2), Some(until), Some(since), SIZE) => Self::Probing { until: Nanos(until), since: Nanos(since) },
-            (Some(0), Some(failures), _, SIZE) => {
-                Self::Closed { failures: u32::try_from(failures).unwrap_or(u32::MAX) }
-            }
+        match words::decode::<2>(bytes) {
+            Some((1, [until, since])) => Self::Open { until: Nanos(until), since: Nanos(since) },
+            Some((2, [until, since])) => Self::Probing { until: Nanos(until), since: Nanos(since) },
+            Some((0, [failures, _])) => Self::Closed { failures: u32::try_from(failures).unwrap_or(u32::MAX) },
             _ => Self::Closed { failures: 0 },
         }
+    }
+
+    /// The state stored in `bytes` (a missing breaker is closed).
+    fn read(bytes: Option<&[u8]>) -> Self {
+        bytes.map_or(Self::Closed { failures: 0 }, Self::decode)
     }
 }
 
@@ -97,51 +94,35 @@ impl CircuitBreaker {
         Self { key, anchor, failures: failures.max(1), cooldown, probe_window }
     }
 
-    fn read(&self, store: &impl Store) -> Option<(State, Option<Cas>)> {
-        match store.get(&self.key) {
-            Ok(Some(entry)) => Some((State::decode(&entry.value), Some(entry.cas))),
-            Ok(None) => Some((State::Closed { failures: 0 }, None)),
-            Err(_) => None,
-        }
-    }
-
-    fn write(&self, store: &impl Store, state: State, cas: Option<Cas>) -> Option<Swap> {
-        let bytes = state.encode();
-        match cas {
-            Some(cas) => store.set(&self.key, &bytes, Some(cas)).ok(),
-            None => shared_store::create(store, &self.anchor, &self.key, &bytes).ok(),
-        }
-    }
-
     /// Whether the circuit is closed at `now`, without electing a probe (for calls that
     /// can wait for it to close, such as charges).
     pub(crate) fn admit_quietly(&self, store: &impl Store, now: Nanos) -> Admit {
-        match self.read(store) {
-            None | Some((State::Closed { .. }, _)) => Admit::Call,
-            Some((State::Open { until, .. } | State::Probing { until, .. }, _)) if now < until => Admit::Open,
-            Some(_) => Admit::Probe,
+        let Ok(entry) = store.get(&self.key) else { return Admit::Call };
+        match State::read(entry.as_ref().map(|entry| entry.value.as_slice())) {
+            State::Closed { .. } => Admit::Call,
+            State::Open { until, .. } | State::Probing { until, .. } if now < until => Admit::Open,
+            State::Open { .. } | State::Probing { .. } => Admit::Probe,
         }
     }
 
     /// Whether a request may call the service at `now`.
     pub(crate) fn admit(&self, store: &impl Store, now: Nanos) -> Admit {
-        for _ in 0..MAX_ATTEMPTS {
-            let Some((state, cas)) = self.read(store) else { return Admit::Call };
-            match state {
-                State::Closed { .. } => return Admit::Call,
-                State::Open { until, .. } | State::Probing { until, .. } if now < until => return Admit::Open,
+        let elected = shared_store::update(store, &self.anchor, &self.key, MAX_ATTEMPTS, |current| {
+            match State::read(current) {
+                State::Closed { .. } => Change::Keep(Admit::Call),
+                State::Open { until, .. } | State::Probing { until, .. } if now < until => Change::Keep(Admit::Open),
                 State::Open { since, .. } | State::Probing { since, .. } => {
                     let probing = State::Probing { until: now.saturating_add(self.probe_window), since };
-                    match self.write(store, probing, cas) {
-                        Some(Swap::Written) => return Admit::Probe,
-                        Some(Swap::Conflict) => {}
-                        None => return Admit::Call,
-                    }
+                    Change::Write(probing.encode(), Admit::Probe)
                 }
             }
+        });
+        match elected {
+            Ok(landed) => landed.result,
+            // Everyone else is updating it: someone else is the probe.
+            Err(UpdateError::Contended { .. }) => Admit::Open,
+            Err(UpdateError::Store(_)) => Admit::Call,
         }
-        // Everyone else is updating it: someone else is the probe.
-        Admit::Open
     }
 
     /// Records the result of a callout sent at `sent_at`: `Some(true)` healthy,
@@ -149,26 +130,23 @@ impl CircuitBreaker {
     /// about the service. Returns whether this call opened the circuit.
     pub(crate) fn record(&self, store: &impl Store, now: Nanos, health: Option<bool>, sent_at: Nanos) -> bool {
         let Some(success) = health else { return false };
-        for _ in 0..MAX_ATTEMPTS {
-            let Some((state, cas)) = self.read(store) else { return false };
+        let recorded = shared_store::update(store, &self.anchor, &self.key, MAX_ATTEMPTS, |current| {
             let open = State::Open { until: now.saturating_add(self.cooldown), since: now };
-            let next = match (state, success) {
-                (State::Closed { failures: 0 }, true) => return false,
+            let next = match (State::read(current), success) {
+                (State::Closed { failures: 0 }, true) => return Change::Keep(false),
                 // A call sent before the circuit opened says nothing about it now.
-                (State::Open { since, .. } | State::Probing { since, .. }, _) if sent_at < since => return false,
+                (State::Open { since, .. } | State::Probing { since, .. }, _) if sent_at < since => {
+                    return Change::Keep(false);
+                }
                 (_, true) => State::Closed { failures: 0 },
                 (State::Closed { failures }, false) if failures.saturating_add(1) >= self.failures => open,
                 (State::Closed { failures }, false) => State::Closed { failures: failures.saturating_add(1) },
                 (State::Probing { .. }, false) => open,
-                (State::Open { .. }, false) => return false,
+                (State::Open { .. }, false) => return Change::Keep(false),
             };
-            match self.write(store, next, cas) {
-                Some(Swap::Written) => return matches!(next, State::Open { .. }),
-                Some(Swap::Conflict) => {}
-                None => return false,
-            }
-        }
-        false
+            Change::Write(next.encode(), matches!(next, State::Open { .. }))
+        });
+        recorded.is_ok_and(|landed| landed.result)
     }
 }
 

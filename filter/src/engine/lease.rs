@@ -32,7 +32,7 @@
 //! someone else's tokens. A slot changes hands only when its record is idle; stale debt
 //! is forgiven then, and counted.
 
-use shared_store::{Cas, Nanos, Placement, Store, StoreError, Swap};
+use shared_store::{Change, Nanos, Placement, Store, UpdateError, words};
 
 /// Attempts at one record update before giving up (the failure rule then decides).
 pub(crate) const MAX_ATTEMPTS: u32 = 16;
@@ -44,7 +44,7 @@ const VERSION: u8 = 2;
 /// Encoded fields, each a little-endian u64.
 const FIELDS: usize = 22;
 /// Encoded size: version, then the fields.
-const SIZE: usize = 1 + 8 * FIELDS;
+const SIZE: usize = words::width(FIELDS);
 
 /// Tokens spendable until a moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,45 +124,54 @@ impl Record {
     }
 
     pub(crate) fn encode(&self) -> [u8; SIZE] {
-        let mut out = [0u8; SIZE];
-        let mut iter = out.iter_mut();
-        if let Some(first) = iter.next() {
-            *first = VERSION;
-        }
-        for (slot, byte) in iter.zip(self.fields().iter().flat_map(|f| f.to_le_bytes())) {
-            *slot = byte;
-        }
-        out
+        words::encode(VERSION, &self.fields())
     }
 
     /// `None` for bytes that are not a record of this version.
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != SIZE || bytes.first() != Some(&VERSION) {
-            return None;
-        }
-        let field = |i: usize| -> Option<u64> {
-            let start = 1 + i * 8;
-            bytes.get(start..start + 8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes)
-        };
-        let pool = |i: usize| -> Option<Pool> { Some(Pool { tokens: field(i)?, expires_at: Nanos(field(i + 1)?) }) };
+        let (VERSION, fields) = words::decode::<FIELDS>(bytes)? else { return None };
+        let [
+            owner,
+            first_tokens,
+            first_expires_at,
+            second_tokens,
+            second_expires_at,
+            held_tokens,
+            held_expires_at,
+            held_for,
+            refill_until,
+            empty_until,
+            failed_at,
+            failed_reason,
+            debt,
+            owed_at,
+            charging,
+            charge_id,
+            charge_until,
+            counter_low,
+            counter_high,
+            has_tag,
+            tag_low,
+            tag_high,
+        ] = fields;
+        let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
         Some(Self {
-            owner: field(0)?,
-            first: pool(1)?,
-            second: pool(3)?,
-            held: pool(5)?,
-            held_for: field(7)?,
-            refill_until: Nanos(field(8)?),
-            empty_until: Nanos(field(9)?),
-            failed_at: Nanos(field(10)?),
-            failed_reason: field(11)?,
-            debt: field(12)?,
-            owed_at: Nanos(field(13)?),
-            charging: field(14)?,
-            charge_id: field(15)?,
-            charge_until: Nanos(field(16)?),
-            counter: u128::from(field(17)?) | (u128::from(field(18)?) << 64),
-            tag: (field(19)? != 0)
-                .then(|| u128::from(field(20).unwrap_or(0)) | (u128::from(field(21).unwrap_or(0)) << 64)),
+            owner,
+            first: Pool { tokens: first_tokens, expires_at: Nanos(first_expires_at) },
+            second: Pool { tokens: second_tokens, expires_at: Nanos(second_expires_at) },
+            held: Pool { tokens: held_tokens, expires_at: Nanos(held_expires_at) },
+            held_for,
+            refill_until: Nanos(refill_until),
+            empty_until: Nanos(empty_until),
+            failed_at: Nanos(failed_at),
+            failed_reason,
+            debt,
+            owed_at: Nanos(owed_at),
+            charging,
+            charge_id,
+            charge_until: Nanos(charge_until),
+            counter: wide(counter_low, counter_high),
+            tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
         })
     }
 
@@ -238,24 +247,6 @@ pub(crate) enum Spend {
     Taken,
 }
 
-/// Why a record could not be read or written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LeaseError {
-    /// Every CAS attempt lost to another worker.
-    Contended {
-        /// How many were made.
-        attempts: u32,
-    },
-    /// The host failed a shared-data call.
-    Store(StoreError),
-}
-
-impl From<StoreError> for LeaseError {
-    fn from(error: StoreError) -> Self {
-        Self::Store(error)
-    }
-}
-
 /// What an update did, besides its result: debt it forgave by taking a slot whose
 /// holder's debt had aged out (to be counted as `lease.forgiven`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,52 +280,34 @@ pub(crate) struct Leases<'a, S> {
 }
 
 impl<S: Store> Leases<'_, S> {
-    fn read(&self, key: &str) -> Result<(Option<Record>, Option<Cas>), StoreError> {
-        Ok(match self.store.get(key)? {
-            // Undecodable bytes read as an idle record (nothing owed, nothing to spend):
-            // the slot is reused, never someone's fresh budget (tokens come from grants).
-            Some(entry) => (Some(Record::decode(&entry.value).unwrap_or_default()), Some(entry.cas)),
-            None => (None, None),
-        })
-    }
-
-    fn write(&self, key: &str, record: &Record, cas: Option<Cas>) -> Result<Swap, StoreError> {
-        let bytes = record.encode();
-        match cas {
-            // The test-only mutant (see Cargo.toml): lease writes are unconditional.
-            Some(_) if cfg!(feature = "mutant-lease-no-cas") => self.store.set(key, &bytes, None),
-            Some(cas) => self.store.set(key, &bytes, Some(cas)),
-            None => shared_store::create(self.store, self.anchor, key, &bytes),
-        }
-    }
-
     /// Runs `change` on the caller's record until its write lands. `change` answers
-    /// whether to write the record and a result.
+    /// whether to write the record and a result. Undecodable bytes read as an idle
+    /// record (nothing owed, nothing to spend): the slot is reused, never someone's fresh
+    /// budget (tokens come from grants).
     fn update<T>(
         &self,
         place: &Placement,
         now: Nanos,
         mut change: impl FnMut(&mut Record) -> (bool, T),
-    ) -> Result<Updated<T>, LeaseError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let (found, cas) = self.read(&place.key)?;
-            let (mut record, forgiven) = match found {
+    ) -> Result<Updated<T>, UpdateError> {
+        #[cfg(feature = "mutant-lease-no-cas")]
+        let store = &mutant::Unconditional(self.store);
+        #[cfg(not(feature = "mutant-lease-no-cas"))]
+        let store = self.store;
+        let landed = shared_store::update(store, self.anchor, &place.key, MAX_ATTEMPTS, |current| {
+            let fresh = Record { owner: place.owner, ..Record::default() };
+            let (mut record, forgiven) = match current.map(|bytes| Record::decode(bytes).unwrap_or_default()) {
                 Some(record) if record.owner == place.owner => (record, 0),
-                Some(record) if !record.is_idle(now) => return Ok(Updated { result: None, forgiven: 0 }),
-                Some(record) => (Record { owner: place.owner, ..Record::default() }, record.debt),
-                None => (Record { owner: place.owner, ..Record::default() }, 0),
+                Some(record) if !record.is_idle(now) => return Change::Keep(Updated { result: None, forgiven: 0 }),
+                Some(record) => (fresh, record.debt),
+                None => (fresh, 0),
             };
             let (write, result) = change(&mut record);
+            let updated = Updated { result: Some(result), forgiven };
             // Taking a slot over is a change of owner even when `change` writes nothing.
-            if !write && forgiven == 0 {
-                return Ok(Updated { result: Some(result), forgiven });
-            }
-            match self.write(&place.key, &record, cas)? {
-                Swap::Written => return Ok(Updated { result: Some(result), forgiven }),
-                Swap::Conflict => {}
-            }
-        }
-        Err(LeaseError::Contended { attempts: MAX_ATTEMPTS })
+            if write || forgiven > 0 { Change::Write(record.encode(), updated) } else { Change::Keep(updated) }
+        })?;
+        Ok(landed.result)
     }
 
     /// Spends `cost` from the caller's lease, electing this request to refill when it
@@ -345,7 +318,7 @@ impl<S: Store> Leases<'_, S> {
         cost: u64,
         now: Nanos,
         rules: Rules,
-    ) -> Result<Updated<Spend>, LeaseError> {
+    ) -> Result<Updated<Spend>, UpdateError> {
         let outcome = self.update(place, now, |record| {
             let live = record.live_tokens(now);
             let refill_free = now >= record.refill_until;
@@ -385,7 +358,7 @@ impl<S: Store> Leases<'_, S> {
         waiter: u64,
         may_elect: bool,
         rules: Rules,
-    ) -> Result<Updated<Spend>, LeaseError> {
+    ) -> Result<Updated<Spend>, UpdateError> {
         let outcome = self.update(place, now, |record| {
             if record.held_for == waiter && record.held.live(now) >= cost {
                 // What was kept for this request; any excess goes to the pools.
@@ -418,7 +391,7 @@ impl<S: Store> Leases<'_, S> {
 
     /// Gives back what a spend took (another policy of the request rejected it). Tokens
     /// commute, so this is exact while the pool lives; an expired lease keeps nothing.
-    pub(crate) fn give_back(&self, place: &Placement, cost: u64, now: Nanos) -> Result<(), LeaseError> {
+    pub(crate) fn give_back(&self, place: &Placement, cost: u64, now: Nanos) -> Result<(), UpdateError> {
         let _ = self.update(place, now, |record| {
             let pool = if now < record.first.expires_at {
                 &mut record.first
@@ -444,7 +417,7 @@ impl<S: Store> Leases<'_, S> {
         max_debt: u64,
         (counter, tag): (u128, Option<u128>),
         now: Nanos,
-    ) -> Result<Updated<(u64, bool)>, LeaseError> {
+    ) -> Result<Updated<(u64, bool)>, UpdateError> {
         let updated = self.update(place, now, |record| {
             let room = max_debt.saturating_sub(record.debt);
             let owed = cost.min(room);
@@ -477,7 +450,7 @@ impl<S: Store> Leases<'_, S> {
         expires_in: Nanos,
         (retry_after, empty_after): (Nanos, Nanos),
         now: Nanos,
-    ) -> Result<Updated<u64>, LeaseError> {
+    ) -> Result<Updated<u64>, UpdateError> {
         self.update(place, now, |record| {
             let expired = record.drop_expired(now);
             record.refill_until = Nanos::ZERO;
@@ -507,7 +480,7 @@ impl<S: Store> Leases<'_, S> {
 
     /// Records that a refill failed: waiting requests apply the failure rule, and the
     /// election is free again.
-    pub(crate) fn refill_failed(&self, place: &Placement, reason: u64, now: Nanos) -> Result<(), LeaseError> {
+    pub(crate) fn refill_failed(&self, place: &Placement, reason: u64, now: Nanos) -> Result<(), UpdateError> {
         let _ = self.update(place, now, |record| {
             record.refill_until = Nanos::ZERO;
             record.failed_at = now.max(Nanos(1));
@@ -528,7 +501,7 @@ impl<S: Store> Leases<'_, S> {
         id: u64,
         window: Nanos,
         now: Nanos,
-    ) -> Result<(Option<Charge>, u64), LeaseError> {
+    ) -> Result<(Option<Charge>, u64), UpdateError> {
         let updated = self.update(place, now, |record| {
             if record.debt == 0 {
                 return (false, (None, 0));
@@ -555,7 +528,7 @@ impl<S: Store> Leases<'_, S> {
 
     /// Takes a charge's units off the debt once the service has answered it (charged or
     /// forgiven), if it is still this record's charge.
-    pub(crate) fn settle_charge(&self, place: &Placement, id: u64, now: Nanos) -> Result<Settled, LeaseError> {
+    pub(crate) fn settle_charge(&self, place: &Placement, id: u64, now: Nanos) -> Result<Settled, UpdateError> {
         let updated = self.update(place, now, |record| {
             if record.charge_id != id || record.charging == 0 {
                 return (false, Settled { settled: false, left: record.debt });
@@ -569,13 +542,13 @@ impl<S: Store> Leases<'_, S> {
     }
 
     /// The caller's record as it stands (`None` when the slot is another key's).
-    pub(crate) fn peek(&self, place: &Placement, now: Nanos) -> Result<Option<Record>, LeaseError> {
+    pub(crate) fn peek(&self, place: &Placement, now: Nanos) -> Result<Option<Record>, UpdateError> {
         Ok(self.update(place, now, |record| (false, *record))?.result)
     }
 
     /// The record in `key`, whoever holds it (a sweep over a table); `None` when there is
     /// none, or it is not a record.
-    pub(crate) fn read_slot(&self, key: &str) -> Result<Option<Record>, LeaseError> {
+    pub(crate) fn read_slot(&self, key: &str) -> Result<Option<Record>, UpdateError> {
         Ok(self.store.get(key)?.and_then(|entry| Record::decode(&entry.value)))
     }
 }
@@ -643,6 +616,25 @@ pub fn inspect_lease_record(bytes: &[u8]) -> Option<LeaseView> {
         empty_until: r.empty_until,
         refill_until: r.refill_until,
     })
+}
+
+/// The test-only mutant (see Cargo.toml): lease records written without CAS, to show
+/// that the fleet simulation catches a lost update.
+#[cfg(feature = "mutant-lease-no-cas")]
+mod mutant {
+    use shared_store::{Cas, Entry, Store, StoreError, Swap};
+
+    /// A store whose conditional writes are unconditional.
+    pub(super) struct Unconditional<'a, S>(pub(super) &'a S);
+
+    impl<S: Store> Store for Unconditional<'_, S> {
+        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            self.0.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], _: Option<Cas>) -> Result<Swap, StoreError> {
+            self.0.set(key, value, None)
+        }
+    }
 }
 
 #[cfg(test)]

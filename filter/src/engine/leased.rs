@@ -36,12 +36,12 @@
 use super::breaker::Admit;
 use super::compiled::{Home, Leased};
 use super::fallback::Cause;
-use super::lease::{Charge, LeaseError, Leases, Rules, Spend, Updated};
+use super::lease::{Charge, Leases, Rules, Spend, Updated};
 use super::resolve::{Few, Place, Resolved};
 use super::wire::{self, Reason};
 use super::{Begun, Decided, Engine, Pending, Stage, namespace};
 use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
-use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, Verdict};
+use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
 use sluice_protocol::{ChargeRequest, LeaseRequest};
 use std::collections::BTreeMap;
 
@@ -157,7 +157,7 @@ impl Engine {
     fn counted<T>(
         &self,
         policy: usize,
-        updated: Result<Updated<T>, LeaseError>,
+        updated: Result<Updated<T>, UpdateError>,
         metrics: &mut impl Metrics,
     ) -> Result<Option<T>, Cause> {
         match updated {
@@ -167,15 +167,15 @@ impl Engine {
                 }
                 Ok(result)
             }
-            Err(LeaseError::Contended { attempts }) => {
+            Err(UpdateError::Contended { attempts }) => {
                 metrics.add(policy, Counter::CasConflicts, i64::from(attempts));
                 Err(Cause::CasExhausted)
             }
-            Err(LeaseError::Store(_)) => Err(Cause::StoreError),
+            Err(UpdateError::Store(_)) => Err(Cause::StoreError),
         }
     }
 
-    fn spent(&self, policy: usize, updated: Result<Updated<Spend>, LeaseError>, metrics: &mut impl Metrics) -> Spent {
+    fn spent(&self, policy: usize, updated: Result<Updated<Spend>, UpdateError>, metrics: &mut impl Metrics) -> Spent {
         match self.counted(policy, updated, metrics) {
             Ok(spend) => Spent::Done(spend.unwrap_or(Spend::Taken)),
             Err(cause) => Spent::Failed(cause),
@@ -603,7 +603,7 @@ impl Engine {
             match sent {
                 Sent::Refill(target, _) => {
                     let failed = leases.refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
-                    if let Err(LeaseError::Contended { attempts }) = failed {
+                    if let Err(UpdateError::Contended { attempts }) = failed {
                         metrics.add(target.policy, Counter::CasConflicts, i64::from(attempts));
                     }
                 }

@@ -10,7 +10,7 @@
 //! sluice/<plugin_name>/<root_id>/l/<policy>/v<n>/  a lease policy's lease records
 //! ```
 
-use shared_store::{HashKey, Store, StoreError, Swap};
+use shared_store::{Change, HashKey, Store, UpdateError};
 
 /// Encodes a plugin identity (name and root id, any bytes) into a key prefix that
 /// cannot collide with another identity: bytes outside `A-Z a-z 0-9 _ . -` are
@@ -73,22 +73,19 @@ pub fn lease_table(prefix: &str, policy: &str, version: u64) -> String {
 ///
 /// # Errors
 /// When the store fails, or keeps conflicting.
-pub fn establish_secret(store: &impl Store, prefix: &str, candidate: [u8; 16]) -> Result<HashKey, StoreError> {
-    let key = secret_key(prefix);
-    let anchor = anchor_key(prefix);
-    for _ in 0..shared_store::DEFAULT_MAX_ATTEMPTS {
-        if let Some(entry) = store.get(&key)? {
-            if let Ok(bytes) = <[u8; 16]>::try_from(entry.value.as_slice()) {
-                return Ok(HashKey::new(bytes));
-            }
-            // Damaged: replace it, conditionally, so racing repairs agree.
-            let _: Swap = store.set(&key, &candidate, Some(entry.cas))?;
-            continue;
-        }
-        // Written or Conflict: either way, read back what won.
-        let _: Swap = shared_store::create(store, &anchor, &key, &candidate)?;
-    }
-    Err(StoreError { operation: "create of the hash secret", status: None })
+pub fn establish_secret(store: &impl Store, prefix: &str, candidate: [u8; 16]) -> Result<HashKey, UpdateError> {
+    let landed = shared_store::update(
+        store,
+        &anchor_key(prefix),
+        &secret_key(prefix),
+        shared_store::DEFAULT_MAX_ATTEMPTS,
+        |current| match current.map(<[u8; 16]>::try_from) {
+            Some(Ok(stored)) => Change::Keep(stored),
+            // Missing, or damaged: offer ours; a racing creator or repair wins instead.
+            None | Some(Err(_)) => Change::Write(candidate, candidate),
+        },
+    )?;
+    Ok(HashKey::new(landed.result))
 }
 
 /// The key global keys are hashed with, derived from the operator's secret: the same on
