@@ -193,6 +193,9 @@ impl SlotTable {
     }
 }
 
+/// Digits in `u64::MAX`.
+const MAX_DECIMAL_DIGITS: usize = 20;
+
 /// Appends `n` in decimal: what `write!(out, "{n}")` does, through `itoa`, without the
 /// formatting machinery, which is slow in wasm (callers build keys and headers per
 /// request).

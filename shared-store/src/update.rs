@@ -77,7 +77,7 @@ pub fn update<S, B, T>(
     mut change: impl FnMut(Option<&[u8]>) -> Change<B, T>,
 ) -> Result<Landed<T>, UpdateError>
 where
-    S: Store + ?Sized,
+    S: Store,
     B: AsRef<[u8]>,
 {
     for conflicts in 0..attempts {
@@ -124,7 +124,8 @@ mod tests {
         let _ = store.set("k", b"v", None).unwrap();
         let before = store.get("k").unwrap().unwrap().cas;
 
-        let landed = update(&store, "anchor", "k", 4, |current| Change::<Vec<u8>, _>::Keep(current.map(<[u8]>::to_vec)));
+        let landed =
+            update(&store, "anchor", "k", 4, |current| Change::<Vec<u8>, _>::Keep(current.map(<[u8]>::to_vec)));
 
         assert_eq!(landed.unwrap().result, Some(b"v".to_vec()));
         assert_eq!(store.get("k").unwrap().unwrap().cas, before);

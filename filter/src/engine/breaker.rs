@@ -10,8 +10,10 @@
 //! keeps losing races is given up (another worker's write won, which carries the same
 //! news).
 //!
-//! A probe that never reports (its worker died, its stream was reset) expires after
-//! `probe_window`, and the next request probes instead.
+//! A probe whose stream ends before its answer (the host then cancels its callout) is
+//! given up at once, and the next request probes; one that never reports for another
+//! reason (its worker died) expires after `probe_window`, and the next request probes
+//! instead.
 //!
 //! Only what says the service is unreachable or unhealthy counts as a failure (a
 //! timeout, a refused or reset call, garbage, a 5xx other than a per-key answer, a 401);
@@ -107,22 +109,32 @@ impl CircuitBreaker {
 
     /// Whether a request may call the service at `now`.
     pub(crate) fn admit(&self, store: &impl Store, now: Nanos) -> Admit {
-        let elected = shared_store::update(store, &self.anchor, &self.key, MAX_ATTEMPTS, |current| {
-            match State::read(current) {
+        let elected =
+            shared_store::update(store, &self.anchor, &self.key, MAX_ATTEMPTS, |current| match State::read(current) {
                 State::Closed { .. } => Change::Keep(Admit::Call),
                 State::Open { until, .. } | State::Probing { until, .. } if now < until => Change::Keep(Admit::Open),
                 State::Open { since, .. } | State::Probing { since, .. } => {
                     let probing = State::Probing { until: now.saturating_add(self.probe_window), since };
                     Change::Write(probing.encode(), Admit::Probe)
                 }
-            }
-        });
+            });
         match elected {
             Ok(landed) => landed.result,
             // Everyone else is updating it: someone else is the probe.
             Err(UpdateError::Contended { .. }) => Admit::Open,
             Err(UpdateError::Store(_)) => Admit::Call,
         }
+    }
+
+    /// Gives up the probe a request was elected for, whose answer will never come (its
+    /// stream ended and the host cancelled the callout): the next request probes at once
+    /// instead of waiting out the probe's window.
+    pub(crate) fn release_probe(&self, store: &impl Store, now: Nanos) {
+        let _ =
+            shared_store::update(store, &self.anchor, &self.key, MAX_ATTEMPTS, |current| match State::read(current) {
+                State::Probing { since, .. } => Change::Write(State::Open { until: now, since }.encode(), ()),
+                State::Closed { .. } | State::Open { .. } => Change::Keep(()),
+            });
     }
 
     /// Records the result of a callout sent at `sent_at`: `Some(true)` healthy,

@@ -378,6 +378,49 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
 }
 
 #[test]
+fn a_probe_whose_stream_ends_before_its_answer_lets_the_next_request_probe_at_once() {
+    // The host cancels a stream's callout when the stream ends, so the probe's answer
+    // never comes: the circuit must not stay half-open for the probe's whole window.
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let client =
+        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
+    for i in 0..3 {
+        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
+        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+    }
+    limiter.clock().advance(Nanos::from_secs(1));
+    let probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
+    let _ = decided(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
+
+    engine.forget(probe, &limiter, &mut metrics);
+    let next = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
+
+    assert!(matches!(next, Begun::Waiting(_)), "the next request is the new probe");
+    assert_eq!(callouts.sent.len(), 5);
+}
+
+#[test]
+fn a_request_that_was_not_the_probe_leaves_the_probe_alone_when_its_stream_ends() {
+    let engine = engine(LAYERED);
+    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+    let client =
+        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
+    let before = waiting(begin(&engine, &client(0), &limiter, &mut callouts, &mut metrics));
+    for i in 1..4 {
+        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
+        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+    }
+    limiter.clock().advance(Nanos::from_secs(1));
+    let _probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
+
+    engine.forget(before, &limiter, &mut metrics);
+    let next = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
+
+    assert!(matches!(next, Begun::Decided(_)), "one probe at a time");
+}
+
+#[test]
 fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_circuit() {
     let engine = engine(LAYERED);
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());

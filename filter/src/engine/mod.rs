@@ -142,6 +142,8 @@ pub struct Pending {
     /// When its check was sent (a success from before the circuit opened does not
     /// close it).
     sent_at: Nanos,
+    /// Whether its check is the probe of a half-open circuit.
+    probe: bool,
     /// Its id while it waits for a lease refill (a grant it elected is held for it);
     /// 0 before.
     waiter: u64,
@@ -466,6 +468,7 @@ impl Engine {
             token: 0,
             deadline: Nanos::ZERO,
             sent_at: Nanos::ZERO,
+            probe: false,
             waiter: 0,
             stage: Stage::Check,
             tally,
@@ -506,10 +509,12 @@ impl Engine {
             return self.proceed(pending, limiter, room_to_pause, metrics);
         }
         let now = limiter.clock().now();
-        if service.breaker.admit(limiter.store(), now) == Admit::Open {
+        let admit = service.breaker.admit(limiter.store(), now);
+        if admit == Admit::Open {
             let cause = Cause::Service(Reason::CircuitOpen);
             return self.degrade_checks(cause, pending, false, limiter, room_to_pause, metrics);
         }
+        pending.probe = admit == Admit::Probe;
         let tag = pending.tag.clone();
         let body = wire::check_body(&tag, &pending.global, |index| match &self.compiled(index)?.home {
             Home::Global { spec, .. } => Some((*spec, self.compiled(index)?.policy.version)),
@@ -679,7 +684,8 @@ impl Engine {
     }
 
     /// Counts a request that was waiting for the counter service when its stream ended:
-    /// its local reservation is given back (it was never forwarded).
+    /// its local reservation is given back (it was never forwarded), and if its check was
+    /// the probe of a half-open circuit, the next request probes instead.
     pub fn forget<S: Store, C: Clock>(
         &self,
         pending: Box<Pending>,
@@ -687,6 +693,12 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) {
         metrics.add_plugin(PluginCounter::Waiting, -1);
+        // The host cancels an ended stream's callout: a probe's answer will not come.
+        if pending.probe
+            && let Some(service) = &self.service
+        {
+            service.breaker.release_probe(limiter.store(), limiter.clock().now());
+        }
         self.give_back(pending.reservation, &pending.local, limiter, metrics);
         self.settle(&pending.tally, Disposition::Rejected, metrics);
         for &policy in &pending.tally.0 {
