@@ -316,7 +316,7 @@ fn a_lease_policy_after_one_that_takes_its_failure_rule_still_spends_its_own_lea
             .iter()
             .any(|(n, v)| n == "x-sluice-fallback" && v == "fail_open; reason=lease_slot_taken; policies=route")
     );
-    let tokens = |r: Option<lease::Record>| r.map(|r| r.live_tokens(Nanos::from_secs(1000)));
+    let tokens = |r: Option<lease_record::Record>| r.map(|r| r.live_tokens(Nanos::from_secs(1000)));
     let after = w.engine.leases(w.limiter.store()).peek(
         &match &resolve_lease(&w, &routed("b", "t"), 1) {
             Place::Global { lease: Some(slot), .. } => slot.clone(),
@@ -372,7 +372,7 @@ fn a_lease_record_that_keeps_losing_its_cas_race_is_counted_as_cas_exhausted_and
     assert_eq!(status(&decided), Some(200), "the emergency cap admits");
     assert_eq!(metrics.get(0, Counter::CasExhausted), 1);
     // The spend's attempts, then the debt's (which could not be recorded: forgiven).
-    assert_eq!(metrics.get(0, Counter::CasConflicts), 2 * i64::from(lease::MAX_ATTEMPTS));
+    assert_eq!(metrics.get(0, Counter::CasConflicts), 2 * i64::from(lease_record::MAX_ATTEMPTS));
     assert_eq!(metrics.get(0, Counter::LeaseForgiven), 1);
     assert_eq!(metrics.get(0, Counter::StoreErrors), 0);
     assert_eq!(metrics.get(0, Counter::DegradedDispatchFailed), 0);
@@ -419,7 +419,7 @@ fn debt_the_service_never_takes_ages_out_of_its_slot_and_is_counted_as_forgiven(
     let _ = w.retry(pending);
     let taken = w.begin_with(&tenant("regular"));
 
-    w.limiter.clock().advance(lease::DEBT_LIFE);
+    w.limiter.clock().advance(lease_record::DEBT_LIFE);
     let later = w.begin_with(&tenant("regular"));
 
     assert_eq!(status(&taken), Some(200), "taken at first: the failure rule admits it");

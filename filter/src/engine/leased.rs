@@ -1,5 +1,5 @@
-//! The lease strategy in the engine: spending a request's lease policies, waiting for a
-//! refill, refilling and reconciling.
+//! The lease-mode stage of the engine (the record it spends is `lease_record.rs`):
+//! spending a request's lease policies, waiting for a refill, refilling and reconciling.
 //!
 //! # Who calls the service
 //!
@@ -30,13 +30,13 @@
 //! The worker that owed it schedules a charge of its own, sent by its root once the
 //! circuit is closed, whatever else happens to the key; a charge carries an id, so one
 //! sent again after a timeout is applied once. Debt that cannot be charged within
-//! [`lease::DEBT_LIFE`](super::lease::DEBT_LIFE) is forgiven and counted. So an outage's
+//! [`lease_record::DEBT_LIFE`](super::lease_record::DEBT_LIFE) is forgiven and counted. So an outage's
 //! overshoot is paid back, not forgotten, and one-off identities never hold slots.
 
 use super::breaker::Admit;
 use super::compiled::{Home, Leased};
 use super::fallback::Cause;
-use super::lease::{Charge, Leases, Rules, Spend, Updated};
+use super::lease_record::{Charge, Leases, Rules, Spend, Updated};
 use super::resolve::{Few, Place, Resolved};
 use super::wire::{self, Reason};
 use super::{Begun, Decided, Engine, Pending, Stage, namespace};

@@ -1,5 +1,6 @@
-//! Leases: a proxy's share of a global budget, kept in shared data and spent by every
-//! worker with compare-and-swap, like a local bucket.
+//! The lease record (the lease-mode stage that uses it is `leased.rs`): a proxy's share
+//! of a global budget, kept in shared data and spent by every worker with compare-and-swap,
+//! like a local bucket.
 //!
 //! One record per caller key and proxy (in a slot table, like local buckets):
 //!
