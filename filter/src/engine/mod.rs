@@ -154,10 +154,10 @@ pub struct Pending {
     local: Few<(usize, Decision)>,
     local_due: Option<Nanos>,
     /// Check-mode policies not decided yet.
-    global: Few<Resolved>,
+    checked: Few<Resolved>,
     /// The service's decisions for the check-mode policies.
     decisions: Few<(usize, Decision)>,
-    global_due: Option<Nanos>,
+    checked_due: Option<Nanos>,
     /// Lease-mode policies not spent yet.
     leased: Few<Resolved>,
     /// Lease spends made, to give back if the request is rejected after all.
@@ -456,7 +456,7 @@ impl Engine {
             (Few::new(), Reservation::empty(), None)
         } else {
             // A reservation is only worth keeping when a later stage may give it back.
-            let keep = !(resolution.global.is_empty() && resolution.leased.is_empty());
+            let keep = !(resolution.checked.is_empty() && resolution.leased.is_empty());
             match self.reserve_local(&resolution.local, keep, limiter, metrics) {
                 Local::Admitted { decisions, reservation, due } => (decisions, reservation, due),
                 Local::Rejected(outcome) => return Begun::Decided(Decided { outcome, tally }),
@@ -475,9 +475,9 @@ impl Engine {
             reservation,
             local,
             local_due,
-            global: resolution.global,
+            checked: resolution.checked,
             decisions: Few::new(),
-            global_due: None,
+            checked_due: None,
             leased: resolution.leased,
             spent: Few::new(),
             since: Nanos::ZERO,
@@ -485,7 +485,7 @@ impl Engine {
             fallback: None,
             shadows: resolution.shadows,
         };
-        if pending.global.is_empty() && pending.leased.is_empty() {
+        if pending.checked.is_empty() && pending.leased.is_empty() {
             return self.proceed(pending, limiter, room_to_pause, metrics);
         }
         let Some(service) = &self.service else {
@@ -498,14 +498,14 @@ impl Engine {
                 Ok(Some(tag)) => namespace::hex128(tag),
                 Ok(None) => "none".to_owned(),
                 Err(_) => {
-                    for resolved in pending.global.iter().chain(&pending.leased) {
+                    for resolved in pending.checked.iter().chain(&pending.leased) {
                         metrics.add(resolved.policy, Counter::ReadFailures, 1);
                     }
                     let cause = Cause::Service(Reason::DispatchFailed);
                     return self.degrade_checks(cause, pending, true, limiter, room_to_pause, metrics);
                 }
             };
-        if pending.global.is_empty() {
+        if pending.checked.is_empty() {
             return self.proceed(pending, limiter, room_to_pause, metrics);
         }
         let now = limiter.clock().now();
@@ -516,7 +516,7 @@ impl Engine {
         }
         pending.probe = admit == Admit::Probe;
         let tag = pending.tag.clone();
-        let body = wire::check_body(&tag, &pending.global, |index| match &self.compiled(index)?.home {
+        let body = wire::check_body(&tag, &pending.checked, |index| match &self.compiled(index)?.home {
             Home::Global { spec, .. } => Some((*spec, self.compiled(index)?.policy.version)),
             Home::Local(_) => None,
         });
@@ -561,7 +561,7 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) -> Begun {
         let mut failed: Few<(Resolved, Cause)> =
-            std::mem::take(&mut pending.global).into_iter().map(|r| (r, cause)).collect();
+            std::mem::take(&mut pending.checked).into_iter().map(|r| (r, cause)).collect();
         if with_leases {
             failed.extend(std::mem::take(&mut pending.leased).into_iter().map(|r| (r, cause)));
         }
@@ -584,7 +584,7 @@ impl Engine {
     ) -> Begun {
         metrics.add_plugin(PluginCounter::Waiting, -1);
         let now = limiter.clock().now();
-        let classified = wire::classify(answer, pending.global.len());
+        let classified = wire::classify(answer, pending.checked.len());
         let health = match &classified {
             Ok(_) => Some(true),
             Err(failure) => failure.health(),
@@ -604,8 +604,8 @@ impl Engine {
         };
         let mut pending = pending;
         let global: Few<(usize, Decision)> =
-            pending.global.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
-        pending.global.clear();
+            pending.checked.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
+        pending.checked.clear();
         if !response.admitted {
             for (policy, decision) in &global {
                 if !decision.is_admitted() {
@@ -616,7 +616,7 @@ impl Engine {
             return Begun::Decided(self.reject_pending(pending, strictest, self.response.status, limiter, metrics));
         }
         let delay = global.iter().map(|(_, d)| d.delay()).max().unwrap_or(Nanos::ZERO);
-        pending.global_due = (delay > Nanos::ZERO).then(|| now.saturating_add(delay));
+        pending.checked_due = (delay > Nanos::ZERO).then(|| now.saturating_add(delay));
         pending.decisions = global;
         self.proceed(pending, limiter, room_to_pause, metrics)
     }
@@ -807,7 +807,7 @@ impl Engine {
         {
             headers.push((name.clone(), value));
         }
-        let due = match (pending.local_due, pending.global_due) {
+        let due = match (pending.local_due, pending.checked_due) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };

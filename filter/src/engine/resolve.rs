@@ -48,7 +48,7 @@ pub(crate) struct Resolution {
     /// Local enforcing policies, decided together.
     pub(crate) local: Few<Resolved>,
     /// Global policies in check mode, decided together by the service.
-    pub(crate) global: Few<Resolved>,
+    pub(crate) checked: Few<Resolved>,
     /// Global policies in lease mode, spent from this proxy's leases.
     pub(crate) leased: Few<Resolved>,
     /// Shadow policies, decided one by one after an admission.
@@ -106,7 +106,7 @@ pub(crate) fn resolve(
                 let resolved = Resolved { policy: index, cost, at };
                 match (&resolved.at, policy.shadow) {
                     (Place::Global { lease: Some(_), .. }, _) => out.leased.push(resolved),
-                    (Place::Global { .. }, _) => out.global.push(resolved),
+                    (Place::Global { .. }, _) => out.checked.push(resolved),
                     (Place::Local(_), true) => out.shadows.push(resolved),
                     (Place::Local(_), false) => out.local.push(resolved),
                 }
