@@ -447,7 +447,7 @@ fn hold(shared: &Shared, id: u32, pending: Box<Pending>, place: Place) -> Result
         queue.insert(id, pending);
         return Ok(());
     }
-    let deadline = pending.deadline;
+    let deadline = pending.deadline();
     match shared.waiting.try_borrow_mut() {
         Ok(mut waiting) => {
             waiting.insert(id, deadline, pending);

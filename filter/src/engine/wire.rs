@@ -7,7 +7,7 @@
 //! timeout before the headers is a `504`, a protocol error a `502`, and a reset after
 //! the headers (or a body slower than the timeout) is a callout with no headers.
 
-use super::resolve::{Place, Resolved};
+use super::resolved::{Place, Resolved};
 use crate::host::CalloutAnswer;
 use sluice_protocol::{ChargeResponse, CheckRequest, CheckResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec};
 

@@ -1,15 +1,17 @@
-//! Global policies natively: the check the engine sends, what it makes of every kind of
-//! answer, the failure rule, the circuit breaker, all-or-nothing with local policies.
-
-use super::*;
+//! Check-mode policies through the engine: one callout per request with hashed keys,
+//! partitions, global rejections that give the local spend back, the failure rule per
+//! failure class, the emergency cap.
 use crate::config::Config;
+use crate::engine::*;
+use crate::host::{CalloutAnswer, Counter};
 use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics};
+use shared_store::{HashKey, Limiter, Nanos};
 use shared_store::{ManualClock, MemoryStore};
 
-const SECRET: HashKey = HashKey::new([7; 16]);
-const HASH_KEY: &str = "0123456789abcdef-operator-key";
+pub(super) const SECRET: HashKey = HashKey::new([7; 16]);
+pub(super) const HASH_KEY: &str = "0123456789abcdef-operator-key";
 
-fn env(name: &str) -> Option<String> {
+pub(super) fn env(name: &str) -> Option<String> {
     match name {
         "HASH" => Some(HASH_KEY.to_owned()),
         "TOKEN" => Some("s3cret-token".to_owned()),
@@ -17,24 +19,24 @@ fn env(name: &str) -> Option<String> {
     }
 }
 
-fn engine(json: &str) -> Engine {
+pub(super) fn engine(json: &str) -> Engine {
     engine_with_secret(json, SECRET)
 }
 
-fn engine_with_secret(json: &str, secret: HashKey) -> Engine {
+pub(super) fn engine_with_secret(json: &str, secret: HashKey) -> Engine {
     Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", secret, env).unwrap()
 }
 
-fn limiter() -> Limiter<MemoryStore, ManualClock> {
+pub(super) fn limiter() -> Limiter<MemoryStore, ManualClock> {
     Limiter::new(MemoryStore::new(), ManualClock::at(Nanos::from_secs(1000)))
 }
 
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
 /// A local per-client window and a global per-tenant bucket with an emergency cap.
-const LAYERED: &str = r#"{
+pub(super) const LAYERED: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "token_env": "TOKEN", "timeout": "50ms",
                       "circuit_breaker": {"failures": 3, "cooldown": "1s"}},
   "policies": [
@@ -46,11 +48,11 @@ const LAYERED: &str = r#"{
   "response": {"fallback_header": "x-sluice-fallback", "headers_on_allowed": ["ratelimit"]}
 }"#;
 
-fn request() -> FakeRequest {
+pub(super) fn request() -> FakeRequest {
     FakeRequest::get("/").with_header("x-client", "alice").with_header("x-tenant", "acme")
 }
 
-fn begin(
+pub(super) fn begin(
     engine: &Engine,
     request: &FakeRequest,
     limiter: &Limiter<MemoryStore, ManualClock>,
@@ -60,33 +62,33 @@ fn begin(
     engine.begin(request, limiter, callouts, true, metrics)
 }
 
-fn waiting(begun: Begun) -> Box<Pending> {
+pub(super) fn waiting(begun: Begun) -> Box<Pending> {
     match begun {
         Begun::Waiting(pending) => pending,
         Begun::Decided(decided) => panic!("expected a callout, got {decided:?}"),
     }
 }
 
-fn decided(begun: Begun) -> Decided {
+pub(super) fn decided(begun: Begun) -> Decided {
     match begun {
         Begun::Decided(decided) => decided,
-        Begun::Waiting(pending) => panic!("expected a decision, got a callout {}", pending.token),
+        Begun::Waiting(pending) => panic!("expected a decision, got a callout {:?}", pending.token()),
     }
 }
 
-fn entry(verdict: &str, remaining: u64, retry_after_ns: u64) -> String {
+pub(super) fn entry(verdict: &str, remaining: u64, retry_after_ns: u64) -> String {
     format!(
         r#"{{"verdict":"{verdict}","limit":10,"remaining":{remaining},"reset_after_ns":6000000000,
             "retry_after_ns":{retry_after_ns},"delay_ns":0}}"#
     )
 }
 
-fn answer(admitted: bool, entries: &[String]) -> CalloutAnswer {
+pub(super) fn answer(admitted: bool, entries: &[String]) -> CalloutAnswer {
     let body = format!(r#"{{"admitted":{admitted},"at_ns":1,"entries":[{}]}}"#, entries.join(","));
     CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
-fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
+pub(super) fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
     let disposition = match decided.outcome {
         Outcome::Continue { .. } => Disposition::Allowed,
         Outcome::Reject(_) => Disposition::Rejected,
@@ -95,14 +97,14 @@ fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
     engine.settle(&decided.tally, disposition, metrics);
 }
 
-fn status(decided: &Decided) -> u16 {
+pub(super) fn status(decided: &Decided) -> u16 {
     match &decided.outcome {
         Outcome::Reject(response) => response.status,
         Outcome::Continue { .. } | Outcome::Delay { .. } => 200,
     }
 }
 
-fn response_headers(decided: &Decided) -> &[(String, String)] {
+pub(super) fn response_headers(decided: &Decided) -> &[(String, String)] {
     match &decided.outcome {
         Outcome::Reject(response) => &response.headers,
         Outcome::Continue { headers } | Outcome::Delay { headers, .. } => headers,
@@ -147,7 +149,7 @@ fn one_check_carries_every_global_policy_with_hashed_keys_and_the_token() {
         assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
     }
     assert!(!call.body.contains("acme") && !call.body.contains("s3cret"), "{}", call.body);
-    assert_eq!(pending.deadline, Nanos::from_secs(1000).saturating_add(Nanos::from_millis(50)));
+    assert_eq!(pending.deadline(), Nanos::from_secs(1000).saturating_add(Nanos::from_millis(50)));
 }
 
 #[test]
@@ -344,232 +346,4 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
     assert_eq!(metrics.get(1, Counter::EmergencyRejected), 1);
     // The rejected request gave its local spend back: client c has all 3 left.
     assert_eq!(metrics.get(0, Counter::Unrefunded), 0);
-}
-
-#[test]
-fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_probe_closes_it() {
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let client =
-        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    for i in 0..3 {
-        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
-    }
-    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
-
-    let open = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
-    assert_eq!(callouts.sent.len(), 3, "no callout while the circuit is open");
-    assert_eq!(
-        header(response_headers(&open), "x-sluice-fallback"),
-        Some("emergency; reason=circuit_open; policies=tenant")
-    );
-    assert_eq!(metrics.get(1, Counter::DegradedCircuitOpen), 1);
-
-    limiter.clock().advance(Nanos::from_secs(1));
-    let probe = waiting(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
-    let during_probe = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
-    assert!(matches!(during_probe, Begun::Decided(_)), "one probe at a time");
-    let _ = decided(engine.complete(probe, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
-
-    let closed = begin(&engine, &client(13), &limiter, &mut callouts, &mut metrics);
-    assert!(matches!(closed, Begun::Waiting(_)), "the probe's success closed the circuit");
-    assert_eq!(callouts.sent.len(), 5);
-}
-
-#[test]
-fn a_probe_whose_stream_ends_before_its_answer_lets_the_next_request_probe_at_once() {
-    // The host cancels a stream's callout when the stream ends, so the probe's answer
-    // never comes: the circuit must not stay half-open for the probe's whole window.
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let client =
-        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    for i in 0..3 {
-        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
-    }
-    limiter.clock().advance(Nanos::from_secs(1));
-    let probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
-    let _ = decided(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
-
-    engine.forget(probe, &limiter, &mut metrics);
-    let next = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
-
-    assert!(matches!(next, Begun::Waiting(_)), "the next request is the new probe");
-    assert_eq!(callouts.sent.len(), 5);
-}
-
-#[test]
-fn a_request_that_was_not_the_probe_leaves_the_probe_alone_when_its_stream_ends() {
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let client =
-        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    let before = waiting(begin(&engine, &client(0), &limiter, &mut callouts, &mut metrics));
-    for i in 1..4 {
-        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
-    }
-    limiter.clock().advance(Nanos::from_secs(1));
-    let _probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
-
-    engine.forget(before, &limiter, &mut metrics);
-    let next = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
-
-    assert!(matches!(next, Begun::Decided(_)), "one probe at a time");
-}
-
-#[test]
-fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_circuit() {
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let client =
-        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    let full = br#"{"error":{"code":"store_full","message":"the memory store holds its maximum of 10 active keys"}}"#;
-    let too_many = br#"{"error":{"code":"too_many_entries","message":"entries: 2 entries, at most 1 per check"}}"#;
-    for i in 0..6 {
-        let (status, body) = if i % 2 == 0 { (503, full.as_slice()) } else { (400, too_many.as_slice()) };
-        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let answer = CalloutAnswer::Response { status, body: body.to_vec() };
-        let _ = decided(engine.complete(pending, &answer, &limiter, true, &mut metrics));
-    }
-
-    let next = begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics);
-
-    assert_eq!(metrics.get(1, Counter::DegradedBadStatus), 6, "each took its policy's failure rule");
-    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 0);
-    assert!(matches!(next, Begun::Waiting(_)), "the service is still asked");
-}
-
-#[test]
-fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let client =
-        |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    let slow = waiting(begin(&engine, &client(0), &limiter, &mut callouts, &mut metrics));
-    limiter.clock().advance(Nanos::from_millis(1));
-    for i in 1..4 {
-        let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
-    }
-    assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
-
-    // The call sent before the failures succeeds late.
-    let _ = decided(engine.complete(slow, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
-    let next = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
-
-    assert_eq!(
-        header(response_headers(&next), "x-sluice-fallback"),
-        Some("emergency; reason=circuit_open; policies=tenant")
-    );
-}
-
-#[test]
-fn a_callout_the_proxy_refuses_to_send_is_decided_by_the_failure_rule_at_once() {
-    let engine = engine(LAYERED);
-    let (limiter, mut metrics) = (limiter(), RecordedMetrics::default());
-    let mut callouts = FakeCallouts { refuse: Some(2), ..FakeCallouts::default() };
-
-    let decided = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-
-    assert_eq!(status(&decided), 200);
-    assert_eq!(
-        header(response_headers(&decided), "x-sluice-fallback"),
-        Some("emergency; reason=dispatch_failed; policies=tenant")
-    );
-    assert_eq!(metrics.get(1, Counter::DegradedDispatchFailed), 1);
-}
-
-#[test]
-fn a_stream_that_ends_while_waiting_gives_its_local_spend_back() {
-    let engine = engine(LAYERED);
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    for _ in 0..3 {
-        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        engine.forget(pending, &limiter, &mut metrics);
-    }
-
-    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-
-    assert!(pending.deadline > Nanos::ZERO, "the window still had room: nothing stayed spent");
-    assert_eq!(metrics.get(0, Counter::Abandoned), 3);
-    assert_eq!(metrics.plugin(PluginCounter::Waiting), 1);
-}
-
-#[test]
-fn a_header_the_host_fails_to_read_takes_on_failure_even_where_a_missing_one_is_skipped() {
-    let engine = engine(
-        r#"{"policies": [{"name": "k", "key": [{"header": "x-api-key"}], "rate": "1/minute", "burst": 1,
-                          "on_missing_key": "skip"}]}"#,
-    );
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let failing = FakeRequest::get("/").failing("x-api-key");
-
-    let decided = decided(begin(&engine, &failing, &limiter, &mut callouts, &mut metrics));
-
-    assert_eq!(status(&decided), 503);
-    assert_eq!(metrics.get(0, Counter::ReadFailures), 1);
-    assert_eq!(metrics.get(0, Counter::FailureDenied), 1);
-    assert_eq!(metrics.get(0, Counter::MissingKey), 0);
-}
-
-#[test]
-fn a_property_the_host_fails_to_read_with_on_failure_allow_is_counted_and_forwarded() {
-    let engine = engine(
-        r#"{"policies": [{"name": "ip", "key": ["client_address"], "rate": "1/minute", "burst": 1,
-                          "on_failure": {"action": "allow"}}]}"#,
-    );
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let failing = FakeRequest::get("/").failing("source.address");
-
-    let decided = decided(begin(&engine, &failing, &limiter, &mut callouts, &mut metrics));
-
-    assert_eq!(status(&decided), 200);
-    assert_eq!(metrics.get(0, Counter::ReadFailures), 1);
-    assert_eq!(metrics.get(0, Counter::FailureAllowed), 1);
-}
-
-#[test]
-fn a_delay_from_a_global_leaky_bucket_holds_the_request() {
-    let engine = engine(
-        r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH"},
-            "policies": [{"name": "s", "key": [{"constant": "all"}], "algorithm": "leaky_bucket", "rate": "2/second",
-                          "queue": 4, "max_wait": "2s", "global": {"strategy": "check"}}]}"#,
-    );
-    let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-    let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let delayed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"delayed","limit":4,"remaining":2,
-        "reset_after_ns":1000000000,"retry_after_ns":0,"delay_ns":500000000}]}"#;
-
-    let decided = decided(engine.complete(
-        pending,
-        &CalloutAnswer::Response { status: 200, body: delayed.as_bytes().to_vec() },
-        &limiter,
-        true,
-        &mut metrics,
-    ));
-
-    let Outcome::Delay { due, .. } = decided.outcome else { panic!("expected a delay, got {:?}", decided.outcome) };
-    assert_eq!(due, Nanos::from_secs(1000).saturating_add(Nanos::from_millis(500)));
-}
-
-#[test]
-fn a_missing_environment_secret_refuses_the_configuration_without_showing_any_secret() {
-    let config = Config::from_json(
-        br#"{"counter_service": {"cluster": "c", "hash_key_env": "NOPE"},
-             "policies": [{"name": "t", "key": [{"header": "x"}], "rate": "1/second", "global": {"strategy": "check"}}]}"#,
-    )
-    .unwrap();
-
-    let error = Engine::new(config, "p/", SECRET, env).unwrap_err();
-
-    assert_eq!(
-        error,
-        "counter_service.hash_key_env: the VM has no environment variable \"NOPE\" (set it in vm_config.environment_variables)"
-    );
-    let engine = engine(LAYERED);
-    let debug = format!("{engine:?}");
-    assert!(!debug.contains("s3cret") && !debug.contains(HASH_KEY), "{debug}");
 }

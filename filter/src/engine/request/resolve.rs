@@ -1,46 +1,16 @@
-//! From a request to what each matching policy needs: where the caller's budget is and
-//! what the request costs. No shared data is touched here.
+//! The resolve stage: from a request to what each matching policy needs, where the
+//! caller's budget is and what the request costs. No shared data is touched here.
 //!
 //! A policy whose key part is missing follows `on_missing_key`; a policy for which a host
 //! call fails (reading a header, a property) follows its `on_failure`: a failed read is
 //! never "missing", which under `skip` would admit silently.
 
-use super::compiled::{Compiled, Home};
 use crate::config::{FailureOutcome, MissingKey};
+use crate::engine::compiled::{Compiled, Home};
+use crate::engine::resolved::{Few, Place, Resolved};
 use crate::host::{Counter, HostFailure, Metrics, RequestFacts};
 use crate::policy::fingerprint_parts;
-use shared_store::{HashKey, MAX_INLINE_LIMITS, Placement};
-use smallvec::SmallVec;
-
-/// Policies of one request, inline up to the common case.
-pub(crate) type Few<T> = SmallVec<[T; MAX_INLINE_LIMITS]>;
-
-/// One matching policy, resolved.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    /// The policy's index.
-    pub(crate) policy: usize,
-    /// What the request costs under it.
-    pub(crate) cost: u64,
-    /// Where its budget is.
-    pub(crate) at: Place,
-}
-
-/// Where a resolved policy's budget is.
-#[derive(Debug, Clone)]
-pub(crate) enum Place {
-    /// In this proxy's shared data.
-    Local(Placement),
-    /// At the counter service under `key`; `cap` is the caller's emergency bucket.
-    Global {
-        /// The caller's global fingerprint, the same on every proxy.
-        key: u128,
-        /// The emergency cap's bucket, when the policy has one.
-        cap: Option<Placement>,
-        /// Lease mode: the caller's lease record.
-        lease: Option<Placement>,
-    },
-}
+use shared_store::HashKey;
 
 /// Every matching policy of a request, by how it is decided.
 #[derive(Debug, Default)]

@@ -1,0 +1,149 @@
+//! Why a global policy could not be decided, which fallback decided instead, and how
+//! that is told: the per-cause counter, the fallback header's value, and a log line at
+//! most once per [`LOG_INTERVAL`] per cause.
+
+use super::compiled::Compiled;
+use super::resolved::{Few, Resolved};
+use super::wire::Reason;
+use crate::host::Counter;
+use shared_store::Nanos;
+
+/// The least time between two log lines about the same cause.
+pub(crate) const LOG_INTERVAL: Nanos = Nanos::from_secs(10);
+
+/// Why a global policy could not be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The counter service could not decide (or the lease could not wait).
+    Service(Reason),
+    /// Every CAS attempt on the policy's lease record lost to other workers.
+    CasExhausted,
+    /// The host failed a shared-data call on the policy's lease record.
+    StoreError,
+}
+
+impl Cause {
+    /// Every cause, in a fixed order (for the log limiter).
+    const COUNT: usize = Reason::ALL.len() + 2;
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Service(reason) => reason.index(),
+            Self::CasExhausted => Reason::ALL.len(),
+            Self::StoreError => Reason::ALL.len() + 1,
+        }
+    }
+
+    /// The name in logs and the fallback header.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Self::Service(reason) => reason.name(),
+            Self::CasExhausted => "cas_exhausted",
+            Self::StoreError => "store_error",
+        }
+    }
+
+    /// The per-policy counter that counts it.
+    pub(crate) const fn counter(self) -> Counter {
+        match self {
+            Self::Service(Reason::Timeout) => Counter::DegradedTimeout,
+            Self::Service(Reason::Refused) => Counter::DegradedRefused,
+            Self::Service(Reason::Reset) => Counter::DegradedReset,
+            Self::Service(Reason::BadStatus) => Counter::DegradedBadStatus,
+            Self::Service(Reason::BadBody) => Counter::DegradedBadBody,
+            Self::Service(Reason::Unauthorized) => Counter::DegradedUnauthorized,
+            Self::Service(Reason::CircuitOpen) => Counter::DegradedCircuitOpen,
+            Self::Service(Reason::DispatchFailed) => Counter::DegradedDispatchFailed,
+            Self::Service(Reason::LeaseQueueFull) => Counter::DegradedLeaseQueueFull,
+            Self::Service(Reason::LeaseSlotTaken) => Counter::DegradedLeaseSlotTaken,
+            Self::CasExhausted => Counter::CasExhausted,
+            Self::StoreError => Counter::StoreErrors,
+        }
+    }
+}
+
+/// Which fallback decided, for logs and the fallback header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    /// The policy's local emergency cap.
+    Emergency,
+    /// Its failure action `allow`.
+    FailOpen,
+    /// Its failure action `deny`.
+    FailClosed,
+}
+
+impl Fallback {
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Self::Emergency => "emergency",
+            Self::FailOpen => "fail_open",
+            Self::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// What the fallback header says about a request: which fallback decided (the first
+/// one), why, and for which policies, e.g. `emergency; reason=timeout; policies=tenant`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Note {
+    fallback: Fallback,
+    cause: Cause,
+    policies: Few<usize>,
+}
+
+impl Note {
+    /// The header's value, naming the policies from `policies`.
+    pub(crate) fn render(&self, policies: &[Compiled]) -> String {
+        let mut value = String::with_capacity(48);
+        value.push_str(self.fallback.name());
+        value.push_str("; reason=");
+        value.push_str(self.cause.name());
+        value.push_str("; policies=");
+        for (i, policy) in self.policies.iter().enumerate() {
+            if i > 0 {
+                value.push(',');
+            }
+            if let Some(compiled) = policies.get(*policy) {
+                value.push_str(&compiled.policy.name);
+            }
+        }
+        value
+    }
+
+    /// Adds the policies of a later fallback of the same request.
+    pub(crate) fn merge(note: Option<Self>, fallback: Fallback, cause: Cause, failed: &[(Resolved, Cause)]) -> Self {
+        let mut note = note.unwrap_or(Self { fallback, cause, policies: Few::new() });
+        for (resolved, _) in failed {
+            if !note.policies.contains(&resolved.policy) {
+                note.policies.push(resolved.policy);
+            }
+        }
+        note
+    }
+}
+
+/// One log line per cause per interval, with the count of what it stood for.
+#[derive(Debug, Default)]
+pub(crate) struct LogLimiter {
+    last: [Option<Nanos>; Cause::COUNT],
+    suppressed: [u64; Cause::COUNT],
+}
+
+impl LogLimiter {
+    /// Whether to log now; when so, how many were suppressed since the last line.
+    pub(crate) fn admit(&mut self, cause: Cause, now: Nanos) -> Option<u64> {
+        let i = cause.index();
+        let (Some(last), Some(suppressed)) = (self.last.get_mut(i), self.suppressed.get_mut(i)) else { return None };
+        match last {
+            Some(at) if now.saturating_sub(*at) < LOG_INTERVAL => {
+                *suppressed = suppressed.saturating_add(1);
+                None
+            }
+            _ => {
+                *last = Some(now);
+                Some(std::mem::take(suppressed))
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What the engine answers for a request, and what the glue reports back once it has
+//! carried the answer out: the outcome, the policies it counts under, its disposition.
+
+use super::resolved::Few;
+use crate::host::{Counter, Metrics};
+use shared_store::Nanos;
+
+/// What to do with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Forward it; add these headers to its response.
+    Continue {
+        /// Response headers (rate-limit headers on allowed responses, the fallback header).
+        headers: Vec<(String, String)>,
+    },
+    /// Answer it locally.
+    Reject(LocalResponse),
+    /// Forward it at `due` (shaping), then add `headers` to its response.
+    Delay {
+        /// How long to hold it, from the decision.
+        delay: Nanos,
+        /// When it is due, on the limiter's clock.
+        due: Nanos,
+        /// Response headers.
+        headers: Vec<(String, String)>,
+    },
+}
+
+/// A local reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// Headers.
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: String,
+}
+
+/// The policies a request counts under, to settle once its fate is carried out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally(pub(crate) Few<usize>);
+
+impl Tally {
+    /// The policies' indices.
+    pub fn policies(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Counts the request's fate once carried out: `offered` and its disposition move
+    /// together, so `offered = allowed + rejected + queued` holds at every moment.
+    pub(crate) fn settle(&self, disposition: Disposition, metrics: &mut impl Metrics) {
+        let counter = match disposition {
+            Disposition::Allowed => Counter::Allowed,
+            Disposition::Rejected => Counter::Rejected,
+            Disposition::Queued => Counter::Queued,
+        };
+        for &policy in &self.0 {
+            metrics.add(policy, Counter::Offered, 1);
+            metrics.add(policy, counter, 1);
+        }
+    }
+
+    /// Counts a paused request released to the upstream.
+    pub(crate) fn release(&self, metrics: &mut impl Metrics) {
+        for &policy in &self.0 {
+            metrics.add(policy, Counter::Queued, -1);
+            metrics.add(policy, Counter::Allowed, 1);
+        }
+    }
+
+    /// Counts a request whose stream ended while it was held: `abandoned`, beside the
+    /// disposition it was counted under.
+    pub(crate) fn abandon(&self, metrics: &mut impl Metrics) {
+        for &policy in &self.0 {
+            metrics.add(policy, Counter::Abandoned, 1);
+        }
+    }
+}
+
+/// What happened to a request, as carried out by the glue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Forwarded upstream.
+    Allowed,
+    /// Answered with a rejection (or reset).
+    Rejected,
+    /// Held by shaping.
+    Queued,
+}
+
+/// A decision and the policies it counts under. It must be carried out (and settled):
+/// dropping one would leave its stream paused and its counts unsettled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a decision must be carried out, or its stream stays paused"]
+pub struct Decided {
+    /// What to do.
+    pub outcome: Outcome,
+    /// What to settle once done.
+    pub tally: Tally,
+}

@@ -1,0 +1,307 @@
+//! The calls a worker's root context sends for the lease stage, and their answers:
+//! refills (`POST /v1/lease`) and charges of debt (`POST /v1/charge`), taken from the
+//! outbox and from the keys this worker owes for; the sweep that finds debt this worker
+//! does not know of.
+//!
+//! # Who calls the service
+//!
+//! A refill or a charge must outlive the request that asked for it: the request goes on
+//! with its token, and its stream may end before the answer comes back (the SDK then
+//! drops an answer addressed to it, and the tokens granted would be lost). So requests
+//! only *elect* a refill in the lease record and put it in the outbox; the glue wakes
+//! its root context at once (a shared queue of its own worker), which sends it and
+//! receives the answer; the tick sends whatever a wake missed.
+//!
+//! # Reconciliation
+//!
+//! Units a fallback admits (emergency cap, fail open) while the service cannot decide
+//! are recorded as debt in the caller's lease record, at most `max_debt`, the rest
+//! forgiven. The worker that owed it schedules a charge of its own, sent by its root
+//! once the circuit is closed, whatever else happens to the key; a charge carries an
+//! id, so one sent again after a timeout is applied once. Debt that cannot be charged
+//! within [`DEBT_LIFE`](super::lease_record::DEBT_LIFE) is forgiven and counted. So an
+//! outage's overshoot is paid back, not forgotten, and one-off identities never hold
+//! slots.
+
+use super::breaker::Admit;
+use super::calls::{Asker, Outgoing, Sent, SentOutgoing, Target, charge_id, units};
+use super::compiled::{Home, Leased};
+use super::evidence::counted;
+use super::lease_record::Updated;
+use super::namespace;
+use super::setup::Setup;
+use super::wire::{self, Reason};
+use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
+use shared_store::{Clock, Limiter, Nanos, Placement, Store, UpdateError};
+use sluice_protocol::{ChargeRequest, LeaseRequest};
+
+/// The most charges one worker sends per tick.
+const MAX_CHARGES_PER_TICK: usize = 16;
+/// Lease records one worker reads per tick, round the tables, for debt it does not know
+/// of (owed by a worker that restarted, or by an earlier configuration): every debt is
+/// charged within `slots / SWEEP_PER_TICK` ticks of the service answering again.
+pub(crate) const SWEEP_PER_TICK: u32 = 16;
+
+/// Reads the next few lease records round this worker's lease tables, and schedules
+/// a charge for any that owes (see [`SWEEP_PER_TICK`]).
+pub(crate) fn sweep_debts<S: Store, C: Clock>(setup: &Setup, limiter: &Limiter<S, C>) {
+    let tables: Vec<(usize, &Leased)> = setup
+        .policies
+        .iter()
+        .filter_map(|c| match &c.home {
+            Home::Global { lease: Some(leased), .. } => Some((c.index, leased)),
+            _ => None,
+        })
+        .collect();
+    let total: u64 = tables.iter().map(|(_, l)| u64::from(l.table.slots())).sum();
+    if total == 0 {
+        return;
+    }
+    let leases = setup.leases(limiter.store());
+    for _ in 0..SWEEP_PER_TICK {
+        let mut at = setup.sweep.get() % total;
+        setup.sweep.set(setup.sweep.get().wrapping_add(1));
+        for (policy, leased) in &tables {
+            let slots = u64::from(leased.table.slots());
+            if at >= slots {
+                at -= slots;
+                continue;
+            }
+            let key = leased.table.slot_key(u32::try_from(at).unwrap_or(0));
+            if let Ok(Some(record)) = leases.read_slot(&key)
+                && record.debt > 0
+                && setup.charges.try_borrow().is_ok_and(|c| !c.contains_key(&key))
+            {
+                let slot = Placement { key, owner: record.owner, overflow: None };
+                let tag = record.tag.map_or_else(|| "none".to_owned(), namespace::hex128);
+                setup.schedule_charge(Target { policy: *policy, slot, key: record.counter, tag });
+            }
+            break;
+        }
+    }
+}
+
+/// The calls waiting in this worker's outbox, to be sent by the root context; with
+/// `charges`, also the charges this worker owes (at most a few per call, and not
+/// while the circuit is open).
+pub(crate) fn take_outgoing<S: Store, C: Clock>(
+    setup: &Setup,
+    limiter: &Limiter<S, C>,
+    charges: bool,
+) -> Vec<Outgoing> {
+    let mut out = setup.outbox.try_borrow_mut().map(|mut outbox| std::mem::take(&mut *outbox)).unwrap_or_default();
+    // While the circuit is open, charges wait; once its cooldown has passed, the first
+    // charge may be the probe that closes it (a quiet proxy has no other call to probe
+    // with).
+    let reachable = setup
+        .service
+        .as_ref()
+        .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) != Admit::Open);
+    if charges
+        && reachable
+        && let Ok(mut pending) = setup.charges.try_borrow_mut()
+    {
+        let keys: Vec<String> = pending.keys().take(MAX_CHARGES_PER_TICK).cloned().collect();
+        for key in keys {
+            if let Some(target) = pending.remove(&key) {
+                out.push(Outgoing::Charge(target));
+            }
+        }
+    }
+    out
+}
+
+/// Whether the outbox holds calls to send (the glue then wakes its root context).
+pub(crate) fn has_outgoing(setup: &Setup) -> bool {
+    setup.outbox.try_borrow().is_ok_and(|outbox| !outbox.is_empty())
+}
+
+/// Sends a call from the outbox; `None` when it was decided without the service (the
+/// circuit is open, the proxy would not send it, nothing is left to charge).
+pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
+    setup: &Setup,
+    call: Outgoing,
+    callouts: &mut impl Callouts,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Option<SentOutgoing> {
+    let service = setup.service.as_ref()?;
+    let now = limiter.clock().now();
+    let window = setup.refill_window();
+    let leases = setup.leases(limiter.store());
+    let (sent, path, body) = match call {
+        Outgoing::Refill(target, asker) => {
+            let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
+            let Home::Global { spec, .. } = &compiled.home else { return None };
+            let min_tokens = match asker {
+                Asker::LowWater => 1,
+                Asker::Waiter { cost, .. } => cost.clamp(1, leased.config.size),
+            };
+            let request = LeaseRequest {
+                tag: Some(target.tag.clone()),
+                key: namespace::hex128(target.key),
+                policy_version: compiled.policy.version,
+                limit: *spec,
+                tokens: leased.config.size,
+                min_tokens,
+                ttl_ms: leased.config.duration_ms,
+            };
+            let body = serde_json::to_vec(&request).unwrap_or_default();
+            (Sent::Refill(target, asker), wire::LEASE_PATH, body)
+        }
+        Outgoing::Charge(target) => {
+            let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
+            let Home::Global { spec, .. } = &compiled.home else { return None };
+            let claimed = leases.claim_charge(&target.slot, setup.next_id(), window, now);
+            let charge =
+                match counted(target.policy, claimed.map(|(c, aged)| Updated { result: c, forgiven: aged }), metrics) {
+                    Ok(Some(charge)) => charge,
+                    Ok(None) => {
+                        // In flight elsewhere (retried after its window), or nothing owed.
+                        if let Ok(Some(record)) = leases.peek(&target.slot, now)
+                            && record.debt > 0
+                        {
+                            setup.schedule_charge(target);
+                        }
+                        return None;
+                    }
+                    Err(_) => {
+                        setup.schedule_charge(target);
+                        return None;
+                    }
+                };
+            let request = ChargeRequest {
+                tag: Some(target.tag.clone()),
+                key: namespace::hex128(target.key),
+                policy_version: compiled.policy.version,
+                limit: *spec,
+                cost: charge.units,
+                max_debt: leased.config.max_debt,
+                charge_id: Some(charge_id(charge.id)),
+            };
+            let body = serde_json::to_vec(&request).unwrap_or_default();
+            (Sent::Charge(target, charge), wire::CHARGE_PATH, body)
+        }
+    };
+    let unsent = |reason: Reason, sent: Sent, metrics: &mut dyn Metrics| {
+        match sent {
+            Sent::Refill(target, _) => {
+                let failed = leases.refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
+                if let Err(UpdateError::Contended { attempts }) = failed {
+                    metrics.add(target.policy, Counter::CasConflicts, i64::from(attempts));
+                }
+            }
+            // Still owed: sent again once the circuit closes.
+            Sent::Charge(target, _) => setup.schedule_charge(target),
+        }
+        None
+    };
+    if service.breaker.admit(limiter.store(), now) == Admit::Open {
+        return unsent(Reason::CircuitOpen, sent, metrics);
+    }
+    let mut headers: Vec<(&str, &str)> = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", &service.authority),
+        ("content-type", "application/json"),
+    ];
+    if let Some(authorization) = &service.authorization {
+        headers.push(("authorization", authorization.expose()));
+    }
+    let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
+    match callouts.dispatch(&call) {
+        Ok(token) => {
+            metrics.add_plugin(PluginCounter::Callouts, 1);
+            if let Sent::Refill(target, _) = &sent {
+                metrics.add(target.policy, Counter::LeaseRefills, 1);
+            }
+            Some(SentOutgoing { token, deadline: now.saturating_add(window), sent_at: now, call: sent })
+        }
+        Err(_) => {
+            if service.breaker.record(limiter.store(), now, Some(false), now) {
+                metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+            }
+            unsent(Reason::DispatchFailed, sent, metrics)
+        }
+    }
+}
+
+/// Applies the answer to a call the root sent (or its absence: `TimedOut`).
+/// `is_waiting` says whether a waiter (by id) still waits on this worker: a grant is
+/// held only for a request that can still spend it.
+pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
+    setup: &Setup,
+    sent: SentOutgoing,
+    answer: &CalloutAnswer,
+    limiter: &Limiter<S, C>,
+    metrics: &mut M,
+    is_waiting: impl Fn(u64) -> bool,
+) {
+    let now = limiter.clock().now();
+    let leases = setup.leases(limiter.store());
+    let record = |health: Option<bool>, metrics: &mut dyn Metrics| {
+        if let Some(service) = &setup.service
+            && service.breaker.record(limiter.store(), now, health, sent.sent_at)
+        {
+            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+        }
+    };
+    match &sent.call {
+        Sent::Refill(target, asker) => match wire::classify_lease(answer) {
+            Ok(granted) => {
+                record(Some(true), metrics);
+                let expires_in = Nanos::from_millis(granted.expires_in_ms);
+                // The service's waits; "never" (u64::MAX) is held to a minute, after
+                // which the lease asks again.
+                let wait = |ns: u64| Nanos(ns).min(Nanos::from_secs(60));
+                let retry = (wait(granted.entry.retry_after_ns), wait(granted.refill_after_ns));
+                let hold = match asker {
+                    Asker::Waiter { waiter, cost } if is_waiting(*waiter) => Some((*waiter, *cost)),
+                    _ => None,
+                };
+                let applied = leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, now);
+                if let Ok(Some(expired)) = counted(target.policy, applied, metrics) {
+                    metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
+                    if expired > 0 {
+                        metrics.add(target.policy, Counter::LeaseExpired, units(expired));
+                    }
+                }
+                // The service answers again: charge what was admitted without it.
+                if let Ok(Some(r)) = leases.peek(&target.slot, now)
+                    && r.debt > r.charging
+                {
+                    setup.schedule_charge(target.clone());
+                }
+            }
+            Err(failure) => {
+                record(failure.health(), metrics);
+                let failed =
+                    leases.refill_failed(&target.slot, u64::try_from(failure.reason.index()).unwrap_or(0), now);
+                let _ = counted(target.policy, failed.map(|()| Updated { result: Some(()), forgiven: 0 }), metrics);
+            }
+        },
+        Sent::Charge(target, charge) => match wire::classify_charge(answer) {
+            Ok(charged) => {
+                record(Some(true), metrics);
+                let Ok(settled) = leases.settle_charge(&target.slot, charge.id, now) else { return };
+                // Counted by the answer that settles the charge: a duplicate answers
+                // for an earlier attempt whose own answer never came.
+                if settled.settled {
+                    metrics.add(target.policy, Counter::LeaseReconciled, units(charged.charged));
+                    if charged.forgiven > 0 {
+                        metrics.add(target.policy, Counter::LeaseForgiven, units(charged.forgiven));
+                    }
+                }
+                if settled.left > 0 {
+                    setup.schedule_charge(target.clone());
+                }
+            }
+            // Stays owed, and reserved for this charge: sent again with the same id
+            // once its window has passed (the service may have applied it).
+            Err(failure) => {
+                record(failure.health(), metrics);
+                setup.schedule_charge(target.clone());
+            }
+        },
+    }
+}

@@ -1,0 +1,156 @@
+//! The last stage: a request every policy admitted keeps what it spent, has its shadow
+//! policies decided and its rate-limit headers built, and is held if a policy shapes it;
+//! a request rejected after some of it was spent gets everything back that can be given
+//! back, and its reply.
+
+use super::state::Granted;
+use crate::engine::compiled::Home;
+use crate::engine::decision::{Decided, LocalResponse, Outcome};
+use crate::engine::evidence::{count_error, count_evidence};
+use crate::engine::headers::{self, rate_limit_headers};
+use crate::engine::resolved::{Place, Resolved};
+use crate::engine::setup::Setup;
+use crate::host::{Counter, Metrics, PluginCounter};
+use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
+
+/// The admitted path: keep the spend, decide shadows, build the headers, and hold the
+/// request if a policy shapes it (rejecting it when no more can be held).
+pub(crate) fn admit<S: Store, C: Clock>(
+    setup: &Setup,
+    granted: Granted,
+    limiter: &Limiter<S, C>,
+    room_to_pause: bool,
+    metrics: &mut impl Metrics,
+) -> Decided {
+    limiter.commit(granted.reservation);
+    decide_shadows(setup, &granted.shadows, limiter, metrics);
+    let mut decisions = granted.local;
+    decisions.extend(granted.checked.iter().copied());
+    let mut headers = allowed_headers(setup, &decisions);
+    if let (Some(name), Some(value)) =
+        (&setup.response.fallback_header, granted.fallback.as_ref().map(|note| note.render(&setup.policies)))
+    {
+        headers.push((name.clone(), value));
+    }
+    let outcome = match granted.due {
+        None => Outcome::Continue { headers },
+        Some(_) if !room_to_pause => Outcome::Reject(rejection(setup, None, setup.response.status, None)),
+        Some(due) => {
+            let now = limiter.clock().now();
+            Outcome::Delay { delay: due.saturating_sub(now), due, headers }
+        }
+    };
+    Decided { outcome, tally: granted.tally }
+}
+
+/// Rejects a request after some of it was spent: gives back its lease spends and its
+/// local reservation (check spends stay spent: the service has no refund).
+pub(crate) fn reject<S: Store, C: Clock>(
+    setup: &Setup,
+    granted: Granted,
+    strictest: Option<(usize, Decision)>,
+    status: u16,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Decided {
+    let now = limiter.clock().now();
+    let leases = setup.leases(limiter.store());
+    for (_, slot, cost) in &granted.spent {
+        let _ = leases.give_back(slot, *cost, now);
+    }
+    give_back(granted.reservation, &granted.local, limiter, metrics);
+    let note = granted.fallback.as_ref().map(|note| note.render(&setup.policies));
+    let outcome = Outcome::Reject(rejection(setup, strictest, status, note.as_deref()));
+    Decided { outcome, tally: granted.tally }
+}
+
+/// Gives a local reservation back, counting what could not be (under the first local
+/// policy).
+pub(crate) fn give_back<S: Store, C: Clock>(
+    reservation: Reservation,
+    local: &[(usize, Decision)],
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    if reservation.is_empty() {
+        return;
+    }
+    let unrefunded = limiter.refund(reservation);
+    if unrefunded > 0
+        && let Some((policy, _)) = local.first()
+    {
+        metrics.add(*policy, Counter::Unrefunded, i64::from(unrefunded));
+    }
+}
+
+/// A rejection, with the headers of the decision that speaks for it (if any) and the
+/// fallback header (if a fallback decided).
+pub(crate) fn rejection(
+    setup: &Setup,
+    strictest: Option<(usize, Decision)>,
+    status: u16,
+    fallback: Option<&str>,
+) -> LocalResponse {
+    let response = &setup.response;
+    let mut headers = response.headers.clone();
+    if let Some((policy, decision)) = strictest
+        && let Some(compiled) = setup.compiled(policy)
+    {
+        let policy = &compiled.policy;
+        let limit = match (&compiled.home, fallback) {
+            (Home::Global { cap: Some(cap), .. }, Some(_)) => &cap.limit,
+            _ => &policy.limit,
+        };
+        if rate_limit_headers(&mut headers, response.on_rejected, &policy.name, limit, &decision) {
+            headers.push(("cache-control".to_owned(), "private".to_owned()));
+        }
+    }
+    if let (Some(name), Some(value)) = (&response.fallback_header, fallback) {
+        headers.push((name.clone(), value.to_owned()));
+    }
+    LocalResponse { status, headers, body: response.body.clone() }
+}
+
+fn allowed_headers(setup: &Setup, decisions: &[(usize, Decision)]) -> Vec<(String, String)> {
+    let sets = setup.response.on_allowed;
+    let mut headers = Vec::new();
+    if !sets.any() {
+        return headers;
+    }
+    if let Some((policy, decision)) = headers::strictest_admission(decisions)
+        && let Some(compiled) = setup.compiled(policy)
+    {
+        let policy = &compiled.policy;
+        rate_limit_headers(&mut headers, sets, &policy.name, &policy.limit, &decision);
+    }
+    headers
+}
+
+/// Shadow policies are decided one by one, counted, and never reject.
+fn decide_shadows<S: Store, C: Clock>(
+    setup: &Setup,
+    shadows: &[Resolved],
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    for r in shadows {
+        let (Place::Local(place), Some(compiled)) = (&r.at, setup.compiled(r.policy)) else { continue };
+        match limiter.check_one(place, &compiled.policy.limit, r.cost) {
+            Ok(admission) => {
+                count_evidence(metrics, r.policy, &admission);
+                if admission.created > 0 {
+                    metrics.add_plugin(PluginCounter::KeysCreated, i64::from(admission.created));
+                }
+                if !admission.admitted {
+                    metrics.add(r.policy, Counter::ShadowRejected, 1);
+                }
+            }
+            Err(error) => count_error(metrics, r.policy, &error),
+        }
+    }
+}
+
+/// When a delay of `delay` from `at` is due, if there is one.
+pub(crate) fn due_after(at: Nanos, delay: Nanos) -> Option<Nanos> {
+    (delay > Nanos::ZERO).then(|| at.saturating_add(delay))
+}

@@ -1,0 +1,175 @@
+//! The check stage: a request's check-mode policies are decided by the counter service,
+//! all of them in one callout (`POST /v1/check`), while the request waits. Before it,
+//! every request with global policies gets its partition tag, which its refills and
+//! charges carry too. When the service cannot decide (no service, the circuit open, the
+//! call refused, failed or late), the check policies take their failure rule and the
+//! request goes on to its lease policies.
+
+use super::admit::{due_after, reject};
+use super::fallback::apply_failure_rule;
+use super::local::Admitted;
+use super::state::{CheckWait, Global, Granted, Next, Pending, ToLease};
+use crate::engine::breaker::Admit;
+use crate::engine::cause::Cause;
+use crate::engine::compiled::Home;
+use crate::engine::headers;
+use crate::engine::namespace;
+use crate::engine::resolved::{Few, Resolved};
+use crate::engine::setup::{Service, Setup};
+use crate::engine::wire::{self, Reason};
+use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
+use shared_store::{Clock, Decision, Limiter, Nanos, Store};
+
+/// Tags a request that has global policies left and sends its check (or, with no check
+/// policy, passes it to the lease stage).
+pub(crate) fn enter<S: Store, C: Clock>(
+    setup: &Setup,
+    admitted: Admitted,
+    request: &impl RequestFacts,
+    callouts: &mut impl Callouts,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let Admitted { granted, checked, leased } = admitted;
+    let Some(service) = &setup.service else {
+        // The configuration refuses global policies without a service.
+        let global = Global { granted, checked, leased, tag: "none".to_owned() };
+        return degrade(setup, Cause::Service(Reason::DispatchFailed), global, true, limiter, metrics);
+    };
+    let tag = match crate::policy::fingerprint_parts("\0partition", 0, &service.partition, request, &service.secret) {
+        Ok(Some(tag)) => namespace::hex128(tag),
+        Ok(None) => "none".to_owned(),
+        Err(_) => {
+            for resolved in checked.iter().chain(&leased) {
+                metrics.add(resolved.policy, Counter::ReadFailures, 1);
+            }
+            // No tag could be read: the lease policies that fall back owe under none.
+            let global = Global { granted, checked, leased, tag: String::new() };
+            return degrade(setup, Cause::Service(Reason::DispatchFailed), global, true, limiter, metrics);
+        }
+    };
+    send(setup, service, Global { granted, checked, leased, tag }, callouts, limiter, metrics)
+}
+
+/// Sends the check for the request's check policies, if it has any.
+fn send<S: Store, C: Clock>(
+    setup: &Setup,
+    service: &Service,
+    global: Global,
+    callouts: &mut impl Callouts,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    if global.checked.is_empty() {
+        return after_check(global.granted, global.leased, global.tag);
+    }
+    let now = limiter.clock().now();
+    let admit = service.breaker.admit(limiter.store(), now);
+    if admit == Admit::Open {
+        return degrade(setup, Cause::Service(Reason::CircuitOpen), global, false, limiter, metrics);
+    }
+    let body = wire::check_body(&global.tag, &global.checked, |index| match &setup.compiled(index)?.home {
+        Home::Global { spec, .. } => Some((*spec, setup.compiled(index)?.policy.version)),
+        Home::Local(_) => None,
+    });
+    let mut headers: Vec<(&str, &str)> = vec![
+        (":method", "POST"),
+        (":path", wire::CHECK_PATH),
+        (":authority", &service.authority),
+        ("content-type", "application/json"),
+    ];
+    if let Some(authorization) = &service.authorization {
+        headers.push(("authorization", authorization.expose()));
+    }
+    let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
+    match callouts.dispatch(&call) {
+        Ok(token) => {
+            metrics.add_plugin(PluginCounter::Callouts, 1);
+            metrics.add_plugin(PluginCounter::Waiting, 1);
+            let deadline = now.saturating_add(service.timeout);
+            Next::Wait(Pending::Check(CheckWait {
+                token,
+                deadline,
+                sent_at: now,
+                probe: admit == Admit::Probe,
+                global,
+            }))
+        }
+        Err(_) => {
+            if service.breaker.record(limiter.store(), now, Some(false), now) {
+                metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+            }
+            degrade(setup, Cause::Service(Reason::DispatchFailed), global, false, limiter, metrics)
+        }
+    }
+}
+
+/// Decides a request waiting for its check with the counter service's answer (or its
+/// absence: `TimedOut`).
+pub(crate) fn answered<S: Store, C: Clock>(
+    setup: &Setup,
+    wait: CheckWait,
+    answer: &CalloutAnswer,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    metrics.add_plugin(PluginCounter::Waiting, -1);
+    let now = limiter.clock().now();
+    let CheckWait { sent_at, global, .. } = wait;
+    let classified = wire::classify(answer, global.checked.len());
+    let health = match &classified {
+        Ok(_) => Some(true),
+        Err(failure) => failure.health(),
+    };
+    if let Some(service) = &setup.service
+        && service.breaker.record(limiter.store(), now, health, sent_at)
+    {
+        metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+    }
+    let response = match classified {
+        Ok(response) => response,
+        Err(failure) => return degrade(setup, Cause::Service(failure.reason), global, false, limiter, metrics),
+    };
+    let Global { mut granted, checked, leased, tag } = global;
+    let decisions: Few<(usize, Decision)> =
+        checked.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
+    if !response.admitted {
+        for (policy, decision) in &decisions {
+            if !decision.is_admitted() {
+                metrics.add(*policy, Counter::OverLimit, 1);
+            }
+        }
+        let strictest = headers::strictest_rejection(&decisions);
+        return Next::Decided(reject(setup, granted, strictest, setup.response.status, limiter, metrics));
+    }
+    let delay = decisions.iter().map(|(_, d)| d.delay()).max().unwrap_or(Nanos::ZERO);
+    granted.delay_until(due_after(now, delay));
+    granted.checked = decisions;
+    after_check(granted, leased, tag)
+}
+
+/// Applies the failure rule to the request's check policies (and, `with_leases`, its
+/// lease policies too) for `cause`, then goes on with what is left.
+fn degrade<S: Store, C: Clock>(
+    setup: &Setup,
+    cause: Cause,
+    global: Global,
+    with_leases: bool,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let Global { granted, checked, mut leased, tag } = global;
+    let mut failed: Few<(Resolved, Cause)> = checked.into_iter().map(|r| (r, cause)).collect();
+    if with_leases {
+        failed.extend(std::mem::take(&mut leased).into_iter().map(|r| (r, cause)));
+    }
+    match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
+        Ok(granted) => after_check(granted, leased, tag),
+        Err(decided) => Next::Decided(decided),
+    }
+}
+
+/// After the check: the lease stage, or admission when there is no lease policy.
+fn after_check(granted: Granted, leased: Few<Resolved>, tag: String) -> Next {
+    if leased.is_empty() { Next::Admit(granted) } else { Next::Lease(ToLease { granted, leased, tag }) }
+}

@@ -1,0 +1,253 @@
+//! The lease stage: a request's lease-mode policies are spent from this proxy's leases
+//! (the records in `lease_record.rs`), without a callout while a lease has tokens.
+//!
+//! A request spends every lease policy it matches. One that spent and left its lease
+//! low elects a refill; one whose lease is empty waits for a refill (electing it, when
+//! none is in flight, for itself: the grant is then held for it); one whose service
+//! granted nothing rejects the request with the service's wait; one that cannot be
+//! decided (its refill failed, its slot is another key's, its record cannot be written,
+//! the circuit is open, the wait ran out, the worker holds `max_waiting` already) takes
+//! its own failure rule, counted under its own cause, and the others are still spent.
+//!
+//! A waiting request is retried when a refill's answer reaches its worker and on every
+//! tick, at most one refill window (the callout's deadline and a margin) in time. The
+//! refills and charges it elects go in the outbox; the root context sends them
+//! (`outgoing.rs`), so their answers outlive the request.
+
+use super::admit::reject;
+use super::fallback::{apply_failure_rule, count_causes};
+use super::state::{Granted, LeaseWait, Next, Pending, ToLease};
+use crate::engine::breaker::Admit;
+use crate::engine::calls::{Asker, Outgoing, Target};
+use crate::engine::cause::Cause;
+use crate::engine::evidence::counted;
+use crate::engine::lease_record::{Rules, Spend, Updated};
+use crate::engine::resolved::{Few, Place, Resolved};
+use crate::engine::setup::Setup;
+use crate::engine::wire::Reason;
+use crate::host::{Counter, Metrics, PluginCounter};
+use shared_store::{Clock, Decision, Limiter, Nanos, Store, UpdateError, Verdict};
+
+/// How one policy's spend went.
+enum Spent {
+    Done(Spend),
+    Failed(Cause),
+}
+
+fn spent(policy: usize, updated: Result<Updated<Spend>, UpdateError>, metrics: &mut impl Metrics) -> Spent {
+    match counted(policy, updated, metrics) {
+        Ok(spend) => Spent::Done(spend.unwrap_or(Spend::Taken)),
+        Err(cause) => Spent::Failed(cause),
+    }
+}
+
+/// Spends the request's lease policies: admits, waits, or rejects.
+pub(crate) fn spend<S: Store, C: Clock>(
+    setup: &Setup,
+    to_lease: ToLease,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let ToLease { mut granted, leased, tag } = to_lease;
+    let now = limiter.clock().now();
+    let leases = setup.leases(limiter.store());
+    let window = setup.refill_window();
+    let waiter = setup.next_id();
+    let mut waiting = Few::new();
+    let mut failed: Few<(Resolved, Cause)> = Few::new();
+    for resolved in leased {
+        let (Place::Global { lease: Some(slot), .. }, Some(home)) = (&resolved.at, setup.leased_home(resolved.policy))
+        else {
+            continue;
+        };
+        let rules = Rules { low_water: home.config.low_water, refill_window: window };
+        match spent(resolved.policy, leases.spend(slot, resolved.cost, now, rules), metrics) {
+            Spent::Done(Spend::Spent { refill }) => {
+                if refill {
+                    elect(setup, &tag, &resolved, Asker::LowWater);
+                }
+                granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
+            }
+            Spent::Done(Spend::Wait { elected: mine }) => {
+                if mine {
+                    elect(setup, &tag, &resolved, Asker::Waiter { waiter, cost: resolved.cost });
+                }
+                waiting.push(resolved);
+            }
+            Spent::Done(Spend::Empty { until }) => {
+                // The request is rejected; the policies that could not be decided
+                // before this one are still counted under their causes.
+                count_causes(&failed, metrics);
+                return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
+            }
+            Spent::Done(Spend::Failed { reason }) => {
+                failed.push((resolved, Cause::Service(Reason::from_index(reason))));
+            }
+            Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+            Spent::Failed(cause) => failed.push((resolved, cause)),
+        }
+    }
+    open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
+    if !failed.is_empty() {
+        granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
+            Ok(granted) => granted,
+            Err(decided) => return Next::Decided(decided),
+        };
+    }
+    if waiting.is_empty() {
+        return Next::Admit(granted);
+    }
+    metrics.add_plugin(PluginCounter::Waiting, 1);
+    let rest = ToLease { granted, leased: waiting, tag };
+    Next::Wait(Pending::Lease(LeaseWait { waiter, since: now, deadline: now.saturating_add(window), rest }))
+}
+
+/// Tries a request waiting for a refill again. Policies that can now spend, spend; one
+/// whose refill failed, or whose wait ran out, takes the failure rule; the others go on
+/// waiting (electing a refill of their own when the one they waited for is gone).
+pub(crate) fn retry<S: Store, C: Clock>(
+    setup: &Setup,
+    wait: LeaseWait,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let LeaseWait { waiter, since, mut deadline, rest } = wait;
+    let ToLease { mut granted, leased, tag } = rest;
+    let now = limiter.clock().now();
+    let leases = setup.leases(limiter.store());
+    let window = setup.refill_window();
+    let mut waiting = Few::new();
+    let mut failed: Few<(Resolved, Cause)> = Few::new();
+    for resolved in leased {
+        let (Place::Global { lease: Some(slot), .. }, Some(home)) = (&resolved.at, setup.leased_home(resolved.policy))
+        else {
+            continue;
+        };
+        let rules = Rules { low_water: home.config.low_water, refill_window: window };
+        let may_elect = now < deadline;
+        let retried = leases.retry(slot, resolved.cost, now, since, waiter, may_elect, rules);
+        match spent(resolved.policy, retried, metrics) {
+            Spent::Done(Spend::Spent { .. }) => granted.spent.push((resolved.policy, slot.clone(), resolved.cost)),
+            Spent::Done(Spend::Empty { until }) => {
+                metrics.add_plugin(PluginCounter::Waiting, -1);
+                count_causes(&failed, metrics);
+                return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
+            }
+            Spent::Done(Spend::Failed { reason }) => {
+                failed.push((resolved, Cause::Service(Reason::from_index(reason))));
+            }
+            Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+            Spent::Done(Spend::Wait { .. }) if now >= deadline => {
+                failed.push((resolved, Cause::Service(Reason::Timeout)));
+            }
+            Spent::Done(Spend::Wait { elected }) => {
+                if elected {
+                    elect(setup, &tag, &resolved, Asker::Waiter { waiter, cost: resolved.cost });
+                    // Its own refill: it may wait for that one's whole window.
+                    deadline = deadline.max(now.saturating_add(window));
+                }
+                waiting.push(resolved);
+            }
+            Spent::Failed(cause) => failed.push((resolved, cause)),
+        }
+    }
+    open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
+    if !failed.is_empty() {
+        granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
+            Ok(granted) => granted,
+            Err(decided) => {
+                metrics.add_plugin(PluginCounter::Waiting, -1);
+                return Next::Decided(decided);
+            }
+        };
+    }
+    if waiting.is_empty() {
+        metrics.add_plugin(PluginCounter::Waiting, -1);
+        return Next::Admit(granted);
+    }
+    let rest = ToLease { granted, leased: waiting, tag };
+    Next::Wait(Pending::Lease(LeaseWait { waiter, since, deadline, rest }))
+}
+
+/// A request that cannot wait for a refill (the worker holds `max_waiting` already):
+/// its waiting lease policies take the failure rule (`lease_queue_full`).
+pub(crate) fn overflow<S: Store, C: Clock>(
+    setup: &Setup,
+    wait: LeaseWait,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    metrics.add_plugin(PluginCounter::Waiting, -1);
+    let ToLease { granted, leased, tag } = wait.rest;
+    let failed: Few<(Resolved, Cause)> =
+        leased.into_iter().map(|r| (r, Cause::Service(Reason::LeaseQueueFull))).collect();
+    match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
+        Err(decided) => Next::Decided(decided),
+        Ok(granted) => Next::Admit(granted),
+    }
+}
+
+/// The most requests a worker should hold waiting for this request's refills.
+pub(crate) fn max_waiting(setup: &Setup, wait: &LeaseWait) -> usize {
+    wait.rest
+        .leased
+        .iter()
+        .filter_map(|r| setup.leased_home(r.policy))
+        .map(|l| usize::try_from(l.config.max_waiting).unwrap_or(usize::MAX))
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
+/// Puts a refill of `resolved`'s lease in the outbox.
+fn elect(setup: &Setup, tag: &str, resolved: &Resolved, asker: Asker) {
+    let Place::Global { key, lease: Some(slot), .. } = &resolved.at else { return };
+    let target = Target { policy: resolved.policy, slot: slot.clone(), key: *key, tag: tag.to_owned() };
+    setup.send_later(Outgoing::Refill(target, asker));
+}
+
+/// While the circuit is open no refill can be sent: lease policies that would wait
+/// for one take the failure rule at once (`circuit_open`), and their elections are
+/// given up, rather than waiting for a refill that will not leave.
+fn open_circuit_decides<S: Store, C: Clock>(
+    setup: &Setup,
+    waiting: &mut Few<Resolved>,
+    failed: &mut Few<(Resolved, Cause)>,
+    limiter: &Limiter<S, C>,
+) {
+    let now = limiter.clock().now();
+    let open = setup.service.as_ref().is_some_and(|s| s.breaker.admit_quietly(limiter.store(), now) == Admit::Open);
+    if !open || waiting.is_empty() {
+        return;
+    }
+    let leases = setup.leases(limiter.store());
+    let mut given_up = Vec::new();
+    for resolved in std::mem::take(waiting) {
+        if let Place::Global { lease: Some(slot), .. } = &resolved.at {
+            let _ = leases.refill_failed(slot, u64::try_from(Reason::CircuitOpen.index()).unwrap_or(0), now);
+            given_up.push(slot.key.clone());
+        }
+        failed.push((resolved, Cause::Service(Reason::CircuitOpen)));
+    }
+    // The elections just given up: nothing to send for them.
+    if let Ok(mut outbox) = setup.outbox.try_borrow_mut() {
+        outbox.retain(|call| !matches!(call, Outgoing::Refill(target, _) if given_up.contains(&target.slot.key)));
+    }
+}
+
+/// The service granted nothing to this caller: reject with the time it said.
+fn empty<S: Store, C: Clock>(
+    setup: &Setup,
+    granted: Granted,
+    resolved: &Resolved,
+    until: Nanos,
+    now: Nanos,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> crate::engine::decision::Decided {
+    metrics.add(resolved.policy, Counter::OverLimit, 1);
+    let limit = setup.compiled(resolved.policy).map_or(0, |c| c.policy.limit.capacity());
+    let wait = until.saturating_sub(now).max(Nanos(1));
+    let decision =
+        Decision { verdict: Verdict::Rejected { retry_after: wait }, limit, remaining: 0, reset_after: wait };
+    reject(setup, granted, Some((resolved.policy, decision)), setup.response.status, limiter, metrics)
+}

@@ -1,0 +1,160 @@
+//! What a request carries from one stage to the next: what it has been granted so far,
+//! what is left to decide, and, while it waits, exactly what it waits for. Each state
+//! holds only what the stages after it read.
+
+use crate::engine::cause::Note;
+use crate::engine::decision::{Decided, Tally};
+use crate::engine::resolved::{Few, Resolved};
+use shared_store::{Decision, Nanos, Placement, Reservation};
+
+/// What a request has spent and been told so far: committed when it is admitted, given
+/// back when a later stage rejects it.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    /// The policies it counts under.
+    pub(crate) tally: Tally,
+    /// The local (and emergency-cap) spend, committed or refunded together.
+    pub(crate) reservation: Reservation,
+    /// The local policies' decisions (the first one counts what could not be refunded).
+    pub(crate) local: Few<(usize, Decision)>,
+    /// The counter service's decisions for the check-mode policies.
+    pub(crate) checked: Few<(usize, Decision)>,
+    /// When shaping lets it go, if a policy delays it.
+    pub(crate) due: Option<Nanos>,
+    /// Lease spends made, to give back if the request is rejected after all.
+    pub(crate) spent: Few<(usize, Placement, u64)>,
+    /// Set when a fallback decided part of the request: what the fallback header says.
+    pub(crate) fallback: Option<Note>,
+    /// Shadow policies, decided when it is admitted.
+    pub(crate) shadows: Few<Resolved>,
+}
+
+impl Granted {
+    /// Adds a later stage's shaping delay: the request goes when every policy lets it.
+    pub(crate) fn delay_until(&mut self, due: Option<Nanos>) {
+        self.due = match (self.due, due) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// A request whose global policies are left, once its local ones admitted it.
+#[derive(Debug)]
+pub(crate) struct Global {
+    pub(crate) granted: Granted,
+    /// Check-mode policies, decided together by one callout.
+    pub(crate) checked: Few<Resolved>,
+    /// Lease-mode policies, spent after the check.
+    pub(crate) leased: Few<Resolved>,
+    /// The check's hash tag (the partition), also the tag of refills and charges.
+    pub(crate) tag: String,
+}
+
+/// A request whose lease policies are left to spend.
+#[derive(Debug)]
+pub(crate) struct ToLease {
+    pub(crate) granted: Granted,
+    pub(crate) leased: Few<Resolved>,
+    pub(crate) tag: String,
+}
+
+/// Where a request goes after a stage. Not boxed: it is on every request's path, and
+/// moving it costs less than allocating it (a wait is boxed once, by [`Begun`]).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Next {
+    /// Decided: carry it out.
+    Decided(Decided),
+    /// Held until an answer or a refill.
+    Wait(Pending),
+    /// To the lease stage.
+    Lease(ToLease),
+    /// To admission: everything is decided and admitted it.
+    Admit(Granted),
+}
+
+/// What the engine leaves the glue with: a decision to carry out, or a wait to hold
+/// (and, if it cannot be held, to decide at once).
+#[derive(Debug)]
+#[must_use = "a decision must be carried out and a wait held, or the stream stays paused"]
+pub enum Begun {
+    /// Decided now.
+    Decided(Decided),
+    /// Waiting (boxed: it carries the whole request's state, and only requests with
+    /// global policies wait).
+    Waiting(Box<Pending>),
+}
+
+/// A waiting request: what it waits for, and everything needed to go on. A check wait
+/// is the larger (it carries its check policies too); it is boxed as a whole.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Pending {
+    /// The answer to its check callout (or its deadline).
+    Check(CheckWait),
+    /// A refill of one of its leases (retried on the tick and when a refill's answer
+    /// reaches its worker, until its deadline).
+    Lease(LeaseWait),
+}
+
+/// A request waiting for the answer to its check.
+#[derive(Debug)]
+pub struct CheckWait {
+    /// The host's token for the callout.
+    pub(crate) token: u32,
+    /// When the filter stops waiting, on the limiter's clock.
+    pub(crate) deadline: Nanos,
+    /// When the check was sent (a success from before the circuit opened does not
+    /// close it).
+    pub(crate) sent_at: Nanos,
+    /// Whether the check is the probe of a half-open circuit.
+    pub(crate) probe: bool,
+    /// What the check decides, and what comes after it.
+    pub(crate) global: Global,
+}
+
+/// A request waiting for a lease refill.
+#[derive(Debug)]
+pub struct LeaseWait {
+    /// Its id as a waiter (a grant it elected is held for it).
+    pub(crate) waiter: u64,
+    /// When it began waiting.
+    pub(crate) since: Nanos,
+    /// When it stops waiting and takes the failure rule.
+    pub(crate) deadline: Nanos,
+    /// The lease policies not spent yet, and what it was granted before.
+    pub(crate) rest: ToLease,
+}
+
+impl Pending {
+    /// Whether it waits for a lease refill (retried with `Engine::retry`) rather than
+    /// for its check's answer.
+    pub fn waits_for_lease(&self) -> bool {
+        matches!(self, Self::Lease(_))
+    }
+
+    /// Its id as a lease waiter (0 while it waits for its check).
+    pub fn waiter(&self) -> u64 {
+        match self {
+            Self::Check(_) => 0,
+            Self::Lease(wait) => wait.waiter,
+        }
+    }
+
+    /// The callout token of its check (`None` while it waits for a refill).
+    pub fn token(&self) -> Option<u32> {
+        match self {
+            Self::Check(wait) => Some(wait.token),
+            Self::Lease(_) => None,
+        }
+    }
+
+    /// When it stops waiting, on the limiter's clock.
+    pub fn deadline(&self) -> Nanos {
+        match self {
+            Self::Check(wait) => wait.deadline,
+            Self::Lease(wait) => wait.deadline,
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! One matching policy of a request, resolved: where the caller's budget is and what the
+//! request costs under it. What the stages of the request path pass each other.
+
+use shared_store::{MAX_INLINE_LIMITS, Placement};
+use smallvec::SmallVec;
+
+/// Policies of one request, inline up to the common case.
+pub(crate) type Few<T> = SmallVec<[T; MAX_INLINE_LIMITS]>;
+
+/// One matching policy, resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The policy's index.
+    pub(crate) policy: usize,
+    /// What the request costs under it.
+    pub(crate) cost: u64,
+    /// Where its budget is.
+    pub(crate) at: Place,
+}
+
+/// Where a resolved policy's budget is.
+#[derive(Debug, Clone)]
+pub(crate) enum Place {
+    /// In this proxy's shared data.
+    Local(Placement),
+    /// At the counter service under `key`; `cap` is the caller's emergency bucket.
+    Global {
+        /// The caller's global fingerprint, the same on every proxy.
+        key: u128,
+        /// The emergency cap's bucket, when the policy has one.
+        cap: Option<Placement>,
+        /// Lease mode: the caller's lease record.
+        lease: Option<Placement>,
+    },
+}

@@ -1,0 +1,9 @@
+//! The engine's unit tests, by the policies they drive: local, check-mode and
+//! lease-mode, each in two files (the common path, then failures and stress).
+
+mod check;
+mod check_failures;
+mod lease;
+mod lease_more;
+mod local;
+mod local_failures;
