@@ -220,3 +220,18 @@ counters! {
         ResumeFailures = "resume_failures",
     }
 }
+
+impl Counter {
+    /// Whether only a global policy can move it (the degraded, emergency and lease
+    /// counters): a local policy does not define it.
+    pub fn is_global_only(self) -> bool {
+        matches!(self.name().split('.').next(), Some("degraded" | "emergency" | "lease"))
+    }
+}
+
+impl PluginCounter {
+    /// Whether only a configuration with a counter service can move it.
+    pub fn is_service_only(self) -> bool {
+        self.name().starts_with("counter_service.")
+    }
+}

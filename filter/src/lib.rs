@@ -26,6 +26,7 @@ pub mod host;
 pub mod policy;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
+pub mod worker;
 
 #[cfg(target_arch = "wasm32")]
 mod abi;

@@ -1,0 +1,409 @@
+//! One worker's requests: the engine, the limiter, and the queues that hold paused
+//! streams, behind a narrow [`Port`] to the host. The proxy-wasm glue (`wasm.rs`) only
+//! forwards its callbacks here, so every path (the fallback ladder, the tick, a full
+//! queue) runs in native tests too.
+//!
+//! # Never a paused stream left behind
+//!
+//! A request is paused only while it is in one of three queues of its worker: shaped
+//! (until its turn), waiting for its check's answer (until its deadline, which the tick
+//! enforces even if the host's own timeout never fires), or waiting for a lease refill
+//! (retried when a refill's answer reaches this worker, and on every tick, until its
+//! deadline). Every engine answer goes through `conclude`: a wait is queued, or, when it
+//! cannot be (a full lease queue), decided at once; a decision is carried out. So no
+//! decision can be dropped (`Begun` and `Decided` are `#[must_use]`). Carrying one out
+//! always ends in a host action: resume, or local reply; a local reply the host refuses
+//! is retried bare, then the stream is reset, and only if that fails too is the request
+//! forwarded (counted as `reply_failures`, logged): there is no outcome in which the
+//! stream stays paused.
+//!
+//! No `RefCell` borrow is held across a port call: a local reply runs the stream's
+//! response callback at once, which comes back here.
+//!
+//! # Calls that outlive a request
+//!
+//! Lease refills and charges are sent by the root context, so that their answers reach
+//! it even when the request that asked has ended. A request that puts one in the outbox
+//! wakes the root through the worker's shared queue (`proxy_on_queue_ready` runs on the
+//! next turn of the worker's event loop, not on the next tick); the tick sends whatever
+//! is left. When a refill's answer arrives, the root retries this worker's waiting
+//! requests at once.
+
+mod port;
+mod setup;
+#[cfg(test)]
+mod tests;
+
+use crate::due::DueQueue;
+use crate::engine::{Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, SentOutgoing, Tally};
+use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts};
+pub use port::{Flow, Port};
+pub use setup::{LEASE_TICK_MS, MAX_DEADLINE_TICK_MS, MetricName, metric_names, tick_period};
+use shared_store::{Clock, Limiter, Store};
+use std::cell::{RefCell, RefMut};
+use std::collections::HashMap;
+
+/// One worker's engine, limiter, metrics and held requests.
+pub struct Worker<S, C, M> {
+    engine: Engine,
+    limiter: Limiter<S, C>,
+    metrics: RefCell<M>,
+    /// Requests paused by shaping, until their turn.
+    paused: RefCell<DueQueue<Tally>>,
+    /// Requests waiting for the counter service's answer to their check, until their
+    /// deadline.
+    waiting: RefCell<DueQueue<Box<Pending>>>,
+    /// Requests waiting for a lease refill, retried on every tick.
+    lease_waiting: RefCell<HashMap<u32, Box<Pending>>>,
+    /// Refills and charges the root context sent, by callout token.
+    in_flight: RefCell<HashMap<u32, SentOutgoing>>,
+    /// Headers to add to each forwarded request's response, by context id.
+    response_headers: RefCell<HashMap<u32, Vec<(String, String)>>>,
+    /// This worker's shared queue, through which a request wakes the root context to
+    /// send what it put in the outbox (`None`: the host has no shared queues; the tick
+    /// sends it).
+    wake: Option<u32>,
+}
+
+/// Where a decision is carried out from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The request's own `on_http_request_headers`: the returned flow continues or
+    /// pauses it.
+    Headers,
+    /// Another callback of the request itself (its callout's answer): it is paused and
+    /// is the effective context.
+    Own,
+    /// The root context (a tick, a refill's answer): the request is paused, and must be
+    /// made the effective context first.
+    Root,
+}
+
+/// Whether a waiting request already had its place in its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// It is new to the queue: the queue's bound applies.
+    New,
+    /// It was waiting there already (a retry that still waits).
+    Kept,
+}
+
+/// The metrics for one callback; `Lost` if they are somehow borrowed already (a
+/// callback re-entered), so that counting never panics.
+enum Counts<'a, M> {
+    Held(RefMut<'a, M>),
+    Lost,
+}
+
+impl<M: Metrics> Metrics for Counts<'_, M> {
+    fn add(&mut self, policy: usize, counter: crate::host::Counter, delta: i64) {
+        if let Self::Held(metrics) = self {
+            metrics.add(policy, counter, delta);
+        }
+    }
+
+    fn add_plugin(&mut self, counter: PluginCounter, delta: i64) {
+        if let Self::Held(metrics) = self {
+            metrics.add_plugin(counter, delta);
+        }
+    }
+}
+
+impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
+    /// A worker with nothing held; `wake` is its shared queue, if the host has them.
+    pub fn new(engine: Engine, limiter: Limiter<S, C>, metrics: M, wake: Option<u32>) -> Self {
+        Self {
+            engine,
+            limiter,
+            metrics: RefCell::new(metrics),
+            paused: RefCell::new(DueQueue::default()),
+            waiting: RefCell::new(DueQueue::default()),
+            lease_waiting: RefCell::new(HashMap::new()),
+            in_flight: RefCell::new(HashMap::new()),
+            response_headers: RefCell::new(HashMap::new()),
+            wake,
+        }
+    }
+
+    /// Its shared queue.
+    pub fn wake_queue(&self) -> Option<u32> {
+        self.wake
+    }
+
+    /// Reads its metrics (tests).
+    pub fn metrics(&self) -> Option<std::cell::Ref<'_, M>> {
+        self.metrics.try_borrow().ok()
+    }
+
+    /// How many requests it holds: paused, waiting for a check, waiting for a refill.
+    pub fn held(&self) -> (usize, usize, usize) {
+        let paused = self.paused.try_borrow().map_or(0, |q| q.len());
+        let waiting = self.waiting.try_borrow().map_or(0, |q| q.len());
+        let lease = self.lease_waiting.try_borrow().map_or(0, |q| q.len());
+        (paused, waiting, lease)
+    }
+
+    fn counts(&self) -> Counts<'_, M> {
+        self.metrics.try_borrow_mut().map_or(Counts::Lost, Counts::Held)
+    }
+
+    fn room_to_pause(&self) -> bool {
+        let max_paused = usize::try_from(self.engine.shaping().max_paused).unwrap_or(usize::MAX);
+        self.paused.try_borrow().is_ok_and(|paused| paused.len() < max_paused)
+    }
+
+    /// A request's headers arrived: decide it.
+    pub fn on_request_headers(&self, id: u32, request: &impl RequestFacts, port: &mut impl Port) -> Flow {
+        let room = self.room_to_pause();
+        let begun = self.engine.begin(request, &self.limiter, port, room, &mut self.counts());
+        let flow = self.conclude(id, begun, Via::Headers, Place::New, port);
+        self.wake_root(port);
+        flow
+    }
+
+    /// The answer to stream `id`'s check arrived (a late one, after the tick timed the
+    /// wait out, changes nothing).
+    pub fn on_check_answer(&self, id: u32, answer: &CalloutAnswer, port: &mut impl Port) {
+        let Some(pending) = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(id)) else { return };
+        let room = self.room_to_pause();
+        let begun = self.engine.complete(pending, answer, &self.limiter, room, &mut self.counts());
+        let _ = self.conclude(id, begun, Via::Own, Place::New, port);
+        self.wake_root(port);
+    }
+
+    /// The headers to add to stream `id`'s response, taken once.
+    pub fn take_response_headers(&self, id: u32) -> Option<Vec<(String, String)>> {
+        self.response_headers.try_borrow_mut().ok().and_then(|mut map| map.remove(&id))
+    }
+
+    /// Stream `id` ended: forget it wherever it is held, and count it.
+    pub fn on_stream_end(&self, id: u32) {
+        if let Ok(mut map) = self.response_headers.try_borrow_mut() {
+            map.remove(&id);
+        }
+        let paused = self.paused.try_borrow_mut().ok().and_then(|mut q| q.remove(id));
+        if let Some(tally) = paused {
+            self.engine.abandon(&tally, &mut self.counts());
+        }
+        let waiting = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(id));
+        let lease_waiting = self.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id));
+        for pending in waiting.into_iter().chain(lease_waiting) {
+            self.engine.forget(pending, &self.limiter, &mut self.counts());
+        }
+    }
+
+    /// The root context's tick: releases shaped requests whose turn came, times out
+    /// checks past their deadline, retries refill waits, sweeps for debt, sends refills
+    /// and charges, and times out the root's own calls whose answer can no longer come.
+    pub fn on_tick(&self, port: &mut impl Port) {
+        let now = self.limiter.clock().now();
+        // One at a time, with no borrow held while the host acts.
+        while let Some((id, tally)) = self.paused.try_borrow_mut().ok().and_then(|mut q| q.pop_due(now)) {
+            let resumed = port.enter(id).and_then(|()| port.resume());
+            let mut counts = self.counts();
+            match resumed {
+                Ok(()) => self.engine.release(&tally, &mut counts),
+                Err(failure) => {
+                    log::debug!("sluice: could not resume request {id} (host status {})", failure.status);
+                    counts.add_plugin(PluginCounter::ResumeFailures, 1);
+                    self.engine.abandon(&tally, &mut counts);
+                }
+            }
+        }
+        while let Some((id, pending)) = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.pop_due(now)) {
+            let room = self.room_to_pause();
+            let begun =
+                self.engine.complete(pending, &CalloutAnswer::TimedOut, &self.limiter, room, &mut self.counts());
+            let _ = self.conclude(id, begun, Via::Root, Place::New, port);
+        }
+        self.retry_lease_waiters(port);
+        self.engine.sweep_debts(&self.limiter);
+        self.send_outgoing(true, port);
+        let expired: Vec<SentOutgoing> = self
+            .in_flight
+            .try_borrow_mut()
+            .map(|mut in_flight| {
+                let tokens: Vec<u32> = in_flight.iter().filter(|(_, s)| s.deadline <= now).map(|(t, _)| *t).collect();
+                tokens.into_iter().filter_map(|t| in_flight.remove(&t)).collect()
+            })
+            .unwrap_or_default();
+        for sent in expired {
+            self.answered(sent, &CalloutAnswer::TimedOut);
+        }
+    }
+
+    /// The answer to a call the root sent (callout `token`) arrived.
+    pub fn on_root_answer(&self, token: u32, answer: &CalloutAnswer, port: &mut impl Port) {
+        let Some(sent) = self.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token)) else {
+            return;
+        };
+        let refill = sent.is_refill();
+        self.answered(sent, answer);
+        if refill {
+            // This worker's waiters spend the grant now; other workers' on their tick.
+            self.retry_lease_waiters(port);
+        }
+        self.send_outgoing(false, port);
+    }
+
+    /// A request woke the root: send the outbox.
+    pub fn on_wake(&self, port: &mut impl Port) {
+        self.send_outgoing(false, port);
+    }
+
+    fn answered(&self, sent: SentOutgoing, answer: &CalloutAnswer) {
+        let waiting =
+            |waiter: u64| self.lease_waiting.try_borrow().is_ok_and(|q| q.values().any(|p| p.waiter() == waiter));
+        self.engine.outgoing_answered(sent, answer, &self.limiter, &mut self.counts(), waiting);
+    }
+
+    /// Sends what the outbox holds (and, on the tick, the charges this worker owes).
+    fn send_outgoing(&self, with_charges: bool, port: &mut impl Port) {
+        for call in self.engine.take_outgoing(&self.limiter, with_charges) {
+            let sent = self.engine.dispatch_outgoing(call, port, &self.limiter, &mut self.counts());
+            if let (Some(sent), Ok(mut in_flight)) = (sent, self.in_flight.try_borrow_mut()) {
+                in_flight.insert(sent.token, sent);
+            }
+        }
+    }
+
+    /// Retries every request of this worker that waits for a lease refill.
+    fn retry_lease_waiters(&self, port: &mut impl Port) {
+        let ids: Vec<u32> = self.lease_waiting.try_borrow().map(|q| q.keys().copied().collect()).unwrap_or_default();
+        for id in ids {
+            let Some(pending) = self.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id)) else {
+                continue;
+            };
+            let room = self.room_to_pause();
+            let begun = self.engine.retry(pending, &self.limiter, room, &mut self.counts());
+            let _ = self.conclude(id, begun, Via::Root, Place::Kept, port);
+        }
+    }
+
+    /// After a request's callback: wakes the root to send what it put in the outbox.
+    fn wake_root(&self, port: &mut impl Port) {
+        if self.engine.has_outgoing()
+            && let Some(queue) = self.wake
+        {
+            // If the host refuses, the tick sends it.
+            let _ = port.wake(queue);
+        }
+    }
+
+    /// Carries out whatever the engine answered for request `id`: a wait is held, or
+    /// decided at once when it cannot be; a decision is carried out.
+    fn conclude(&self, id: u32, begun: Begun, via: Via, place: Place, port: &mut impl Port) -> Flow {
+        let decided = match begun {
+            Begun::Decided(decided) => decided,
+            Begun::Waiting(pending) => match self.hold(id, pending, place) {
+                Ok(()) => return Flow::Pause,
+                Err(pending) => {
+                    let room = self.room_to_pause();
+                    self.engine.overflow(pending, &self.limiter, room, &mut self.counts())
+                }
+            },
+        };
+        self.deliver(id, decided, via, port)
+    }
+
+    /// Holds a waiting request in its queue; `Err` with it when it cannot be held (a full
+    /// lease queue for a request new to it, or a queue already borrowed).
+    fn hold(&self, id: u32, pending: Box<Pending>, place: Place) -> Result<(), Box<Pending>> {
+        if pending.waits_for_lease() {
+            let max = self.engine.max_waiting(&pending);
+            let Ok(mut queue) = self.lease_waiting.try_borrow_mut() else { return Err(pending) };
+            if place == Place::New && queue.len() >= max {
+                return Err(pending);
+            }
+            queue.insert(id, pending);
+            return Ok(());
+        }
+        let deadline = pending.deadline();
+        match self.waiting.try_borrow_mut() {
+            Ok(mut waiting) => {
+                waiting.insert(id, deadline, pending);
+                Ok(())
+            }
+            Err(_) => Err(pending),
+        }
+    }
+
+    /// Carries out a decision for request `id` and counts what really happened.
+    fn deliver(&self, id: u32, decided: Decided, via: Via, port: &mut impl Port) -> Flow {
+        if via == Via::Root && port.enter(id).is_err() {
+            // The stream is gone: nothing is paused any more.
+            let mut counts = self.counts();
+            counts.add_plugin(PluginCounter::ResumeFailures, 1);
+            self.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
+            return Flow::Pause;
+        }
+        let in_headers = via == Via::Headers;
+        let Decided { outcome, tally } = decided;
+        let (flow, disposition) = match outcome {
+            Outcome::Continue { headers } => {
+                self.keep_headers(id, headers);
+                self.forward(in_headers, port)
+            }
+            Outcome::Delay { due, headers, .. } => {
+                self.keep_headers(id, headers);
+                match self.paused.try_borrow_mut() {
+                    Ok(mut paused) => {
+                        paused.insert(id, due, tally.clone());
+                        (Flow::Pause, Disposition::Queued)
+                    }
+                    // Cannot happen (nothing else holds the queue now); if it did,
+                    // forwarding now is better than a request held forever.
+                    Err(_) => self.forward(in_headers, port),
+                }
+            }
+            Outcome::Reject(response) => self.reject(&response, in_headers, port),
+        };
+        self.engine.settle(&tally, disposition, &mut self.counts());
+        flow
+    }
+
+    fn keep_headers(&self, id: u32, headers: Vec<(String, String)>) {
+        if headers.is_empty() {
+            return;
+        }
+        if let Ok(mut map) = self.response_headers.try_borrow_mut() {
+            map.insert(id, headers);
+        }
+    }
+
+    /// Forwards the request: by the returned flow inside its headers callback, else by
+    /// resuming it (and resetting it if the host refuses).
+    fn forward(&self, in_headers: bool, port: &mut impl Port) -> (Flow, Disposition) {
+        if in_headers {
+            return (Flow::Continue, Disposition::Allowed);
+        }
+        match port.resume() {
+            Ok(()) => (Flow::Pause, Disposition::Allowed),
+            Err(failure) => {
+                log::warn!("sluice: the host refused to resume a request (status {}); resetting it", failure.status);
+                self.counts().add_plugin(PluginCounter::ResumeFailures, 1);
+                let _ = port.close();
+                (Flow::Pause, Disposition::Rejected)
+            }
+        }
+    }
+
+    /// Sends a rejection; a reply the host refuses is retried bare, then the stream is
+    /// reset, and only then forwarded (see the module docs).
+    fn reject(&self, response: &LocalResponse, in_headers: bool, port: &mut impl Port) -> (Flow, Disposition) {
+        if port.reply(response.status, &response.headers, response.body.as_bytes()).is_ok() {
+            return (Flow::Pause, Disposition::Rejected);
+        }
+        self.counts().add_plugin(PluginCounter::ReplyFailures, 1);
+        if port.reply(response.status, &[], b"").is_ok() {
+            log::warn!("sluice: the host refused the rejection with headers; sent the bare status");
+            return (Flow::Pause, Disposition::Rejected);
+        }
+        if port.close().is_ok() {
+            log::warn!("sluice: the host refused every local reply; reset the request instead");
+            return (Flow::Pause, Disposition::Rejected);
+        }
+        log::error!("sluice: the host refused to reject or reset a request; forwarding it rather than holding it");
+        self.forward(in_headers, port)
+    }
+}

@@ -1,0 +1,69 @@
+//! What a worker sets up from its engine once per configuration: how often its root
+//! context ticks, and which metrics it defines (global-only ones only when a policy or
+//! the plugin is global).
+
+use crate::engine::Engine;
+use crate::host::{Counter, PluginCounter};
+use shared_store::{Limit, Nanos};
+
+/// The longest tick while requests wait for the counter service: a wait outlives its
+/// deadline by at most this (or a quarter of the timeout, if shorter).
+pub const MAX_DEADLINE_TICK_MS: u32 = 50;
+/// The tick with lease policies: refills go out, and waiting requests are retried, at
+/// most this late.
+pub const LEASE_TICK_MS: u32 = 10;
+
+/// The tick period the configuration needs, in milliseconds: the shaping tick when a
+/// policy shapes, at most a quarter of the callout deadline with global policies, at
+/// most [`LEASE_TICK_MS`] with lease policies; `None` when nothing needs a tick.
+pub fn tick_period(engine: &Engine) -> Option<u32> {
+    let shaping =
+        engine.policies().any(|p| matches!(p.limit, Limit::LeakyBucket { max_wait, .. } if max_wait > Nanos::ZERO));
+    let mut tick_ms = shaping.then_some(engine.shaping().tick_ms);
+    if let Some(timeout) = engine.callout_timeout().filter(|_| engine.has_global()) {
+        let quarter = u32::try_from(timeout.0 / 4_000_000).unwrap_or(MAX_DEADLINE_TICK_MS);
+        let deadline_tick = quarter.clamp(1, MAX_DEADLINE_TICK_MS);
+        tick_ms = Some(tick_ms.map_or(deadline_tick, |t| t.min(deadline_tick)));
+    }
+    if engine.has_lease() {
+        tick_ms = Some(tick_ms.map_or(LEASE_TICK_MS, |t| t.min(LEASE_TICK_MS)));
+    }
+    tick_ms
+}
+
+/// A metric to define: its full name and whether it is a gauge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricName {
+    /// `<stat_prefix>.<policy>.<counter>` or `<stat_prefix>.<counter>`.
+    pub name: String,
+    /// Whether it goes down as well as up.
+    pub gauge: bool,
+}
+
+/// The metrics a configuration defines: per policy in [`Counter::ALL`] order, and per
+/// plugin in [`PluginCounter::ALL`] order; `None` where a counter cannot move (a
+/// global-only counter of a local policy, a service counter without global policies).
+pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Option<MetricName>>) {
+    let prefix = engine.stat_prefix();
+    let policies = engine
+        .policies()
+        .map(|p| {
+            Counter::ALL
+                .iter()
+                .map(|c| {
+                    (!c.is_global_only() || p.is_global())
+                        .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
+                })
+                .collect()
+        })
+        .collect();
+    let global = engine.has_global();
+    let plugin = PluginCounter::ALL
+        .iter()
+        .map(|c| {
+            (!c.is_service_only() || global)
+                .then(|| MetricName { name: format!("{prefix}.{}", c.name()), gauge: c.is_gauge() })
+        })
+        .collect();
+    (policies, plugin)
+}
