@@ -31,7 +31,7 @@ use super::lease_record::Updated;
 use super::namespace;
 use super::setup::Setup;
 use super::wire::{self, Reason};
-use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
+use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Limiter, Nanos, Placement, Store, UpdateError};
 use sluice_protocol::{ChargeRequest, LeaseRequest};
 
@@ -199,17 +199,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
     if service.breaker.admit(limiter.store(), now) == Admit::Open {
         return unsent(Reason::CircuitOpen, sent, metrics);
     }
-    let mut headers: Vec<(&str, &str)> = vec![
-        (":method", "POST"),
-        (":path", path),
-        (":authority", &service.authority),
-        ("content-type", "application/json"),
-    ];
-    if let Some(authorization) = &service.authorization {
-        headers.push(("authorization", authorization.expose()));
-    }
-    let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
-    match callouts.dispatch(&call) {
+    match service.dispatch(path, &body, callouts) {
         Ok(token) => {
             metrics.add_plugin(PluginCounter::Callouts, 1);
             if let Sent::Refill(target, _) = &sent {

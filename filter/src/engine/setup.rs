@@ -9,6 +9,7 @@ use super::cause::LogLimiter;
 use super::compiled::{Compiled, Home, Leased};
 use super::lease_record::Leases;
 use crate::config::{KeyPart, Response, Secret, Shaping};
+use crate::host::{Call, Callouts};
 use shared_store::{HashKey, Nanos, Store};
 use std::cell::{Cell, RefCell};
 
@@ -31,6 +32,28 @@ pub(crate) struct Service {
     pub(crate) partition: Vec<KeyPart>,
     pub(crate) secret: HashKey,
     pub(crate) breaker: CircuitBreaker,
+}
+
+impl Service {
+    /// Sends `body` to the service's `path` (a POST with the token, if one is
+    /// configured) within the callout deadline; the host's token for the answer.
+    pub(crate) fn dispatch(
+        &self,
+        path: &str,
+        body: &[u8],
+        callouts: &mut impl Callouts,
+    ) -> Result<u32, crate::host::DispatchError> {
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", path),
+            (":authority", &self.authority),
+            ("content-type", "application/json"),
+        ];
+        if let Some(authorization) = &self.authorization {
+            headers.push(("authorization", authorization.expose()));
+        }
+        callouts.dispatch(&Call { cluster: &self.cluster, headers: &headers, body, timeout_ms: self.timeout_ms })
+    }
 }
 
 /// The configuration compiled against one plugin's identity and hash secrets, with the

@@ -17,7 +17,7 @@ use crate::engine::namespace;
 use crate::engine::resolved::{Few, Resolved};
 use crate::engine::setup::{Service, Setup};
 use crate::engine::wire::{self, Reason};
-use crate::host::{Call, CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
+use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
 use shared_store::{Clock, Decision, Limiter, Nanos, Store};
 
 /// Tags a request that has global policies left and sends its check (or, with no check
@@ -72,17 +72,7 @@ fn send<S: Store, C: Clock>(
         Home::Global { spec, .. } => Some((*spec, setup.compiled(index)?.policy.version)),
         Home::Local(_) => None,
     });
-    let mut headers: Vec<(&str, &str)> = vec![
-        (":method", "POST"),
-        (":path", wire::CHECK_PATH),
-        (":authority", &service.authority),
-        ("content-type", "application/json"),
-    ];
-    if let Some(authorization) = &service.authorization {
-        headers.push(("authorization", authorization.expose()));
-    }
-    let call = Call { cluster: &service.cluster, headers: &headers, body: &body, timeout_ms: service.timeout_ms };
-    match callouts.dispatch(&call) {
+    match service.dispatch(wire::CHECK_PATH, &body, callouts) {
         Ok(token) => {
             metrics.add_plugin(PluginCounter::Callouts, 1);
             metrics.add_plugin(PluginCounter::Waiting, 1);

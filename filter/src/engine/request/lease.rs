@@ -26,7 +26,7 @@ use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
 use crate::engine::wire::Reason;
 use crate::host::{Counter, Metrics, PluginCounter};
-use shared_store::{Clock, Decision, Limiter, Nanos, Store, UpdateError, Verdict};
+use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
 
 /// How one policy's spend went.
 enum Spent {
@@ -56,11 +56,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
     let mut waiting = Few::new();
     let mut failed: Few<(Resolved, Cause)> = Few::new();
     for resolved in leased {
-        let (Place::Global { lease: Some(slot), .. }, Some(home)) = (&resolved.at, setup.leased_home(resolved.policy))
-        else {
-            continue;
-        };
-        let rules = Rules { low_water: home.config.low_water, refill_window: window };
+        let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
         match spent(resolved.policy, leases.spend(slot, resolved.cost, now, rules), metrics) {
             Spent::Done(Spend::Spent { refill }) => {
                 if refill {
@@ -119,11 +115,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
     let mut waiting = Few::new();
     let mut failed: Few<(Resolved, Cause)> = Few::new();
     for resolved in leased {
-        let (Place::Global { lease: Some(slot), .. }, Some(home)) = (&resolved.at, setup.leased_home(resolved.policy))
-        else {
-            continue;
-        };
-        let rules = Rules { low_water: home.config.low_water, refill_window: window };
+        let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
         let may_elect = now < deadline;
         let retried = leases.retry(slot, resolved.cost, now, since, waiter, may_elect, rules);
         match spent(resolved.policy, retried, metrics) {
@@ -196,6 +188,15 @@ pub(crate) fn max_waiting(setup: &Setup, wait: &LeaseWait) -> usize {
         .map(|l| usize::try_from(l.config.max_waiting).unwrap_or(usize::MAX))
         .min()
         .unwrap_or(usize::MAX)
+}
+
+/// The lease record a resolved policy spends from, and the rules it spends under.
+fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<(&'a Placement, Rules)> {
+    let (Place::Global { lease: Some(slot), .. }, Some(home)) = (&resolved.at, setup.leased_home(resolved.policy))
+    else {
+        return None;
+    };
+    Some((slot, Rules { low_water: home.config.low_water, refill_window: window }))
 }
 
 /// Puts a refill of `resolved`'s lease in the outbox.
