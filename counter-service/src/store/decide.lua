@@ -1,6 +1,6 @@
 -- sluice-counter: one atomic decision over one or several counters.
 --
--- Runs shared-store's algorithms (shared-store/src/limit.rs: decide, charge, status)
+-- Runs shared-store's algorithms (shared-store/src/limit/: decide, charge, status)
 -- with exactly the same answers, in Lua doubles: every integer below stays under 2^53
 -- for limits inside the numeric envelope the service validates
 -- (protocol/src/limit.rs). Times are whole microseconds (Redis TIME);

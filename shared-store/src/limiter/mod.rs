@@ -71,12 +71,15 @@
 //! CAS write, and counted in [`Admission::repaired`]; the request is then decided on
 //! that state. Damage never becomes a fresh full bucket.
 
+mod reservation;
+
 use crate::codec::Record;
 use crate::decision::Decision;
 use crate::key::{OVERFLOW_OWNER, Placement};
 use crate::limit::{Limit, State};
 use crate::store::{Cas, Store, StoreError, Swap, create};
 use crate::time::{Clock, Nanos};
+pub use reservation::Reservation;
 use smallvec::SmallVec;
 
 /// How many times a decision is retried when another worker wrote first. Every retry
@@ -137,42 +140,6 @@ impl Admission {
     pub fn delay(&self) -> Nanos {
         self.decisions.iter().map(Decision::delay).max().unwrap_or(Nanos::ZERO)
     }
-}
-
-/// What an admission spent, to keep ([`Limiter::commit`]) or give back
-/// ([`Limiter::refund`]) once the rest of the request is decided (see the module docs).
-#[must_use = "a reservation is kept (commit) or given back (refund)"]
-#[derive(Debug, PartialEq, Eq)]
-pub struct Reservation {
-    spends: SmallVec<[Spend; MAX_INLINE_LIMITS]>,
-}
-
-impl Reservation {
-    /// A reservation that spent nothing.
-    pub fn empty() -> Self {
-        Self { spends: SmallVec::new() }
-    }
-
-    /// Whether nothing was spent.
-    pub fn is_empty(&self) -> bool {
-        self.spends.is_empty()
-    }
-
-    /// Joins two reservations (both kept or given back together).
-    pub fn join(mut self, other: Self) -> Self {
-        self.spends.extend(other.spends);
-        self
-    }
-}
-
-/// One write an admission made.
-#[derive(Debug, PartialEq, Eq)]
-struct Spend {
-    key: String,
-    owner: u64,
-    limit: Limit,
-    cost: u64,
-    written: State,
 }
 
 /// Why no decision could be made. The caller applies its configured failure outcome.
@@ -282,34 +249,6 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.decide_all(requests, None)
     }
 
-    /// [`Limiter::check`], keeping the record of what an admission spent so that it can
-    /// be given back later (see the module docs). The reservation is empty when the
-    /// request was not admitted.
-    ///
-    /// # Errors
-    /// As [`Limiter::check`].
-    pub fn reserve(&self, requests: &[Request<'_>]) -> Result<(Admission, Reservation), LimitError> {
-        let mut reservation = Reservation::empty();
-        let admission = self.decide_all(requests, Some(&mut reservation))?;
-        Ok((admission, reservation))
-    }
-
-    /// Keeps what a reservation spent.
-    pub fn commit(&self, reservation: Reservation) {
-        drop(reservation);
-    }
-
-    /// Gives back what a reservation spent. Returns how many of its spends could not be
-    /// given back (each leaves its limit stricter, never looser).
-    pub fn refund(&self, reservation: Reservation) -> u32 {
-        let failed = reservation
-            .spends
-            .iter()
-            .filter(|spend| !self.refund_one(&spend.key, spend.owner, &spend.limit, spend.cost, &spend.written))
-            .count();
-        u32::try_from(failed).unwrap_or(u32::MAX)
-    }
-
     fn decide_all(&self, requests: &[Request<'_>], keep: Option<&mut Reservation>) -> Result<Admission, LimitError> {
         let mut conflicts = 0;
         let mut repaired = 0;
@@ -388,17 +327,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 continue;
             }
             if admitted && let Some(reservation) = keep {
-                for (request, plan) in requests.iter().zip(&plans) {
-                    if let Some(written) = &plan.next {
-                        reservation.spends.push(Spend {
-                            key: plan.key.to_owned(),
-                            owner: plan.owner,
-                            limit: *request.limit,
-                            cost: request.cost,
-                            written: written.clone(),
-                        });
-                    }
-                }
+                reservation.record(requests, &plans);
             }
             return Ok(Admission {
                 admitted,
@@ -472,43 +401,5 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// Creates a missing key without losing a concurrent creation (see the module docs).
     fn create(&self, key: &str, bytes: &[u8]) -> Result<Swap, StoreError> {
         create(&self.store, &self.anchor, key, bytes)
-    }
-
-    /// Gives back what the writes made before `failed` spent. Returns how many refunds
-    /// could not be written.
-    fn refund_all(&self, requests: &[Request<'_>], plans: &[Plan<'_>], failed: usize) -> u32 {
-        let mut unrefunded = 0;
-        for (request, plan) in requests.iter().zip(plans).take(failed) {
-            if let Some(written) = &plan.next
-                && !self.refund_one(plan.key, plan.owner, request.limit, request.cost, written)
-            {
-                unrefunded += 1;
-            }
-        }
-        unrefunded
-    }
-
-    fn refund_one(&self, key: &str, owner: u64, limit: &Limit, cost: u64, written: &State) -> bool {
-        for _ in 0..self.max_attempts {
-            let Ok(Read::Found(cas, record)) = self.read(key, limit) else { return false };
-            if record.owner != owner {
-                // The slot changed hands: our spend went with the old state.
-                return true;
-            }
-            // Read the clock after the store, so it is not earlier than any write seen.
-            let now = self.clock.now();
-            let current = limit.adopt(&record.limit, record.state, now);
-            let Some(state) = limit.refund(&current, written, now, cost) else { return false };
-            if state == current {
-                return true;
-            }
-            let record = Record { owner, limit: *limit, state };
-            match record.encode_with(|bytes| self.store.set(key, bytes, Some(cas))) {
-                Ok(Swap::Written) => return true,
-                Ok(Swap::Conflict) => continue,
-                Err(_) => return false,
-            }
-        }
-        false
     }
 }

@@ -1,0 +1,193 @@
+//! The token bucket, as GCRA: how a bucket refilling at a rate and holding a burst
+//! decides, is charged and adopts other numbers. The leaky bucket runs on the same
+//! arithmetic ([`Gcra`]), as a shaper.
+
+use super::{InvalidLimit, Limit, Rate, State, ceil_div, floor_div, ns};
+use crate::decision::{Decision, Verdict};
+use crate::time::Nanos;
+
+impl Limit {
+    /// A token bucket refilling at `rate` and holding at most `burst`.
+    ///
+    /// # Errors
+    /// [`InvalidLimit::ZeroCapacity`] when `burst` is zero.
+    pub const fn token_bucket(rate: Rate, burst: u64) -> Result<Self, InvalidLimit> {
+        if burst == 0 { Err(InvalidLimit::ZeroCapacity) } else { Ok(Self::TokenBucket { rate, burst }) }
+    }
+}
+
+/// GCRA arithmetic for one bucket, in units of `1 / amount` nanoseconds.
+pub(super) struct Gcra {
+    amount: u128,
+    per: u128,
+    /// Capacity in scaled time: `burst × per`.
+    capacity: u128,
+    /// Capacity in cost units: the burst.
+    burst: u64,
+}
+
+impl Gcra {
+    pub(super) fn new(rate: Rate, burst: u64) -> Self {
+        let per = u128::from(rate.per.0);
+        Self { amount: u128::from(rate.amount), per, capacity: u128::from(burst) * per, burst }
+    }
+
+    fn now(&self, now: Nanos) -> u128 {
+        u128::from(now.0) * self.amount
+    }
+
+    /// The bucket with nothing left to spend at `now` (see [`Limit::exhausted`]).
+    pub(super) fn exhausted(&self, now: Nanos) -> State {
+        State::Gcra { tat: self.now(now).saturating_add(self.capacity) }
+    }
+
+    /// Time (ns) for `scaled` to drain.
+    fn drain(&self, scaled: u128) -> Nanos {
+        if self.amount == 1 { ns(scaled) } else { ns(ceil_div(scaled, self.amount)) }
+    }
+
+    fn units(&self, scaled: u128) -> u64 {
+        u64::try_from(floor_div(scaled, self.per)).unwrap_or(u64::MAX)
+    }
+
+    /// The decision that leaves the bucket as it is (queries, rejections).
+    fn unchanged(&self, verdict: Verdict, debt: u128) -> Decision {
+        Decision {
+            verdict,
+            limit: self.burst,
+            remaining: self.units(self.capacity.saturating_sub(debt)),
+            reset_after: self.drain(debt),
+        }
+    }
+
+    /// One GCRA step. Without `max_wait` this is a token bucket: debt is credit already
+    /// spent, and a request fits if the debt it adds stays within the burst. With
+    /// `max_wait` it is a shaper: debt is the queue ahead, which the request waits out,
+    /// and it must also not wait longer than `max_wait`.
+    pub(super) fn step(&self, tat: u128, now: Nanos, cost: u64, max_wait: Option<Nanos>) -> (Decision, Option<State>) {
+        let now = self.now(now);
+        let base = tat.max(now);
+        let debt = base - now;
+        if cost == 0 {
+            return (self.unchanged(Verdict::Allowed, debt), None);
+        }
+        if cost > self.burst {
+            return (self.unchanged(Verdict::Exceeds, debt), None);
+        }
+        let increment = u128::from(cost) * self.per;
+        let delay = if max_wait.is_some() { self.drain(debt) } else { Nanos::ZERO };
+        match (debt.checked_add(increment), base.checked_add(increment)) {
+            (Some(need), Some(next)) if need <= self.capacity && max_wait.is_none_or(|wait| delay <= wait) => {
+                let verdict = if delay == Nanos::ZERO { Verdict::Allowed } else { Verdict::Delayed(delay) };
+                (
+                    Decision {
+                        verdict,
+                        limit: self.burst,
+                        remaining: self.units(self.capacity - need),
+                        reset_after: self.drain(need),
+                    },
+                    Some(State::Gcra { tat: next }),
+                )
+            }
+            _ => {
+                let room_wait = debt.saturating_add(increment).saturating_sub(self.capacity);
+                let delay_wait =
+                    max_wait.map_or(0, |wait| debt.saturating_sub(u128::from(wait.0).saturating_mul(self.amount)));
+                let retry_after = self.drain(room_wait.max(delay_wait));
+                (self.unchanged(Verdict::Rejected { retry_after }, debt), None)
+            }
+        }
+    }
+
+    /// Spends up to `cost` whole units, keeping the debt within `burst + max_debt`
+    /// units' worth of scaled time. `None` when the arithmetic overflows (nothing is
+    /// charged then).
+    pub(super) fn charge(&self, tat: u128, now: Nanos, cost: u64, max_debt: u64) -> Option<(u128, u64)> {
+        let now = self.now(now);
+        let base = tat.max(now);
+        let debt = base - now;
+        let ceiling = u128::from(self.burst).checked_add(u128::from(max_debt))?.checked_mul(self.per)?;
+        let room = floor_div(ceiling.saturating_sub(debt), self.per);
+        let charged = u64::try_from(room.min(u128::from(cost))).ok()?;
+        let next = base.checked_add(u128::from(charged).checked_mul(self.per)?)?;
+        Some((next, charged))
+    }
+
+    /// Re-expresses a bucket kept under `old` in this bucket's units (see
+    /// [`Limit::adopt`]): the whole units available are kept, capped at this capacity.
+    /// `None` when the arithmetic overflows.
+    pub(super) fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
+        let debt = tat.saturating_sub(old.now(now));
+        let spent = ceil_div(debt, old.per.max(1));
+        let burst = u128::from(self.burst);
+        let spent = spent.saturating_add(burst).saturating_sub(u128::from(old.burst)).min(burst);
+        Some(State::Gcra { tat: self.now(now).checked_add(spent.checked_mul(self.per)?)? })
+    }
+}
+
+/// Gives back `cost` from a bucket that still holds exactly what the admission wrote, and
+/// nothing (`None`) from one written since (see [`Limit::refund`]).
+pub(super) fn refund(rate: Rate, current: u128, written: u128, cost: u64) -> Option<State> {
+    if current != written {
+        return None;
+    }
+    let increment = u128::from(cost).saturating_mul(u128::from(rate.per.0));
+    Some(State::Gcra { tat: current.saturating_sub(increment) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::tests::{MS, S, T0, at, bucket};
+
+    #[test]
+    fn a_token_bucket_is_charged_down_to_its_debt_bound_and_forgives_the_rest() {
+        let (state, charged) = bucket().charge(None, T0, 20, 3);
+
+        let status = bucket().status(Some(&state), T0);
+        assert_eq!(charged, 8, "5 in the bucket and 3 of debt");
+        assert_eq!(status.remaining, 0);
+        // 8 tokens at 100 ms each: full again in 800 ms, one token admitted after 400 ms.
+        assert_eq!(status.reset_after, Nanos(800 * MS));
+        assert_eq!(status.verdict, Verdict::Rejected { retry_after: Nanos(400 * MS) });
+    }
+
+    #[test]
+    fn a_bucket_in_debt_admits_nothing_until_the_debt_is_repaid_and_then_exactly_on_time() {
+        let (state, _) = bucket().charge(None, T0, 8, 3);
+
+        let early = bucket().decide(Some(&state), at(400 * MS - 1), 1);
+        let on_time = bucket().decide(Some(&state), at(400 * MS), 1);
+
+        assert!(matches!(early.0.verdict, Verdict::Rejected { retry_after: Nanos(1) }), "{early:?}");
+        assert!(on_time.0.is_admitted());
+    }
+
+    #[test]
+    fn a_bucket_already_at_its_debt_bound_is_charged_nothing_more() {
+        let (state, _) = bucket().charge(None, T0, 8, 3);
+
+        let (again, charged) = bucket().charge(Some(&state), T0, 5, 3);
+        let (deeper, more) = bucket().charge(Some(&state), T0, 5, 4);
+
+        assert_eq!((again, charged), (state, 0));
+        assert_eq!(more, 1, "a larger bound lets one more unit in");
+        assert_eq!(bucket().status(Some(&deeper), T0).reset_after, Nanos(900 * MS));
+    }
+
+    #[test]
+    fn adopting_other_bucket_numbers_keeps_the_whole_units_left_and_never_refills() {
+        let raised = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 8).unwrap();
+        let lowered = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 2).unwrap();
+        // 3 of 5 spent, and 50 ms of the next token refilled: 2.5 left, 3 spent rounded up.
+        let (_, spent) = bucket().decide(None, T0, 3);
+        let spent = spent.unwrap();
+
+        let up = raised.adopt(&bucket(), spent.clone(), at(50 * MS));
+        let down = lowered.adopt(&bucket(), spent, at(50 * MS));
+
+        assert_eq!(raised.status(Some(&up), at(50 * MS)).remaining, 2, "2 whole units kept, none added");
+        assert_eq!(up, State::Gcra { tat: u128::from(at(50 * MS).0) + 6 * 100 * u128::from(MS) });
+        assert_eq!(lowered.status(Some(&down), at(50 * MS)).remaining, 2, "capped at the new burst");
+    }
+}
