@@ -139,7 +139,8 @@
 //!    and traps), `stream.rs` (the stream state machine), `schedule.rs` (ticks, timers,
 //!    messages), `callout.rs` (callout answers to the guest), `reconfigure.rs`.
 //! 7. **Facade**, `host/`: [`HostBuilder`] (`builder.rs`) and [`Host`] (`mod.rs`).
-//! 8. **[`serve`]**: the proxy behind `wasm-host serve`.
+//! 8. **[`serve`]**: the proxy behind `wasm-host serve`: `mod.rs` (start, accept loops,
+//!    shutdown), `vm.rs` (driving a worker's VM), `exchange.rs` (one request).
 //!
 //! To change a host call, open its file in `abi/`; to change what happens after it
 //! (a stream resuming, a callout answer arriving), the worker file named above.

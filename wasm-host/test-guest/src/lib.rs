@@ -20,8 +20,9 @@
 //! # Request operations
 //!
 //! A request names operations in `x-test-op` (comma-separated); results come back as
-//! request headers `x-*` on the forwarded request (or in the local reply). See
-//! `HttpStream::on_http_request_headers` for the list.
+//! request headers `x-*` on the forwarded request (or in the local reply). `operation.rs`
+//! lists them (`Operation`, one line each); `guest.rs` runs them, and `guest/` holds what
+//! each family does.
 //!
 //! `shared-script` runs the get / set / CAS steps of `x-shared-script` with the raw host
 //! calls and reports every status, cas and value (`x-shared-step-<i>`; see
@@ -35,6 +36,10 @@
 //! them (`x-callout-read-status`, `-pairs`, `-body-read-status`).
 
 #[cfg(target_arch = "wasm32")]
+mod config;
+#[cfg(target_arch = "wasm32")]
 mod guest;
+#[cfg(any(target_arch = "wasm32", test))]
+mod operation;
 #[cfg(target_arch = "wasm32")]
 mod raw;
