@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //!
-//! Modules import only downwards: `wasm` → `engine` → `policy` → `config`, `host`.
+//! Modules import only downwards (`tests/layers.rs` checks it), from the bottom:
+//! `config`, `host` and `due`; `testing`; `policy`; `engine`; `abi`; `wasm`; this root.
+//! Inside `config`, the same holds for its submodules (see its docs).
 //!
 //! * [`config`]: the JSON configuration, parsed strictly and validated.
 //! * [`host`]: the ports the engine works through: request facts, metrics, callouts.
@@ -11,7 +13,8 @@
 //! * [`engine`]: one decision across every matching policy, local and global, in two
 //!   phases when the counter service is consulted; the response plan; the failure rule.
 //! * [`due`]: requests a worker holds, ordered by when they are due.
-//! * `testing` (native only, never in `sluice.wasm`): fakes of the ports.
+//! * `testing` (this crate's tests, and the `testing` feature its bench and integration
+//!   tests turn on; never in `sluice.wasm`): fakes of the ports.
 //! * `wasm` (wasm32 only): the proxy-wasm glue, and `abi`, the raw host calls wrapped so
 //!   that no host status can panic the VM.
 //!
@@ -24,7 +27,7 @@ pub mod due;
 pub mod engine;
 pub mod host;
 pub mod policy;
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod worker;
 

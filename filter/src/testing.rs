@@ -1,5 +1,6 @@
-//! Fakes of the engine's ports for native tests and benchmarks. Not compiled for wasm:
-//! none of this is in `sluice.wasm`.
+//! Fakes of the engine's ports for tests and benchmarks: a request, callouts and recorded
+//! metrics. Compiled only for this crate's unit tests and behind the `testing` feature
+//! (which its bench and integration tests turn on): none of this is in `sluice.wasm`.
 
 use crate::host::{Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts};
 use std::collections::HashMap;

@@ -1,4 +1,8 @@
+//! Unit tests of the configuration as a whole: the documented defaults, the forms a
+//! value takes once validated, and that every issue is reported, not just the first.
+
 use super::*;
+use shared_store::{Limit, Nanos, Rate};
 
 fn config(json: &str) -> Config {
     Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))

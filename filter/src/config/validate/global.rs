@@ -1,145 +1,22 @@
-//! The configuration of global policies: the counter service, how a policy consults it,
-//! and its emergency cap. The numbers a global policy sends are validated with the
-//! service's own rules ([`sluice_protocol::LimitSpec::validate`]), so a configuration
-//! the filter accepts is never refused by the service.
+//! Whether the settings of global policies are valid: the `counter_service` block, a
+//! policy's `global` block and lease, and its emergency cap. The numbers a global policy
+//! sends are validated with the service's own rules ([`sluice_protocol::LimitSpec::validate`]),
+//! so a configuration the filter accepts is never refused by the service.
 
-use super::raw::{
+use super::fields::{amount, is_header_value};
+use super::issues::Issues;
+use super::key::validate_key;
+use crate::config::model::global::{
+    Breaker, CounterService, DEFAULT_BREAKER_COOLDOWN_MS, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE_MS,
+    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT_MS, Global, Lease, MAX_BREAKER_COOLDOWN_MS, MAX_SECRET_BYTES, MAX_TIMEOUT_MS,
+    MIN_HASH_KEY_BYTES, MIN_TIMEOUT_MS, Secret, SecretSource, Strategy,
+};
+use crate::config::raw::{
     DurationSpec, RateSpec, RawAlgorithm, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawLease,
     RawPolicy, RawStrategy,
 };
-use super::{Issues, KeyPart, amount, is_header_value, validate_key};
 use shared_store::{Limit, Nanos, Rate};
 use sluice_protocol::LimitSpec;
-use std::fmt;
-
-/// Shortest callout deadline.
-pub const MIN_TIMEOUT_MS: u128 = 1;
-/// Longest callout deadline: a request waits at most this long for the service.
-pub const MAX_TIMEOUT_MS: u128 = 10_000;
-/// Default callout deadline.
-pub const DEFAULT_TIMEOUT_MS: u32 = 100;
-/// Default consecutive failures that open the circuit.
-pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
-/// Default time the circuit stays open.
-pub const DEFAULT_BREAKER_COOLDOWN_MS: u64 = 2_000;
-/// Longest time the circuit stays open.
-pub const MAX_BREAKER_COOLDOWN_MS: u128 = 5 * 60 * 1000;
-/// Shortest hash key: 128 bits.
-pub const MIN_HASH_KEY_BYTES: usize = 16;
-/// Longest secret (token or hash key).
-pub const MAX_SECRET_BYTES: usize = 4096;
-
-/// A secret read from the configuration or the VM's environment. Its `Debug` form never
-/// shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The value.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
-
-/// Where a secret comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretSource {
-    /// Written in the configuration.
-    Inline(Secret),
-    /// An environment variable of the VM, read when the configuration is applied.
-    Env(String),
-}
-
-/// How the filter reaches the counter service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CounterService {
-    /// The proxy's cluster name.
-    pub cluster: String,
-    /// `:authority` of the callouts.
-    pub authority: String,
-    /// Deadline of one callout, in milliseconds (never 0).
-    pub timeout_ms: u32,
-    /// The bearer token, if the service needs one.
-    pub token: Option<SecretSource>,
-    /// The key global keys are hashed with.
-    pub hash_key: SecretSource,
-    /// Key parts naming a check's hash tag.
-    pub partition: Vec<KeyPart>,
-    /// The circuit breaker.
-    pub breaker: Breaker,
-}
-
-impl CounterService {
-    /// The deadline as a duration.
-    pub fn timeout(&self) -> Nanos {
-        Nanos::from_millis(u64::from(self.timeout_ms))
-    }
-}
-
-/// When the circuit opens and for how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Breaker {
-    /// Consecutive failures that open it.
-    pub failures: u32,
-    /// How long it stays open before a probe.
-    pub cooldown: Nanos,
-}
-
-/// How a global policy consults the service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Every request waits for the service's decision.
-    Check,
-    /// The proxy spends leased shares of the budget.
-    Lease(Lease),
-}
-
-/// Default life of a lease.
-pub const DEFAULT_LEASE_MS: u64 = 2_000;
-/// Default bound on requests one worker holds waiting for a refill.
-pub const DEFAULT_MAX_WAITING: u32 = 64;
-
-/// The leases of a `lease` policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    /// Tokens asked for per grant.
-    pub size: u64,
-    /// How long a grant may be spent, in milliseconds.
-    pub duration_ms: u64,
-    /// A refill is requested below this many tokens.
-    pub low_water: u64,
-    /// Most requests one worker holds waiting for a refill.
-    pub max_waiting: u32,
-    /// Most units charged afterwards for admissions made under the failure rule.
-    pub max_debt: u64,
-}
-
-impl Lease {
-    /// The life of a grant.
-    pub const fn duration(&self) -> Nanos {
-        Nanos::from_millis(self.duration_ms)
-    }
-}
-
-/// A global policy's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Global {
-    /// How it consults the service.
-    pub strategy: Strategy,
-    /// Its limit as the service receives it.
-    pub spec: LimitSpec,
-}
 
 fn env_name(issues: &mut Issues, path: &str, name: &str) {
     if name.is_empty() || name.len() > 256 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
@@ -166,7 +43,7 @@ fn secret_source(
                     format!("expected 1 to {MAX_SECRET_BYTES} visible ASCII characters without spaces"),
                 );
             }
-            Some(SecretSource::Inline(Secret(value)))
+            Some(SecretSource::Inline(Secret::new(value)))
         }
         (None, Some(name)) => {
             env_name(issues, &format!("{path}.{env_field}"), &name);
@@ -224,7 +101,7 @@ pub(super) fn validate_counter_service(issues: &mut Issues, raw: RawCounterServi
     let token = secret_source(issues, path, ("token", raw.token), ("token_env", raw.token_env));
     let hash_key = secret_source(issues, path, ("hash_key", raw.hash_key), ("hash_key_env", raw.hash_key_env));
     if let Some(SecretSource::Inline(key)) = &hash_key
-        && key.0.len() < MIN_HASH_KEY_BYTES
+        && key.expose().len() < MIN_HASH_KEY_BYTES
     {
         issues.add(format!("{path}.hash_key"), format!("must be at least {MIN_HASH_KEY_BYTES} bytes"));
     }
@@ -312,7 +189,7 @@ pub(super) fn validate_global(
 fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capacity: u64) -> Option<Lease> {
     let default = RawLease::default();
     let raw = raw.as_ref().unwrap_or(&default);
-    let before = issues.0.len();
+    let before = issues.count();
     let size = raw.size.unwrap_or((capacity / 4).max(1));
     if size == 0 || size > capacity {
         issues.add(
@@ -348,7 +225,7 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
             format!("must be at most the policy's capacity ({capacity}), got {max_debt}"),
         );
     }
-    (issues.0.len() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
+    (issues.count() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
 }
 
 /// The emergency cap: a token bucket per caller and proxy.
@@ -368,22 +245,5 @@ fn amount_or(issues: &mut Issues, path: &str, value: Option<u64>, default: u64) 
     match value {
         Some(value) => amount(issues, path, value),
         None => Some(default),
-    }
-}
-
-/// How a key part is written in the configuration, for messages.
-pub(super) fn describe(part: &KeyPart) -> String {
-    match part {
-        KeyPart::Header(name) => format!("{{\"header\": {name:?}}}"),
-        KeyPart::ClientAddress { ipv4_prefix: 32, ipv6_prefix: 128 } => "\"client_address\"".to_owned(),
-        KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => {
-            format!("{{\"masked_client_address\": {{\"ipv4_prefix\": {ipv4_prefix}, \"ipv6_prefix\": {ipv6_prefix}}}}}")
-        }
-        KeyPart::Authority => "\"authority\"".to_owned(),
-        KeyPart::Path => "\"path\"".to_owned(),
-        KeyPart::Method => "\"method\"".to_owned(),
-        KeyPart::QueryParameter(name) => format!("{{\"query_parameter\": {name:?}}}"),
-        KeyPart::Property(path) => format!("{{\"property\": {path:?}}}"),
-        KeyPart::Constant(value) => format!("{{\"constant\": {value:?}}}"),
     }
 }

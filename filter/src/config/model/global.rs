@@ -1,0 +1,136 @@
+//! What a global policy is configured with: the counter service and how to reach it,
+//! the secrets it needs, and how a policy consults it (check or lease).
+
+use super::request::KeyPart;
+use shared_store::Nanos;
+use sluice_protocol::LimitSpec;
+use std::fmt;
+
+/// Shortest callout deadline.
+pub const MIN_TIMEOUT_MS: u128 = 1;
+/// Longest callout deadline: a request waits at most this long for the service.
+pub const MAX_TIMEOUT_MS: u128 = 10_000;
+/// Default callout deadline.
+pub const DEFAULT_TIMEOUT_MS: u32 = 100;
+/// Default consecutive failures that open the circuit.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// Default time the circuit stays open.
+pub const DEFAULT_BREAKER_COOLDOWN_MS: u64 = 2_000;
+/// Longest time the circuit stays open.
+pub const MAX_BREAKER_COOLDOWN_MS: u128 = 5 * 60 * 1000;
+/// Shortest hash key: 128 bits.
+pub const MIN_HASH_KEY_BYTES: usize = 16;
+/// Longest secret (token or hash key).
+pub const MAX_SECRET_BYTES: usize = 4096;
+
+/// A secret read from the configuration or the VM's environment. Its `Debug` form never
+/// shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// Where a secret comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// Written in the configuration.
+    Inline(Secret),
+    /// An environment variable of the VM, read when the configuration is applied.
+    Env(String),
+}
+
+/// How the filter reaches the counter service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterService {
+    /// The proxy's cluster name.
+    pub cluster: String,
+    /// `:authority` of the callouts.
+    pub authority: String,
+    /// Deadline of one callout, in milliseconds (never 0).
+    pub timeout_ms: u32,
+    /// The bearer token, if the service needs one.
+    pub token: Option<SecretSource>,
+    /// The key global keys are hashed with.
+    pub hash_key: SecretSource,
+    /// Key parts naming a check's hash tag.
+    pub partition: Vec<KeyPart>,
+    /// The circuit breaker.
+    pub breaker: Breaker,
+}
+
+impl CounterService {
+    /// The deadline as a duration.
+    pub fn timeout(&self) -> Nanos {
+        Nanos::from_millis(u64::from(self.timeout_ms))
+    }
+}
+
+/// When the circuit opens and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Breaker {
+    /// Consecutive failures that open it.
+    pub failures: u32,
+    /// How long it stays open before a probe.
+    pub cooldown: Nanos,
+}
+
+/// How a global policy consults the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Every request waits for the service's decision.
+    Check,
+    /// The proxy spends leased shares of the budget.
+    Lease(Lease),
+}
+
+/// Default life of a lease.
+pub const DEFAULT_LEASE_MS: u64 = 2_000;
+/// Default bound on requests one worker holds waiting for a refill.
+pub const DEFAULT_MAX_WAITING: u32 = 64;
+
+/// The leases of a `lease` policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Tokens asked for per grant.
+    pub size: u64,
+    /// How long a grant may be spent, in milliseconds.
+    pub duration_ms: u64,
+    /// A refill is requested below this many tokens.
+    pub low_water: u64,
+    /// Most requests one worker holds waiting for a refill.
+    pub max_waiting: u32,
+    /// Most units charged afterwards for admissions made under the failure rule.
+    pub max_debt: u64,
+}
+
+impl Lease {
+    /// The life of a grant.
+    pub const fn duration(&self) -> Nanos {
+        Nanos::from_millis(self.duration_ms)
+    }
+}
+
+/// A global policy's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Global {
+    /// How it consults the service.
+    pub strategy: Strategy,
+    /// Its limit as the service receives it.
+    pub spec: LimitSpec,
+}

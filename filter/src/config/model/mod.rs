@@ -1,0 +1,29 @@
+//! The validated configuration, the form the request path uses: every number in it has
+//! been checked, so nothing here is discovered wrong per request.
+//!
+//! Inside, only downwards: [`request`] (what a policy reads from a request) at the
+//! bottom, then [`global`], then [`policy`] and [`response`], and [`Config`] here.
+
+pub mod global;
+pub mod policy;
+pub mod request;
+pub mod response;
+
+use global::CounterService;
+use policy::Policy;
+use response::{Response, Shaping};
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Policies, in configuration order.
+    pub policies: Vec<Policy>,
+    /// Rejection response and header choices.
+    pub response: Response,
+    /// Pausing of shaped requests.
+    pub shaping: Shaping,
+    /// Metric name prefix.
+    pub stat_prefix: String,
+    /// The counter service, for global policies.
+    pub counter_service: Option<CounterService>,
+}

@@ -1,0 +1,69 @@
+//! Whether one value is well formed, wherever it appears: a name, a header name or
+//! value, an amount, a duration.
+
+use super::issues::Issues;
+use crate::config::model::policy::MAX_CONFIGURED_AMOUNT;
+use crate::config::raw::DurationSpec;
+use shared_store::Nanos;
+
+/// A policy name or metric prefix: 1 to 64 characters from `A-Z a-z 0-9 _ . -`.
+pub(super) fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// An HTTP field name as Envoy stores it: a lower-case token.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(b, b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_')
+                || matches!(b, b'`' | b'|' | b'~')
+        })
+}
+
+/// A header value Envoy sends as it is: visible ASCII, spaces and tabs.
+pub(super) fn is_header_value(value: &str) -> bool {
+    value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+/// Checks that `name` is a header name ([`is_header_name`]).
+pub(super) fn header_name(issues: &mut Issues, path: &str, name: &str) {
+    if !is_header_name(name) {
+        issues.add(path, format!("expected a lower-case header name, got {name:?}"));
+    }
+}
+
+/// An amount (rate, burst, limit, queue, cost): from 1 to [`MAX_CONFIGURED_AMOUNT`].
+pub(super) fn amount(issues: &mut Issues, path: &str, value: u64) -> Option<u64> {
+    if value == 0 {
+        issues.add(path, "must be at least 1");
+        None
+    } else if value > MAX_CONFIGURED_AMOUNT {
+        issues.add(path, format!("must be at most {MAX_CONFIGURED_AMOUNT}, got {value}"));
+        None
+    } else {
+        Some(value)
+    }
+}
+
+/// A window or wait: longer than zero, and short enough for a `u64` of nanoseconds.
+pub(super) fn window_nanos(issues: &mut Issues, path: &str, spec: DurationSpec) -> Option<Nanos> {
+    if spec.millis == 0 {
+        issues.add(path, "must be longer than zero");
+        return None;
+    }
+    match u64::try_from(spec.millis.saturating_mul(1_000_000)) {
+        Ok(ns) => Some(Nanos(ns)),
+        Err(_) => {
+            issues.add(
+                path,
+                format!(
+                    "must be at most 213503d (the longest time a u64 of nanoseconds holds), got \"{}{}\"",
+                    spec.amount, spec.unit
+                ),
+            );
+            None
+        }
+    }
+}

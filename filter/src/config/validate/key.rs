@@ -1,0 +1,87 @@
+//! Whether a key is well formed: the parts that identify a caller, in a policy's `key`
+//! and in `counter_service.partition`; and how a part is written, for messages.
+
+use super::fields::header_name;
+use super::issues::Issues;
+use crate::config::model::request::KeyPart;
+use crate::config::raw::RawKeyPart;
+
+/// Validates a list of key parts; only a partition may be empty.
+pub(super) fn validate_key(
+    issues: &mut Issues,
+    path: &str,
+    parts: Vec<RawKeyPart>,
+    may_be_empty: bool,
+) -> Vec<KeyPart> {
+    if parts.is_empty() && !may_be_empty {
+        issues.add(path, "expected at least one key part (use {\"constant\": \"all\"} for one shared bucket)");
+    }
+    let mut key = Vec::with_capacity(parts.len());
+    for (i, part) in parts.into_iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        key.push(match part {
+            RawKeyPart::Header(name) => {
+                header_name(issues, &format!("{at}.header"), &name);
+                if name.starts_with(':') {
+                    issues.add(format!("{at}.header"), "use \"authority\", \"path\" or \"method\" for pseudo-headers");
+                }
+                KeyPart::Header(name)
+            }
+            RawKeyPart::ClientAddress => KeyPart::ClientAddress { ipv4_prefix: 32, ipv6_prefix: 128 },
+            RawKeyPart::MaskedClientAddress(mask) => {
+                let ipv4_prefix = mask.ipv4_prefix.unwrap_or(32);
+                let ipv6_prefix = mask.ipv6_prefix.unwrap_or(64);
+                if ipv4_prefix > 32 {
+                    issues.add(
+                        format!("{at}.masked_client_address.ipv4_prefix"),
+                        format!("must be at most 32, got {ipv4_prefix}"),
+                    );
+                }
+                if ipv6_prefix > 128 {
+                    issues.add(
+                        format!("{at}.masked_client_address.ipv6_prefix"),
+                        format!("must be at most 128, got {ipv6_prefix}"),
+                    );
+                }
+                KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix }
+            }
+            RawKeyPart::Authority => KeyPart::Authority,
+            RawKeyPart::Path => KeyPart::Path,
+            RawKeyPart::Method => KeyPart::Method,
+            RawKeyPart::QueryParameter(name) => {
+                if name.is_empty() {
+                    issues.add(format!("{at}.query_parameter"), "expected a parameter name, got \"\"");
+                }
+                KeyPart::QueryParameter(name)
+            }
+            RawKeyPart::Property(segments) => {
+                if segments.is_empty() || segments.iter().any(String::is_empty) {
+                    issues.add(
+                        format!("{at}.property"),
+                        "expected a non-empty path of non-empty segments, such as [\"source\", \"address\"]",
+                    );
+                }
+                KeyPart::Property(segments)
+            }
+            RawKeyPart::Constant(value) => KeyPart::Constant(value),
+        });
+    }
+    key
+}
+
+/// How a key part is written in the configuration, for messages.
+pub(super) fn describe(part: &KeyPart) -> String {
+    match part {
+        KeyPart::Header(name) => format!("{{\"header\": {name:?}}}"),
+        KeyPart::ClientAddress { ipv4_prefix: 32, ipv6_prefix: 128 } => "\"client_address\"".to_owned(),
+        KeyPart::ClientAddress { ipv4_prefix, ipv6_prefix } => {
+            format!("{{\"masked_client_address\": {{\"ipv4_prefix\": {ipv4_prefix}, \"ipv6_prefix\": {ipv6_prefix}}}}}")
+        }
+        KeyPart::Authority => "\"authority\"".to_owned(),
+        KeyPart::Path => "\"path\"".to_owned(),
+        KeyPart::Method => "\"method\"".to_owned(),
+        KeyPart::QueryParameter(name) => format!("{{\"query_parameter\": {name:?}}}"),
+        KeyPart::Property(path) => format!("{{\"property\": {path:?}}}"),
+        KeyPart::Constant(value) => format!("{{\"constant\": {value:?}}}"),
+    }
+}

@@ -1,0 +1,106 @@
+//! Whether one policy is valid: each of its parts in turn, then what holds between them
+//! (a lease grant covers the costliest request); every issue found is reported.
+
+use super::cost::validate_cost;
+use super::fields::is_name;
+use super::global::{validate_emergency, validate_global};
+use super::issues::Issues;
+use super::key::validate_key;
+use super::limit::validate_limit;
+use super::matcher::validate_match;
+use crate::config::model::global::{Global, Strategy};
+use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
+use crate::config::model::request::MissingKey;
+use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
+use std::num::NonZeroU32;
+
+/// The validated policy at `path` (`policies[i]`), or `None` if it has any issue.
+pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Policy> {
+    let before = issues.count();
+    if !is_name(&raw.name) {
+        issues.add(
+            format!("{path}.name"),
+            format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", raw.name),
+        );
+    }
+    let limit = validate_limit(issues, path, &raw);
+    let global = match (&raw.global, &limit) {
+        (Some(global), Some(limit)) => validate_global(issues, path, &raw, global, limit),
+        _ => None,
+    };
+    let emergency = match raw.on_failure.as_ref().and_then(|f| f.emergency.as_ref()) {
+        Some(_) if raw.global.is_none() => {
+            issues.add(
+                format!("{path}.on_failure.emergency"),
+                "only global policies have an emergency cap (a local policy decides in the proxy already)",
+            );
+            None
+        }
+        Some(emergency) => validate_emergency(issues, &format!("{path}.on_failure.emergency"), emergency),
+        None => None,
+    };
+    let key = validate_key(issues, &format!("{path}.key"), raw.key, false);
+    let matcher = validate_match(issues, &format!("{path}.match"), raw.matcher.unwrap_or_default());
+    let cost = limit.and_then(|limit| validate_cost(issues, path, raw.cost.as_ref(), limit.capacity()));
+    if let (Some(Global { strategy: Strategy::Lease(lease), .. }), Some(cost)) = (&global, &cost)
+        && cost.max() > lease.size
+    {
+        issues.add(
+            format!("{path}.global.lease.size"),
+            format!(
+                "must be at least the most one request can cost ({}), got {}: a request costlier than one grant \
+                 could never be admitted",
+                cost.max(),
+                lease.size
+            ),
+        );
+    }
+    let slots = match raw.slots {
+        None => NonZeroU32::new(DEFAULT_SLOTS),
+        Some(slots) if (1..=MAX_SLOTS).contains(&slots) => NonZeroU32::new(slots),
+        Some(slots) => {
+            issues.add(format!("{path}.slots"), format!("must be between 1 and {MAX_SLOTS}, got {slots}"));
+            None
+        }
+    };
+    let on_failure = match raw.on_failure {
+        None => FailureOutcome::Deny(DEFAULT_FAILURE_STATUS),
+        Some(failure) => match (failure.action, failure.status) {
+            (RawFailureAction::Allow, None) => FailureOutcome::Allow,
+            (RawFailureAction::Allow, Some(_)) => {
+                issues.add(format!("{path}.on_failure.status"), "only applies to action \"deny\"");
+                FailureOutcome::Allow
+            }
+            (RawFailureAction::Deny, status) => {
+                let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
+                if !(400..=599).contains(&status) {
+                    issues
+                        .add(format!("{path}.on_failure.status"), format!("must be between 400 and 599, got {status}"));
+                }
+                FailureOutcome::Deny(status)
+            }
+        },
+    };
+    let on_missing_key = match raw.on_missing_key {
+        RawMissingKey::Shared => MissingKey::Shared,
+        RawMissingKey::Skip => MissingKey::Skip,
+        RawMissingKey::Reject => MissingKey::Reject,
+    };
+    if issues.count() > before {
+        return None;
+    }
+    Some(Policy {
+        name: raw.name,
+        key,
+        matcher,
+        limit: limit?,
+        cost: cost?,
+        on_missing_key,
+        shadow: raw.shadow,
+        version: raw.version,
+        slots: slots?,
+        on_failure,
+        global,
+        emergency,
+    })
+}
