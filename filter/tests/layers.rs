@@ -31,6 +31,7 @@ const LAYERS: Layers = &[
     ("fakes of the ports", &["testing"]),
     ("policy matching", &["policy"]),
     ("engine", &["engine"]),
+    ("the worker: held requests behind a port", &["worker"]),
     ("host calls", &["abi"]),
     ("proxy-wasm glue", &["wasm"]),
     ("crate root", &[ROOT]),
@@ -52,9 +53,41 @@ const INNER: &[(&str, Inner)] = &[
     ("config::raw", Inner { layers: Some(CONFIG_RAW), forbidden: &[] }),
     ("config::validate", Inner { layers: Some(CONFIG_VALIDATE), forbidden: &[] }),
     // Its own layers are the engine's to add; it never reaches the proxy-wasm glue.
-    ("engine", Inner { layers: None, forbidden: &["wasm", "abi"] }),
+    ("engine", Inner { layers: Some(ENGINE), forbidden: &["wasm", "abi", "worker"] }),
+    ("engine::request", Inner { layers: Some(ENGINE_REQUEST), forbidden: &[] }),
+    ("worker", Inner { layers: Some(WORKER), forbidden: &["wasm", "abi"] }),
 ];
 
+const ENGINE: Layers = &[
+    (
+        "what the stages pass and read",
+        &[
+            "decision",
+            "resolved",
+            "wire",
+            "namespace",
+            "headers",
+            "compiled",
+            "breaker",
+            "lease_record",
+            "cause",
+            "calls",
+            "evidence",
+        ],
+    ),
+    ("the compiled configuration and the worker's bookkeeping", &["setup"]),
+    ("the request path, and the calls the root sends", &["request", "outgoing"]),
+    ("the engine: the one place the glue calls", &[MOD]),
+];
+const ENGINE_REQUEST: Layers = &[
+    ("the states a request goes through", &["state"]),
+    ("resolve", &["resolve"]),
+    ("admit or reject: the end of every path", &["admit"]),
+    ("the failure rule", &["fallback"]),
+    ("the stages that decide", &["local", "check", "lease"]),
+    ("the pipeline that chains them", &[MOD]),
+];
+const WORKER: Layers = &[("the port, the setup", &["port", "setup"]), ("the worker", &[MOD])];
 const CONFIG: Layers = &[
     ("the two forms and the error", &["model", "raw", "error"]),
     ("the two steps: parse and validate", &["parse", "validate"]),
