@@ -80,8 +80,10 @@ impl Root {
         let secret = establish_secret(&HostStore, &prefix, candidate).map_err(|e| e.to_string())?;
         let instance = abi::random16().ok_or("the host gave no random bytes for the worker's id")?;
         let instance = u64::from_le_bytes(std::array::from_fn(|i| instance.get(i).copied().unwrap_or(0)));
-        let engine = Engine::new(config, &prefix, secret, |name| std::env::var(name).ok())?.with_instance(instance);
-        engine.claim_tables(&HostStore)?;
+        let engine = Engine::new(config, &prefix, secret, |name| std::env::var(name).ok())
+            .map_err(|e| e.to_string())?
+            .with_instance(instance);
+        engine.claim_tables(&HostStore).map_err(|e| e.to_string())?;
         // One queue per worker (a queue's notifications go to its last registrant), named
         // by the worker's random id.
         let wake =

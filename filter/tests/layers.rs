@@ -73,6 +73,7 @@ const ENGINE: Layers = &[
             "cause",
             "calls",
             "evidence",
+            "secrets",
         ],
     ),
     ("the compiled configuration and the worker's bookkeeping", &["setup"]),

@@ -50,10 +50,11 @@ pub mod namespace;
 mod outgoing;
 mod request;
 mod resolved;
+mod secrets;
 mod setup;
 pub mod wire;
 
-use crate::config::{Config, Policy, Secret, SecretSource, Shaping};
+use crate::config::{Config, ConfigError, Issue, Policy, Secret, Shaping};
 use crate::host::{CalloutAnswer, Callouts, Metrics, RequestFacts};
 use breaker::CircuitBreaker;
 use calls::PendingCharges;
@@ -65,6 +66,7 @@ pub use headers::{private_cache_control, rate_limit_headers};
 pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 pub use request::{Begun, CheckWait, LeaseWait, Pending};
+
 use setup::{Service, Setup};
 use shared_store::{Clock, HashKey, Limiter, Nanos, Store};
 use std::cell::{Cell, RefCell};
@@ -74,60 +76,33 @@ pub use wire::Reason;
 #[derive(Debug)]
 pub struct Engine(Setup);
 
-/// Reads a secret from the configuration or from the VM's environment.
-fn secret(
-    source: &SecretSource,
-    field: &str,
-    env: &impl Fn(&str) -> Option<String>,
-    min_bytes: usize,
-) -> Result<String, String> {
-    let value = match source {
-        SecretSource::Inline(secret) => secret.expose().to_owned(),
-        SecretSource::Env(name) => match env(name) {
-            Some(value) if !value.is_empty() => value,
-            _ => {
-                return Err(format!(
-                    "counter_service.{field}_env: the VM has no environment variable {name:?} \
-                     (set it in vm_config.environment_variables)"
-                ));
-            }
-        },
-    };
-    if value.len() < min_bytes {
-        let source = match source {
-            SecretSource::Inline(_) => field.to_owned(),
-            SecretSource::Env(name) => format!("{field}_env ({name})"),
-        };
-        return Err(format!("counter_service.{source}: must be at least {min_bytes} bytes"));
-    }
-    if !value.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("counter_service.{field}: expected visible ASCII characters without spaces"));
-    }
-    Ok(value)
-}
-
 impl Engine {
     /// Compiles `config` for the plugin whose keys start with `prefix` (see
     /// [`plugin_prefix`]), hashing local keys with `secret`; `env` reads the VM's
     /// environment for secrets configured by name.
     ///
     /// # Errors
-    /// A message naming the field, when a secret the configuration names is missing or
-    /// malformed. Secrets never appear in it.
+    /// The field, when a secret the configuration names is missing or malformed (as
+    /// validation locates its errors). Secrets never appear in it.
     pub fn new(
         config: Config,
         prefix: &str,
         secret: HashKey,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let Config { policies, response, shaping, stat_prefix, counter_service } = config;
+        let invalid = |issue: Issue| ConfigError::Invalid(vec![issue]);
         let service = match counter_service {
             None => None,
             Some(service) => {
                 let hash_key =
-                    self::secret(&service.hash_key, "hash_key", &env, crate::config::global::MIN_HASH_KEY_BYTES)?;
+                    secrets::secret(&service.hash_key, "hash_key", &env, crate::config::global::MIN_HASH_KEY_BYTES)
+                        .map_err(invalid)?;
                 let authorization = match &service.token {
-                    Some(source) => Some(Secret::new(format!("Bearer {}", self::secret(source, "token", &env, 1)?))),
+                    Some(source) => Some(Secret::new(format!(
+                        "Bearer {}",
+                        secrets::secret(source, "token", &env, 1).map_err(invalid)?
+                    ))),
                     None => None,
                 };
                 let timeout = service.timeout();
@@ -231,24 +206,34 @@ impl Engine {
     /// which would hand them a full bucket), so a new size needs a new `version`.
     ///
     /// # Errors
-    /// A message naming the policy, or the store failure.
-    pub fn claim_tables(&self, store: &impl Store) -> Result<(), String> {
+    /// The policy's `slots`, with what this proxy already has, or the store failure.
+    pub fn claim_tables(&self, store: &impl Store) -> Result<(), ConfigError> {
         for compiled in &self.0.policies {
             let policy = &compiled.policy;
             let want = policy.slots.get().to_string();
+            let path = || format!("policies[{}].slots", compiled.index);
+            let failed = |e: shared_store::StoreError| {
+                ConfigError::Invalid(vec![Issue {
+                    path: path(),
+                    message: format!("cannot record the table size: {e}"),
+                }])
+            };
             for meta in compiled.size_records() {
-                match store.get(meta).map_err(|e| e.to_string())? {
+                match store.get(meta).map_err(failed)? {
                     Some(entry) if entry.value == want.as_bytes() => {}
                     Some(entry) => {
                         let had = String::from_utf8_lossy(&entry.value).into_owned();
-                        return Err(format!(
-                            "policies[{}].slots: policy {:?} version {} already has {had} slots in this proxy; \
-                             changing the table size needs a new version",
-                            compiled.index, policy.name, policy.version
-                        ));
+                        return Err(ConfigError::Invalid(vec![Issue {
+                            path: path(),
+                            message: format!(
+                                "policy {:?} version {} already has {had} slots in this proxy; \
+                                 changing the table size needs a new version",
+                                policy.name, policy.version
+                            ),
+                        }]));
                     }
                     None => {
-                        let _ = store.set(meta, want.as_bytes(), None).map_err(|e| e.to_string())?;
+                        let _ = store.set(meta, want.as_bytes(), None).map_err(failed)?;
                     }
                 }
             }

@@ -228,7 +228,7 @@ fn a_missing_environment_secret_refuses_the_configuration_without_showing_any_se
     let error = Engine::new(config, "p/", SECRET, env).unwrap_err();
 
     assert_eq!(
-        error,
+        error.to_string(),
         "counter_service.hash_key_env: the VM has no environment variable \"NOPE\" (set it in vm_config.environment_variables)"
     );
     let engine = engine(LAYERED);

@@ -269,7 +269,7 @@ fn a_lease_policy_cannot_change_its_slots_without_a_new_version() {
     let changed = engine(&ONE_SLOT.replace(r#""slots": 1"#, r#""slots": 2"#)).claim_tables(&store);
     let bumped = engine(&ONE_SLOT.replace(r#""slots": 1"#, r#""slots": 2, "version": 1"#)).claim_tables(&store);
 
-    let error = changed.unwrap_err();
+    let error = changed.unwrap_err().to_string();
     assert!(error.starts_with("policies[0].slots: policy \"tenant\" version 0 already has 1 slots"), "{error}");
     assert!(bumped.is_ok());
 }
