@@ -76,14 +76,21 @@ fn main() {
 
     // The test-only mutant first (its artifact has the same name), copied aside; then the
     // real guests, so that `release/sluice.wasm` is always the real filter.
-    build(&["sluice-filter"], Some("sluice-filter/mutant-blind-writes"));
+    build(&["sluice-filter"], Some("mutant-blind-writes"));
     let mutant = target_dir.join("sluice-mutant-blind-writes.wasm");
     std::fs::copy(release.join("sluice.wasm"), &mutant).expect("could not copy the mutant aside");
-    build(&["sluice-filter"], Some("sluice-filter/mutant-lease-no-cas"));
+    build(&["sluice-filter"], Some("mutant-lease-no-cas"));
     let lease_mutant = target_dir.join("sluice-mutant-lease-no-cas.wasm");
     std::fs::copy(release.join("sluice.wasm"), &lease_mutant).expect("could not copy the lease mutant aside");
     let packages: Vec<&str> = GUESTS.iter().map(|(package, _, _)| *package).collect();
     build(&packages, None);
+    // A feature cargo did not apply (a `pkg/feature` name that names a dependency) would
+    // leave a "mutant" that is the real filter, and the tests that must catch it would
+    // prove nothing: each mutant must differ from the real filter and from the other.
+    let bytes = |path: &Path| std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let real = bytes(&release.join("sluice.wasm"));
+    let (blind, lease) = (bytes(&mutant), bytes(&lease_mutant));
+    assert!(blind != real && lease != real && blind != lease, "a mutant of sluice.wasm was built without its feature");
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let mut generated = String::new();
