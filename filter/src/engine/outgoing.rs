@@ -19,7 +19,7 @@
 //! forgiven. The worker that owed it schedules a charge of its own, sent by its root
 //! once the circuit is closed, whatever else happens to the key; a charge carries an
 //! id, so one sent again after a timeout is applied once. Debt that cannot be charged
-//! within [`DEBT_LIFE`](super::lease_record::DEBT_LIFE) is forgiven and counted. So an
+//! within `DEBT_LIFE` (`lease_record/record.rs`) is forgiven and counted. So an
 //! outage's overshoot is paid back, not forgotten, and one-off identities never hold
 //! slots.
 

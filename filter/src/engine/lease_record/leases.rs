@@ -1,0 +1,386 @@
+//! Every change made to a lease record, each one CAS loop through
+//! `shared_store::update`: spend, retry a waiter, give back, owe, grant, fail a refill,
+//! claim and settle a charge, and read one.
+
+use super::record::{DEBT_LIFE, MAX_ATTEMPTS, Pool, Record};
+use shared_store::{Change, Nanos, Placement, Store, UpdateError};
+
+/// The settings a spend needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// Ask for a refill below this many tokens.
+    pub(crate) low_water: u64,
+    /// How long an election holds (the callout's deadline and a margin).
+    pub(crate) refill_window: Nanos,
+}
+
+/// What a spend found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// Spent; `refill` when this request was elected to ask for more (low water).
+    Spent { refill: bool },
+    /// Not enough tokens; a refill is in flight (`elected`: this request started it, for
+    /// itself: the grant will be held for it).
+    Wait { elected: bool },
+    /// The service granted nothing until then (the global budget is spent).
+    Empty { until: Nanos },
+    /// The last refill failed (for this reason index) after the request began waiting:
+    /// apply the failure rule.
+    Failed { reason: u64 },
+    /// The slot is held by another key's lease: the failure rule (`lease_slot_taken`).
+    Taken,
+}
+
+/// What an update did, besides its result: debt it forgave by taking a slot whose
+/// holder's debt had aged out (to be counted as `lease.forgiven`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Updated<T> {
+    /// The change's result; `None` when the slot is held by another key.
+    pub(crate) result: Option<T>,
+    /// Debt forgiven by taking the slot over.
+    pub(crate) forgiven: u64,
+}
+
+/// A charge to send: `units` under `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub(crate) units: u64,
+    pub(crate) id: u64,
+}
+
+/// What a settled charge leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Settled {
+    /// Whether the record still carried this charge (and now no longer does).
+    pub(crate) settled: bool,
+    /// Debt still owed (added while the charge was in flight).
+    pub(crate) left: u64,
+}
+
+/// Reads and updates lease records over a [`Store`].
+pub(crate) struct Leases<'a, S> {
+    pub(crate) store: &'a S,
+    pub(crate) anchor: &'a str,
+}
+
+impl<S: Store> Leases<'_, S> {
+    /// Runs `change` on the caller's record until its write lands. `change` answers
+    /// whether to write the record and a result. Undecodable bytes read as an idle
+    /// record (nothing owed, nothing to spend): the slot is reused, never someone's fresh
+    /// budget (tokens come from grants).
+    fn update<T>(
+        &self,
+        place: &Placement,
+        now: Nanos,
+        mut change: impl FnMut(&mut Record) -> (bool, T),
+    ) -> Result<Updated<T>, UpdateError> {
+        #[cfg(feature = "mutant-lease-no-cas")]
+        let store = &mutant::Unconditional(self.store);
+        #[cfg(not(feature = "mutant-lease-no-cas"))]
+        let store = self.store;
+        let landed = shared_store::update(store, self.anchor, &place.key, MAX_ATTEMPTS, |current| {
+            let fresh = Record { owner: place.owner, ..Record::default() };
+            let (mut record, forgiven) = match current.map(|bytes| Record::decode(bytes).unwrap_or_default()) {
+                Some(record) if record.owner == place.owner => (record, 0),
+                Some(record) if !record.is_idle(now) => return Change::Keep(Updated { result: None, forgiven: 0 }),
+                Some(record) => (fresh, record.debt),
+                None => (fresh, 0),
+            };
+            let (write, result) = change(&mut record);
+            let updated = Updated { result: Some(result), forgiven };
+            // Taking a slot over is a change of owner even when `change` writes nothing.
+            if write || forgiven > 0 { Change::Write(record.encode(), updated) } else { Change::Keep(updated) }
+        })?;
+        Ok(landed.result)
+    }
+
+    /// Spends `cost` from the caller's lease, electing this request to refill when it
+    /// runs low (or out). `waiter` is the request's id, for a grant it elects.
+    pub(crate) fn spend(
+        &self,
+        place: &Placement,
+        cost: u64,
+        now: Nanos,
+        rules: Rules,
+    ) -> Result<Updated<Spend>, UpdateError> {
+        let outcome = self.update(place, now, |record| {
+            let live = record.live_tokens(now);
+            let refill_free = now >= record.refill_until;
+            if live >= cost {
+                record.take(cost, now);
+                let left = record.live_tokens(now);
+                let refill = refill_free && left < rules.low_water && now >= record.empty_until;
+                if refill {
+                    record.refill_until = now.saturating_add(rules.refill_window);
+                }
+                return (true, Spend::Spent { refill });
+            }
+            if now < record.empty_until {
+                return (false, Spend::Empty { until: record.empty_until });
+            }
+            if !refill_free {
+                return (false, Spend::Wait { elected: false });
+            }
+            record.refill_until = now.saturating_add(rules.refill_window);
+            (true, Spend::Wait { elected: true })
+        })?;
+        Ok(taken_if_none(outcome))
+    }
+
+    /// Tries again for a request waiting since `since`: spends what is held for it
+    /// (`waiter`) or what the pools have; rejects when the service granted nothing;
+    /// applies the failure rule when the refill failed; otherwise, while `may_elect`
+    /// (its deadline has not passed), elects a refill for itself if none is in flight,
+    /// or keeps waiting.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn retry(
+        &self,
+        place: &Placement,
+        cost: u64,
+        now: Nanos,
+        since: Nanos,
+        waiter: u64,
+        may_elect: bool,
+        rules: Rules,
+    ) -> Result<Updated<Spend>, UpdateError> {
+        let outcome = self.update(place, now, |record| {
+            if record.held_for == waiter && record.held.live(now) >= cost {
+                // What was kept for this request; any excess goes to the pools.
+                let extra = record.held.live(now) - cost;
+                let held = std::mem::take(&mut record.held);
+                record.held_for = 0;
+                if extra > 0 {
+                    add_pool(record, Pool { tokens: extra, expires_at: held.expires_at }, now);
+                }
+                return (true, Spend::Spent { refill: false });
+            }
+            if record.live_tokens(now) >= cost {
+                record.take(cost, now);
+                return (true, Spend::Spent { refill: false });
+            }
+            if now < record.empty_until {
+                return (false, Spend::Empty { until: record.empty_until });
+            }
+            if record.failed_at >= since && record.failed_at > Nanos::ZERO {
+                return (false, Spend::Failed { reason: record.failed_reason });
+            }
+            if may_elect && now >= record.refill_until {
+                record.refill_until = now.saturating_add(rules.refill_window);
+                return (true, Spend::Wait { elected: true });
+            }
+            (false, Spend::Wait { elected: false })
+        })?;
+        Ok(taken_if_none(outcome))
+    }
+
+    /// Gives back what a spend took (another policy of the request rejected it). Tokens
+    /// commute, so this is exact while the pool lives; an expired lease keeps nothing.
+    pub(crate) fn give_back(&self, place: &Placement, cost: u64, now: Nanos) -> Result<(), UpdateError> {
+        let _ = self.update(place, now, |record| {
+            let pool = if now < record.first.expires_at {
+                &mut record.first
+            } else if now < record.second.expires_at {
+                &mut record.second
+            } else {
+                return (false, ());
+            };
+            pool.tokens = pool.tokens.saturating_add(cost);
+            (true, ())
+        })?;
+        Ok(())
+    }
+
+    /// Records units admitted under the failure rule, up to `max_debt` owed, on the
+    /// global counter `counter` under check tag `tag`. Returns what did not fit
+    /// (forgiven at once) and whether the record now owes something (a charge is to be
+    /// scheduled).
+    pub(crate) fn owe(
+        &self,
+        place: &Placement,
+        cost: u64,
+        max_debt: u64,
+        (counter, tag): (u128, Option<u128>),
+        now: Nanos,
+    ) -> Result<Updated<(u64, bool)>, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            let room = max_debt.saturating_sub(record.debt);
+            let owed = cost.min(room);
+            record.debt = record.debt.saturating_add(owed);
+            if owed > 0 {
+                record.owed_at = now;
+                record.counter = counter;
+                record.tag = tag;
+            }
+            (owed > 0, (cost - owed, record.debt > 0))
+        })?;
+        Ok(Updated { result: Some(updated.result.unwrap_or((cost, false))), forgiven: updated.forgiven })
+    }
+
+    /// Applies a grant answered to a refill sent at `sent_at`: the tokens live until
+    /// `sent_at + expires_in` (never later than the service said). When the refill was
+    /// elected by a waiting request (`for_waiter`) and the grant covers `min_tokens`,
+    /// those are held for it. With nothing granted, the budget is empty for
+    /// `retry_after`; when the grant left the budget short of what was asked,
+    /// requests the tokens cannot cover are rejected for `empty_after` (the service's
+    /// wait until it could grant again) rather than each asking in turn. Returns the
+    /// tokens that had expired unspent (forfeited).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn grant(
+        &self,
+        place: &Placement,
+        granted: u64,
+        for_waiter: Option<(u64, u64)>,
+        sent_at: Nanos,
+        expires_in: Nanos,
+        (retry_after, empty_after): (Nanos, Nanos),
+        now: Nanos,
+    ) -> Result<Updated<u64>, UpdateError> {
+        self.update(place, now, |record| {
+            let expired = record.drop_expired(now);
+            record.refill_until = Nanos::ZERO;
+            record.failed_at = Nanos::ZERO;
+            let expires_at = sent_at.saturating_add(expires_in);
+            if granted == 0 || expires_at <= now {
+                record.empty_until = now.saturating_add(retry_after.max(Nanos(1)));
+                return (true, expired.saturating_add(if granted > 0 { granted } else { 0 }));
+            }
+            record.empty_until = if empty_after > Nanos::ZERO { now.saturating_add(empty_after) } else { Nanos::ZERO };
+            let mut pool = Pool { tokens: granted, expires_at };
+            if let Some((waiter, min_tokens)) = for_waiter
+                && granted >= min_tokens
+                && record.held.live(now) == 0
+            {
+                record.held = Pool { tokens: min_tokens, expires_at };
+                record.held_for = waiter;
+                pool.tokens -= min_tokens;
+            }
+            if pool.tokens > 0 {
+                add_pool(record, pool, now);
+            }
+            (true, expired)
+        })
+        .map(|u| Updated { result: Some(u.result.unwrap_or(0)), forgiven: u.forgiven })
+    }
+
+    /// Records that a refill failed: waiting requests apply the failure rule, and the
+    /// election is free again.
+    pub(crate) fn refill_failed(&self, place: &Placement, reason: u64, now: Nanos) -> Result<(), UpdateError> {
+        let _ = self.update(place, now, |record| {
+            record.refill_until = Nanos::ZERO;
+            record.failed_at = now.max(Nanos(1));
+            record.failed_reason = reason;
+            (true, ())
+        })?;
+        Ok(())
+    }
+
+    /// Claims the record's debt for a charge: a fresh charge of what is owed under a new
+    /// `id`, or, when an earlier charge's answer never came (`charge_until` passed), that
+    /// same charge again (same units, same id: the service applies an id once). `None`
+    /// when nothing is owed or a charge is in flight. Debt older than [`DEBT_LIFE`] is
+    /// forgiven instead (returned as the second value, to be counted).
+    pub(crate) fn claim_charge(
+        &self,
+        place: &Placement,
+        id: u64,
+        window: Nanos,
+        now: Nanos,
+    ) -> Result<(Option<Charge>, u64), UpdateError> {
+        let updated = self.update(place, now, |record| {
+            if record.debt == 0 {
+                return (false, (None, 0));
+            }
+            if now >= record.owed_at.saturating_add(DEBT_LIFE) && now >= record.charge_until {
+                let forgiven = std::mem::take(&mut record.debt);
+                record.charging = 0;
+                record.charge_until = Nanos::ZERO;
+                return (true, (None, forgiven));
+            }
+            if now < record.charge_until {
+                return (false, (None, 0));
+            }
+            if record.charging == 0 {
+                record.charging = record.debt;
+                record.charge_id = id;
+            }
+            record.charge_until = now.saturating_add(window);
+            (true, (Some(Charge { units: record.charging, id: record.charge_id }), 0))
+        })?;
+        let (charge, aged) = updated.result.unwrap_or((None, 0));
+        Ok((charge, aged.saturating_add(updated.forgiven)))
+    }
+
+    /// Takes a charge's units off the debt once the service has answered it (charged or
+    /// forgiven), if it is still this record's charge.
+    pub(crate) fn settle_charge(&self, place: &Placement, id: u64, now: Nanos) -> Result<Settled, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            if record.charge_id != id || record.charging == 0 {
+                return (false, Settled { settled: false, left: record.debt });
+            }
+            record.debt = record.debt.saturating_sub(record.charging);
+            record.charging = 0;
+            record.charge_until = Nanos::ZERO;
+            (true, Settled { settled: true, left: record.debt })
+        })?;
+        Ok(updated.result.unwrap_or(Settled { settled: false, left: 0 }))
+    }
+
+    /// The caller's record as it stands (`None` when the slot is another key's).
+    pub(crate) fn peek(&self, place: &Placement, now: Nanos) -> Result<Option<Record>, UpdateError> {
+        Ok(self.update(place, now, |record| (false, *record))?.result)
+    }
+
+    /// The record in `key`, whoever holds it (a sweep over a table); `None` when there is
+    /// none, or it is not a record.
+    pub(crate) fn read_slot(&self, key: &str) -> Result<Option<Record>, UpdateError> {
+        Ok(self.store.get(key)?.and_then(|entry| Record::decode(&entry.value)))
+    }
+}
+
+/// Adds a live pool: it becomes the second pool; if both are live, the first two merge
+/// under the earlier expiry.
+fn add_pool(record: &mut Record, pool: Pool, now: Nanos) {
+    if record.first.live(now) == 0 {
+        record.first = std::mem::take(&mut record.second);
+    }
+    if record.first.live(now) == 0 {
+        record.first = pool;
+        return;
+    }
+    if record.second.live(now) > 0 {
+        let merged = Pool {
+            tokens: record.first.tokens.saturating_add(record.second.tokens),
+            expires_at: record.first.expires_at.min(record.second.expires_at),
+        };
+        record.first = merged;
+    }
+    // Keep the pool that expires first in front.
+    if pool.expires_at < record.first.expires_at {
+        record.second = std::mem::replace(&mut record.first, pool);
+    } else {
+        record.second = pool;
+    }
+}
+
+fn taken_if_none(updated: Updated<Spend>) -> Updated<Spend> {
+    Updated { result: Some(updated.result.unwrap_or(Spend::Taken)), forgiven: updated.forgiven }
+}
+
+/// The test-only mutant (see Cargo.toml): lease records written without CAS, to show
+/// that the fleet simulation catches a lost update.
+#[cfg(feature = "mutant-lease-no-cas")]
+mod mutant {
+    use shared_store::{Cas, Entry, Store, StoreError, Swap};
+
+    /// A store whose conditional writes are unconditional.
+    pub(super) struct Unconditional<'a, S>(pub(super) &'a S);
+
+    impl<S: Store> Store for Unconditional<'_, S> {
+        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            self.0.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], _: Option<Cas>) -> Result<Swap, StoreError> {
+            self.0.set(key, value, None)
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! One lease record and its fixed-width encoding: two pools of tokens with their
+//! expiries, the hold for a waiter, the refill in flight, the debt and the charge that
+//! carries it.
+
+use shared_store::{Nanos, words};
+
+/// Attempts at one record update before giving up (the failure rule then decides).
+pub(crate) const MAX_ATTEMPTS: u32 = 16;
+/// How long unpaid debt keeps its slot: after this, another key may take the slot and
+/// the debt is forgiven (counted as `lease.forgiven`). Charges are retried meanwhile.
+pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
+/// The record's format version.
+pub(crate) const VERSION: u8 = 2;
+/// Encoded fields, each a little-endian u64.
+pub(crate) const FIELDS: usize = 22;
+/// Encoded size: version, then the fields.
+pub(crate) const SIZE: usize = words::width(FIELDS);
+
+/// Tokens spendable until a moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pool {
+    pub(crate) tokens: u64,
+    pub(crate) expires_at: Nanos,
+}
+
+impl Pool {
+    pub(crate) fn live(&self, now: Nanos) -> u64 {
+        if now < self.expires_at { self.tokens } else { 0 }
+    }
+
+    /// Takes up to `want`; returns what it took.
+    pub(crate) fn take(&mut self, want: u64, now: Nanos) -> u64 {
+        let taken = self.live(now).min(want);
+        self.tokens -= taken;
+        taken
+    }
+}
+
+/// A lease record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub(crate) owner: u64,
+    /// Spent first: the pool that expires first.
+    pub(crate) first: Pool,
+    /// Spent second: a later grant.
+    pub(crate) second: Pool,
+    /// Tokens kept for one waiting request.
+    pub(crate) held: Pool,
+    /// The waiter they are kept for.
+    pub(crate) held_for: u64,
+    pub(crate) refill_until: Nanos,
+    pub(crate) empty_until: Nanos,
+    pub(crate) failed_at: Nanos,
+    /// Why the last refill failed ([`super::wire::Reason::index`]).
+    pub(crate) failed_reason: u64,
+    pub(crate) debt: u64,
+    pub(crate) owed_at: Nanos,
+    /// Of `debt`, the units a charge in flight carries.
+    pub(crate) charging: u64,
+    pub(crate) charge_id: u64,
+    pub(crate) charge_until: Nanos,
+    /// Whose debt it is, for a charge sent without its caller: the global counter's key
+    /// and the check tag it lives under (kept once debt is owed).
+    pub(crate) counter: u128,
+    pub(crate) tag: Option<u128>,
+}
+
+impl Record {
+    pub(crate) fn fields(&self) -> [u64; FIELDS] {
+        [
+            self.owner,
+            self.first.tokens,
+            self.first.expires_at.0,
+            self.second.tokens,
+            self.second.expires_at.0,
+            self.held.tokens,
+            self.held.expires_at.0,
+            self.held_for,
+            self.refill_until.0,
+            self.empty_until.0,
+            self.failed_at.0,
+            self.failed_reason,
+            self.debt,
+            self.owed_at.0,
+            self.charging,
+            self.charge_id,
+            self.charge_until.0,
+            self.counter as u64,
+            (self.counter >> 64) as u64,
+            u64::from(self.tag.is_some()),
+            self.tag.unwrap_or(0) as u64,
+            (self.tag.unwrap_or(0) >> 64) as u64,
+        ]
+    }
+
+    pub(crate) fn encode(&self) -> [u8; SIZE] {
+        words::encode(VERSION, &self.fields())
+    }
+
+    /// `None` for bytes that are not a record of this version.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let (VERSION, fields) = words::decode::<FIELDS>(bytes)? else { return None };
+        let [
+            owner,
+            first_tokens,
+            first_expires_at,
+            second_tokens,
+            second_expires_at,
+            held_tokens,
+            held_expires_at,
+            held_for,
+            refill_until,
+            empty_until,
+            failed_at,
+            failed_reason,
+            debt,
+            owed_at,
+            charging,
+            charge_id,
+            charge_until,
+            counter_low,
+            counter_high,
+            has_tag,
+            tag_low,
+            tag_high,
+        ] = fields;
+        let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
+        Some(Self {
+            owner,
+            first: Pool { tokens: first_tokens, expires_at: Nanos(first_expires_at) },
+            second: Pool { tokens: second_tokens, expires_at: Nanos(second_expires_at) },
+            held: Pool { tokens: held_tokens, expires_at: Nanos(held_expires_at) },
+            held_for,
+            refill_until: Nanos(refill_until),
+            empty_until: Nanos(empty_until),
+            failed_at: Nanos(failed_at),
+            failed_reason,
+            debt,
+            owed_at: Nanos(owed_at),
+            charging,
+            charge_id,
+            charge_until: Nanos(charge_until),
+            counter: wide(counter_low, counter_high),
+            tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
+        })
+    }
+
+    /// The tokens any request may spend at `now` (not the held ones).
+    pub(crate) fn live_tokens(&self, now: Nanos) -> u64 {
+        self.first.live(now).saturating_add(self.second.live(now))
+    }
+
+    /// Takes `cost` from the pools, the earlier expiry first. The caller checked that
+    /// they hold it.
+    pub(crate) fn take(&mut self, cost: u64, now: Nanos) {
+        let from_first = self.first.take(cost, now);
+        let _ = self.second.take(cost - from_first, now);
+    }
+
+    /// Whether the record carries nothing that another key could lose by taking the
+    /// slot: no live tokens (held or not), no refill or charge in flight, no empty
+    /// budget to remember, and no debt younger than [`DEBT_LIFE`].
+    pub(crate) fn is_idle(&self, now: Nanos) -> bool {
+        self.live_tokens(now) == 0
+            && self.held.live(now) == 0
+            && now >= self.refill_until
+            && now >= self.empty_until
+            && now >= self.charge_until
+            && (self.debt == 0 || now >= self.owed_at.saturating_add(DEBT_LIFE))
+    }
+
+    /// Drops pools that have expired, keeping the live ones in expiry order; returns the
+    /// tokens that expired unspent.
+    pub(crate) fn drop_expired(&mut self, now: Nanos) -> u64 {
+        let mut expired = 0u64;
+        for pool in [&mut self.first, &mut self.second] {
+            if pool.live(now) == 0 {
+                expired = expired.saturating_add(pool.tokens);
+                *pool = Pool::default();
+            }
+        }
+        if self.held.live(now) == 0 {
+            expired = expired.saturating_add(self.held.tokens);
+            self.held = Pool::default();
+            self.held_for = 0;
+        }
+        if self.first.tokens == 0 {
+            self.first = std::mem::take(&mut self.second);
+        }
+        expired
+    }
+}

@@ -1,0 +1,275 @@
+//! The lease record's changes, one by one, on an in-memory store.
+
+use super::*;
+use shared_store::{MemoryStore, Placement, Store};
+
+const RULES: Rules = Rules { low_water: 2, refill_window: Nanos(100) };
+const T: Nanos = Nanos(1_000_000);
+
+fn place() -> Placement {
+    Placement { key: "l/0".into(), owner: 7, overflow: None }
+}
+
+fn at(n: u64) -> Nanos {
+    T.saturating_add(Nanos(n))
+}
+
+fn spend(leases: &Leases<'_, MemoryStore>, cost: u64, now: Nanos) -> Spend {
+    leases.spend(&place(), cost, now, RULES).unwrap().result.unwrap()
+}
+
+fn retry(leases: &Leases<'_, MemoryStore>, cost: u64, now: Nanos, since: Nanos, waiter: u64) -> Spend {
+    leases.retry(&place(), cost, now, since, waiter, true, RULES).unwrap().result.unwrap()
+}
+
+fn grant(leases: &Leases<'_, MemoryStore>, n: u64, sent: Nanos, life: u64, now: Nanos) -> u64 {
+    leases.grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), now).unwrap().result.unwrap()
+}
+
+fn record(store: &MemoryStore) -> Record {
+    Record::decode(&store.get("l/0").unwrap().unwrap().value).unwrap()
+}
+
+#[test]
+fn the_first_request_elects_a_refill_and_waits_and_others_wait_without_electing() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+
+    assert_eq!(spend(&leases, 1, T), Spend::Wait { elected: true });
+    assert_eq!(spend(&leases, 1, T), Spend::Wait { elected: false });
+    // The election expires with its window: a dead refiller blocks nobody for long.
+    assert_eq!(spend(&leases, 1, at(100)), Spend::Wait { elected: true });
+}
+
+#[test]
+fn a_grant_is_spent_until_it_runs_low_then_one_refill_is_elected() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let _ = spend(&leases, 1, T);
+    grant(&leases, 4, T, 1000, T);
+
+    let spends: Vec<Spend> = (0..5).map(|_| spend(&leases, 1, T)).collect();
+
+    assert_eq!(
+        spends,
+        [
+            Spend::Spent { refill: false },
+            Spend::Spent { refill: false },
+            Spend::Spent { refill: true },
+            Spend::Spent { refill: false },
+            Spend::Wait { elected: false },
+        ]
+    );
+}
+
+#[test]
+fn tokens_expire_at_the_anchor_plus_the_lease_and_are_counted_as_forfeited() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 5, T, 1000, T);
+
+    let later = at(1000);
+    let retried = retry(&leases, 1, later, later, 1);
+    let forfeited = grant(&leases, 3, later, 1000, later);
+
+    assert_eq!(retried, Spend::Wait { elected: true });
+    assert_eq!(forfeited, 5);
+    assert_eq!(retry(&leases, 3, later, later, 1), Spend::Spent { refill: false });
+}
+
+#[test]
+fn a_new_grant_never_extends_the_life_of_tokens_already_held() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 5, T, 1000, T);
+    // A second grant arrives while three of the first are left: they keep their expiry.
+    for _ in 0..2 {
+        let _ = spend(&leases, 1, at(10));
+    }
+    grant(&leases, 4, at(500), 1000, at(510));
+
+    let before_first_expiry = record(&store).live_tokens(at(999));
+    let after_first_expiry = record(&store).live_tokens(at(1000));
+
+    assert_eq!(before_first_expiry, 7);
+    assert_eq!(after_first_expiry, 4, "the first grant's 3 expired with it");
+    // The pool that expires first is spent first.
+    let _ = spend(&leases, 3, at(600));
+    assert_eq!(record(&store).first.tokens, 0);
+    assert_eq!(record(&store).live_tokens(at(1000)), 4);
+}
+
+#[test]
+fn three_live_grants_merge_under_the_earliest_expiry() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 2, T, 1000, T);
+    grant(&leases, 2, at(100), 1000, at(100));
+    grant(&leases, 2, at(200), 1000, at(200));
+
+    let r = record(&store);
+
+    assert_eq!((r.first.tokens, r.first.expires_at), (4, at(1000)));
+    assert_eq!((r.second.tokens, r.second.expires_at), (2, at(1200)));
+}
+
+#[test]
+fn a_grant_a_waiter_elected_is_held_for_it_and_spent_by_no_one_else() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    assert_eq!(spend(&leases, 3, T), Spend::Wait { elected: true });
+    leases.grant(&place(), 4, Some((42, 3)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), at(5)).unwrap();
+
+    let newcomer = spend(&leases, 3, at(6));
+    let waiter = retry(&leases, 3, at(7), T, 42);
+
+    assert_eq!(newcomer, Spend::Wait { elected: true }, "only the unheld token was there");
+    assert_eq!(waiter, Spend::Spent { refill: false });
+    assert_eq!(record(&store).live_tokens(at(7)), 1);
+}
+
+#[test]
+fn an_empty_global_budget_rejects_until_the_service_said_without_asking_again() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let _ = spend(&leases, 1, T);
+    leases.grant(&place(), 0, None, T, Nanos(1000), (Nanos(500), Nanos::ZERO), T).unwrap();
+
+    assert_eq!(spend(&leases, 1, T), Spend::Empty { until: at(500) });
+    assert_eq!(spend(&leases, 1, at(500)), Spend::Wait { elected: true });
+}
+
+#[test]
+fn a_waiter_whose_grant_was_spent_by_others_elects_again_rather_than_waiting_for_nothing() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let rules = Rules { low_water: 0, ..RULES };
+    let _ = leases.spend(&place(), 1, T, rules).unwrap();
+    let _ = leases.spend(&place(), 2, T, rules).unwrap();
+    grant(&leases, 2, T, 1000, at(10));
+    // A request that arrived meanwhile takes the two tokens (no low-water refill).
+    let _ = leases.spend(&place(), 2, at(11), rules).unwrap();
+
+    let retried = leases.retry(&place(), 2, at(12), T, 9, true, rules).unwrap().result.unwrap();
+
+    assert_eq!(retried, Spend::Wait { elected: true });
+}
+
+#[test]
+fn a_failed_refill_sends_its_waiters_to_the_failure_rule() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let _ = spend(&leases, 1, T);
+
+    leases.refill_failed(&place(), 1, at(10)).unwrap();
+
+    assert_eq!(retry(&leases, 1, at(20), T, 1), Spend::Failed { reason: 1 });
+    assert_eq!(spend(&leases, 1, at(20)), Spend::Wait { elected: true });
+}
+
+#[test]
+fn debt_is_bounded() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+
+    let forgiven: Vec<u64> =
+        (0..4).map(|_| leases.owe(&place(), 2, 5, (0, None), T).unwrap().result.unwrap().0).collect();
+
+    assert_eq!(forgiven, [0, 0, 1, 2]);
+    assert_eq!(record(&store).debt, 5);
+}
+
+#[test]
+fn a_charge_claims_the_debt_once_and_a_timed_out_one_is_sent_again_under_the_same_id() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 3, 10, (0, None), T).unwrap();
+
+    let first = leases.claim_charge(&place(), 11, Nanos(100), T).unwrap().0;
+    let while_in_flight = leases.claim_charge(&place(), 12, Nanos(100), at(50)).unwrap().0;
+    leases.owe(&place(), 2, 10, (0, None), at(60)).unwrap();
+    let after_timeout = leases.claim_charge(&place(), 13, Nanos(100), at(100)).unwrap().0;
+    let settled = leases.settle_charge(&place(), 11, at(120)).unwrap();
+
+    assert_eq!(first, Some(Charge { units: 3, id: 11 }));
+    assert_eq!(while_in_flight, None, "the debt a charge carries is reserved");
+    assert_eq!(after_timeout, Some(Charge { units: 3, id: 11 }), "same units, same id");
+    assert_eq!(settled, Settled { settled: true, left: 2 }, "what was owed meanwhile is still owed");
+    assert_eq!(leases.claim_charge(&place(), 14, Nanos(100), at(130)).unwrap().0, Some(Charge { units: 2, id: 14 }));
+}
+
+#[test]
+fn debt_keeps_its_slot_for_its_life_then_the_slot_changes_hands_and_the_debt_is_forgiven() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 3, 10, (0, None), T).unwrap();
+    let other = Placement { key: "l/0".into(), owner: 9, overflow: None };
+
+    let before = leases.spend(&other, 1, at(DEBT_LIFE.0 - 1), RULES).unwrap();
+    let after = leases.spend(&other, 1, at(DEBT_LIFE.0), RULES).unwrap();
+
+    assert_eq!(before.result, Some(Spend::Taken));
+    assert_eq!(after, Updated { result: Some(Spend::Wait { elected: true }), forgiven: 3 });
+}
+
+#[test]
+fn debt_that_cannot_be_charged_within_its_life_is_forgiven_by_the_next_claim() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 3, 10, (0, None), T).unwrap();
+
+    let claimed = leases.claim_charge(&place(), 1, Nanos(100), at(DEBT_LIFE.0)).unwrap();
+
+    assert_eq!(claimed, (None, 3));
+    assert_eq!(record(&store).debt, 0);
+}
+
+#[test]
+fn a_slot_held_by_another_keys_active_lease_is_never_shared() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 5, T, 1000, T);
+    let other = Placement { key: "l/0".into(), owner: 9, overflow: None };
+
+    assert_eq!(leases.spend(&other, 1, T, RULES).unwrap().result, Some(Spend::Taken));
+    // Once the lease is idle (expired, nothing owed), the slot changes hands.
+    assert_eq!(leases.spend(&other, 1, at(1000), RULES).unwrap().result, Some(Spend::Wait { elected: true }));
+}
+
+#[test]
+fn a_given_back_spend_is_exact_while_the_lease_lives() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 2, T, 1000, T);
+    let _ = spend(&leases, 2, T);
+
+    leases.give_back(&place(), 2, T).unwrap();
+
+    // Spendable again; the refill the first spend elected is still in flight.
+    assert_eq!(spend(&leases, 2, T), Spend::Spent { refill: false });
+}
+
+#[test]
+fn a_record_survives_its_encoding() {
+    let r = Record {
+        owner: 1,
+        first: Pool { tokens: 2, expires_at: Nanos(3) },
+        second: Pool { tokens: 4, expires_at: Nanos(5) },
+        held: Pool { tokens: 6, expires_at: Nanos(7) },
+        held_for: 8,
+        refill_until: Nanos(9),
+        empty_until: Nanos(10),
+        failed_at: Nanos(11),
+        failed_reason: 12,
+        debt: 13,
+        owed_at: Nanos(14),
+        charging: 15,
+        charge_id: 16,
+        charge_until: Nanos(17),
+        counter: (18 << 64) | 19,
+        tag: Some((20 << 64) | 21),
+    };
+
+    assert_eq!(Record::decode(&r.encode()), Some(r));
+    assert_eq!(Record::decode(&r.encode()[1..]), None);
+}
