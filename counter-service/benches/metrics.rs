@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_counter::metrics::Metrics;
-use sluice_counter::store::{MemoryConfig, MemoryStore, Store};
+use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 
 fn metrics() -> Metrics {
     Metrics::default()
@@ -60,7 +60,7 @@ fn recording(c: &mut Criterion) {
 
     group.bench_function("render", |b| {
         let metrics = metrics();
-        let store = Store::Memory(MemoryStore::new(MemoryConfig::default()));
+        let store = CounterStore::Memory(MemoryCounters::new(MemoryConfig::default()));
         for _ in 0..1000 {
             record_one_check(&metrics, took);
         }

@@ -10,7 +10,7 @@ use sluice_protocol::{
     MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
 };
 
-use crate::spec::Policy;
+use crate::spec::StoreLimit;
 
 /// An API error: a stable code, the HTTP status, and a message naming what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,8 +50,8 @@ pub struct PlannedEntry {
     /// it: a counter decided under other numbers is carried over to these, see
     /// [`shared_store::Limit::adopt`]).
     pub storage_key: String,
-    /// The validated limit.
-    pub policy: Policy,
+    /// The validated limit, as the stores run it.
+    pub limit: StoreLimit,
     /// The cost.
     pub cost: u64,
 }
@@ -155,14 +155,14 @@ fn with_index(index: usize, e: ApiError) -> ApiError {
 
 fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -> Result<PlannedEntry, ApiError> {
     check_key("key", key)?;
-    let policy = Policy::new(limit)?;
-    if cost > policy.capacity() {
+    let store_limit = StoreLimit::new(limit)?;
+    if cost > store_limit.capacity() {
         return Err(ApiError::bad_request(
             "cost_exceeds_capacity",
-            format!("cost: {cost} is more than this limit can ever hold ({})", policy.capacity()),
+            format!("cost: {cost} is more than this limit can ever hold ({})", store_limit.capacity()),
         ));
     }
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), policy, cost })
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost })
 }
 
 impl CheckPlan {
@@ -216,19 +216,19 @@ impl LeasePlan {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
         let entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
-        if !entry.policy.leasable() {
+        if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "lease_unsupported",
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
             ));
         }
-        if request.tokens == 0 || request.tokens > entry.policy.capacity() {
+        if request.tokens == 0 || request.tokens > entry.limit.capacity() {
             return Err(ApiError::bad_request(
                 "invalid_tokens",
                 format!(
                     "tokens: {} is not between 1 and the limit's capacity ({})",
                     request.tokens,
-                    entry.policy.capacity()
+                    entry.limit.capacity()
                 ),
             ));
         }
@@ -262,7 +262,7 @@ impl ChargePlan {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
         let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
-        if !entry.policy.leasable() {
+        if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "not_chargeable",
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
@@ -277,7 +277,7 @@ impl ChargePlan {
                 ),
             ));
         }
-        let capacity = entry.policy.capacity();
+        let capacity = entry.limit.capacity();
         if request.max_debt > capacity {
             return Err(ApiError::bad_request(
                 "invalid_max_debt",

@@ -15,7 +15,7 @@ use sluice_protocol::{
 
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
 use crate::server::App;
-use crate::store::{ChargeOutcome, CheckOutcome, LeaseOutcome, Store, StoreError};
+use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, CounterStoreError, LeaseOutcome};
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +98,7 @@ impl App {
     /// As [`App::call_store`]; on the Redis store, always a 503 `store_unavailable` (it
     /// can only be awaited).
     pub fn call_store_now(&self, call: &Call) -> Result<Outcome, ApiError> {
-        let Store::Memory(memory) = self.store() else {
+        let CounterStore::Memory(memory) = self.store() else {
             return Err(ApiError {
                 status: 503,
                 code: "store_unavailable",
@@ -116,7 +116,7 @@ impl App {
     }
 
     /// Records a store call's latency, and its error (metric, rate-limited log line).
-    fn stored(&self, took: Duration, result: Result<Outcome, StoreError>) -> Result<Outcome, ApiError> {
+    fn stored(&self, took: Duration, result: Result<Outcome, CounterStoreError>) -> Result<Outcome, ApiError> {
         self.metrics().store_latency(took);
         result.map_err(|error| {
             self.metrics().store_error(&error);
@@ -181,7 +181,7 @@ impl App {
 
     /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease` and
     /// `/v1/charge` do, synchronously: for tests that simulate a fleet on a virtual
-    /// clock (a [`crate::store::MemoryStore::with_clock`] store) and step the service as
+    /// clock (a [`crate::store::MemoryCounters::with_clock`] store) and step the service as
     /// they step everything else. Returns the status and the body the HTTP path would.
     ///
     /// The same code as HTTP decides: authentication (`authorization` is the header's

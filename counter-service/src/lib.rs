@@ -17,8 +17,8 @@
 //! * [`handle`] holds one decision request, shared by the HTTP routes and by
 //!   [`App::handle_now`], the synchronous entry for deterministic simulations.
 //! * [`spec`] holds validated limits with what the Redis script runs.
-//! * [`store`] holds [`store::MemoryStore`] (shared-store's algorithms behind a sharded map)
-//!   and [`store::RedisStore`] (the same algorithms as one Lua script).
+//! * [`store`] holds [`store::MemoryCounters`] (shared-store's algorithms behind a sharded map)
+//!   and [`store::RedisCounters`] (the same algorithms as one Lua script).
 //! * [`server`] holds routes, bounds (body size, requests in flight, store deadline),
 //!   graceful shutdown.
 //! * [`conn`] holds one connection: HTTP/1.1 or h2c on the same port, timeouts, drain.
@@ -121,7 +121,7 @@ impl Running {
     ///
     /// # Errors
     /// When the token cannot be read or the listener has no address.
-    pub fn start_with_store(listener: TcpListener, config: Config, store: store::Store) -> anyhow::Result<Self> {
+    pub fn start_with_store(listener: TcpListener, config: Config, store: store::CounterStore) -> anyhow::Result<Self> {
         let auth = config.auth().map_err(anyhow::Error::msg)?;
         let app = Arc::new(App::new(store, &config, auth));
         let addr = listener.local_addr()?;

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::{Store, StoreError};
+use crate::store::{CounterStore, CounterStoreError};
 
 /// Upper bounds (seconds) of the store latency histogram.
 const LATENCY_BUCKETS: [f64; 13] =
@@ -80,7 +80,7 @@ impl Metrics {
     }
 
     /// Counts one store error by kind.
-    pub fn store_error(&self, error: &StoreError) {
+    pub fn store_error(&self, error: &CounterStoreError) {
         if let Some(i) = ERROR_KINDS.iter().position(|k| *k == error.kind())
             && let Some(counter) = self.store_errors.get(i)
         {
@@ -129,7 +129,7 @@ impl Metrics {
     }
 
     /// Renders everything in Prometheus text format.
-    pub fn render(&self, store: &Store) -> String {
+    pub fn render(&self, store: &CounterStore) -> String {
         let mut out = String::with_capacity(4096);
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let _ = writeln!(out, "# HELP sluice_counter_decisions_total Checks decided, by outcome.");
@@ -222,7 +222,7 @@ impl Metrics {
             let _ = writeln!(out, "sluice_counter_responses_total{{status=\"{status}\"}} {}", get(counter));
         }
         match store {
-            Store::Memory(m) => {
+            CounterStore::Memory(m) => {
                 let _ = writeln!(out, "# HELP sluice_counter_memory_keys Keys held by the memory store.");
                 let _ = writeln!(out, "# TYPE sluice_counter_memory_keys gauge");
                 let _ = writeln!(out, "sluice_counter_memory_keys {}", m.len());
@@ -230,7 +230,7 @@ impl Metrics {
                 let _ = writeln!(out, "# TYPE sluice_counter_memory_charge_ids gauge");
                 let _ = writeln!(out, "sluice_counter_memory_charge_ids {}", m.charge_ids());
             }
-            Store::Redis(r) => {
+            CounterStore::Redis(r) => {
                 let _ = writeln!(out, "# HELP sluice_counter_redis_connections Connections held by the pool.");
                 let _ = writeln!(out, "# TYPE sluice_counter_redis_connections gauge");
                 let _ = writeln!(out, "sluice_counter_redis_connections {}", get(&r.stats.open));

@@ -23,12 +23,12 @@ use crate::config::{Config, StoreKind};
 use crate::conn;
 use crate::handle::Route;
 use crate::metrics::Metrics;
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
 
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct App {
-    store: Store,
+    store: CounterStore,
     metrics: Metrics,
     auth: Auth,
     max_entries: usize,
@@ -45,7 +45,7 @@ pub struct App {
 impl App {
     /// An app serving `store` with `config`'s bounds, to the callers `auth` admits
     /// ([`Config::auth`] reads them from the configuration).
-    pub fn new(store: Store, config: &Config, auth: Auth) -> Self {
+    pub fn new(store: CounterStore, config: &Config, auth: Auth) -> Self {
         Self {
             store,
             metrics: Metrics::default(),
@@ -61,7 +61,7 @@ impl App {
     }
 
     /// The store.
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &CounterStore {
         &self.store
     }
 
@@ -105,7 +105,7 @@ impl App {
         })
     }
 
-    pub(crate) fn log_store_error(&self, error: &StoreError) {
+    pub(crate) fn log_store_error(&self, error: &CounterStoreError) {
         let now = self.started.elapsed().as_secs();
         let last = self.last_error_log.swap(now, Ordering::Relaxed);
         if last != now {
@@ -113,7 +113,7 @@ impl App {
         }
     }
 
-    async fn timed<T>(&self, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, ApiError> {
+    async fn timed<T>(&self, call: impl Future<Output = Result<T, CounterStoreError>>) -> Result<T, ApiError> {
         let start = Instant::now();
         let result = call.await;
         self.metrics.store_latency(start.elapsed());
@@ -343,11 +343,11 @@ async fn method_not_allowed(request: Request) -> ApiError {
 ///
 /// # Errors
 /// When the Redis URLs do not parse.
-pub async fn build_store(config: &Config) -> anyhow::Result<Store> {
+pub async fn build_store(config: &Config) -> anyhow::Result<CounterStore> {
     match config.store {
-        StoreKind::Memory => Ok(Store::Memory(MemoryStore::new(config.memory()))),
+        StoreKind::Memory => Ok(CounterStore::Memory(MemoryCounters::new(config.memory()))),
         StoreKind::Redis | StoreKind::RedisCluster => {
-            let redis = RedisStore::new(config.redis()).map_err(|e| anyhow::anyhow!("redis store: {e}"))?;
+            let redis = RedisCounters::new(config.redis()).map_err(|e| anyhow::anyhow!("redis store: {e}"))?;
             for check in redis.eviction_checks().await {
                 match &check.policy {
                     Ok(policy) if check.evicts() => tracing::warn!(
@@ -365,7 +365,7 @@ pub async fn build_store(config: &Config) -> anyhow::Result<Store> {
             if let Err(e) = redis.ping().await {
                 tracing::warn!(error = %e, "redis is not reachable yet; /readyz fails until it is");
             }
-            Ok(Store::Redis(Box::new(redis)))
+            Ok(CounterStore::Redis(Box::new(redis)))
         }
     }
 }
@@ -440,7 +440,7 @@ pub async fn serve_until(
     sweep_every: Duration,
     stop: impl Future<Output = Stop> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let _sweeper = matches!(app.store, Store::Memory(_)).then(|| {
+    let _sweeper = matches!(app.store, CounterStore::Memory(_)).then(|| {
         let weak = Arc::downgrade(&app);
         AbortOnDrop(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(sweep_every);
@@ -448,7 +448,7 @@ pub async fn serve_until(
             loop {
                 ticks.tick().await;
                 let Some(app) = weak.upgrade() else { break };
-                if let Store::Memory(memory) = &app.store {
+                if let CounterStore::Memory(memory) = &app.store {
                     let dropped = memory.sweep(None);
                     tracing::trace!(dropped, "swept idle keys");
                 }

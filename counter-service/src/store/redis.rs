@@ -29,7 +29,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use shared_store::{Decision, Nanos, Verdict};
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
-use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError};
+use super::{ChargeOutcome, CheckOutcome, CounterStoreError, LeaseOutcome};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
 
 /// The decision script.
@@ -217,7 +217,7 @@ impl EvictionCheck {
 }
 
 /// Counters in Redis, decided by one Lua script per check.
-pub struct RedisStore {
+pub struct RedisCounters {
     config: RedisConfig,
     client: Client,
     slots: Box<[Slot]>,
@@ -228,23 +228,23 @@ pub struct RedisStore {
     pub stats: RedisStats,
 }
 
-impl std::fmt::Debug for RedisStore {
+impl std::fmt::Debug for RedisCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore").field("config", &self.config).field("sha", &self.sha).finish_non_exhaustive()
+        f.debug_struct("RedisCounters").field("config", &self.config).field("sha", &self.sha).finish_non_exhaustive()
     }
 }
 
-fn unreachable(reason: impl Into<String>) -> StoreError {
-    StoreError::Unreachable { store: "redis", reason: reason.into() }
+fn unreachable(reason: impl Into<String>) -> CounterStoreError {
+    CounterStoreError::Unreachable { store: "redis", reason: reason.into() }
 }
 
-fn classify(e: &RedisError) -> StoreError {
+fn classify(e: &RedisError) -> CounterStoreError {
     if e.is_timeout() {
-        StoreError::Unreachable { store: "redis", reason: format!("timed out: {e}") }
+        CounterStoreError::Unreachable { store: "redis", reason: format!("timed out: {e}") }
     } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
         unreachable(e.to_string())
     } else {
-        StoreError::Server(e.to_string())
+        CounterStoreError::Server(e.to_string())
     }
 }
 
@@ -252,20 +252,20 @@ fn connection_is_dead(e: &RedisError) -> bool {
     e.is_connection_dropped() || e.is_connection_refusal() || (e.is_io_error() && !e.is_timeout())
 }
 
-impl RedisStore {
+impl RedisCounters {
     /// A store for `config`. Connections are opened lazily, so a Redis that is down at
     /// start makes `/readyz` fail instead of the service.
     ///
     /// # Errors
     /// When a URL does not parse.
-    pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
-        let bad = |url: &RedisUrl, e: RedisError| StoreError::Server(format!("bad redis url {url}: {e}"));
+    pub fn new(config: RedisConfig) -> Result<Self, CounterStoreError> {
+        let bad = |url: &RedisUrl, e: RedisError| CounterStoreError::Server(format!("bad redis url {url}: {e}"));
         for url in &config.urls {
             redis::Client::open(url.expose()).map_err(|e| bad(url, e))?;
         }
         let client = match config.topology {
             Topology::Standalone => {
-                let url = config.urls.first().ok_or_else(|| StoreError::Server("no redis url given".into()))?;
+                let url = config.urls.first().ok_or_else(|| CounterStoreError::Server("no redis url given".into()))?;
                 Client::Single(redis::Client::open(url.expose()).map_err(|e| bad(url, e))?)
             }
             Topology::Cluster => Client::Cluster(Box::new(
@@ -275,7 +275,7 @@ impl RedisStore {
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.timeout)
                     .build()
-                    .map_err(|e| StoreError::Server(format!("bad redis cluster seed nodes: {e}")))?,
+                    .map_err(|e| CounterStoreError::Server(format!("bad redis cluster seed nodes: {e}")))?,
             )),
         };
         let slots = (0..config.pool_size.max(1)).map(|_| Slot::default()).collect();
@@ -317,7 +317,7 @@ impl RedisStore {
     /// deadline) and share the result. An attempt, even one cancelled by its caller's
     /// deadline, blocks further attempts on that slot for [`RECONNECT_BACKOFF`], so a
     /// slow or stopped Redis sees at most one connection attempt per slot per backoff.
-    async fn connection(&self, index: usize) -> Result<(u64, Conn), StoreError> {
+    async fn connection(&self, index: usize) -> Result<(u64, Conn), CounterStoreError> {
         let slot = self.slots.get(index).ok_or_else(|| unreachable("no connection slot"))?;
         if let Some(current) = slot.current() {
             return Ok(current);
@@ -357,7 +357,10 @@ impl RedisStore {
     }
 
     /// Runs `f` on a pooled connection within the call deadline.
-    async fn call<T>(&self, cmd_for: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>) -> Result<T, StoreError> {
+    async fn call<T>(
+        &self,
+        cmd_for: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
+    ) -> Result<T, CounterStoreError> {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let work = async {
             let (generation, mut conn) = self.connection(index).await?;
@@ -373,7 +376,7 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.config.timeout, work).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout {
+            Err(_) => Err(CounterStoreError::Timeout {
                 store: "redis",
                 after_ms: u64::try_from(self.config.timeout.as_millis()).unwrap_or(u64::MAX),
             }),
@@ -381,7 +384,7 @@ impl RedisStore {
     }
 
     /// `EVALSHA`, and `EVAL` only when Redis answers `NOSCRIPT` (the script did not run).
-    async fn run_script(&self, keys: &[&str], args: &[String]) -> Result<Vec<i64>, StoreError> {
+    async fn run_script(&self, keys: &[&str], args: &[String]) -> Result<Vec<i64>, CounterStoreError> {
         let value = self
             .call(async |conn: &mut Conn| {
                 let mut evalsha = redis::cmd("EVALSHA");
@@ -397,7 +400,8 @@ impl RedisStore {
                 }
             })
             .await?;
-        redis::from_redis_value::<Vec<i64>>(value).map_err(|e| StoreError::Protocol(format!("script reply: {e}")))
+        redis::from_redis_value::<Vec<i64>>(value)
+            .map_err(|e| CounterStoreError::Protocol(format!("script reply: {e}")))
     }
 
     /// The script's arguments; each entry travels with its number: the cost of a check's
@@ -408,7 +412,7 @@ impl RedisStore {
         args.push(op.to_owned());
         args.push(tokens.to_string());
         for (e, number) in entries {
-            let s = &e.policy.script;
+            let s = &e.limit.script;
             args.push(s.code.to_owned());
             args.extend(s.args.iter().map(u64::to_string));
             args.push(number.to_string());
@@ -422,7 +426,7 @@ impl RedisStore {
         tokens: u64,
         entries: &[(&PlannedEntry, u64)],
         at: Option<Nanos>,
-    ) -> Result<Reply, StoreError> {
+    ) -> Result<Reply, CounterStoreError> {
         let keys: Vec<&str> = entries.iter().map(|(e, _)| e.storage_key.as_str()).collect();
         let reply = self.run_script(&keys, &Self::script_args(op, tokens, entries, at)).await?;
         parse_reply(&reply, entries.len())
@@ -432,8 +436,8 @@ impl RedisStore {
     /// be a whole number of microseconds).
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, CounterStoreError> {
         let entries: Vec<(&PlannedEntry, u64)> = plan.entries.iter().map(|e| (e, e.cost)).collect();
         let Reply { at, admitted, decisions, .. } = self.decide("check", 0, &entries, at).await?;
         Ok(CheckOutcome { admitted, at, decisions })
@@ -443,14 +447,14 @@ impl RedisStore {
     /// deducted in the same script.
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, CounterStoreError> {
         let Reply { at, granted, refill_after, decisions, .. } =
             self.decide("lease", plan.tokens, &[(&plan.entry, plan.min_tokens)], at).await?;
         let decision = decisions
             .into_iter()
             .next()
-            .ok_or_else(|| StoreError::Protocol("lease reply without a decision".into()))?;
+            .ok_or_else(|| CounterStoreError::Protocol("lease reply without a decision".into()))?;
         Ok(LeaseOutcome::new(plan, (granted, refill_after), at, decision))
     }
 
@@ -459,8 +463,8 @@ impl RedisStore {
     /// charge key with a TTL of `CHARGE_ID_TTL_MS`, and not applied again while it is.
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
         let mut keys = vec![plan.entry.storage_key.as_str()];
         keys.extend(plan.charge_key.as_deref());
         let mut args = Self::script_args("charge", plan.max_debt, &[(&plan.entry, plan.entry.cost)], at);
@@ -470,7 +474,7 @@ impl RedisStore {
             .decisions
             .into_iter()
             .next()
-            .ok_or_else(|| StoreError::Protocol("charge reply without a decision".into()))?;
+            .ok_or_else(|| CounterStoreError::Protocol("charge reply without a decision".into()))?;
         Ok(ChargeOutcome {
             charged: reply.granted,
             forgiven: reply.forgiven,
@@ -483,8 +487,8 @@ impl RedisStore {
     /// `PING` within the deadline.
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn ping(&self) -> Result<(), CounterStoreError> {
         self.call(async |conn: &mut Conn| conn.query(&redis::cmd("PING")).await).await.map(|_| ())
     }
 
@@ -518,19 +522,19 @@ fn wait(ns: i64) -> Nanos {
     Nanos(u64::try_from(ns).unwrap_or(u64::MAX))
 }
 
-fn verdict(code: i64, wait_ns: i64) -> Result<Verdict, StoreError> {
+fn verdict(code: i64, wait_ns: i64) -> Result<Verdict, CounterStoreError> {
     let wait = wait(wait_ns);
     match code {
         0 => Ok(Verdict::Allowed),
         1 => Ok(Verdict::Delayed(wait)),
         2 => Ok(Verdict::Rejected { retry_after: wait }),
         3 => Ok(Verdict::Exceeds),
-        other => Err(StoreError::Protocol(format!("unknown verdict {other}"))),
+        other => Err(CounterStoreError::Protocol(format!("unknown verdict {other}"))),
     }
 }
 
-fn non_negative(v: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Protocol(format!("negative {what}: {v}")))
+fn non_negative(v: i64, what: &str) -> Result<u64, CounterStoreError> {
+    u64::try_from(v).map_err(|_| CounterStoreError::Protocol(format!("negative {what}: {v}")))
 }
 
 /// What the script answered.
@@ -555,12 +559,15 @@ struct Reply {
 
 /// Parses `{sec, usec, admitted, granted, duplicate, forgiven, refill_after, (verdict,
 /// limit, remaining, reset, wait)*}`.
-fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, StoreError> {
+fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, CounterStoreError> {
     let (head, rest) = reply
         .split_first_chunk::<7>()
-        .ok_or_else(|| StoreError::Protocol(format!("script reply has {} values", reply.len())))?;
+        .ok_or_else(|| CounterStoreError::Protocol(format!("script reply has {} values", reply.len())))?;
     if rest.len() != 5 * entries {
-        return Err(StoreError::Protocol(format!("script reply has {} values for {entries} entries", reply.len())));
+        return Err(CounterStoreError::Protocol(format!(
+            "script reply has {} values for {entries} entries",
+            reply.len()
+        )));
     }
     let [sec, usec, admitted, granted, duplicate, forgiven, refill_after] = *head;
     let at = Nanos::from_secs(non_negative(sec, "time")?)
@@ -619,7 +626,7 @@ mod tests {
             connect_timeout: Duration::from_millis(1),
         };
 
-        let err = RedisStore::new(config.clone()).unwrap_err().to_string();
+        let err = RedisCounters::new(config.clone()).unwrap_err().to_string();
 
         assert!(err.contains("bad redis url redis://***@127.0.0.1:notaport/0"), "{err}");
         assert!(!err.contains("hunter2") && !format!("{config:?}").contains("hunter2"), "{err}");
@@ -627,12 +634,12 @@ mod tests {
 
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
-        assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 0, 5, 4, 0, 0], 1), Err(StoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 use sluice_counter::config::{Config, StoreKind};
-use sluice_counter::store::Store;
-use sluice_counter::{Running, store::StoreError};
+use sluice_counter::store::CounterStore;
+use sluice_counter::{Running, store::CounterStoreError};
 
 use crate::support::{Http, PROTOCOLS, RedisServer, free_port};
 
@@ -292,8 +292,8 @@ async fn every_class_of_bad_input_gets_its_4xx_and_changes_no_counter_in_memory(
     let (running, _) = start(Config::defaults()).await;
     let app = running.app.clone();
     let keys = move || match app.store() {
-        Store::Memory(m) => m.len(),
-        Store::Redis(_) => unreachable!(),
+        CounterStore::Memory(m) => m.len(),
+        CounterStore::Redis(_) => unreachable!(),
     };
 
     every_class_of_bad_input_gets_its_4xx(running.addr, keys).await;
@@ -480,8 +480,8 @@ async fn an_unreachable_redis_makes_readyz_and_checks_answer_store_unavailable()
 
 #[test]
 fn store_errors_have_stable_codes() {
-    assert_eq!(StoreError::Full { max_keys: 1 }.code(), "store_full");
-    assert_eq!(StoreError::Timeout { store: "redis", after_ms: 1 }.code(), "store_unavailable");
+    assert_eq!(CounterStoreError::Full { max_keys: 1 }.code(), "store_full");
+    assert_eq!(CounterStoreError::Timeout { store: "redis", after_ms: 1 }.code(), "store_unavailable");
 }
 
 #[tokio::test]
@@ -532,7 +532,7 @@ async fn ten_thousand_entries_within_a_larger_body_limit_are_refused_as_too_many
 
     assert_eq!((status, error["error"]["code"].as_str()), (400, Some("too_many_entries")), "{error}");
     assert!(error["error"]["message"].as_str().unwrap_or_default().contains("10000 entries, at most 16"), "{error}");
-    let Store::Memory(memory) = running.app.store() else { unreachable!() };
+    let CounterStore::Memory(memory) = running.app.store() else { unreachable!() };
     assert!(memory.is_empty());
     running.stop().await.expect("clean stop");
 }

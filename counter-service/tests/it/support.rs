@@ -23,8 +23,8 @@ use serde_json::Value;
 use shared_store::Nanos;
 use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
-    ChargeOutcome, CheckOutcome, LeaseOutcome, MemoryConfig, MemoryStore, RedisConfig, RedisStore, RedisUrl, Store,
-    Topology,
+    ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome, MemoryConfig, MemoryCounters, RedisConfig, RedisCounters,
+    RedisUrl, Topology,
 };
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse, LeaseRequest,
@@ -320,16 +320,18 @@ pub fn redis_config(urls: Vec<String>, topology: Topology) -> RedisConfig {
     }
 }
 
-pub fn memory_store() -> Store {
-    Store::Memory(MemoryStore::new(MemoryConfig { shards: 8, max_keys: 10_000, ..MemoryConfig::default() }))
+pub fn memory_store() -> CounterStore {
+    CounterStore::Memory(MemoryCounters::new(MemoryConfig { shards: 8, max_keys: 10_000, ..MemoryConfig::default() }))
 }
 
-pub fn redis_store(server: &RedisServer) -> Store {
-    Store::Redis(Box::new(RedisStore::new(redis_config(vec![server.url()], Topology::Standalone)).expect("store")))
+pub fn redis_store(server: &RedisServer) -> CounterStore {
+    CounterStore::Redis(Box::new(
+        RedisCounters::new(redis_config(vec![server.url()], Topology::Standalone)).expect("store"),
+    ))
 }
 
-pub fn cluster_store(cluster: &RedisCluster) -> Store {
-    Store::Redis(Box::new(RedisStore::new(redis_config(cluster.urls(), Topology::Cluster)).expect("store")))
+pub fn cluster_store(cluster: &RedisCluster) -> CounterStore {
+    CounterStore::Redis(Box::new(RedisCounters::new(redis_config(cluster.urls(), Topology::Cluster)).expect("store")))
 }
 
 /// A test time: a whole number of microseconds near today's Unix time.
@@ -345,7 +347,7 @@ pub fn plan(tag: &str, entries: Vec<EntryRequest>) -> CheckPlan {
     CheckPlan::new(&CheckRequest { tag: Some(tag.to_owned()), entries }, 64).expect("a valid check")
 }
 
-pub async fn check(store: &Store, tag: &str, entries: Vec<EntryRequest>, at: Nanos) -> CheckOutcome {
+pub async fn check(store: &CounterStore, tag: &str, entries: Vec<EntryRequest>, at: Nanos) -> CheckOutcome {
     store.check(&plan(tag, entries), Some(at)).await.expect("the store answers")
 }
 
@@ -370,7 +372,14 @@ pub fn lease_plan_at_least(tag: &str, key: &str, limit: LimitSpec, tokens: (u64,
     LeasePlan::new(&lease_request(tag, key, limit, tokens)).expect("a valid lease")
 }
 
-pub async fn lease(store: &Store, tag: &str, key: &str, limit: LimitSpec, tokens: u64, at: Nanos) -> LeaseOutcome {
+pub async fn lease(
+    store: &CounterStore,
+    tag: &str,
+    key: &str,
+    limit: LimitSpec,
+    tokens: u64,
+    at: Nanos,
+) -> LeaseOutcome {
     store.lease(&lease_plan(tag, key, limit, tokens), Some(at)).await.expect("the store answers")
 }
 
@@ -398,7 +407,7 @@ pub fn charge_plan(tag: &str, key: &str, limit: LimitSpec, cost: u64, max_debt: 
 }
 
 pub async fn charge(
-    store: &Store,
+    store: &CounterStore,
     tag: &str,
     key: &str,
     limit: LimitSpec,
@@ -420,7 +429,7 @@ pub struct Served {
 impl Served {
     pub async fn start(protocol: Protocol) -> Self {
         let clock = shared_store::ManualClock::at(t_us(0));
-        let store = Store::Memory(MemoryStore::with_clock(
+        let store = CounterStore::Memory(MemoryCounters::with_clock(
             MemoryConfig { shards: 8, max_keys: 10_000, ..MemoryConfig::default() },
             std::sync::Arc::new(clock.clone()),
         ));
@@ -441,7 +450,7 @@ impl Served {
 /// Where a behavioural scenario runs: on a store directly, or over HTTP.
 #[derive(Clone, Copy, Debug)]
 pub enum Target<'a> {
-    Store(&'a Store),
+    Store(&'a CounterStore),
     Http(&'a Served),
 }
 
