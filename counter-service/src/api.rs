@@ -37,6 +37,21 @@ impl From<SpecError> for ApiError {
 }
 
 impl ApiError {
+    /// `413 body_too_large`.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self { status: 413, code: "body_too_large", message: format!("the request body is larger than {limit} bytes") }
+    }
+
+    /// `404 not_found`.
+    pub(crate) fn not_found(path: &str) -> Self {
+        Self { status: 404, code: "not_found", message: format!("no route for {path}") }
+    }
+
+    /// `405 method_not_allowed`.
+    pub(crate) fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self { status: 405, code: "method_not_allowed", message: format!("{method} is not allowed on {path}") }
+    }
+
     /// The JSON body this error is answered with.
     pub fn body(&self) -> sluice_protocol::ErrorBody {
         sluice_protocol::ErrorBody::new(self.code, self.message.clone())

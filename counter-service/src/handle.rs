@@ -7,15 +7,15 @@
 //! asynchronous: reading the body (bounded in size and time, in the server's
 //! middleware) and awaiting the store.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
 };
 
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
-use crate::server::App;
-use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, CounterStoreError, LeaseOutcome};
+use crate::app::App;
+use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome};
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,16 +115,6 @@ impl App {
         self.stored(start.elapsed(), result)
     }
 
-    /// Records a store call's latency, and its error (metric, rate-limited log line).
-    fn stored(&self, took: Duration, result: Result<Outcome, CounterStoreError>) -> Result<Outcome, ApiError> {
-        self.metrics().store_latency(took);
-        result.map_err(|error| {
-            self.metrics().store_error(&error);
-            self.log_store_error(&error);
-            ApiError { status: 503, code: error.code(), message: error.to_string() }
-        })
-    }
-
     /// Counts `outcome` and encodes the `200` answer to `call`.
     ///
     /// # Errors
@@ -219,12 +209,12 @@ impl App {
             });
         }
         self.authenticate(authorization.into_iter())?;
-        let Some(route) = Route::from_path(path) else { return Err(crate::server::not_found_error(path)) };
+        let Some(route) = Route::from_path(path) else { return Err(ApiError::not_found(path)) };
         if method != "POST" {
-            return Err(crate::server::method_not_allowed_error(method, path));
+            return Err(ApiError::method_not_allowed(method, path));
         }
         if body.len() > self.max_body() {
-            return Err(crate::server::body_too_large_error(self.max_body()));
+            return Err(ApiError::body_too_large(self.max_body()));
         }
         let _permit = self.in_flight_permit()?;
         let _gauge = self.metrics().start();

@@ -11,6 +11,7 @@ mod concurrency;
 mod differential;
 mod faults;
 mod handle_now;
+mod layers;
 mod load;
 mod protocols;
 mod stores;
