@@ -36,8 +36,8 @@ impl App {
     /// ([`Config::auth`] reads them from the configuration).
     pub fn new(store: CounterStore, config: &Config, auth: Auth) -> Self {
         Self {
+            metrics: Metrics::new(store.name()),
             store,
-            metrics: Metrics::default(),
             auth,
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
