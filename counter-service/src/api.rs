@@ -1,4 +1,5 @@
-//! The JSON API: strict parsing of request bodies and their validation into store plans.
+//! Whether a request body is a valid request, and what the stores are to do with it:
+//! strict parsing, validation into plans, and the API's errors.
 //!
 //! The bodies themselves are defined once, for the service and the filter, in
 //! `sluice-protocol`. Every request body is parsed strictly (unknown fields are errors)

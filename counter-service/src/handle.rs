@@ -1,5 +1,5 @@
-//! One decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`), whichever path
-//! carries it.
+//! How one decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`) is decided
+//! and answered, whichever path carries it.
 //!
 //! The HTTP routes and [`App::handle_now`] share everything here: parsing and
 //! validation ([`App::prepare`]), the store call's metrics and errors, the response body

@@ -1,4 +1,4 @@
-//! sluice-counter: the central counter service for Sluice's global policies.
+//! sluice-counter: what decides Sluice's global policies, the central counter service.
 //!
 //! The filter calls it over HTTP/1.1 or HTTP/2 cleartext + JSON (`POST /v1/check`,
 //! `POST /v1/lease`, `POST /v1/charge`) once per request for all of that request's

@@ -1,4 +1,5 @@
-//! Validated limits as the stores run them: [`StoreLimit`].
+//! What a validated limit is to the stores: [`StoreLimit`], with what the Redis script
+//! runs.
 //!
 //! The limits themselves ([`LimitSpec`]), their validation and the numeric envelope are
 //! defined once, in `sluice-protocol`, for the service and the filter alike. A

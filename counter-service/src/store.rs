@@ -1,5 +1,5 @@
-//! Where counters live: [`MemoryCounters`] (one process) or [`RedisCounters`] (shared by many
-//! service instances). Both run the same algorithms and give the same answers; the
+//! Where counters live: [`MemoryCounters`] (one process) or [`RedisCounters`] (shared by
+//! many service instances). Both run the same algorithms and give the same answers; the
 //! shared behavioural suite in `tests/` holds them to it.
 
 pub mod memory;

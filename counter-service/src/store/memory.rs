@@ -1,4 +1,4 @@
-//! The memory store: `shared-store`'s algorithms behind a sharded map.
+//! How the memory store decides: `shared-store`'s algorithms behind a sharded map.
 //!
 //! * **Atomic across entries.** A check locks the shards its keys live in, always in
 //!   ascending shard order (so two checks never wait on each other in a cycle), decides

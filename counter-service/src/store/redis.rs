@@ -1,4 +1,5 @@
-//! The Redis store: every decision is one Lua script (`decide.lua`) on one Redis node.
+//! How the Redis store decides: every decision is one Lua script (`decide.lua`) on one
+//! Redis node.
 //!
 //! * **Atomic.** The script reads every counter of a check, decides with Redis' own
 //!   clock (`TIME`), and writes only if all admit. Leases and charges are one key each,

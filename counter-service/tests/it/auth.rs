@@ -1,5 +1,6 @@
-//! Caller authentication: with a token configured, every route but the probes needs
-//! `authorization: Bearer <token>`; the token shows in no answer, metric or Debug form.
+//! Whether callers are authenticated: with a token configured, every route but the probes
+//! needs `authorization: Bearer <token>`; the token shows in no answer, metric or Debug
+//! form.
 
 use serde_json::json;
 use sluice_counter::config::Config;

@@ -1,12 +1,12 @@
-//! Differential test: the Lua script on a real Redis against `shared-store`'s
-//! `Limit::decide`, over many random limits inside the numeric envelope, random
-//! times (including exact retry-after instants, one microsecond before them, long
-//! idle gaps and backward steps) and random costs, checks, leases (with minimums) and
-//! charges (which push counters below empty, so checks and leases also run on states in
-//! debt; with charge ids, sent again), and policies whose numbers or algorithm change
-//! mid-sequence on one key (carried over by `Limit::adopt` in both). A lease's answer
-//! includes its `refill_after`: when the grant leaves fewer than its minimum, the wait
-//! until the minimum could be granted again.
+//! Whether the Lua script decides exactly as `shared-store` does (a differential test): the
+//! script on a real Redis against `shared-store`'s `Limit::decide`, over many random limits
+//! inside the numeric envelope, random times (including exact retry-after instants, one
+//! microsecond before them, long idle gaps and backward steps) and random costs, checks,
+//! leases (with minimums) and charges (which push counters below empty, so checks and
+//! leases also run on states in debt; with charge ids, sent again), and policies whose
+//! numbers or algorithm change mid-sequence on one key (carried over by `Limit::adopt` in
+//! both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
+//! its minimum, the wait until the minimum could be granted again.
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::StoreLimit;

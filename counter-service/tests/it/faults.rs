@@ -1,7 +1,7 @@
-//! Faults under load: Redis paused (SIGSTOP), killed and restarted, its script cache
-//! flushed; a write that timed out after it was sent; more requests than allowed in
-//! flight. Latency bounds are the store deadline plus a margin generous enough for a
-//! loaded 2-core machine.
+//! What the service answers when things fail under load: Redis paused (SIGSTOP), killed and
+//! restarted, its script cache flushed; a write that timed out after it was sent; more
+//! requests than allowed in flight. Latency bounds are the store deadline plus a margin
+//! generous enough for a loaded 2-core machine.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

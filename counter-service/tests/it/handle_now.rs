@@ -1,5 +1,5 @@
-//! `App::handle_now`, the synchronous entry for deterministic simulations, against the
-//! HTTP routes: the same answers, bytes for bytes, and the same metrics.
+//! Whether `App::handle_now`, the synchronous entry for deterministic simulations, matches
+//! the HTTP routes: the same answers, bytes for bytes, and the same metrics.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use sluice_counter::config::{Config, Secret, StoreKind};
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_counter::{App, Running};
 
-use crate::api::bad_inputs;
+use crate::bad_input::bad_inputs;
 use crate::support::{Http, t_us};
 
 const TOKEN: &str = "sim-t0ken";

@@ -1,5 +1,6 @@
-//! Store-specific behaviour: idle expiry and the key bound of the memory store; TTLs,
-//! hash tags, script reloads and the eviction-policy check of the Redis store.
+//! What each store does that the other does not: idle expiry and the key bound of the
+//! memory store; TTLs, hash tags, script reloads and the eviction-policy check of the Redis
+//! store.
 
 use serde_json::json;
 use shared_store::Verdict;
