@@ -12,7 +12,7 @@ use shared_store::{Clock as _, Nanos};
 use sluice_counter::App;
 use sluice_counter::config::{Config, Secret};
 use sluice_counter::routes::router;
-use sluice_counter::store::{MemoryConfig, MemoryCounters, CounterStore};
+use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, LeaseRequest, LeaseResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
