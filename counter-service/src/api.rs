@@ -1,4 +1,5 @@
-//! The JSON API: strict parsing of request bodies and their validation into store plans.
+//! Whether a request body is a valid request, and what the stores are to do with it:
+//! strict parsing, validation into plans, and the API's errors.
 //!
 //! The bodies themselves are defined once, for the service and the filter, in
 //! `sluice-protocol`. Every request body is parsed strictly (unknown fields are errors)
@@ -10,7 +11,7 @@ use sluice_protocol::{
     MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
 };
 
-use crate::spec::Policy;
+use crate::spec::StoreLimit;
 
 /// An API error: a stable code, the HTTP status, and a message naming what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +38,21 @@ impl From<SpecError> for ApiError {
 }
 
 impl ApiError {
+    /// `413 body_too_large`.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self { status: 413, code: "body_too_large", message: format!("the request body is larger than {limit} bytes") }
+    }
+
+    /// `404 not_found`.
+    pub(crate) fn not_found(path: &str) -> Self {
+        Self { status: 404, code: "not_found", message: format!("no route for {path}") }
+    }
+
+    /// `405 method_not_allowed`.
+    pub(crate) fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self { status: 405, code: "method_not_allowed", message: format!("{method} is not allowed on {path}") }
+    }
+
     /// The JSON body this error is answered with.
     pub fn body(&self) -> sluice_protocol::ErrorBody {
         sluice_protocol::ErrorBody::new(self.code, self.message.clone())
@@ -50,8 +66,8 @@ pub struct PlannedEntry {
     /// it: a counter decided under other numbers is carried over to these, see
     /// [`shared_store::Limit::adopt`]).
     pub storage_key: String,
-    /// The validated limit.
-    pub policy: Policy,
+    /// The validated limit, as the stores run it.
+    pub limit: StoreLimit,
     /// The cost.
     pub cost: u64,
 }
@@ -155,14 +171,14 @@ fn with_index(index: usize, e: ApiError) -> ApiError {
 
 fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -> Result<PlannedEntry, ApiError> {
     check_key("key", key)?;
-    let policy = Policy::new(limit)?;
-    if cost > policy.capacity() {
+    let store_limit = StoreLimit::new(limit)?;
+    if cost > store_limit.capacity() {
         return Err(ApiError::bad_request(
             "cost_exceeds_capacity",
-            format!("cost: {cost} is more than this limit can ever hold ({})", policy.capacity()),
+            format!("cost: {cost} is more than this limit can ever hold ({})", store_limit.capacity()),
         ));
     }
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), policy, cost })
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost })
 }
 
 impl CheckPlan {
@@ -216,19 +232,19 @@ impl LeasePlan {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
         let entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
-        if !entry.policy.leasable() {
+        if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "lease_unsupported",
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
             ));
         }
-        if request.tokens == 0 || request.tokens > entry.policy.capacity() {
+        if request.tokens == 0 || request.tokens > entry.limit.capacity() {
             return Err(ApiError::bad_request(
                 "invalid_tokens",
                 format!(
                     "tokens: {} is not between 1 and the limit's capacity ({})",
                     request.tokens,
-                    entry.policy.capacity()
+                    entry.limit.capacity()
                 ),
             ));
         }
@@ -262,7 +278,7 @@ impl ChargePlan {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
         let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
-        if !entry.policy.leasable() {
+        if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "not_chargeable",
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
@@ -277,7 +293,7 @@ impl ChargePlan {
                 ),
             ));
         }
-        let capacity = entry.policy.capacity();
+        let capacity = entry.limit.capacity();
         if request.max_debt > capacity {
             return Err(ApiError::bad_request(
                 "invalid_max_debt",

@@ -1,4 +1,4 @@
-//! Caller authentication: a bearer token shared by the service and its callers.
+//! Who may call the service: callers with the bearer token it shares with them.
 //!
 //! With a token configured, every route except the probes (`/healthz`, `/readyz`,
 //! `/metrics`) answers `401 unauthorized` to a request whose single `authorization`

@@ -1,4 +1,4 @@
-//! Command-line flags and environment variables.
+//! How the service is configured: its command-line flags and environment variables.
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -1,5 +1,5 @@
-//! One client connection: HTTP/1.1 or HTTP/2 cleartext on the same port, its timeouts,
-//! and its part in a graceful drain.
+//! How one client connection is served: HTTP/1.1 or HTTP/2 cleartext on the same port,
+//! its timeouts, and its part in a graceful drain.
 //!
 //! * **Which protocol.** A client with prior knowledge of HTTP/2 (Envoy with
 //!   `http2_protocol_options`, `curl --http2-prior-knowledge`) starts with the 24-byte

@@ -1,5 +1,5 @@
-//! One decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`), whichever path
-//! carries it.
+//! How one decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`) is decided
+//! and answered, whichever path carries it.
 //!
 //! The HTTP routes and [`App::handle_now`] share everything here: parsing and
 //! validation ([`App::prepare`]), the store call's metrics and errors, the response body
@@ -7,15 +7,15 @@
 //! asynchronous: reading the body (bounded in size and time, in the server's
 //! middleware) and awaiting the store.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
 };
 
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
-use crate::server::App;
-use crate::store::{ChargeOutcome, CheckOutcome, LeaseOutcome, Store, StoreError};
+use crate::app::App;
+use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome};
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +98,7 @@ impl App {
     /// As [`App::call_store`]; on the Redis store, always a 503 `store_unavailable` (it
     /// can only be awaited).
     pub fn call_store_now(&self, call: &Call) -> Result<Outcome, ApiError> {
-        let Store::Memory(memory) = self.store() else {
+        let CounterStore::Memory(memory) = self.store() else {
             return Err(ApiError {
                 status: 503,
                 code: "store_unavailable",
@@ -113,16 +113,6 @@ impl App {
             Call::Charge(plan) => memory.charge(plan, None).map(Outcome::Charge),
         };
         self.stored(start.elapsed(), result)
-    }
-
-    /// Records a store call's latency, and its error (metric, rate-limited log line).
-    fn stored(&self, took: Duration, result: Result<Outcome, StoreError>) -> Result<Outcome, ApiError> {
-        self.metrics().store_latency(took);
-        result.map_err(|error| {
-            self.metrics().store_error(&error);
-            self.log_store_error(&error);
-            ApiError { status: 503, code: error.code(), message: error.to_string() }
-        })
     }
 
     /// Counts `outcome` and encodes the `200` answer to `call`.
@@ -181,7 +171,7 @@ impl App {
 
     /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease` and
     /// `/v1/charge` do, synchronously: for tests that simulate a fleet on a virtual
-    /// clock (a [`crate::store::MemoryStore::with_clock`] store) and step the service as
+    /// clock (a [`crate::store::MemoryCounters::with_clock`] store) and step the service as
     /// they step everything else. Returns the status and the body the HTTP path would.
     ///
     /// The same code as HTTP decides: authentication (`authorization` is the header's
@@ -219,12 +209,12 @@ impl App {
             });
         }
         self.authenticate(authorization.into_iter())?;
-        let Some(route) = Route::from_path(path) else { return Err(crate::server::not_found_error(path)) };
+        let Some(route) = Route::from_path(path) else { return Err(ApiError::not_found(path)) };
         if method != "POST" {
-            return Err(crate::server::method_not_allowed_error(method, path));
+            return Err(ApiError::method_not_allowed(method, path));
         }
         if body.len() > self.max_body() {
-            return Err(crate::server::body_too_large_error(self.max_body()));
+            return Err(ApiError::body_too_large(self.max_body()));
         }
         let _permit = self.in_flight_permit()?;
         let _gauge = self.metrics().start();

@@ -1,4 +1,4 @@
-//! sluice-counter: the central counter service for Sluice's global policies.
+//! sluice-counter: what decides Sluice's global policies, the central counter service.
 //!
 //! The filter calls it over HTTP/1.1 or HTTP/2 cleartext + JSON (`POST /v1/check`,
 //! `POST /v1/lease`, `POST /v1/charge`) once per request for all of that request's
@@ -13,18 +13,24 @@
 //!
 //! # Layout
 //!
-//! * [`api`] holds strict parsing and the validation of requests into plans.
+//! From the bottom up (`tests/it/layers.rs` holds the modules to it: each imports only
+//! from its own layer and those below, and none in a circle):
+//!
+//! * [`spec`] holds validated limits with what the Redis script runs.
+//! * [`api`] holds strict parsing and the validation of requests into plans, and the
+//!   API's errors.
+//! * [`store`] holds [`store::MemoryCounters`] (shared-store's algorithms behind a
+//!   sharded map) and [`store::RedisCounters`] (the same algorithms as one Lua script).
+//! * [`auth`] checks callers' bearer token, [`config`] reads flags and environment
+//!   variables, [`metrics`] keeps the Prometheus metrics and renders them.
+//! * [`app`] holds [`App`], what every request is served with, and builds the
+//!   configured store.
 //! * [`handle`] holds one decision request, shared by the HTTP routes and by
 //!   [`App::handle_now`], the synchronous entry for deterministic simulations.
-//! * [`spec`] holds validated limits with what the Redis script runs.
-//! * [`store`] holds [`store::MemoryStore`] (shared-store's algorithms behind a sharded map)
-//!   and [`store::RedisStore`] (the same algorithms as one Lua script).
-//! * [`server`] holds routes, bounds (body size, requests in flight, store deadline),
-//!   graceful shutdown.
-//! * [`conn`] holds one connection: HTTP/1.1 or h2c on the same port, timeouts, drain.
-//! * [`metrics`] renders Prometheus text.
-//! * [`config`] reads flags and environment variables.
-//! * [`auth`] checks callers' bearer token.
+//! * [`routes`] holds the routes, bounds (body size, requests in flight) and error
+//!   responses; [`conn`] holds one connection: HTTP/1.1 or h2c on the same port,
+//!   timeouts, drain.
+//! * [`server`] accepts connections and shuts down, gracefully or at once.
 //!
 //! # Embedding and tests
 //!
@@ -42,11 +48,13 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod app;
 pub mod auth;
 pub mod config;
 pub mod conn;
 pub mod handle;
 pub mod metrics;
+pub mod routes;
 pub mod server;
 pub mod spec;
 pub mod store;
@@ -58,8 +66,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+pub use app::App;
 pub use config::Config;
-pub use server::App;
 
 /// Builds the configured store and serves on `listener` until `shutdown` completes.
 ///
@@ -72,7 +80,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let auth = config.auth().map_err(anyhow::Error::msg)?;
-    let store = server::build_store(&config).await?;
+    let store = app::build_store(&config).await?;
     let local = listener.local_addr().ok();
     if !auth.is_required() && local.is_some_and(|a| !a.ip().is_loopback()) {
         tracing::warn!(
@@ -112,7 +120,7 @@ impl Running {
     /// address.
     pub async fn start(listener: TcpListener, config: Config) -> anyhow::Result<Self> {
         config.auth().map_err(anyhow::Error::msg)?;
-        let store = server::build_store(&config).await?;
+        let store = app::build_store(&config).await?;
         Self::start_with_store(listener, config, store)
     }
 
@@ -121,7 +129,7 @@ impl Running {
     ///
     /// # Errors
     /// When the token cannot be read or the listener has no address.
-    pub fn start_with_store(listener: TcpListener, config: Config, store: store::Store) -> anyhow::Result<Self> {
+    pub fn start_with_store(listener: TcpListener, config: Config, store: store::CounterStore) -> anyhow::Result<Self> {
         let auth = config.auth().map_err(anyhow::Error::msg)?;
         let app = Arc::new(App::new(store, &config, auth));
         let addr = listener.local_addr()?;

@@ -1,90 +1,202 @@
-//! Prometheus metrics, kept in atomics and rendered as text on `GET /metrics`.
+//! What the service counts, and how `GET /metrics` shows it: prometheus-client metrics
+//! in one registry, encoded in the Prometheus text format (version 0.0.4).
 //!
-//! Every label set is fixed (outcomes, error kinds, status codes), so the number of
-//! series never depends on traffic or on client identities.
+//! Every label set is fixed (outcomes, error kinds, status codes, the store's name) and
+//! every series is created at start, so the number of series never depends on traffic
+//! or on client identities, a series that never moved is shown at 0, and a family's
+//! series come in the same order in every render (a `Fixed` family). Recording is one
+//! relaxed atomic increment per counter through the series' handle, taken at start: a
+//! request never looks a label set up or takes a lock. The store latency histogram is
+//! `Latency`, whose buckets are atomics too (prometheus-client's own histogram locks a
+//! mutex per observation).
+//!
+//! What the store holds (keys, charge ids, Redis connections) is read when `/metrics`
+//! is rendered, not counted as it changes.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::store::{Store, StoreError};
+use prometheus_client::encoding::{EncodeLabelValue, EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
 
+use crate::store::{CounterStore, CounterStoreError};
+
+/// The prefix of every metric's name.
+const PREFIX: &str = "sluice_counter";
 /// Upper bounds (seconds) of the store latency histogram.
 const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
+/// The statuses counted by value; any other is counted as `0`, the last.
 const STATUSES: [u16; 11] = [200, 400, 401, 404, 405, 408, 413, 500, 503, 429, 0];
 
-/// All counters of one service instance.
-#[derive(Debug, Default)]
+/// All metrics of one service instance.
+#[derive(Debug)]
 pub struct Metrics {
-    admitted: AtomicU64,
-    rejected: AtomicU64,
-    leases_granted: AtomicU64,
-    leases_empty: AtomicU64,
-    tokens_leased: AtomicU64,
-    charges: AtomicU64,
-    tokens_charged: AtomicU64,
-    tokens_forgiven: AtomicU64,
-    duplicate_charges: AtomicU64,
-    store_errors: [AtomicU64; ERROR_KINDS.len()],
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_ns: AtomicU64,
-    in_flight: AtomicI64,
-    reading: AtomicI64,
-    shed: AtomicU64,
-    unauthorized: AtomicU64,
-    refused_connections: AtomicU64,
-    open_connections: AtomicI64,
-    responses: [AtomicU64; STATUSES.len()],
+    registry: Registry,
+    admitted: Counter,
+    rejected: Counter,
+    leases_granted: Counter,
+    leases_empty: Counter,
+    tokens_leased: Counter,
+    charges: Counter,
+    tokens_charged: Counter,
+    tokens_forgiven: Counter,
+    duplicate_charges: Counter,
+    store_errors: [Counter; ERROR_KINDS.len()],
+    store_latency: Latency,
+    in_flight: Gauge,
+    reading: Gauge,
+    shed: Counter,
+    unauthorized: Counter,
+    refused_connections: Counter,
+    open_connections: Gauge,
+    responses: [Counter; STATUSES.len()],
+}
+
+/// A family whose label values are fixed: its series exist from the start and are
+/// encoded in the order given (prometheus-client's `Family` keeps them in a hash map, so
+/// its order changes from one instance to the next). Recorded through the handles
+/// [`fixed`] returns, never looked up.
+#[derive(Debug)]
+struct Fixed<L, M, const N: usize> {
+    key: &'static str,
+    series: [(L, M); N],
+}
+
+/// A [`Fixed`] family, to register, and its series' handles, to record with.
+fn fixed<L: Copy, M: Clone + Default, const N: usize>(key: &'static str, values: [L; N]) -> (Fixed<L, M, N>, [M; N]) {
+    let series = values.map(|value| (value, M::default()));
+    let handles = series.each_ref().map(|(_, metric)| metric.clone());
+    (Fixed { key, series }, handles)
+}
+
+impl<L: EncodeLabelValue + Copy, M: EncodeMetric + TypedMetric, const N: usize> TypedMetric for Fixed<L, M, N> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<L: EncodeLabelValue + Copy, M: EncodeMetric + TypedMetric, const N: usize> EncodeMetric for Fixed<L, M, N> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (value, metric) in &self.series {
+            let label = [(self.key, *value)];
+            metric.encode(encoder.encode_family(&label)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
 }
 
 impl Metrics {
+    /// The metrics of a service whose store is called `store` (its latency's label).
+    pub fn new(store: &'static str) -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let counter = |registry: &mut Registry, name: &str, help: &str| {
+            let counter = Counter::default();
+            registry.register(name, help, counter.clone());
+            counter
+        };
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let gauge = Gauge::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+
+        let (decisions, [admitted, rejected]) = fixed("outcome", ["admitted", "rejected"]);
+        registry.register("decisions", "Checks decided, by outcome", decisions);
+        let (leases, [leases_granted, leases_empty]) = fixed("outcome", ["granted", "empty"]);
+        registry.register("leases", "Leases answered, by outcome", leases);
+        let tokens_leased = counter(&mut registry, "leased_tokens", "Tokens granted through leases");
+        let charges = counter(&mut registry, "charges", "Charges answered (admissions reported afterwards)");
+        let tokens_charged = counter(&mut registry, "charged_tokens", "Units spent by charges");
+        let tokens_forgiven =
+            counter(&mut registry, "forgiven_tokens", "Units of charges dropped because they exceeded max_debt");
+        let duplicate_charges = counter(
+            &mut registry,
+            "duplicate_charges",
+            "Charges whose id had been applied already: answered again, not applied",
+        );
+        let (latency, [store_latency]) = fixed("store", [store]);
+        registry.register("store_latency_seconds", "Latency of store calls", latency);
+        let (errors, store_errors) = fixed("kind", ERROR_KINDS);
+        registry.register("store_errors", "Store calls that failed, by kind", errors);
+        let in_flight = gauge(&mut registry, "in_flight_requests", "Requests being served");
+        let reading =
+            gauge(&mut registry, "reading_requests", "Requests whose headers are in and whose body is still arriving");
+        let shed = counter(&mut registry, "shed_requests", "Requests refused because too many were in flight");
+        let unauthorized =
+            counter(&mut registry, "unauthorized", "Requests refused for lack of the right bearer token");
+        let open_connections = gauge(&mut registry, "open_connections", "Client connections open");
+        let refused_connections =
+            counter(&mut registry, "refused_connections", "Connections closed because too many were open");
+        let (statuses, responses) = fixed("status", STATUSES);
+        registry.register("responses", "Responses by HTTP status (0 = other)", statuses);
+
+        Self {
+            registry,
+            admitted,
+            rejected,
+            leases_granted,
+            leases_empty,
+            tokens_leased,
+            charges,
+            tokens_charged,
+            tokens_forgiven,
+            duplicate_charges,
+            store_errors,
+            store_latency,
+            in_flight,
+            reading,
+            shed,
+            unauthorized,
+            refused_connections,
+            open_connections,
+            responses,
+        }
+    }
+
     /// Counts one check's outcome.
     pub fn decision(&self, admitted: bool) {
         let counter = if admitted { &self.admitted } else { &self.rejected };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.inc();
     }
 
     /// Counts one lease.
     pub fn lease(&self, granted: u64) {
         let counter = if granted > 0 { &self.leases_granted } else { &self.leases_empty };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.tokens_leased.fetch_add(granted, Ordering::Relaxed);
+        counter.inc();
+        self.tokens_leased.inc_by(granted);
     }
 
     /// Counts one charge: the units spent and the units forgiven.
     pub fn charge(&self, charged: u64, forgiven: u64) {
-        self.charges.fetch_add(1, Ordering::Relaxed);
-        self.tokens_charged.fetch_add(charged, Ordering::Relaxed);
-        self.tokens_forgiven.fetch_add(forgiven, Ordering::Relaxed);
+        self.charges.inc();
+        self.tokens_charged.inc_by(charged);
+        self.tokens_forgiven.inc_by(forgiven);
     }
 
     /// Counts a charge whose id had been applied already (answered, not applied again).
     pub fn duplicate_charge(&self) {
-        self.duplicate_charges.fetch_add(1, Ordering::Relaxed);
+        self.duplicate_charges.inc();
     }
 
     /// Records one store call's latency.
     pub fn store_latency(&self, took: Duration) {
-        let secs = took.as_secs_f64();
-        // One bucket per observation; `render` accumulates them.
-        if let Some(bucket) =
-            LATENCY_BUCKETS.iter().zip(&self.latency_buckets).find(|(bound, _)| secs <= **bound).map(|(_, b)| b)
-        {
-            bucket.fetch_add(1, Ordering::Relaxed);
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.store_latency.observe(took);
     }
 
     /// Counts one store error by kind.
-    pub fn store_error(&self, error: &StoreError) {
+    pub fn store_error(&self, error: &CounterStoreError) {
         if let Some(i) = ERROR_KINDS.iter().position(|k| *k == error.kind())
             && let Some(counter) = self.store_errors.get(i)
         {
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.inc();
         }
     }
 
@@ -92,160 +204,124 @@ impl Metrics {
     pub fn response(&self, status: u16) {
         let i = STATUSES.iter().position(|s| *s == status).unwrap_or(STATUSES.len() - 1);
         if let Some(counter) = self.responses.get(i) {
-            counter.fetch_add(1, Ordering::Relaxed);
+            counter.inc();
         }
     }
 
     /// Counts a request refused because too many were in flight.
     pub fn shed(&self) {
-        self.shed.fetch_add(1, Ordering::Relaxed);
+        self.shed.inc();
     }
 
     /// Counts a request refused for lack of the right bearer token.
     pub fn unauthorized(&self) {
-        self.unauthorized.fetch_add(1, Ordering::Relaxed);
+        self.unauthorized.inc();
     }
 
     /// Counts a connection closed at once because too many were open.
     pub fn refused_connection(&self) {
-        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+        self.refused_connections.inc();
     }
 
     /// Counts a connection opened (+1) or closed (-1).
     pub fn connection(&self, delta: i64) {
-        self.open_connections.fetch_add(delta, Ordering::Relaxed);
+        self.open_connections.inc_by(delta);
     }
 
     /// Marks a request as started; the guard marks it finished when dropped.
     pub fn start(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.inc();
         InFlight(self)
     }
 
     /// Marks a request whose body is being read; the guard marks it read when dropped.
     pub fn reading(&self) -> Reading<'_> {
-        self.reading.fetch_add(1, Ordering::Relaxed);
+        self.reading.inc();
         Reading(self)
     }
 
-    /// Renders everything in Prometheus text format.
-    pub fn render(&self, store: &Store) -> String {
+    /// Renders everything in the Prometheus text format, with what `store` holds now.
+    pub fn render(&self, store: &CounterStore) -> String {
         let mut out = String::with_capacity(4096);
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP sluice_counter_decisions_total Checks decided, by outcome.");
-        let _ = writeln!(out, "# TYPE sluice_counter_decisions_total counter");
-        let _ = writeln!(out, "sluice_counter_decisions_total{{outcome=\"admitted\"}} {}", get(&self.admitted));
-        let _ = writeln!(out, "sluice_counter_decisions_total{{outcome=\"rejected\"}} {}", get(&self.rejected));
-        let _ = writeln!(out, "# HELP sluice_counter_leases_total Leases answered, by outcome.");
-        let _ = writeln!(out, "# TYPE sluice_counter_leases_total counter");
-        let _ = writeln!(out, "sluice_counter_leases_total{{outcome=\"granted\"}} {}", get(&self.leases_granted));
-        let _ = writeln!(out, "sluice_counter_leases_total{{outcome=\"empty\"}} {}", get(&self.leases_empty));
-        let _ = writeln!(out, "# HELP sluice_counter_leased_tokens_total Tokens granted through leases.");
-        let _ = writeln!(out, "# TYPE sluice_counter_leased_tokens_total counter");
-        let _ = writeln!(out, "sluice_counter_leased_tokens_total {}", get(&self.tokens_leased));
-        let _ = writeln!(out, "# HELP sluice_counter_charges_total Charges answered (admissions reported afterwards).");
-        let _ = writeln!(out, "# TYPE sluice_counter_charges_total counter");
-        let _ = writeln!(out, "sluice_counter_charges_total {}", get(&self.charges));
-        let _ = writeln!(out, "# HELP sluice_counter_charged_tokens_total Units spent by charges.");
-        let _ = writeln!(out, "# TYPE sluice_counter_charged_tokens_total counter");
-        let _ = writeln!(out, "sluice_counter_charged_tokens_total {}", get(&self.tokens_charged));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_forgiven_tokens_total Units of charges dropped because they exceeded max_debt."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_forgiven_tokens_total counter");
-        let _ = writeln!(out, "sluice_counter_forgiven_tokens_total {}", get(&self.tokens_forgiven));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_duplicate_charges_total Charges whose id had been applied already: answered again, not applied."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_duplicate_charges_total counter");
-        let _ = writeln!(out, "sluice_counter_duplicate_charges_total {}", get(&self.duplicate_charges));
-        let _ = writeln!(out, "# HELP sluice_counter_store_latency_seconds Latency of store calls.");
-        let _ = writeln!(out, "# TYPE sluice_counter_store_latency_seconds histogram");
-        let mut cumulative = 0;
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
-            cumulative += get(bucket);
-            let _ = writeln!(
-                out,
-                "sluice_counter_store_latency_seconds_bucket{{store=\"{}\",le=\"{bound}\"}} {cumulative}",
-                store.name()
-            );
-        }
-        let count = get(&self.latency_count);
-        let _ = writeln!(
-            out,
-            "sluice_counter_store_latency_seconds_bucket{{store=\"{}\",le=\"+Inf\"}} {count}",
-            store.name()
-        );
-        let sum = get(&self.latency_sum_ns) as f64 / 1e9;
-        let _ = writeln!(out, "sluice_counter_store_latency_seconds_sum{{store=\"{}\"}} {sum}", store.name());
-        let _ = writeln!(out, "sluice_counter_store_latency_seconds_count{{store=\"{}\"}} {count}", store.name());
-        let _ = writeln!(out, "# HELP sluice_counter_store_errors_total Store calls that failed, by kind.");
-        let _ = writeln!(out, "# TYPE sluice_counter_store_errors_total counter");
-        for (kind, counter) in ERROR_KINDS.iter().zip(&self.store_errors) {
-            let _ = writeln!(out, "sluice_counter_store_errors_total{{kind=\"{kind}\"}} {}", get(counter));
-        }
-        let _ = writeln!(out, "# HELP sluice_counter_in_flight_requests Requests being served.");
-        let _ = writeln!(out, "# TYPE sluice_counter_in_flight_requests gauge");
-        let _ = writeln!(out, "sluice_counter_in_flight_requests {}", self.in_flight.load(Ordering::Relaxed));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_reading_requests Requests whose headers are in and whose body is still arriving."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_reading_requests gauge");
-        let _ = writeln!(out, "sluice_counter_reading_requests {}", self.reading.load(Ordering::Relaxed));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_shed_requests_total Requests refused because too many were in flight."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_shed_requests_total counter");
-        let _ = writeln!(out, "sluice_counter_shed_requests_total {}", get(&self.shed));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_unauthorized_total Requests refused for lack of the right bearer token."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_unauthorized_total counter");
-        let _ = writeln!(out, "sluice_counter_unauthorized_total {}", get(&self.unauthorized));
-        let _ = writeln!(out, "# HELP sluice_counter_open_connections Client connections open.");
-        let _ = writeln!(out, "# TYPE sluice_counter_open_connections gauge");
-        let _ = writeln!(out, "sluice_counter_open_connections {}", self.open_connections.load(Ordering::Relaxed));
-        let _ = writeln!(
-            out,
-            "# HELP sluice_counter_refused_connections_total Connections closed because too many were open."
-        );
-        let _ = writeln!(out, "# TYPE sluice_counter_refused_connections_total counter");
-        let _ = writeln!(out, "sluice_counter_refused_connections_total {}", get(&self.refused_connections));
-        let _ = writeln!(out, "# HELP sluice_counter_responses_total Responses by HTTP status (0 = other).");
-        let _ = writeln!(out, "# TYPE sluice_counter_responses_total counter");
-        for (status, counter) in STATUSES.iter().zip(&self.responses) {
-            let _ = writeln!(out, "sluice_counter_responses_total{{status=\"{status}\"}} {}", get(counter));
-        }
+        let mut held = Registry::with_prefix(PREFIX);
         match store {
-            Store::Memory(m) => {
-                let _ = writeln!(out, "# HELP sluice_counter_memory_keys Keys held by the memory store.");
-                let _ = writeln!(out, "# TYPE sluice_counter_memory_keys gauge");
-                let _ = writeln!(out, "sluice_counter_memory_keys {}", m.len());
-                let _ = writeln!(out, "# HELP sluice_counter_memory_charge_ids Charge ids the memory store remembers.");
-                let _ = writeln!(out, "# TYPE sluice_counter_memory_charge_ids gauge");
-                let _ = writeln!(out, "sluice_counter_memory_charge_ids {}", m.charge_ids());
-            }
-            Store::Redis(r) => {
-                let _ = writeln!(out, "# HELP sluice_counter_redis_connections Connections held by the pool.");
-                let _ = writeln!(out, "# TYPE sluice_counter_redis_connections gauge");
-                let _ = writeln!(out, "sluice_counter_redis_connections {}", get(&r.stats.open));
-                let _ = writeln!(out, "# HELP sluice_counter_redis_connects_total Connections opened since start.");
-                let _ = writeln!(out, "# TYPE sluice_counter_redis_connects_total counter");
-                let _ = writeln!(out, "sluice_counter_redis_connects_total {}", get(&r.stats.connects));
-                let _ = writeln!(
-                    out,
-                    "# HELP sluice_counter_redis_script_reloads_total NOSCRIPT answers that fell back to EVAL."
+            CounterStore::Memory(m) => {
+                held.register("memory_keys", "Keys held by the memory store", ConstGauge::new(m.len()));
+                held.register(
+                    "memory_charge_ids",
+                    "Charge ids the memory store remembers",
+                    ConstGauge::new(m.charge_ids()),
                 );
-                let _ = writeln!(out, "# TYPE sluice_counter_redis_script_reloads_total counter");
-                let _ = writeln!(out, "sluice_counter_redis_script_reloads_total {}", get(&r.stats.script_reloads));
+            }
+            CounterStore::Redis(r) => {
+                let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                held.register("redis_connections", "Connections held by the pool", ConstGauge::new(get(&r.stats.open)));
+                held.register(
+                    "redis_connects",
+                    "Connections opened since start",
+                    ConstCounter::new(get(&r.stats.connects)),
+                );
+                held.register(
+                    "redis_script_reloads",
+                    "NOSCRIPT answers that fell back to EVAL",
+                    ConstCounter::new(get(&r.stats.script_reloads)),
+                );
             }
         }
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
+        let _ = prometheus_text::encode(&mut out, &held);
         out
+    }
+}
+
+/// A latency histogram with [`LATENCY_BUCKETS`], recorded with atomic increments: one
+/// bucket (the first whose bound the observation is within; none above the last),
+/// the count and the sum. The encoder accumulates the buckets and adds `+Inf` (the
+/// count).
+#[derive(Clone, Debug, Default)]
+struct Latency(Arc<LatencyCounts>);
+
+#[derive(Debug, Default)]
+struct LatencyCounts {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Latency {
+    /// Records one observation.
+    fn observe(&self, took: Duration) {
+        let counts = &*self.0;
+        let secs = took.as_secs_f64();
+        if let Some(bucket) =
+            LATENCY_BUCKETS.iter().zip(&counts.buckets).find(|(bound, _)| secs <= **bound).map(|(_, b)| b)
+        {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        counts.count.fetch_add(1, Ordering::Relaxed);
+        counts.sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for Latency {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts = &*self.0;
+        let mut buckets = [(0.0, 0); LATENCY_BUCKETS.len()];
+        for ((bucket, bound), n) in buckets.iter_mut().zip(LATENCY_BUCKETS).zip(&counts.buckets) {
+            *bucket = (bound, n.load(Ordering::Relaxed));
+        }
+        let count = counts.count.load(Ordering::Relaxed);
+        let sum = counts.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
     }
 }
 
@@ -255,7 +331,7 @@ pub struct InFlight<'a>(&'a Metrics);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.dec();
     }
 }
 
@@ -265,6 +341,6 @@ pub struct Reading<'a>(&'a Metrics);
 
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
-        self.0.reading.fetch_sub(1, Ordering::Relaxed);
+        self.0.reading.dec();
     }
 }

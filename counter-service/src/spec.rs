@@ -1,8 +1,9 @@
-//! Validated limits as the stores run them: [`Policy`].
+//! What a validated limit is to the stores: [`StoreLimit`], with what the Redis script
+//! runs.
 //!
 //! The limits themselves ([`LimitSpec`]), their validation and the numeric envelope are
 //! defined once, in `sluice-protocol`, for the service and the filter alike. A
-//! [`Policy`] adds what only this service needs: the integers the Redis script runs on
+//! [`StoreLimit`] adds what only this service needs: the integers the Redis script runs on
 //! and the signature that names the limit a Redis state was decided under.
 
 use shared_store::Limit;
@@ -19,7 +20,7 @@ pub struct ScriptParams {
 
 /// A validated limit: what each store runs, and the signature that names it in Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Policy {
+pub struct StoreLimit {
     /// As requested.
     pub spec: LimitSpec,
     /// What the memory store (and the reference) runs.
@@ -34,7 +35,7 @@ pub struct Policy {
     pub signature: String,
 }
 
-impl Policy {
+impl StoreLimit {
     /// Validates `spec` ([`LimitSpec::validate`]: every number in range, every product
     /// inside the envelope) and derives the Redis script's parameters from it.
     ///
@@ -44,7 +45,7 @@ impl Policy {
         Ok(Self::from_valid(spec.validate()?))
     }
 
-    /// The policy of a limit already validated.
+    /// The store limit of a limit already validated.
     pub fn from_valid(valid: ValidLimit) -> Self {
         let spec = valid.spec();
         // Buckets always have a reduced rate; the fallback is never taken.
@@ -83,25 +84,25 @@ mod tests {
 
     #[test]
     fn a_token_bucket_rate_is_reduced_by_its_gcd() {
-        let policy = Policy::new(LimitSpec::TokenBucket { amount: 1000, per_ms: 60_000, burst: 50 }).unwrap();
+        let limit = StoreLimit::new(LimitSpec::TokenBucket { amount: 1000, per_ms: 60_000, burst: 50 }).unwrap();
 
-        assert_eq!(policy.script.args, [1, 60_000, 50, 0]);
+        assert_eq!(limit.script.args, [1, 60_000, 50, 0]);
     }
 
     #[test]
     fn a_leaky_bucket_passes_its_wait_in_microseconds() {
-        let policy =
-            Policy::new(LimitSpec::LeakyBucket { amount: 3, per_ms: 1000, max_queue: 4, max_wait_ms: 250 }).unwrap();
+        let limit = StoreLimit::new(LimitSpec::LeakyBucket { amount: 3, per_ms: 1000, max_queue: 4, max_wait_ms: 250 })
+            .unwrap();
 
-        assert_eq!(policy.script.args, [3, 1_000_000, 4, 250_000]);
-        assert_eq!(policy.signature, "lb.3.1000000.4.250000");
+        assert_eq!(limit.script.args, [3, 1_000_000, 4, 250_000]);
+        assert_eq!(limit.signature, "lb.3.1000000.4.250000");
     }
 
     #[test]
     fn two_limits_share_a_signature_exactly_when_they_are_the_same_limit() {
-        let per_second = Policy::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }).unwrap();
-        let same_rate = Policy::new(LimitSpec::TokenBucket { amount: 4, per_ms: 2000, burst: 4 }).unwrap();
-        let other_burst = Policy::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 5 }).unwrap();
+        let per_second = StoreLimit::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }).unwrap();
+        let same_rate = StoreLimit::new(LimitSpec::TokenBucket { amount: 4, per_ms: 2000, burst: 4 }).unwrap();
+        let other_burst = StoreLimit::new(LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 5 }).unwrap();
 
         assert_eq!(per_second.signature, same_rate.signature);
         assert_eq!(per_second.limit, same_rate.limit);
@@ -109,8 +110,8 @@ mod tests {
     }
 
     #[test]
-    fn an_invalid_limit_makes_no_policy_and_names_the_field() {
-        let err = Policy::new(LimitSpec::FixedWindow { limit: 10, window_ms: 0 }).unwrap_err();
+    fn an_invalid_limit_makes_no_store_limit_and_names_the_field() {
+        let err = StoreLimit::new(LimitSpec::FixedWindow { limit: 10, window_ms: 0 }).unwrap_err();
 
         assert!(matches!(err, SpecError::Invalid { field: "limit.window_ms", .. }), "{err}");
     }

@@ -1,5 +1,5 @@
-//! Where counters live: [`MemoryStore`] (one process) or [`RedisStore`] (shared by many
-//! service instances). Both run the same algorithms and give the same answers; the
+//! Where counters live: [`MemoryCounters`] (one process) or [`RedisCounters`] (shared by
+//! many service instances). Both run the same algorithms and give the same answers; the
 //! shared behavioural suite in `tests/` holds them to it.
 
 pub mod memory;
@@ -8,8 +8,8 @@ pub mod redis;
 use shared_store::{Decision, Limit, Nanos};
 
 use crate::api::{ChargePlan, CheckPlan, LeasePlan};
-pub use memory::{MemoryConfig, MemoryStore};
-pub use redis::{RedisConfig, RedisStore, RedisUrl, Topology};
+pub use memory::{MemoryConfig, MemoryCounters};
+pub use redis::{RedisConfig, RedisCounters, RedisUrl, Topology};
 
 /// The outcome of a check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct ChargeOutcome {
 /// Why a store could not decide. Every variant maps to a 503 the filter treats as
 /// "counter service unavailable" and answers with its configured fallback.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
+pub enum CounterStoreError {
     /// No answer within the deadline. The write may or may not have happened; it is
     /// never replayed.
     #[error("the {store} store did not answer within {after_ms} ms")]
@@ -106,7 +106,7 @@ pub enum StoreError {
     Protocol(String),
 }
 
-impl StoreError {
+impl CounterStoreError {
     /// The metric label for this error.
     pub const fn kind(&self) -> &'static str {
         match self {
@@ -129,14 +129,14 @@ impl StoreError {
 
 /// A store: memory or Redis.
 #[derive(Debug)]
-pub enum Store {
+pub enum CounterStore {
     /// In-process counters.
-    Memory(MemoryStore),
+    Memory(MemoryCounters),
     /// Counters in Redis (standalone or cluster).
-    Redis(Box<RedisStore>),
+    Redis(Box<RedisCounters>),
 }
 
-impl Store {
+impl CounterStore {
     /// The store's name in logs, metrics and error messages.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -148,8 +148,8 @@ impl Store {
     /// Decides a check at the store's time (`at` overrides it: tests only).
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, CounterStoreError> {
         match self {
             Self::Memory(m) => m.check(plan, at),
             Self::Redis(r) => r.check(plan, at).await,
@@ -159,8 +159,8 @@ impl Store {
     /// Grants a lease at the store's time (`at` overrides it: tests only).
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, CounterStoreError> {
         match self {
             Self::Memory(m) => m.lease(plan, at),
             Self::Redis(r) => r.lease(plan, at).await,
@@ -170,8 +170,8 @@ impl Store {
     /// Charges a key at the store's time (`at` overrides it: tests only).
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
         match self {
             Self::Memory(m) => m.charge(plan, at),
             Self::Redis(r) => r.charge(plan, at).await,
@@ -181,8 +181,8 @@ impl Store {
     /// Whether the store answers.
     ///
     /// # Errors
-    /// See [`StoreError`].
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    /// See [`CounterStoreError`].
+    pub async fn ping(&self) -> Result<(), CounterStoreError> {
         match self {
             Self::Memory(_) => Ok(()),
             Self::Redis(r) => r.ping().await,
@@ -217,7 +217,7 @@ impl LeaseOutcome {
     /// The outcome of `plan` decided at `at`, with the lease's life ([`lease_life`]; 0
     /// when the window was closing and nothing was granted).
     pub fn new(plan: &LeasePlan, (granted, refill_after): (u64, Nanos), at: Nanos, decision: Decision) -> Self {
-        let expires_in_ms = lease_life(&plan.entry.policy.limit, at, plan.ttl_ms).unwrap_or(0);
+        let expires_in_ms = lease_life(&plan.entry.limit.limit, at, plan.ttl_ms).unwrap_or(0);
         Self { granted, expires_in_ms, at, decision, refill_after }
     }
 }

@@ -65,7 +65,7 @@ impl Counter {
     ///
     /// # Panics
     /// When the service is not running.
-    pub fn store(&self) -> &store::Store {
+    pub fn store(&self) -> &store::CounterStore {
         self.running.as_ref().expect("the counter service is running").app.store()
     }
 

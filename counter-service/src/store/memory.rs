@@ -1,4 +1,4 @@
-//! The memory store: `shared-store`'s algorithms behind a sharded map.
+//! How the memory store decides: `shared-store`'s algorithms behind a sharded map.
 //!
 //! * **Atomic across entries.** A check locks the shards its keys live in, always in
 //!   ascending shard order (so two checks never wait on each other in a cycle), decides
@@ -11,18 +11,18 @@
 //!   does the same, so the two stores agree even on a clock step.
 //! * **Idle keys expire.** A key whose state [`is_idle`](shared_store::Limit::is_idle)
 //!   carries no information (a full bucket, an empty window): dropping it and later
-//!   starting fresh gives exactly the same answers. [`MemoryStore::sweep`] drops them; the
+//!   starting fresh gives exactly the same answers. [`MemoryCounters::sweep`] drops them; the
 //!   server runs it periodically, and a full shard runs it before refusing a key.
 //! * **Bounded.** At most `max_keys` keys (split evenly over the shards). When a shard
 //!   is full of active keys, a check that needs a *new* key there is refused with
-//!   [`StoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
+//!   [`CounterStoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
 //!   active key is ever evicted, since evicting one would silently reset a client.
 //! * **Charge ids.** A charge with an id is remembered with its answer for
 //!   [`CHARGE_ID_TTL_MS`], in the shard of its counter, so that the same charge sent
 //!   again is answered again instead of applied again. At most `max_charge_ids` are
 //!   remembered (split evenly over the shards); expired ones are dropped by the sweep
 //!   and by a full shard, and when a shard still holds only live ones, charges with a
-//!   new id there are refused ([`StoreError::ChargeIdsFull`], 503 `store_full`) rather
+//!   new id there are refused ([`CounterStoreError::ChargeIdsFull`], 503 `store_full`) rather
 //!   than forget an id.
 
 use std::borrow::Cow;
@@ -34,7 +34,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use shared_store::{Clock, Decision, Limit, Nanos, State};
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
-use super::{ChargeOutcome, CheckOutcome, LeaseOutcome, StoreError, decide_lease, lease_life};
+use super::{ChargeOutcome, CheckOutcome, CounterStoreError, LeaseOutcome, decide_lease, lease_life};
 use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
 
 /// How long a shard that was found full of active keys is not swept again.
@@ -165,7 +165,7 @@ impl Shard {
 
 /// `shared-store`'s algorithms behind a sharded, bounded map.
 #[derive(Debug)]
-pub struct MemoryStore {
+pub struct MemoryCounters {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     max_keys: usize,
@@ -189,7 +189,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl MemoryStore {
+impl MemoryCounters {
     /// An empty store on Unix time.
     pub fn new(config: MemoryConfig) -> Self {
         Self::build(config, StoreClock::Unix(UnixClock::new()))
@@ -268,7 +268,7 @@ impl MemoryStore {
     ) -> (Pending, (u64, Nanos)) {
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
         let at = slot.map_or(now, |s| s.last.max(now));
-        let limit = &entry.policy.limit;
+        let limit = &entry.limit.limit;
         let adopted = slot.map(|s| s.state_under(limit, at));
         let state = adopted.as_deref();
         let (grant, decision, next) = match lease {
@@ -291,7 +291,7 @@ impl MemoryStore {
         entries: &[&PlannedEntry],
         pending: &[Pending],
         now: Nanos,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), CounterStoreError> {
         for (i, guard) in guards.iter_mut() {
             let new_keys = entries
                 .iter()
@@ -306,7 +306,7 @@ impl MemoryStore {
             }
             if guard.map.len() + new_keys > self.per_shard {
                 guard.full_until = now.saturating_add(FULL_RECHECK);
-                return Err(StoreError::Full { max_keys: self.max_keys });
+                return Err(CounterStoreError::Full { max_keys: self.max_keys });
             }
         }
         Ok(())
@@ -319,14 +319,14 @@ impl MemoryStore {
                 // Update in place when the key exists: no key allocation on the hot path.
                 match guard.map.get_mut(&entry.storage_key) {
                     Some(slot) => {
-                        slot.limit = entry.policy.limit;
+                        slot.limit = entry.limit.limit;
                         slot.state = state;
                         slot.last = p.at;
                     }
                     None => {
                         guard
                             .map
-                            .insert(entry.storage_key.clone(), Slot { limit: entry.policy.limit, state, last: p.at });
+                            .insert(entry.storage_key.clone(), Slot { limit: entry.limit.limit, state, last: p.at });
                     }
                 }
             }
@@ -336,8 +336,8 @@ impl MemoryStore {
     /// Decides `plan` atomically at `at` (default: the store's clock).
     ///
     /// # Errors
-    /// [`StoreError::Full`] when a new key does not fit.
-    pub fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, StoreError> {
+    /// [`CounterStoreError::Full`] when a new key does not fit.
+    pub fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, CounterStoreError> {
         let entries: Vec<&PlannedEntry> = plan.entries.iter().collect();
         let shard_ids: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
         let mut guards = self.lock_all(&shard_ids);
@@ -358,13 +358,13 @@ impl MemoryStore {
     /// Grants up to `plan.tokens` at `at` (default: the store's clock).
     ///
     /// # Errors
-    /// [`StoreError::Full`] when the key is new and does not fit.
-    pub fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, StoreError> {
+    /// [`CounterStoreError::Full`] when the key is new and does not fit.
+    pub fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, CounterStoreError> {
         let entries = [&plan.entry];
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        let closing = lease_life(&plan.entry.policy.limit, now, plan.ttl_ms).err();
+        let closing = lease_life(&plan.entry.limit.limit, now, plan.ttl_ms).err();
         let lease = Some((plan.tokens, plan.min_tokens, closing));
         let (pending, grant) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
         let decision = pending.decision;
@@ -380,10 +380,10 @@ impl MemoryStore {
     /// the limit's status now.
     ///
     /// # Errors
-    /// [`StoreError::Full`] when the key is new and does not fit;
-    /// [`StoreError::ChargeIdsFull`] when the id is new and its shard remembers as many
+    /// [`CounterStoreError::Full`] when the key is new and does not fit;
+    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its shard remembers as many
     /// live ids as it may.
-    pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, StoreError> {
+    pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
         let entries = [&plan.entry];
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
@@ -394,7 +394,7 @@ impl MemoryStore {
             if let Some(first) = guard.remembered(charge_key, now) {
                 let slot = guard.map.get(&plan.entry.storage_key);
                 let decided_at = slot.map_or(now, |s| s.last.max(now));
-                let limit = &plan.entry.policy.limit;
+                let limit = &plan.entry.limit.limit;
                 let decision = limit.status(slot.map(|s| s.state_under(limit, decided_at)).as_deref(), decided_at);
                 let (charged, forgiven) = (first.charged, first.forgiven);
                 return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
@@ -402,13 +402,13 @@ impl MemoryStore {
             if guard.charges.len() >= self.ids_per_shard && !guard.charges.contains_key(charge_key) {
                 guard.forget_expired(now);
                 if guard.charges.len() >= self.ids_per_shard {
-                    return Err(StoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
+                    return Err(CounterStoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
                 }
             }
         }
         let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&plan.entry.storage_key));
         let decided_at = slot.map_or(now, |s| s.last.max(now));
-        let limit = &plan.entry.policy.limit;
+        let limit = &plan.entry.limit.limit;
         let adopted = slot.map(|s| s.state_under(limit, decided_at));
         let (next, charged) = limit.charge(adopted.as_deref(), decided_at, plan.entry.cost, plan.max_debt);
         let decision = limit.status(Some(&next), decided_at);

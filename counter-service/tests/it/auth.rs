@@ -1,5 +1,6 @@
-//! Caller authentication: with a token configured, every route but the probes needs
-//! `authorization: Bearer <token>`; the token shows in no answer, metric or Debug form.
+//! Whether callers are authenticated: with a token configured, every route but the probes
+//! needs `authorization: Bearer <token>`; the token shows in no answer, metric or Debug
+//! form.
 
 use serde_json::json;
 use sluice_counter::config::Config;
@@ -70,8 +71,8 @@ async fn callers_without_the_token_get_401_and_with_it_their_answer(protocol: Pr
     assert!(metrics.lines().any(|l| l == format!("sluice_counter_responses_total{{status=\"401\"}} {refusals}")));
     assert!(!metrics.contains(TOKEN));
     let Some(counters) = (match running.app.store() {
-        sluice_counter::store::Store::Memory(m) => Some(m.len()),
-        sluice_counter::store::Store::Redis(_) => None,
+        sluice_counter::store::CounterStore::Memory(m) => Some(m.len()),
+        sluice_counter::store::CounterStore::Redis(_) => None,
     }) else {
         unreachable!()
     };

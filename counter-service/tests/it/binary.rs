@@ -1,4 +1,5 @@
-//! The real `sluice-counter` binary: help, defaults, environment, bad flags, shutdown.
+//! How the real `sluice-counter` binary behaves: help, defaults, environment, bad flags,
+//! shutdown.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,9 +1,10 @@
-//! Concurrency: three `sluice-counter` processes × 64 clients on a handful of keys
-//! against one Redis. Every admission is replayed, at the time the script decided it
-//! (Redis `TIME`, returned as `at_ns`), through the exact reference bucket: zero may
-//! be over-admitted, and each key's final state must equal the reference's, which it
-//! does only if rejected requests spent nothing. A deliberately naive limiter (GET, decide,
-//! SET, outside a script) is run through the same oracle to show it can fail.
+//! Whether concurrent instances over-admit: three `sluice-counter` processes × 64 clients
+//! on a handful of keys against one Redis. Every admission is replayed, at the time the
+//! script decided it (Redis `TIME`, returned as `at_ns`), through the exact reference
+//! bucket: zero may be over-admitted, and each key's final state must equal the
+//! reference's, which it does only if rejected requests spent nothing. A deliberately naive
+//! limiter (GET, decide, SET, outside a script) is run through the same oracle to show it
+//! can fail.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,15 +1,15 @@
-//! Differential test: the Lua script on a real Redis against `shared-store`'s
-//! `Limit::decide`, over many random limits inside the numeric envelope, random
-//! times (including exact retry-after instants, one microsecond before them, long
-//! idle gaps and backward steps) and random costs, checks, leases (with minimums) and
-//! charges (which push counters below empty, so checks and leases also run on states in
-//! debt; with charge ids, sent again), and policies whose numbers or algorithm change
-//! mid-sequence on one key (carried over by `Limit::adopt` in both). A lease's answer
-//! includes its `refill_after`: when the grant leaves fewer than its minimum, the wait
-//! until the minimum could be granted again.
+//! Whether the Lua script decides exactly as `shared-store` does (a differential test): the
+//! script on a real Redis against `shared-store`'s `Limit::decide`, over many random limits
+//! inside the numeric envelope, random times (including exact retry-after instants, one
+//! microsecond before them, long idle gaps and backward steps) and random costs, checks,
+//! leases (with minimums) and charges (which push counters below empty, so checks and
+//! leases also run on states in debt; with charge ids, sent again), and policies whose
+//! numbers or algorithm change mid-sequence on one key (carried over by `Limit::adopt` in
+//! both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
+//! its minimum, the wait until the minimum could be granted again.
 
 use shared_store::{Decision, Limit, Nanos, State};
-use sluice_counter::spec::Policy;
+use sluice_counter::spec::StoreLimit;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
 use sluice_counter::api::ChargePlan;
@@ -58,14 +58,14 @@ fn random_spec(rng: &mut Rng) -> LimitSpec {
             3 => LimitSpec::SlidingWindow { limit: capacity, window_ms: per_ms },
             _ => LimitSpec::SlidingLog { limit: 1 + capacity % 40, window_ms: per_ms },
         };
-        if Policy::new(spec).is_ok() {
+        if StoreLimit::new(spec).is_ok() {
             return spec;
         }
     }
 }
 
 /// The time step (us) to the next request.
-fn step_us(rng: &mut Rng, policy: &Policy, last: &Decision) -> i64 {
+fn step_us(rng: &mut Rng, policy: &StoreLimit, last: &Decision) -> i64 {
     let period_us = policy.limit.period().as_u64() / 1000;
     let retry_us = |d: &Decision| d.retry_after().filter(|r| *r < Nanos::MAX).map(|r| r.as_u64().div_ceil(1000));
     match rng.below(10) {
@@ -100,7 +100,7 @@ fn changed_spec(rng: &mut Rng, spec: LimitSpec) -> LimitSpec {
             }
             (other, ..) => other,
         };
-        if Policy::new(other).is_ok() {
+        if StoreLimit::new(other).is_ok() {
             return other;
         }
     }
@@ -217,7 +217,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
 
     for case in 0..cases {
         let mut spec = random_spec(&mut rng);
-        let mut policy = Policy::new(spec).expect("valid");
+        let mut policy = StoreLimit::new(spec).expect("valid");
         let tag = format!("diff{case}");
         let mut reference = Reference::default();
         let mut now_us: i64 = rng.below(86_400_000_000_000) as i64;
@@ -228,7 +228,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
             // numbers of its algorithm, or another algorithm.
             if step > 0 && rng.chance(12) {
                 spec = if rng.chance(70) { changed_spec(&mut rng, spec) } else { random_spec(&mut rng) };
-                policy = Policy::new(spec).expect("valid");
+                policy = StoreLimit::new(spec).expect("valid");
                 changes += 1;
             }
             now_us = (now_us + step_us(&mut rng, &policy, &last)).max(0);

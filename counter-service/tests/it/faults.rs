@@ -1,13 +1,13 @@
-//! Faults under load: Redis paused (SIGSTOP), killed and restarted, its script cache
-//! flushed; a write that timed out after it was sent; more requests than allowed in
-//! flight. Latency bounds are the store deadline plus a margin generous enough for a
-//! loaded 2-core machine.
+//! What the service answers when things fail under load: Redis paused (SIGSTOP), killed and
+//! restarted, its script cache flushed; a write that timed out after it was sent; more
+//! requests than allowed in flight. Latency bounds are the store deadline plus a margin
+//! generous enough for a loaded 2-core machine.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sluice_counter::config::Config;
-use sluice_counter::store::Store;
+use sluice_counter::store::CounterStore;
 
 use crate::api::{redis_config, start};
 use crate::load::{Record, assert_counters_match_the_reference, body, client, replay};
@@ -45,8 +45,8 @@ fn assert_only_decisions_or_store_unavailable(records: &[Record]) {
 
 fn redis_stats(app: &sluice_counter::App) -> (u64, u64) {
     match app.store() {
-        Store::Redis(r) => (r.stats.open.load(Ordering::Relaxed), r.stats.connects.load(Ordering::Relaxed)),
-        Store::Memory(_) => unreachable!(),
+        CounterStore::Redis(r) => (r.stats.open.load(Ordering::Relaxed), r.stats.connects.load(Ordering::Relaxed)),
+        CounterStore::Memory(_) => unreachable!(),
     }
 }
 
@@ -156,8 +156,8 @@ async fn script_flushes_during_load_cause_no_errors_and_no_double_counting() {
     assert_eq!(replayed.over_admitted, 0);
     assert_counters_match_the_reference(&http, &keys, &replayed).await;
     let reloads = match running.app.store() {
-        Store::Redis(r) => r.stats.script_reloads.load(Ordering::Relaxed),
-        Store::Memory(_) => unreachable!(),
+        CounterStore::Redis(r) => r.stats.script_reloads.load(Ordering::Relaxed),
+        CounterStore::Memory(_) => unreachable!(),
     };
     eprintln!("{flushes} flushes, {reloads} reloads, {} requests", records.len());
     assert!(reloads >= 5, "the flushes were noticed: {reloads} reloads");

@@ -1,21 +1,21 @@
-//! `App::handle_now`, the synchronous entry for deterministic simulations, against the
-//! HTTP routes: the same answers, bytes for bytes, and the same metrics.
+//! Whether `App::handle_now`, the synchronous entry for deterministic simulations, matches
+//! the HTTP routes: the same answers, bytes for bytes, and the same metrics.
 
 use std::sync::Arc;
 
 use serde_json::json;
 use shared_store::{ManualClock, Nanos};
 use sluice_counter::config::{Config, Secret, StoreKind};
-use sluice_counter::store::{MemoryConfig, MemoryStore, Store};
+use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_counter::{App, Running};
 
-use crate::api::bad_inputs;
+use crate::bad_input::bad_inputs;
 use crate::support::{Http, t_us};
 
 const TOKEN: &str = "sim-t0ken";
 
-fn memory_on(clock: &ManualClock) -> Store {
-    Store::Memory(MemoryStore::with_clock(
+fn memory_on(clock: &ManualClock) -> CounterStore {
+    CounterStore::Memory(MemoryCounters::with_clock(
         MemoryConfig { shards: 4, ..MemoryConfig::default() },
         Arc::new(clock.clone()),
     ))
@@ -112,8 +112,8 @@ async fn handle_now_authenticates_callers_as_the_http_routes_do() {
 fn handle_now_on_redis_answers_store_unavailable_and_says_it_needs_the_async_path() {
     let config =
         Config { store: StoreKind::Redis, redis_url: vec!["redis://127.0.0.1:1".to_owned()], ..Config::defaults() };
-    let redis = sluice_counter::store::RedisStore::new(config.redis()).expect("a store (it connects lazily)");
-    let app = App::new(Store::Redis(Box::new(redis)), &config, config.auth().expect("open"));
+    let redis = sluice_counter::store::RedisCounters::new(config.redis()).expect("a store (it connects lazily)");
+    let app = App::new(CounterStore::Redis(Box::new(redis)), &config, config.auth().expect("open"));
     let body =
         json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 1000}}]});
 

@@ -1,5 +1,5 @@
-//! Load helpers shared by the concurrency and fault tests: client loops that record
-//! every answer, and the oracle that replays admissions against an exact bucket.
+//! How the concurrency and fault tests load the service and judge it: client loops that
+//! record every answer, and the oracle that replays admissions against an exact bucket.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

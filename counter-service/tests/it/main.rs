@@ -1,16 +1,18 @@
-//! sluice-counter's integration tests, in one binary (one link, shared helpers).
+//! Where sluice-counter's integration tests run: in one binary (one link, shared helpers).
 //!
 //! Tests that need Redis start their own `redis-server` instances on loopback ports
 //! (see `support`), and fail loudly when it is not installed.
 
 mod api;
 mod auth;
+mod bad_input;
 mod behaviour;
 mod binary;
 mod concurrency;
 mod differential;
 mod faults;
 mod handle_now;
+mod layers;
 mod load;
 mod protocols;
 mod stores;

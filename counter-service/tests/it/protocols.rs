@@ -1,6 +1,6 @@
-//! HTTP/1.1 and h2c on one port: many streams multiplexed on one HTTP/2 connection,
-//! graceful shutdown with HTTP/2 connections open, a killed service restarted on the
-//! same address, and requests whose body never arrives.
+//! Whether HTTP/1.1 and h2c are served alike on one port: many streams multiplexed on one
+//! HTTP/2 connection, graceful shutdown with HTTP/2 connections open, a killed service
+//! restarted on the same address, and requests whose body never arrives.
 
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,12 @@
-//! Store-specific behaviour: idle expiry and the key bound of the memory store; TTLs,
-//! hash tags, script reloads and the eviction-policy check of the Redis store.
+//! What each store does that the other does not: idle expiry and the key bound of the
+//! memory store; TTLs, hash tags, script reloads and the eviction-policy check of the Redis
+//! store.
 
 use serde_json::json;
 use shared_store::Verdict;
 use sluice_counter::api::ChargePlan;
 use sluice_counter::config::Config;
-use sluice_counter::store::{MemoryConfig, MemoryStore, Store, StoreError, Topology};
+use sluice_counter::store::{CounterStore, CounterStoreError, MemoryConfig, MemoryCounters, Topology};
 use sluice_protocol::{CHARGE_ID_TTL_MS, LimitSpec};
 
 use crate::api::{redis_config, start};
@@ -18,9 +19,9 @@ fn bucket() -> LimitSpec {
 #[tokio::test]
 async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
     let _shared = crate::support::HEAVY.read().await;
-    let memory = MemoryStore::new(MemoryConfig { shards: 4, max_keys: 100, ..MemoryConfig::default() });
-    let store = Store::Memory(memory);
-    let Store::Memory(memory) = &store else { unreachable!() };
+    let memory = MemoryCounters::new(MemoryConfig { shards: 4, max_keys: 100, ..MemoryConfig::default() });
+    let store = CounterStore::Memory(memory);
+    let CounterStore::Memory(memory) = &store else { unreachable!() };
     check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
 
     let swept_while_active = memory.sweep(Some(t_us(499_999)));
@@ -36,7 +37,8 @@ async fn an_idle_key_is_dropped_and_dropping_it_changes_no_answer() {
 #[tokio::test]
 async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
     let _shared = crate::support::HEAVY.read().await;
-    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 2, ..MemoryConfig::default() }));
+    let store =
+        CounterStore::Memory(MemoryCounters::new(MemoryConfig { shards: 1, max_keys: 2, ..MemoryConfig::default() }));
     check(&store, "t", vec![entry("a", bucket(), 4)], t_us(0)).await;
     check(&store, "t", vec![entry("b", bucket(), 4)], t_us(0)).await;
 
@@ -45,8 +47,8 @@ async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
     let a_still_exhausted = check(&store, "t", vec![entry("a", bucket(), 1)], t_us(2)).await;
     let c_once_a_and_b_are_idle = check(&store, "t", vec![entry("c", bucket(), 1)], t_us(2_000_000)).await;
 
-    assert_eq!(refused, Err(StoreError::Full { max_keys: 2 }));
-    assert_eq!(partial, Err(StoreError::Full { max_keys: 2 }));
+    assert_eq!(refused, Err(CounterStoreError::Full { max_keys: 2 }));
+    assert_eq!(partial, Err(CounterStoreError::Full { max_keys: 2 }));
     assert!(matches!(a_still_exhausted.decisions[0].verdict, Verdict::Rejected { .. }));
     assert!(c_once_a_and_b_are_idle.admitted, "a full shard drops its idle keys before refusing");
 }
@@ -54,7 +56,7 @@ async fn a_full_memory_store_refuses_new_keys_but_never_resets_an_active_one() {
 #[tokio::test]
 async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_than_forget_one() {
     let _shared = crate::support::HEAVY.read().await;
-    let store = Store::Memory(MemoryStore::new(MemoryConfig { shards: 1, max_keys: 100, max_charge_ids: 2 }));
+    let store = CounterStore::Memory(MemoryCounters::new(MemoryConfig { shards: 1, max_keys: 100, max_charge_ids: 2 }));
     let charge = |key: &str, id: Option<&str>| {
         ChargePlan::new(&charge_request("t", key, bucket(), (1, 0), id)).expect("a valid charge")
     };
@@ -67,7 +69,7 @@ async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_
     let without_id = store.charge(&charge("c", None), Some(t_us(1))).await.expect("applied");
     let once_the_first_two_expired = store.charge(&charge("c", Some("3")), Some(t_us(ttl_us))).await;
 
-    assert_eq!(third, Err(StoreError::ChargeIdsFull { max_ids: 2 }));
+    assert_eq!(third, Err(CounterStoreError::ChargeIdsFull { max_ids: 2 }));
     assert_eq!(third.unwrap_err().code(), "store_full");
     assert!(first_again.duplicate, "a remembered id is still answered as a duplicate");
     assert_eq!((without_id.charged, without_id.duplicate), (1, false), "a charge without an id needs no room");
@@ -77,7 +79,7 @@ async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_
 #[tokio::test]
 async fn a_charge_id_is_forgotten_once_its_ttl_has_passed_and_swept_with_it() {
     let _shared = crate::support::HEAVY.read().await;
-    let memory = MemoryStore::new(MemoryConfig { shards: 2, max_keys: 100, ..MemoryConfig::default() });
+    let memory = MemoryCounters::new(MemoryConfig { shards: 2, max_keys: 100, ..MemoryConfig::default() });
     let plan = ChargePlan::new(&charge_request("t", "k", bucket(), (1, 0), Some("x"))).expect("a valid charge");
     let ttl_us = CHARGE_ID_TTL_MS * 1000;
     memory.charge(&plan, Some(t_us(0))).expect("applied");
@@ -179,8 +181,8 @@ async fn a_redis_counter_is_stored_under_its_key_alone_with_the_limit_it_was_dec
 
     assert_eq!(first.entries[0].storage_key, "sluice:{t}:v0:k");
     assert_eq!(redis.limiter_keys().len(), 1, "one counter, whatever its numbers");
-    assert!(before.starts_with(&format!("{} ", first.entries[0].policy.signature)), "{before}");
-    assert!(after.starts_with(&format!("{} ", raised.entries[0].policy.signature)), "{after}");
+    assert!(before.starts_with(&format!("{} ", first.entries[0].limit.signature)), "{before}");
+    assert!(after.starts_with(&format!("{} ", raised.entries[0].limit.signature)), "{after}");
     redis.assert_every_key_has_a_ttl();
 }
 
@@ -195,7 +197,7 @@ async fn after_script_flush_the_script_is_sent_again_and_counts_once() {
     let after_flush = check(&store, "t", vec![entry("k", bucket(), 1)], t_us(0)).await;
     let query = check(&store, "t", vec![entry("k", bucket(), 0)], t_us(0)).await;
 
-    let Store::Redis(r) = &store else { unreachable!() };
+    let CounterStore::Redis(r) = &store else { unreachable!() };
     assert!(after_flush.admitted);
     assert_eq!(query.decisions[0].remaining, 2, "two checks spent two tokens, not three");
     assert_eq!(r.stats.script_reloads.load(std::sync::atomic::Ordering::Relaxed), 2, "first use and after the flush");
@@ -207,8 +209,9 @@ async fn a_redis_that_may_evict_keys_is_reported_at_startup() {
     let _shared = crate::support::HEAVY.read().await;
     let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
     let safe = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
-    let store =
-        |server: &RedisServer| sluice_counter::store::RedisStore::new(redis_config_for(server.url())).expect("store");
+    let store = |server: &RedisServer| {
+        sluice_counter::store::RedisCounters::new(redis_config_for(server.url())).expect("store")
+    };
 
     let evicting_checks = store(&evicting).eviction_checks().await;
     let safe_checks = store(&safe).eviction_checks().await;

@@ -11,8 +11,8 @@ use super::rng::Rng;
 use shared_store::{Clock as _, Nanos};
 use sluice_counter::App;
 use sluice_counter::config::{Config, Secret};
-use sluice_counter::server::router;
-use sluice_counter::store::{MemoryConfig, MemoryStore, Store};
+use sluice_counter::routes::router;
+use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, LeaseRequest, LeaseResponse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -141,13 +141,13 @@ impl std::fmt::Debug for Service {
 }
 
 fn app(config: &Config, clock: &Arc<ServiceClock>) -> Arc<App> {
-    let store = MemoryStore::with_clock(
+    let store = MemoryCounters::with_clock(
         MemoryConfig { shards: 4, max_keys: 100_000, ..MemoryConfig::default() },
         clock.clone() as Arc<dyn shared_store::Clock + Send + Sync>,
     );
     // The token is valid: this cannot fail.
     let auth = config.auth().unwrap_or_else(|e| panic!("the simulation's token is refused: {e}"));
-    Arc::new(App::new(Store::Memory(store), config, auth))
+    Arc::new(App::new(CounterStore::Memory(store), config, auth))
 }
 
 impl Service {

@@ -1,0 +1,168 @@
+//! What every request is served with: [`App`] (the store, the metrics, the caller check,
+//! the bounds), and how the configured store is built.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use crate::api::ApiError;
+use crate::auth::Auth;
+use crate::config::{Config, StoreKind};
+use crate::metrics::Metrics;
+use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct App {
+    store: CounterStore,
+    metrics: Metrics,
+    auth: Auth,
+    max_entries: usize,
+    max_body: usize,
+    request_timeout: Duration,
+    in_flight: Arc<Semaphore>,
+    connections: Arc<Semaphore>,
+    /// Seconds since start at which a store error was last logged (one line per second
+    /// at most, so an outage does not flood the logs).
+    last_error_log: AtomicU64,
+    started: Instant,
+}
+
+impl App {
+    /// An app serving `store` with `config`'s bounds, to the callers `auth` admits
+    /// ([`Config::auth`] reads them from the configuration).
+    pub fn new(store: CounterStore, config: &Config, auth: Auth) -> Self {
+        Self {
+            metrics: Metrics::new(store.name()),
+            store,
+            auth,
+            max_entries: usize::from(config.max_entries),
+            max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            in_flight: Arc::new(Semaphore::new(usize::try_from(config.max_in_flight).unwrap_or(1024))),
+            connections: Arc::new(Semaphore::new(usize::try_from(config.max_connections).unwrap_or(4096))),
+            last_error_log: AtomicU64::new(u64::MAX),
+            started: Instant::now(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &CounterStore {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// How callers are authenticated, for the startup log line: `bearer` or `none`.
+    pub const fn auth_name(&self) -> &'static str {
+        if self.auth.is_required() { "bearer" } else { "none" }
+    }
+
+    pub(crate) fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    pub(crate) fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    /// How long a request's body may take to arrive after its headers.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// One of the `--max-connections` slots, or `None` when every one is taken.
+    pub(crate) fn connection_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.connections.clone().try_acquire_owned().ok()
+    }
+
+    /// Whether a request with these `authorization` header values may proceed; a
+    /// refusal is logged (at `debug`) and counted.
+    pub(crate) fn authenticate<'a>(&self, values: impl Iterator<Item = &'a [u8]>) -> Result<(), ApiError> {
+        self.auth.check_values(values).map_err(|refusal| {
+            tracing::debug!(%refusal, "caller refused");
+            self.metrics.unauthorized();
+            ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }
+        })
+    }
+
+    /// One of the `--max-in-flight` permits, or `503 overloaded` (counted) at once.
+    pub(crate) fn in_flight_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.in_flight.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.shed();
+            ApiError {
+                status: 503,
+                code: "overloaded",
+                message: "too many requests in flight; retry later or add instances".to_owned(),
+            }
+        })
+    }
+
+    fn log_store_error(&self, error: &CounterStoreError) {
+        let now = self.started.elapsed().as_secs();
+        let last = self.last_error_log.swap(now, Ordering::Relaxed);
+        if last != now {
+            tracing::warn!(store = self.store.name(), kind = error.kind(), %error, "store call failed");
+        }
+    }
+
+    /// Awaits a store call and accounts for it as [`App::stored`] does.
+    pub(crate) async fn timed<T>(
+        &self,
+        call: impl Future<Output = Result<T, CounterStoreError>>,
+    ) -> Result<T, ApiError> {
+        let start = Instant::now();
+        let result = call.await;
+        self.stored(start.elapsed(), result)
+    }
+
+    /// Records a store call's latency, and its error (metric, rate-limited log line): a
+    /// store that could not decide is a 503.
+    pub(crate) fn stored<T>(&self, took: Duration, result: Result<T, CounterStoreError>) -> Result<T, ApiError> {
+        self.metrics.store_latency(took);
+        result.map_err(|error| {
+            self.metrics.store_error(&error);
+            self.log_store_error(&error);
+            ApiError { status: 503, code: error.code(), message: error.to_string() }
+        })
+    }
+}
+
+/// Builds the configured store and runs its startup checks (Redis: reachability and
+/// the eviction policy; both only warn, so the service starts while Redis is down and
+/// `/readyz` tells when it is usable).
+///
+/// # Errors
+/// When the Redis URLs do not parse.
+pub async fn build_store(config: &Config) -> anyhow::Result<CounterStore> {
+    match config.store {
+        StoreKind::Memory => Ok(CounterStore::Memory(MemoryCounters::new(config.memory()))),
+        StoreKind::Redis | StoreKind::RedisCluster => {
+            let redis = RedisCounters::new(config.redis()).map_err(|e| anyhow::anyhow!("redis store: {e}"))?;
+            for check in redis.eviction_checks().await {
+                match &check.policy {
+                    Ok(policy) if check.evicts() => tracing::warn!(
+                        node = %check.node,
+                        policy = %policy,
+                        "redis may evict limiter keys under memory pressure, which silently resets limits; \
+                         set maxmemory-policy noeviction on a Redis dedicated to sluice"
+                    ),
+                    Ok(policy) => tracing::info!(node = %check.node, policy = %policy, "redis eviction policy"),
+                    Err(reason) => {
+                        tracing::warn!(node = %check.node, %reason, "cannot read redis maxmemory-policy")
+                    }
+                }
+            }
+            if let Err(e) = redis.ping().await {
+                tracing::warn!(error = %e, "redis is not reachable yet; /readyz fails until it is");
+            }
+            Ok(CounterStore::Redis(Box::new(redis)))
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Which answer each HTTP request gets: the routes, the middleware that authenticates,
+//! reads the body within its bounds and sheds load, and the error responses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::api::ApiError;
+use crate::app::App;
+use crate::handle::Route;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// The router with every route and bound.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/lease", post(lease))
+        .route("/v1/charge", post(charge))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), bound))
+        // `bound` has read the body within --max-body-bytes already.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app)
+}
+
+/// Refuses callers without the configured token (except on the probes, which
+/// orchestrators and scrapers call without one), reads the whole body within
+/// `max_body` bytes and `request_timeout`, then sheds requests beyond `max_in_flight`
+/// (except liveness and metrics, which must answer under overload), keeps the in-flight
+/// gauge and counts statuses.
+///
+/// The permit is taken only once the request is whole: a caller that sends headers and
+/// then a body slowly, or never, holds no permit while it does (it holds a connection,
+/// or an HTTP/2 stream, bounded by `--max-connections` and the streams per connection,
+/// until the request timeout answers it `408`).
+async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if matches!(path, "/healthz" | "/metrics") {
+        return next.run(request).await;
+    }
+    // Before anything else: a refused caller costs a header comparison, no read.
+    if path != "/readyz"
+        && let Err(refused) =
+            app.authenticate(request.headers().get_all(header::AUTHORIZATION).iter().map(|v| v.as_bytes()))
+    {
+        app.metrics().response(401);
+        return unauthorized(refused);
+    }
+    let (parts, body) = request.into_parts();
+    let read = {
+        let _reading = app.metrics().reading();
+        read_body(body, app.max_body(), app.request_timeout()).await
+    };
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let timed_out = error.status == 408;
+            let mut response = error.into_response();
+            if timed_out && parts.version <= axum::http::Version::HTTP_11 {
+                // The rest of the body may still come: this connection cannot carry
+                // another request (RFC 9110 §15.5.9).
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            app.metrics().response(response.status().as_u16());
+            return response;
+        }
+    };
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let response = match app.in_flight_permit() {
+        Ok(permit) => {
+            let _gauge = app.metrics().start();
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        Err(overloaded) => overloaded.into_response(),
+    };
+    app.metrics().response(response.status().as_u16());
+    response
+}
+
+/// `401 unauthorized` with `WWW-Authenticate: Bearer` (RFC 6750 §3). The message says
+/// which rule failed, never what was sent.
+fn unauthorized(refused: ApiError) -> Response {
+    let mut response = refused.into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sluice-counter\""));
+    response
+}
+
+/// How much of an oversized body is read and discarded before answering 413, so that a
+/// client still sending it reads the answer instead of a reset connection. Beyond this
+/// (or [`DRAIN_TIME`]) the connection is closed.
+const DRAIN_BYTES: usize = 4 << 20;
+/// The longest time spent discarding an oversized body.
+const DRAIN_TIME: Duration = Duration::from_secs(1);
+
+/// Reads a whole body of at most `limit` bytes that arrives within `timeout`: `413
+/// body_too_large` past the size (after discarding some of the rest, see
+/// [`DRAIN_BYTES`]), `408 request_timeout` past the time.
+async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<bytes::Bytes, ApiError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let too_large = || ApiError::body_too_large(limit);
+    let timed_out = || ApiError {
+        status: 408,
+        code: "request_timeout",
+        message: format!(
+            "the request body did not arrive within {} ms of its headers (--request-timeout-ms)",
+            timeout.as_millis()
+        ),
+    };
+    let unreadable =
+        |e: axum::Error| ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"));
+    let mut buffer = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(timed_out()),
+        };
+        let Ok(data) = frame.map_err(unreadable)?.into_data() else { continue };
+        if buffer.len() + data.len() > limit {
+            let mut discarded = buffer.len() + data.len();
+            let drain = async {
+                while discarded <= DRAIN_BYTES {
+                    match body.frame().await {
+                        Some(Ok(frame)) => discarded += frame.data_ref().map_or(0, |d| d.len()),
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+            return Err(too_large());
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok(buffer.freeze())
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => json_bytes(bytes),
+        Err(e) => ApiError { status: 500, code: "internal", message: format!("cannot encode the response: {e}") }
+            .into_response(),
+    }
+}
+
+fn json_bytes(bytes: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(bytes));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A decision route over HTTP: what [`App::handle_now`] does, with the store awaited.
+async fn decide(app: &App, route: Route, body: &[u8]) -> Result<Response, ApiError> {
+    let call = app.prepare(route, body)?;
+    let outcome = app.call_store(&call).await?;
+    Ok(json_bytes(app.answer(&call, &outcome)?))
+}
+
+async fn check(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Check, &body).await
+}
+
+async fn lease(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Lease, &body).await
+}
+
+async fn charge(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Charge, &body).await
+}
+
+async fn healthz() -> Response {
+    json(&serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    app.timed(app.store().ping()).await?;
+    Ok(json(&serde_json::json!({ "status": "ready", "store": app.store().name() })))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let mut response = Response::new(Body::from(app.metrics().render(app.store())));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    response
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found(request.uri().path())
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::method_not_allowed(request.method().as_str(), request.uri().path())
+}
