@@ -182,14 +182,7 @@ proptest! {
         amount in any::<u64>(), per in any::<u64>(), burst in any::<u64>(), window in any::<u64>(),
         steps in prop::collection::vec((any::<u64>(), any::<u64>()), 1..40),
     ) {
-        let rate = Rate::new(amount.max(1), Nanos(per.max(1))).unwrap();
-        let limits = [
-            Limit::token_bucket(rate, burst.max(1)).unwrap(),
-            Limit::fixed_window(burst.max(1), Nanos(window.max(1))).unwrap(),
-            Limit::sliding_window(burst.max(1), Nanos(window.max(1))).unwrap(),
-            Limit::sliding_log(burst.clamp(1, 256), Nanos(window.max(1))).unwrap(),
-            Limit::leaky_bucket(rate, burst.max(1), Nanos(window)).unwrap(),
-        ];
+        let limits = every_algorithm(amount, per, burst, window);
         for limit in limits {
             let mut state = None;
             for (now, cost) in &steps {
@@ -385,4 +378,16 @@ fn a_log_entry_is_removed_exactly_once_by_a_refund() {
         limit.refund(&current, &written, Nanos(30), 1).unwrap(),
         State::Log { entries: vec![entry, LogEntry { at: 20, cost: 1 }] }
     );
+}
+
+/// One limit of each algorithm from arbitrary numbers, each clamped into its valid range.
+fn every_algorithm(amount: u64, per: u64, burst: u64, window: u64) -> [Limit; 5] {
+    let rate = Rate::new(amount.max(1), Nanos(per.max(1))).unwrap();
+    [
+        Limit::token_bucket(rate, burst.max(1)).unwrap(),
+        Limit::fixed_window(burst.max(1), Nanos(window.max(1))).unwrap(),
+        Limit::sliding_window(burst.max(1), Nanos(window.max(1))).unwrap(),
+        Limit::sliding_log(burst.clamp(1, 256), Nanos(window.max(1))).unwrap(),
+        Limit::leaky_bucket(rate, burst.max(1), Nanos(window)).unwrap(),
+    ]
 }

@@ -2,7 +2,7 @@
 //! limit more than `max_debt` below empty, a limit below empty admits again exactly when
 //! its status says, and a charge that fits in what is left is a check of the same cost.
 
-use super::bucket_params;
+use super::{bucket_params, every_algorithm};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use shared_store::{Limit, Nanos, Rate, Record, State, Verdict};
@@ -159,14 +159,7 @@ proptest! {
         amount in any::<u64>(), per in any::<u64>(), burst in any::<u64>(), window in any::<u64>(),
         steps in prop::collection::vec((any::<u64>(), any::<u64>(), any::<u64>()), 1..40),
     ) {
-        let rate = Rate::new(amount.max(1), Nanos(per.max(1))).unwrap();
-        let limits = [
-            Limit::token_bucket(rate, burst.max(1)).unwrap(),
-            Limit::fixed_window(burst.max(1), Nanos(window.max(1))).unwrap(),
-            Limit::sliding_window(burst.max(1), Nanos(window.max(1))).unwrap(),
-            Limit::sliding_log(burst.clamp(1, 256), Nanos(window.max(1))).unwrap(),
-            Limit::leaky_bucket(rate, burst.max(1), Nanos(window)).unwrap(),
-        ];
+        let limits = every_algorithm(amount, per, burst, window);
         for limit in limits {
             let mut state = None;
             for (now, cost, max_debt) in &steps {
