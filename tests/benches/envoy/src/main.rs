@@ -133,7 +133,7 @@ fn base(workers: usize) -> EnvoyBuilder {
 fn local_group() -> Vec<Variant> {
     let noop = sluice("bench=noop").wasm(sluice_artifacts::TEST_GUEST_WASM);
     let noop2 = noop.clone();
-    vec![
+    let mut variants = vec![
         variant("no filter", "x-api-key: admit", || base(1)),
         variant("no-op wasm filter", "x-api-key: admit", move || base(1).sluice(noop.clone())),
         variant("native local_ratelimit, admitted", "x-api-key: admit", || {
@@ -154,7 +154,24 @@ fn local_group() -> Vec<Variant> {
         variant("2 workers, one hot key: sluice", "x-api-key: admit", || {
             base(2).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)))
         }),
-    ]
+    ];
+    if let Some(before) = baseline_wasm() {
+        let rejecting = before.clone();
+        variants.push(variant("before: sluice, admitted", "x-api-key: admit", move || {
+            base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)).wasm(before.clone()))
+        }));
+        variants.push(variant("before: sluice, rejected", "x-api-key: reject", move || {
+            base(1).sluice(sluice(&sluice_local("1/hour", 1, false)).wasm(rejecting.clone()))
+        }));
+    }
+    variants
+}
+
+/// `BASELINE_WASM`: an older `sluice.wasm` whose Sluice rows are measured again, named
+/// `before: ...`, alternated with the current build's in every round (before and after
+/// a change, on the same machine in the same run).
+fn baseline_wasm() -> Option<std::path::PathBuf> {
+    std::env::var_os("BASELINE_WASM").map(Into::into)
 }
 
 fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'static str, Vec<Sample>> {
@@ -192,6 +209,7 @@ fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: 
 /// budget of 200 per second, leased 20 at a time, under a demand far above it (the
 /// budget is exhausted, most requests get the service's 429).
 fn global_policy(mode: &str) -> String {
+    let mode = mode.strip_prefix("before: ").unwrap_or(mode);
     let (strategy, numbers) = match mode {
         "check" | "check over HTTP/1.1" => {
             (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
@@ -221,7 +239,11 @@ fn global_envoy(mode: &str, service: &Counter) -> Envoy {
     let builder = if mode == "none" {
         builder
     } else {
-        builder.sluice(sluice(&global_policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
+        let filter = sluice(&global_policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN);
+        match (mode.starts_with("before: "), baseline_wasm()) {
+            (true, Some(before)) => builder.sluice(filter.wasm(before)),
+            _ => builder.sluice(filter),
+        }
     };
     builder.start().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -241,12 +263,16 @@ fn global_group(rounds: u64, seconds: u64) {
     )
     .unwrap();
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
+    let mut modes = vec!["none", "local", "check", "check over HTTP/1.1", "lease", "lease, over the limit"];
+    if baseline_wasm().is_some() {
+        modes.extend(["before: local", "before: check", "before: lease", "before: lease, over the limit"]);
+    }
     for round in 1..=rounds {
-        for mode in ["none", "local", "check", "check over HTTP/1.1", "lease", "lease, over the limit"] {
+        for &mode in &modes {
             let envoy = envoy_with(mode);
             let url = format!("http://{}/", envoy.addr());
             // A tenant named `reject` tells `wrk` that its 429s are expected.
-            let tenant = if mode == "lease, over the limit" { "x-tenant: reject" } else { "x-tenant: acme" };
+            let tenant = if mode.ends_with("lease, over the limit") { "x-tenant: reject" } else { "x-tenant: acme" };
             let _ = wrk(&url, &[tenant], 32, 1, None);
             let before = envoy.stats();
             let saturated = wrk(&url, &[tenant], 32, seconds, None);
@@ -273,7 +299,7 @@ fn global_group(rounds: u64, seconds: u64) {
             let rejected = count(&after, "wasmcustom.sluice.tenant.rejected")
                 - count(&before, "wasmcustom.sluice.tenant.rejected")
                 - abandoned;
-            if rejected > 0 && mode != "lease, over the limit" {
+            if rejected > 0 && !mode.ends_with("lease, over the limit") {
                 // A budget that never runs out rejected: say what the filter counted.
                 let changed: Vec<String> = after
                     .iter()
@@ -347,6 +373,14 @@ fn global_group(rounds: u64, seconds: u64) {
         over_none("lease") / over_none("local"),
         med("lease, callouts per 1000 requests", |s| s.rps)
     );
+    if baseline_wasm().is_some() {
+        println!(
+            "before (BASELINE_WASM), added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request",
+            over_none("before: local"),
+            over_none("before: check"),
+            over_none("before: lease"),
+        );
+    }
 }
 
 /// How many times each host-call variant repeats its call per request.
@@ -424,6 +458,13 @@ fn main() {
             "\nno-op wasm floor {floor:.0} ns; native adds {native_admit:.0} ns admitted, {native_reject:.0} ns rejected; \
              sluice adds above the floor {sluice_admit:.0} ns admitted, {sluice_reject:.0} ns rejected"
         );
+        if baseline_wasm().is_some() {
+            println!(
+                "before (BASELINE_WASM): sluice adds above the floor {:.0} ns admitted, {:.0} ns rejected",
+                1e9 / rps("before: sluice, admitted") - 1e9 / rps("no-op wasm filter"),
+                1e9 / rps("before: sluice, rejected") - 1e9 / rps("no-op wasm filter"),
+            );
+        }
     }
     if groups.contains("calls") {
         let variants = host_call_group();
