@@ -34,6 +34,8 @@ pub mod worker;
 #[cfg(target_arch = "wasm32")]
 mod abi;
 #[cfg(target_arch = "wasm32")]
+mod adapters;
+#[cfg(target_arch = "wasm32")]
 mod wasm;
 
 pub use config::{Config, ConfigError};

@@ -33,6 +33,7 @@ const LAYERS: Layers = &[
     ("engine", &["engine"]),
     ("the worker: held requests behind a port", &["worker"]),
     ("host calls", &["abi"]),
+    ("the worker's ports on the host", &["adapters"]),
     ("proxy-wasm glue", &["wasm"]),
     ("crate root", &[ROOT]),
 ];
@@ -53,9 +54,9 @@ const INNER: &[(&str, Inner)] = &[
     ("config::raw", Inner { layers: Some(CONFIG_RAW), forbidden: &[] }),
     ("config::validate", Inner { layers: Some(CONFIG_VALIDATE), forbidden: &[] }),
     // Its own layers are the engine's to add; it never reaches the proxy-wasm glue.
-    ("engine", Inner { layers: Some(ENGINE), forbidden: &["wasm", "abi", "worker"] }),
+    ("engine", Inner { layers: Some(ENGINE), forbidden: &["wasm", "abi", "adapters", "worker"] }),
     ("engine::request", Inner { layers: Some(ENGINE_REQUEST), forbidden: &[] }),
-    ("worker", Inner { layers: Some(WORKER), forbidden: &["wasm", "abi"] }),
+    ("worker", Inner { layers: Some(WORKER), forbidden: &["wasm", "abi", "adapters"] }),
 ];
 
 const ENGINE: Layers = &[

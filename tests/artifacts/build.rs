@@ -34,8 +34,17 @@ fn main() {
         .and_then(Path::parent)
         .expect("tests/artifacts sits two levels below the workspace root")
         .to_path_buf();
-    let target_dir =
-        env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target")).join("guests");
+    // Checkouts that share one CARGO_TARGET_DIR (git worktrees) each get their own
+    // guests directory: a build in one must never swap the `sluice.wasm` another is
+    // testing (the mutants pass through `release/sluice.wasm` on their way aside).
+    let shared = env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).filter(|dir| *dir != root.join("target"));
+    let target_dir = match shared {
+        None => root.join("target").join("guests"),
+        Some(dir) => {
+            let checkout = root.file_name().map_or_else(|| "root".into(), |n| n.to_string_lossy().into_owned());
+            dir.join(format!("guests-{checkout}"))
+        }
+    };
 
     for path in WATCHED {
         println!("cargo:rerun-if-changed={}", root.join(path).display());

@@ -35,18 +35,21 @@ pub mod oracle;
 pub mod rng;
 pub mod scenario;
 pub mod service;
+mod timeline;
+mod traffic;
 
 pub use scenario::Scenario;
 
 use interleave::Baton;
 use oracle::{Observed, Oracle, Violation};
 use rng::Rng;
-use scenario::{Event, PolicyDef};
+use scenario::PolicyDef;
 use service::Service;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use wasm_host::{Clock as _, Host, Outcome, Request, Response, StreamId, VirtualClock};
+use traffic::Arrivals;
+use wasm_host::{Clock as _, Host, Outcome, Response, StreamId, VirtualClock};
 
 /// The operator's hash key every proxy is given.
 pub const HASH_KEY: &str = "fleet-hash-key-0123456789abcdef";
@@ -127,13 +130,6 @@ enum Action {
     Leave(usize),
     /// Whatever is due (ticks, answers, timeouts, queue wakes).
     Due,
-}
-
-/// The traffic generator.
-struct Arrivals {
-    rng: Rng,
-    next: u64,
-    flood_serial: u64,
 }
 
 /// Runs `scenario` with the filter at `wasm` for at most `max_steps` instants.
@@ -267,7 +263,7 @@ impl<'a> Fleet<'a> {
             }
             let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
             while self.arrivals.next <= t {
-                let (proxy, worker, sent) = self.arrival(t);
+                let (proxy, worker, sent) = self.arrivals.draw(self.scenario, Duration::from_nanos(t - self.start), t);
                 actions.entry((proxy, worker)).or_default().push(Action::Arrive(sent));
             }
             for (key, stream) in &mut self.streams {
@@ -294,128 +290,8 @@ impl<'a> Fleet<'a> {
         Ok(self.report)
     }
 
-    /// The moments the scenario changes something, with what changes.
-    fn boundaries(&self) -> BTreeMap<u64, Vec<Change>> {
-        let mut out: BTreeMap<u64, Vec<Change>> = BTreeMap::new();
-        for fault in &self.scenario.faults {
-            out.entry(self.at(fault.from)).or_default().push(Change::Mode(fault.proxy, fault.mode));
-            out.entry(self.at(fault.until)).or_default().push(Change::Mode(fault.proxy, service::Mode::Healthy));
-        }
-        for (when, event) in &self.scenario.events {
-            match event {
-                // A rolling update: one proxy after another, 50 ms apart.
-                Event::Reload { proxy: None, policy, num, den, bump } => {
-                    for p in 0..self.scenario.proxies {
-                        let at = self.at(*when + Duration::from_millis(50 * p as u64));
-                        let event =
-                            Event::Reload { proxy: Some(p), policy: *policy, num: *num, den: *den, bump: *bump };
-                        out.entry(at).or_default().push(Change::Event(event));
-                    }
-                }
-                event => out.entry(self.at(*when)).or_default().push(Change::Event(event.clone())),
-            }
-        }
-        out
-    }
-
-    fn apply(&mut self, change: Change) -> Result<(), Box<Failure>> {
-        let now = self.now();
-        match change {
-            Change::Mode(proxy, mode) => {
-                self.note(format!(
-                    "service {mode:?} for {}",
-                    proxy.map_or("every proxy".into(), |p| format!("proxy {p}"))
-                ));
-                self.service.lock().unwrap_or_else(PoisonError::into_inner).set_mode(proxy, mode);
-                self.oracle.service_mode(proxy, mode, now);
-            }
-            Change::Event(Event::Restart) => {
-                self.note("service restarts, its counters lost".into());
-                self.service.lock().unwrap_or_else(PoisonError::into_inner).restart();
-            }
-            Change::Event(Event::ClockStep(ms)) => {
-                self.note(format!("service clock steps {ms} ms"));
-                self.service.lock().unwrap_or_else(PoisonError::into_inner).step_clock(ms * 1_000_000);
-            }
-            Change::Event(Event::ClientsLeave { proxy }) => {
-                let leaving: Vec<u64> = self
-                    .streams
-                    .iter()
-                    .filter(|(_, s)| s.proxy == proxy && s.respond_at.is_none())
-                    .map(|(k, _)| *k)
-                    .collect();
-                self.note(format!("clients of proxy {proxy} leave {} paused requests", leaving.len()));
-                let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
-                for key in leaving {
-                    if let Some(s) = self.streams.get(&key) {
-                        actions.entry((s.proxy, s.worker)).or_default().push(Action::Leave(key as usize));
-                    }
-                }
-                self.act(actions)?;
-            }
-            Change::Event(Event::Reload { proxy: Some(p), policy, num, den, bump }) => {
-                let Some(current) = self.proxies.get(p).map(|proxy| proxy.policies.clone()) else { return Ok(()) };
-                let next = Scenario::reloaded(&current, policy, num, den, bump);
-                let config = self.scenario.filter_config(&next);
-                self.note(format!(
-                    "proxy {p} reloads policy {policy} ×{num}/{den}{}",
-                    if bump { ", version bumped" } else { "" }
-                ));
-                if let Some(proxy) = self.proxies.get_mut(p) {
-                    match proxy.host.reconfigure(config) {
-                        Ok(()) => {
-                            self.oracle.reloaded(p, &next, now);
-                            proxy.policies = next;
-                        }
-                        Err(error) => return Err(self.fail(Violation::new("reload", format!("refused: {error}")))),
-                    }
-                }
-            }
-            Change::Event(Event::Reload { proxy: None, .. }) => {}
-        }
-        Ok(())
-    }
-
     fn next_due(&mut self) -> Option<u64> {
         self.proxies.iter_mut().flat_map(|p| p.host.workers_mut().iter().filter_map(|w| w.next_due())).min()
-    }
-
-    /// The next arrival (and draws the one after).
-    fn arrival(&mut self, now: u64) -> (usize, usize, oracle::Sent) {
-        let scenario = self.scenario;
-        let a = &mut self.arrivals;
-        let offset = Duration::from_nanos(now - self.start);
-        let flooding = scenario.traffic.floods.iter().any(|(from, until)| *from <= offset && offset < *until);
-        let tenant = if flooding && a.rng.chance(80) {
-            a.flood_serial += 1;
-            format!("flood-{}", a.flood_serial)
-        } else if a.rng.chance(scenario.traffic.hot_percent) {
-            "t0".to_owned()
-        } else {
-            format!("t{}", a.rng.below(scenario.traffic.tenants))
-        };
-        let sent = oracle::Sent {
-            tenant,
-            user: format!("u{}", a.rng.below(6)),
-            route: format!("r{}", a.rng.below(4)),
-            under_a: a.rng.chance(scenario.traffic.under_a_percent),
-            cost: if a.rng.chance(30) { a.rng.between(1, 12) } else { 1 },
-        };
-        let proxy = a.rng.below(scenario.proxies as u64) as usize;
-        let worker = a.rng.below(scenario.workers as u64) as usize;
-        // Exponential-looking gaps: mostly short, sometimes long.
-        let mean = scenario.traffic.mean_gap.as_nanos() as u64;
-        let gap = match a.rng.below(10) {
-            0 => mean * 4,
-            1..=3 => mean / 4 + 1,
-            _ => a.rng.between(mean / 2, mean * 3 / 2),
-        };
-        a.next = now + gap.max(1);
-        if let Some(grid) = scenario.traffic.grid {
-            let grid = grid.as_nanos() as u64;
-            a.next = a.next.div_ceil(grid) * grid;
-        }
-        (proxy, worker, sent)
     }
 
     /// Carries out one instant's actions, proxy by proxy.
@@ -607,23 +483,5 @@ impl<'a> Fleet<'a> {
             )));
         }
         Ok(())
-    }
-}
-
-/// A scheduled change of the scenario.
-#[derive(Clone, Debug)]
-enum Change {
-    Mode(Option<usize>, service::Mode),
-    Event(Event),
-}
-
-impl oracle::Sent {
-    fn request(&self) -> Request {
-        let path = if self.under_a { "/a/item" } else { "/item" };
-        Request::get(path)
-            .header("x-tenant", self.tenant.as_str())
-            .header("x-user", self.user.as_str())
-            .header("x-route", self.route.as_str())
-            .header("x-cost", self.cost.to_string())
     }
 }

@@ -36,6 +36,16 @@ fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// CPU time the hypervisor gave to others so far (`steal` in `/proc/stat`, in ticks)
+/// and all CPU time: a run whose steal share is more than a few percent was not
+/// measured on a quiet machine, whatever its load average said.
+fn steal_and_total() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    (fields.get(7).copied().unwrap_or(0), fields.iter().take(8).sum())
+}
+
 /// One `wrk` run: requests per second and the latency percentiles it printed (µs).
 #[derive(Debug, Clone, Copy, Default)]
 struct Sample {
@@ -439,6 +449,7 @@ fn main() {
     let seconds = env_or("SECONDS", 8);
     let groups = std::env::var("BENCH_GROUPS").unwrap_or_else(|_| "local,calls,global".to_owned());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let (steal_before, total_before) = steal_and_total();
     if let Ok(name) = std::env::var("PROFILE") {
         return profile(&name, seconds);
     }
@@ -481,4 +492,9 @@ fn main() {
     if groups.contains("global") {
         global_group(rounds, seconds);
     }
+    let (steal_after, total_after) = steal_and_total();
+    let share = (steal_after - steal_before) as f64 * 100.0 / (total_after - total_before).max(1) as f64;
+    println!(
+        "\nCPU stolen by the hypervisor during the run: {share:.1} % (above a few percent, the machine was not quiet)"
+    );
 }

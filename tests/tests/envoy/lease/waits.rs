@@ -1,0 +1,208 @@
+//! Lease-mode requests that wait or meet several lease policies: every policy of a
+//! request is decided, no waiter is dropped, and a healthy service never produces a
+//! degraded decision.
+
+use super::*;
+
+/// A route policy (one slot, failing open) and a tenant policy, both leased.
+fn route_and_tenant(tenant_burst: u64) -> String {
+    format!(
+        r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "{HEALTHY_TIMEOUT}"}},
+            "policies": [
+              {{"name": "route", "key": [{{"header": "x-route"}}], "rate": "1000/second", "burst": 1000, "slots": 1,
+                "global": {{"strategy": "lease", "lease": {{"size": 10, "duration": "10s"}}}}, "on_failure": {{"action": "allow"}}}},
+              {{"name": "tenant", "key": [{{"header": "x-tenant"}}], "rate": "1/hour", "burst": {tenant_burst},
+                "global": {{"strategy": "lease", "lease": {{"size": 1, "low_water": 0}}}}, "on_failure": {{"action": "allow"}}}}],
+            "response": {{"fallback_header": "x-sluice-fallback"}}}}"#
+    )
+}
+
+fn routed(route: &str, tenant: &str) -> Request {
+    Request::get("/").header("x-route", route).header("x-tenant", tenant)
+}
+
+#[test]
+fn a_second_lease_policy_is_still_decided_when_the_first_takes_its_failure_rule() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(cluster("sluice-counter", service.addr(), true))
+        .sluice(filter(&route_and_tenant(3), sluice_artifacts::SLUICE_WASM))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Route "a" takes the route policy's only slot; tenant "t" spends its 3.
+    let spent: Vec<u16> = (0..4).map(|_| send(&envoy, &routed("a", "t")).status).collect();
+    assert_eq!(spent, [200, 200, 200, 429]);
+
+    // Route "b" finds the slot taken (its rule: allow); the tenant's budget is still spent.
+    let other_route = send(&envoy, &routed("b", "t"));
+
+    assert_eq!(
+        other_route.status,
+        429,
+        "admitted past the tenant's budget ({:?}): the tenant policy was skipped",
+        other_route.header("x-sluice-fallback")
+    );
+    assert_eq!(envoy.metric("route", "degraded.lease_slot_taken"), 1);
+    assert_eq!(envoy.metric("tenant", "over_limit"), 2);
+}
+
+/// Two lease policies whose workers' queues differ in length.
+fn two_queues(timeout: &str) -> String {
+    format!(
+        r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "{timeout}",
+                                "token_env": "SLUICE_COUNTER_TOKEN"}},
+            "policies": [
+              {{"name": "a", "key": [{{"header": "x-a"}}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
+                "global": {{"strategy": "lease", "lease": {{"size": 10, "max_waiting": 4}}}}, "on_failure": {{"action": "deny"}}}},
+              {{"name": "b", "key": [{{"header": "x-b"}}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
+                "global": {{"strategy": "lease", "lease": {{"size": 10, "max_waiting": 64}}}}, "on_failure": {{"action": "deny"}}}}],
+            "response": {{"fallback_header": "x-sluice-fallback"}}}}"#
+    )
+}
+
+#[test]
+fn a_request_retried_on_a_tick_behind_a_longer_queue_is_never_dropped() {
+    // The service is paused: it reads the refills and never answers; the callout deadline
+    // (1 s) lets many ticks retry the waiting requests before the refills fail.
+    let paused = sluice_tests::faults::Peer::start(sluice_tests::faults::Behaviour::Silent);
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(cluster("sluice-counter", paused.addr(), false))
+        .sluice(filter(&two_queues("1s"), sluice_artifacts::SLUICE_WASM))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let answered = |request: Request| {
+        let mut connection = Connection::connect(envoy.addr()).unwrap();
+        connection.set_read_timeout(Duration::from_secs(8)).unwrap();
+        connection.send(&request).map(|r| r.status)
+    };
+
+    let statuses = std::thread::scope(|scope| {
+        let first = scope.spawn(|| answered(Request::get("/").header("x-a", "1")));
+        std::thread::sleep(Duration::from_millis(100));
+        let others: Vec<_> = (0..10).map(|_| scope.spawn(|| answered(Request::get("/").header("x-b", "1")))).collect();
+        let mut statuses = vec![first.join().unwrap()];
+        statuses.extend(others.into_iter().map(|t| t.join().unwrap()));
+        statuses
+    });
+
+    assert!(
+        statuses.iter().all(Result::is_ok),
+        "a request was never answered (a decision made on a tick was dropped): {statuses:?}"
+    );
+    assert_eq!(statuses[0].as_ref().ok(), Some(&503), "it took its failure rule when its refill failed");
+    assert_eq!(envoy.metric("a", "degraded.timeout"), 1);
+}
+
+/// The user's reproduction: 2 proxies × 2 workers, 12 clients, a 40/s budget leased 8 at
+/// a time, a 50 ms deadline, an emergency cap.
+fn busy_lease() -> String {
+    config(
+        "40/second",
+        40,
+        r#"{"size": 8, "duration": "2s", "low_water": 2}"#,
+        r#"{"action": "deny", "emergency": {"rate": "100/second", "burst": 100}}"#,
+        "50ms",
+        "1s",
+    )
+}
+
+#[test]
+fn a_healthy_service_under_load_never_produces_a_degraded_decision() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let config = busy_lease();
+    let envoys: Vec<Envoy> = (0..2).map(|_| envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM)).collect();
+    let addrs: Vec<SocketAddr> = envoys.iter().map(Envoy::addr).collect();
+    let start = Instant::now();
+    let seen = Mutex::new((std::collections::BTreeMap::<u16, u64>::new(), Vec::<String>::new()));
+
+    std::thread::scope(|scope| {
+        for client in 0..12 {
+            let (seen, addr) = (&seen, addrs[client % 2]);
+            scope.spawn(move || {
+                let mut connection = Connection::connect(addr).unwrap();
+                while start.elapsed() < Duration::from_secs(3) {
+                    let response = connection.send(&Request::get("/").header("x-tenant", "acme")).unwrap();
+                    let mut seen = seen.lock().unwrap();
+                    *seen.0.entry(response.status).or_default() += 1;
+                    if let Some(fallback) = response.header("x-sluice-fallback") {
+                        seen.1.push(fallback.to_owned());
+                    }
+                }
+            });
+        }
+    });
+
+    let (statuses, fallbacks) = seen.into_inner().unwrap();
+    let degraded: u64 = envoys
+        .iter()
+        .map(|e| {
+            ["timeout", "refused", "reset", "bad_status", "bad_body", "lease_queue_full"]
+                .iter()
+                .map(|r| e.metric("tenant", &format!("degraded.{r}")))
+                .sum::<u64>()
+        })
+        .sum();
+    eprintln!("healthy service under load: statuses {statuses:?}, {} fallbacks, {degraded} degraded", fallbacks.len());
+    assert_eq!(
+        fallbacks.len(),
+        0,
+        "a healthy service produced degraded decisions: {:?}",
+        &fallbacks[..fallbacks.len().min(5)]
+    );
+    assert_eq!(degraded, 0);
+    assert!(statuses.keys().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    assert!(statuses.get(&429).copied().unwrap_or(0) > 0, "the budget ran out: the service's 429 decided the rest");
+}
+
+#[test]
+fn a_request_that_finds_its_lease_empty_waits_a_round_trip_not_a_tick() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    // Every other request finds the lease empty and waits for the refill it elects.
+    let config = config(
+        "100000/second",
+        100_000,
+        r#"{"size": 2, "duration": "10s", "low_water": 0}"#,
+        DENY,
+        HEALTHY_TIMEOUT,
+        "1s",
+    );
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(cluster("sluice-counter", service.addr(), true))
+        .sluice(filter(&config, sluice_artifacts::SLUICE_WASM))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut connection = Connection::connect(envoy.addr()).unwrap();
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let sent = Instant::now();
+        let response = connection.send(&Request::get("/").header("x-tenant", "acme")).unwrap();
+        assert_eq!(response.status, 200);
+        times.push(sent.elapsed());
+    }
+
+    // Requests alternate: one waits for a refill, the next spends what it brought.
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let waited = median(times.iter().skip(2).step_by(2).copied().collect());
+    let spent = median(times.iter().skip(3).step_by(2).copied().collect());
+    let refills = envoy.metric("tenant", "lease.refills");
+    eprintln!(
+        "a request that waited for its refill: {waited:?} (median); one that spent: {spent:?}; {refills} refills"
+    );
+    assert!(refills >= 90, "{refills} refills for 200 requests: the test did not make requests wait");
+    // The promise: the round trip to the service, not the root's tick (10 ms) nor two.
+    assert!(
+        waited.saturating_sub(spent) < Duration::from_millis(5),
+        "waiting for a refill cost {:?} more than spending (a tick is 10 ms)",
+        waited.saturating_sub(spent)
+    );
+}
