@@ -1,0 +1,187 @@
+//! The global group: one policy local, in `check` mode (h2c and HTTP/1.1) and in `lease`
+//! mode against a real `sluice-counter`, beside no filter; callouts per 1000 requests and
+//! latency at one connection beside a round trip to the service itself.
+
+use super::{Sample, TOKEN, base, baseline_wasm, median, wrk};
+use sluice_tests::counter::{self, Counter};
+use sluice_tests::envoy::{Envoy, cluster, sluice};
+use std::collections::BTreeMap;
+
+/// The global group's policy on `x-tenant`, by mode: `local`, `check` (either
+/// protocol) or `lease`, on a budget that never runs out; and `lease, over the limit`: a
+/// budget of 200 per second, leased 20 at a time, under a demand far above it (the
+/// budget is exhausted, most requests get the service's 429).
+fn global_policy(mode: &str) -> String {
+    let mode = mode.strip_prefix("before: ").unwrap_or(mode);
+    let (strategy, numbers) = match mode {
+        "check" | "check over HTTP/1.1" => {
+            (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
+        }
+        "lease" => (
+            r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
+            r#""1000000000/second","burst":1000000000"#,
+        ),
+        "lease, over the limit" => (
+            r#","global":{"strategy":"lease","lease":{"size":20,"duration":"1s","low_water":5}}"#,
+            r#""200/second","burst":200"#,
+        ),
+        _ => ("", r#""1000000000/second","burst":1000000000"#),
+    };
+    format!(
+        r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
+           "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":{numbers}{strategy}}}],
+           "response":{{"fallback_header":"x-sluice-fallback"}}}}"#
+    )
+}
+
+/// One Envoy of the global group, with no filter (`none`) or Sluice in `mode`, and the
+/// counter-service cluster: h2c, as the examples configure it, or HTTP/1.1 for the one
+/// variant that shows what the protocol adds to a check's latency.
+pub(crate) fn global_envoy(mode: &str, service: &Counter) -> Envoy {
+    let builder = base(1).cluster(cluster("sluice-counter", service.addr(), !mode.ends_with("HTTP/1.1")));
+    let builder = if mode == "none" {
+        builder
+    } else {
+        let filter = sluice(&global_policy(mode)).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN);
+        match (mode.starts_with("before: "), baseline_wasm()) {
+            (true, Some(before)) => builder.sluice(filter.wasm(before)),
+            _ => builder.sluice(filter),
+        }
+    };
+    builder.start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub(crate) fn global_group(rounds: u64, seconds: u64) {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy_with = |mode: &str| global_envoy(mode, &service);
+    // A wrk script that posts one check, as the filter does, straight to the service.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("check.lua");
+    let body = r#"{"tag":"t","entries":[{"key":"0123456789abcdef0123456789abcdef","policy_version":0,"limit":{"algorithm":"token_bucket","amount":1000000000,"per_ms":1000,"burst":1000000000},"cost":1}]}"#;
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.body = '{body}'\nwrk.headers[\"content-type\"] = \"application/json\"\nwrk.headers[\"authorization\"] = \"Bearer {TOKEN}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
+    let mut modes = vec!["none", "local", "check", "check over HTTP/1.1", "lease", "lease, over the limit"];
+    if baseline_wasm().is_some() {
+        modes.extend(["before: local", "before: check", "before: lease", "before: lease, over the limit"]);
+    }
+    for round in 1..=rounds {
+        for &mode in &modes {
+            let envoy = envoy_with(mode);
+            let url = format!("http://{}/", envoy.addr());
+            // A tenant named `reject` tells `wrk` that its 429s are expected.
+            let tenant = if mode.ends_with("lease, over the limit") { "x-tenant: reject" } else { "x-tenant: acme" };
+            let _ = wrk(&url, &[tenant], 32, 1, None);
+            let before = envoy.stats();
+            let saturated = wrk(&url, &[tenant], 32, seconds, None);
+            let after = envoy.stats();
+            let count = |stats: &sluice_tests::envoy::Stats, name: &str| stats.get(name).copied().unwrap_or(0);
+            let calls = count(&after, "wasmcustom.sluice.counter_service.callouts")
+                - count(&before, "wasmcustom.sluice.counter_service.callouts");
+            let requests =
+                count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
+            let degraded: u64 = after
+                .iter()
+                .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
+                .map(|(_, value)| *value)
+                .sum::<u64>()
+                - before
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
+                    .map(|(_, value)| *value)
+                    .sum::<u64>();
+            // Streams the client closed while they waited (wrk ending its run) are
+            // counted as rejected too; they are not the limiter's rejections.
+            let abandoned = count(&after, "wasmcustom.sluice.tenant.abandoned")
+                - count(&before, "wasmcustom.sluice.tenant.abandoned");
+            let rejected = count(&after, "wasmcustom.sluice.tenant.rejected")
+                - count(&before, "wasmcustom.sluice.tenant.rejected")
+                - abandoned;
+            if rejected > 0 && !mode.ends_with("lease, over the limit") {
+                // A budget that never runs out rejected: say what the filter counted.
+                let changed: Vec<String> = after
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("wasmcustom.sluice."))
+                    .map(|(name, value)| (name, value.saturating_sub(count(&before, name))))
+                    .filter(|(_, delta)| *delta > 0)
+                    .map(|(name, delta)| format!("{name} +{delta}"))
+                    .collect();
+                eprintln!("note: {mode} rejected {rejected} on a budget that never runs out; counted: {changed:?}");
+            }
+            let one = wrk(&url, &[tenant], 1, seconds, None);
+            let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
+            eprintln!(
+                "round {round}: {mode:21} {:>8.0} req/s saturated (p50 {:.0} µs, p99 {:.0} µs), {per_thousand:.2} callouts \
+                 per 1000, {rejected} rejected, {degraded} degraded, {abandoned} abandoned; 1 connection p50 {:.0} µs",
+                saturated.rps, saturated.p50_us, saturated.p99_us, one.p50_us
+            );
+            rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
+            rows.entry(format!("{mode}, 1 connection")).or_default().push(one);
+            rows.entry(format!("{mode}, callouts per 1000 requests")).or_default().push(Sample {
+                rps: per_thousand,
+                p50_us: 0.0,
+                p99_us: 0.0,
+            });
+        }
+        let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
+        let service_max =
+            wrk(&format!("http://{}/v1/check", service.addr()), &[], 32, seconds, Some(script.to_str().unwrap()));
+        eprintln!(
+            "round {round}: service alone: 1 connection p50 {:.0} µs; 32 connections {:.0} req/s",
+            rtt.p50_us, service_max.rps
+        );
+        rows.entry("service alone, 1 connection".to_owned()).or_default().push(rtt);
+        rows.entry("service alone, 32 connections".to_owned()).or_default().push(service_max);
+    }
+    let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
+    println!(
+        "\n## global policy in check mode\n\n| row | median req/s | median p50 µs | median p99 µs |\n|---|---:|---:|---:|"
+    );
+    for name in rows.keys() {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} |",
+            med(name, |s| s.rps),
+            med(name, |s| s.p50_us),
+            med(name, |s| s.p99_us)
+        );
+    }
+    let added_cpu =
+        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
+    let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
+    let rtt = med("service alone, 1 connection", |s| s.p50_us);
+    println!(
+        "\ncheck mode over local: {:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
+        added_cpu("check"),
+        added_p50 / rtt
+    );
+    let added_p50_http1 =
+        med("check over HTTP/1.1, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
+    println!(
+        "check mode over HTTP/1.1 to the service: p50 +{added_p50_http1:.0} µs = {:.2} × one round trip",
+        added_p50_http1 / rtt
+    );
+    let over_none =
+        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
+    println!(
+        "added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
+         {:.2} callouts per 1000 requests in lease mode",
+        over_none("local"),
+        over_none("check"),
+        over_none("lease"),
+        over_none("lease") / over_none("local"),
+        med("lease, callouts per 1000 requests", |s| s.rps)
+    );
+    if baseline_wasm().is_some() {
+        println!(
+            "before (BASELINE_WASM), added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request",
+            over_none("before: local"),
+            over_none("before: check"),
+            over_none("before: lease"),
+        );
+    }
+}
