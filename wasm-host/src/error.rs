@@ -75,6 +75,15 @@ pub enum HostError {
         /// wasmtime's explanation.
         reason: String,
     },
+    /// The module could not be rewritten to count calls to the functions a test named
+    /// ([`crate::HostBuilder::count_calls_to`]).
+    #[error("{origin}: {reason}")]
+    Probe {
+        /// The path, or "the module bytes".
+        origin: String,
+        /// Which function, and what is wrong.
+        reason: String,
+    },
     /// The module is WebAssembly, but not a proxy-wasm 0.2 plugin.
     #[error("{origin} is not a proxy-wasm ABI 0.2 plugin: {reason}")]
     NotProxyWasm {

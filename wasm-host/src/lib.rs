@@ -122,8 +122,10 @@
 //!
 //! 1. **Data** (no state, no threads): [`headers`], [`request`] (what a test sends and
 //!    reads), [`clock`], [`logs`], [`metrics`], [`shared_data`] (Envoy's shared-data
-//!    rules), [`callout`] (what the wire or a script makes of a callout), and `error`
-//!    ([`HostError`], [`FailurePolicy`], [`TrapReport`]).
+//!    rules), [`callout`] (what the wire or a script makes of a callout), [`counts`]
+//!    (host calls and probed guest functions, counted), `probe` (the module rewrite
+//!    that counts entries into named guest functions), and `error` ([`HostError`],
+//!    [`FailurePolicy`], [`TrapReport`]).
 //! 2. **Shared services**, `services/`: what every worker of a host shares (`Shared`:
 //!    settings, clock, logs, metrics, the shared-data store, the shared queues, the
 //!    callout clusters and runtime, the trap and callout records) and the mailbox other
@@ -150,12 +152,14 @@
 mod abi;
 pub mod callout;
 pub mod clock;
+pub mod counts;
 mod engine;
 mod error;
 pub mod headers;
 pub mod host;
 pub mod logs;
 pub mod metrics;
+mod probe;
 pub mod request;
 pub mod serve;
 mod services;
@@ -165,6 +169,7 @@ pub mod worker;
 
 pub use callout::{Answer, CalloutRequest, Cluster};
 pub use clock::{Clock, SystemClock, VirtualClock};
+pub use counts::CallCounts;
 pub use headers::Headers;
 pub use host::{FailurePolicy, Host, HostBuilder, HostError, MetricsHandle, TrapReport, Wasm};
 pub use logs::{LogLevel, LogRecord, LogSource};

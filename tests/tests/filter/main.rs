@@ -3,6 +3,7 @@
 
 mod accuracy;
 mod behaviour;
+mod budget;
 mod concurrency;
 mod configs;
 mod global;

@@ -34,7 +34,7 @@ macro_rules! wasi {
             MODULE,
             $name,
             |mut caller: Caller<'_, HostState>, $($arg: $ty),*| -> wasmtime::Result<u32> {
-                match super::enter(&caller, $name).and_then(|()| $f(&mut caller, $($arg),*)) {
+                match super::enter(&mut caller, $name).and_then(|()| $f(&mut caller, $($arg),*)) {
                     Ok(()) => Ok(errno::SUCCESS),
                     Err(Failure::Status(super::status::INVALID_MEMORY_ACCESS)) => Ok(errno::FAULT),
                     Err(Failure::Status(code)) => Ok(code),

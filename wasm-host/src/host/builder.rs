@@ -15,6 +15,7 @@ use crate::engine;
 use crate::error::{FailurePolicy, HostError};
 use crate::logs::{LogLevel, LogRecord, LogSink, Printer};
 use crate::metrics::Metrics;
+use crate::probe;
 use crate::services::{Entropy, Services, Shared};
 use crate::shared_data::{BeforeSharedData, SharedDataStore};
 use crate::state::Plugin;
@@ -90,6 +91,7 @@ pub struct HostBuilder {
     ignore_callout_timeouts: bool,
     before_shared_data: Option<BeforeSharedData>,
     serve_mode: bool,
+    probes: Vec<String>,
 }
 
 enum ClockChoice {
@@ -132,6 +134,7 @@ impl HostBuilder {
             ignore_callout_timeouts: false,
             before_shared_data: None,
             serve_mode: false,
+            probes: Vec::new(),
         }
     }
 
@@ -323,6 +326,20 @@ impl HostBuilder {
         self
     }
 
+    /// Counts every entry into each of the guest's functions named here (by the module's
+    /// `name` section: `malloc`, `__multi3`, or a function of the plugin's own), read
+    /// back with [`Worker::call_counts`] and [`Host::call_counts`] beside the guest's
+    /// host calls, which are always counted. The module is rewritten before it is
+    /// compiled: each named function adds one to a counter on entry, and does nothing
+    /// else differently.
+    ///
+    /// [`HostBuilder::build`] fails when the module has no function of one of the names
+    /// (a stripped module has none), or is WAT text rather than binary.
+    pub fn count_calls_to<'a>(mut self, names: impl IntoIterator<Item = &'a str>) -> Self {
+        self.probes.extend(names.into_iter().map(str::to_owned));
+        self
+    }
+
     /// Compiles the module and starts every worker's VM: `_initialize`, then the root
     /// context (`proxy_on_context_create`, `proxy_on_vm_start`, `proxy_on_configure`).
     ///
@@ -336,6 +353,12 @@ impl HostBuilder {
                 std::fs::read(path).map_err(|source| HostError::ReadWasm { path: path.clone(), source })?
             }
             Wasm::Bytes(bytes) => bytes.clone(),
+        };
+        let bytes = if self.probes.is_empty() {
+            bytes
+        } else {
+            probe::instrument(&bytes, &self.probes)
+                .map_err(|e| HostError::Probe { origin: origin.clone(), reason: e.to_string() })?
         };
         let compiled = engine::compile(&bytes, &origin, self.call_time_limit.is_some())?;
         let (clock, virtual_clock): (Arc<dyn Clock>, Option<VirtualClock>) = match self.clock {
@@ -359,6 +382,7 @@ impl HostBuilder {
             properties: self.properties,
             env: self.env,
             entropy,
+            probes: self.probes,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,
             call_ticks: engine::call_ticks(self.call_time_limit),

@@ -20,6 +20,7 @@ pub use crate::error::{FailurePolicy, HostError, TrapReport};
 
 use crate::callout::CalloutRequest;
 use crate::clock::{Clock, VirtualClock, saturating_nanos};
+use crate::counts::CallCounts;
 use crate::logs::{LogLevel, LogRecord};
 use crate::metrics::{Histogram, MetricValue};
 use crate::services::Shared;
@@ -226,6 +227,17 @@ impl Host {
     /// Every callout the guests dispatched (accepted by the host), in order.
     pub fn callouts(&self) -> Vec<CalloutRequest> {
         self.shared.callouts()
+    }
+
+    /// What every worker's VM counted, summed: host calls, allocator re-entries, and
+    /// entries into the probed functions ([`HostBuilder::count_calls_to`]). Subtract
+    /// two readings for what happened in between.
+    pub fn call_counts(&mut self) -> CallCounts {
+        let mut total = CallCounts::default();
+        for worker in &mut self.workers {
+            total.add(&worker.call_counts());
+        }
+        total
     }
 
     /// Each worker's linear memory size in bytes.

@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     pub(crate) properties: HashMap<Vec<u8>, Vec<u8>>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) entropy: Entropy,
+    /// The guest functions whose entries each VM counts (`crate::probe`), in the order
+    /// of their counters.
+    pub(crate) probes: Vec<String>,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_memory: usize,
     /// Epoch ticks a single guest call may run before it traps.

@@ -43,9 +43,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
-use wasmtime::{Instance, InstancePre, Store, TypedFunc, WasmParams, WasmResults};
+use wasmtime::{Global, Instance, InstancePre, Store, TypedFunc, WasmParams, WasmResults};
 
+use crate::counts::CallCounts;
 use crate::error::HostError;
+use crate::probe;
 use crate::services::{Inbox, Mailbox, Shared};
 use crate::state::{HostState, Plugin, StreamContext};
 
@@ -72,6 +74,8 @@ struct Exports {
     on_response_trailers: Func<(u32, u32), u32>,
     on_http_call_response: Func<(u32, u32, u32, u32, u32), ()>,
     on_queue_ready: Func<(u32, u32), ()>,
+    /// The probed functions' counters ([`crate::probe`]), by function name.
+    probes: Vec<(String, Global)>,
 }
 
 impl Exports {
@@ -107,8 +111,24 @@ impl Exports {
             on_response_trailers: get(store, instance, "proxy_on_response_trailers")?,
             on_http_call_response: get(store, instance, "proxy_on_http_call_response")?,
             on_queue_ready: get(store, instance, "proxy_on_queue_ready")?,
+            probes: probes(store, instance)?,
         })
     }
+}
+
+/// The counters the probe rewrite exported, one per name the host was asked to count.
+fn probes(store: &mut Store<HostState>, instance: &Instance) -> Result<Vec<(String, Global)>, String> {
+    let names = store.data().shared.probes.clone();
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            instance
+                .get_global(&mut *store, &probe::export_name(i))
+                .map(|global| (name.clone(), global))
+                .ok_or_else(|| format!("the counter of calls to `{name}` is missing from the rewritten module"))
+        })
+        .collect()
 }
 
 /// What became of a guest call.
@@ -199,6 +219,23 @@ impl Worker {
     /// The context id of the root context new streams attach to.
     pub fn root_context_id(&self) -> u32 {
         self.root
+    }
+
+    /// What the VM counted since it started: its calls to each host function, the host's
+    /// re-entries into its allocator, and entries into the probed functions
+    /// ([`crate::HostBuilder::count_calls_to`]).
+    pub fn call_counts(&mut self) -> CallCounts {
+        let host = self.store.data().calls.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect();
+        let guest = self
+            .exports
+            .probes
+            .iter()
+            .map(|(name, global)| {
+                let count = global.get(&mut self.store).i64().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+                (name.clone(), count)
+            })
+            .collect();
+        CallCounts { host, guest }
     }
 
     /// How many streams are open (not yet finished) on this worker.

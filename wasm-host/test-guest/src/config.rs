@@ -16,6 +16,11 @@ pub(crate) enum Bench {
     Metric,
     /// `bench=clock`: reads the monotonic clock.
     Clock,
+    /// `bench=admit`: the host calls `sluice.wasm` makes to admit a request of one local
+    /// policy keyed on a header, in its order: the header `x-key`, the clock, the
+    /// shared-data key `bench` read and written back with its cas, and two counter
+    /// increments. What those calls cost without the filter's own code.
+    Admit,
 }
 
 /// The plugin configuration, one field per key.
@@ -64,6 +69,7 @@ impl Config {
                         "shared" => Bench::Shared,
                         "metric" => Bench::Metric,
                         "clock" => Bench::Clock,
+                        "admit" => Bench::Admit,
                         _ => Bench::Noop,
                     })
                 }

@@ -14,7 +14,7 @@
 //! | `tick_callout=<cluster>` | each tick dispatches a callout from the root context |
 //! | `tick_panic=1` | the first tick panics |
 //! | `generation=<g>` | every request gets `x-test-generation: <g>` |
-//! | `bench=noop`, `bench=get-header`, `bench=get-property`, `bench=shared`, `bench=metric`, `bench=clock` | benchmark modes (no other host calls); `calls=<n>` repeats the call |
+//! | `bench=noop`, `bench=get-header`, `bench=get-property`, `bench=shared`, `bench=metric`, `bench=clock`, `bench=admit` (the host calls of one admission by `sluice.wasm`, in its order) | benchmark modes (no other host calls); `calls=<n>` repeats the call |
 //! | `ops=<op,...>` | default request operations when a request has no `x-test-op` |
 //!
 //! # Request operations

@@ -10,7 +10,8 @@
 //! Groups (`BENCH_GROUPS`, comma-separated, default all; not `GROUPS`, which bash reserves):
 //! * `local`: no filter; the no-op wasm filter; native `local_ratelimit` admitting and
 //!   rejecting; Sluice admitting, rejecting, and admitting with headers on allowed
-//!   responses; 2 workers on one hot key, native and Sluice.
+//!   responses; the test guest making the host calls of one admission and nothing else;
+//!   2 workers on one hot key, native and Sluice.
 //! * `calls`: the test guest making one kind of host call 20 times per request, beside
 //!   its no-op mode: what one host call costs in V8 (where Sluice's time goes).
 //! * `global`: no filter, and Sluice with one policy local, global in `check` mode and
@@ -147,6 +148,7 @@ fn base(workers: usize) -> EnvoyBuilder {
 fn local_group() -> Vec<Variant> {
     let noop = sluice("bench=noop").wasm(sluice_artifacts::TEST_GUEST_WASM);
     let noop2 = noop.clone();
+    let admit_calls = sluice("bench=admit").wasm(sluice_artifacts::TEST_GUEST_WASM);
     let mut variants = vec![
         variant("no filter", "x-api-key: admit", || base(1)),
         variant("no-op wasm filter", "x-api-key: admit", move || base(1).sluice(noop.clone())),
@@ -161,6 +163,8 @@ fn local_group() -> Vec<Variant> {
         variant("sluice, admitted with headers_on_allowed", "x-api-key: admit", || {
             base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, true)))
         }),
+        // The host calls an admission makes, once each, without the filter's own code.
+        variant("test guest: an admission's host calls", "x-key: admit", move || base(1).sluice(admit_calls.clone())),
         variant("2 workers, one hot key: no-op wasm filter", "x-api-key: admit", move || base(2).sluice(noop2.clone())),
         variant("2 workers, one hot key: native", "x-api-key: admit", || {
             base(2).filter(native_local_ratelimit(1_000_000_000))

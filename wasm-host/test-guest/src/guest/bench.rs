@@ -50,6 +50,16 @@ impl HttpStream {
                 Bench::Clock => {
                     std::hint::black_box(std::time::Instant::now());
                 }
+                Bench::Admit => {
+                    let _ = std::hint::black_box(self.get_http_request_header_bytes("x-key"));
+                    std::hint::black_box(std::time::Instant::now());
+                    let (value, cas) = self.get_shared_data("bench");
+                    let _ = self.set_shared_data("bench", Some(&value.unwrap_or_default()), cas);
+                    if let Some(id) = bench_metric() {
+                        let _ = hostcalls::increment_metric(id, 1);
+                        let _ = hostcalls::increment_metric(id, 1);
+                    }
+                }
                 Bench::Noop => {}
             }
         }

@@ -1,0 +1,82 @@
+//! What one request costs the filter, counted in wasm-host rather than timed: the host
+//! calls it makes (each crosses from V8's compiled wasm into Envoy's C++), the host's
+//! re-entries into its allocator (Envoy hands the guest bytes by calling back into it),
+//! its allocations, and its 128-bit arithmetic (`__multi3`, `__udivti3`, ... are calls
+//! on wasm32). Counts, not times: they are the same on every machine, so this budget can
+//! never flake, and a change that adds one fails here. When a change is meant to move a
+//! count, change the budget here and say what it costs in docs/benchmarks.md (section
+//! "Envoy", what a request costs).
+
+use super::*;
+use wasm_host::CallCounts;
+
+/// The guest functions counted: the C allocator under Rust's `System` allocator on
+/// `wasm32-wasip1`, and the compiler's 128-bit helpers.
+const PROBES: [&str; 8] =
+    ["malloc", "calloc", "realloc", "__multi3", "__udivti3", "__umodti3", "__ashlti3", "__lshrti3"];
+
+/// One local policy keyed on a header, as the Envoy benchmark's `sluice, admitted` and
+/// `sluice, rejected` rows configure it.
+fn local_policy(rate: &str, burst: u64) -> String {
+    format!(
+        r#"{{"policies":[{{"name":"key","key":[{{"header":"x-api-key"}}],"rate":"{rate}","burst":{burst}}}],
+           "response":{{"headers_on_rejected":["retry_after","ratelimit"]}}}}"#
+    )
+}
+
+/// What the fourth request of a key costs, the whole stream (request, response, end):
+/// the first three create the key's slot and warm the worker's tables.
+fn one_request(config: &str) -> (u16, CallCounts) {
+    let mut host = builder(config).count_calls_to(PROBES).build().expect("the filter starts");
+    for _ in 0..3 {
+        send(&mut host, Request::get("/").header("x-api-key", "k"));
+    }
+    let before = host.call_counts();
+    let status = status(&mut host, Request::get("/").header("x-api-key", "k"));
+    (status, &host.call_counts() - &before)
+}
+
+/// Counts as `(name, count)` pairs, for a readable failure.
+fn pairs(counts: &std::collections::BTreeMap<String, u64>) -> Vec<(&str, u64)> {
+    counts.iter().map(|(name, n)| (name.as_str(), *n)).collect()
+}
+
+#[test]
+fn an_admitted_request_makes_only_the_host_calls_its_decision_needs() {
+    let (status, counts) = one_request(&local_policy("1000000/second", 1_000_000));
+
+    assert_eq!(status, 200);
+    assert_eq!(
+        pairs(&counts.host),
+        [
+            ("clock_time_get", 1),
+            ("proxy_get_header_map_value", 1),
+            ("proxy_get_shared_data", 1),
+            ("proxy_increment_metric", 2),
+            ("proxy_on_memory_allocate", 2),
+            ("proxy_set_shared_data", 1),
+        ],
+        "the key header, the clock, the bucket read and written by CAS, and the offered and allowed counters"
+    );
+    assert_eq!(pairs(&counts.guest), [("__multi3", 3), ("malloc", 4)]);
+}
+
+#[test]
+fn a_rejected_request_makes_no_host_call_beyond_its_decision_and_its_reply() {
+    let (status, counts) = one_request(&local_policy("1/hour", 1));
+
+    assert_eq!(status, 429);
+    assert_eq!(
+        pairs(&counts.host),
+        [
+            ("clock_time_get", 1),
+            ("proxy_get_header_map_value", 1),
+            ("proxy_get_shared_data", 1),
+            ("proxy_increment_metric", 3),
+            ("proxy_on_memory_allocate", 2),
+            ("proxy_send_local_response", 1),
+        ],
+        "no CAS write (nothing is spent), and the reply"
+    );
+    assert_eq!(pairs(&counts.guest), [("__multi3", 4), ("malloc", 15)]);
+}

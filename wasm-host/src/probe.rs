@@ -1,0 +1,257 @@
+//! How often a guest enters some of its own functions: the module is rewritten before
+//! it is compiled so that each probed function (found by its name in the module's
+//! `name` section) adds one to a counter of its own on entry, kept in an exported
+//! global that the host reads back.
+//!
+//! This is how a test counts what it cannot see from the host side: allocations
+//! (`malloc`, `realloc`), 128-bit arithmetic (`__multi3`, `__udivti3`, which compilers
+//! call for `u128` multiplication and division on wasm32), or any function of the
+//! filter's own. Counts, not times: the same module, configuration and requests give the
+//! same figures on any machine, so a test can hold a per-request budget without ever
+//! flaking. The probe adds four instructions per entry; the rewritten module behaves as
+//! the original does in every other respect.
+
+use std::collections::BTreeMap;
+
+use wasm_encoder::reencode::{self, Reencode};
+use wasm_encoder::{ConstExpr, ExportKind, GlobalType, Instruction, ValType};
+use wasmparser::{KnownCustom, Name, Parser, Payload, TypeRef};
+
+/// The prefix of the exported globals that hold the counts.
+const EXPORT_PREFIX: &str = "wasm_host_probe_";
+
+/// The export that holds the count of probe `index`.
+pub(crate) fn export_name(index: usize) -> String {
+    format!("{EXPORT_PREFIX}{index}")
+}
+
+/// Why a module could not be probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProbeError {
+    /// The module does not parse, or could not be written back.
+    Module(String),
+    /// No function of the module has this name (a stripped module has no names at all).
+    NoSuchFunction(String),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Module(reason) => write!(f, "cannot rewrite the module to count calls: {reason}"),
+            Self::NoSuchFunction(name) => write!(
+                f,
+                "cannot count calls to `{name}`: no function of the module has that name \
+                 (its `name` section lacks it, or the module was stripped)"
+            ),
+        }
+    }
+}
+
+/// What the rewrite needs to know about the module first.
+struct Layout {
+    imported_functions: u32,
+    globals: u32,
+    names: BTreeMap<String, u32>,
+}
+
+fn layout(bytes: &[u8]) -> Result<Layout, ProbeError> {
+    let module = |e: wasmparser::BinaryReaderError| ProbeError::Module(e.to_string());
+    let mut layout = Layout { imported_functions: 0, globals: 0, names: BTreeMap::new() };
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(module)? {
+            Payload::ImportSection(imports) => {
+                for import in imports.into_imports() {
+                    match import.map_err(module)?.ty {
+                        TypeRef::Func(_) | TypeRef::FuncExact(_) => layout.imported_functions += 1,
+                        TypeRef::Global(_) => layout.globals += 1,
+                        _ => {}
+                    }
+                }
+            }
+            Payload::GlobalSection(globals) => layout.globals += globals.count(),
+            Payload::CustomSection(section) => {
+                if let KnownCustom::Name(reader) = section.as_known() {
+                    for name in reader {
+                        if let Name::Function(map) = name.map_err(module)? {
+                            for naming in map {
+                                let naming = naming.map_err(module)?;
+                                layout.names.entry(naming.name.to_owned()).or_insert(naming.index);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(layout)
+}
+
+/// The rewrite: counters appended to the globals and exported, a prologue in each probed
+/// function.
+struct Prober {
+    /// Probed function index -> the global that counts it.
+    counters: BTreeMap<u32, u32>,
+    /// The first counter's global index; the others follow it.
+    first_counter: u32,
+    /// The index of the next function body the code section gives.
+    next_function: u32,
+    /// Whether the counters were added to a global and an export section.
+    written: (bool, bool),
+}
+
+impl Reencode for Prober {
+    type Error = std::convert::Infallible;
+
+    fn parse_global_section(
+        &mut self,
+        globals: &mut wasm_encoder::GlobalSection,
+        section: wasmparser::GlobalSectionReader<'_>,
+    ) -> Result<(), reencode::Error<Self::Error>> {
+        reencode::utils::parse_global_section(self, globals, section)?;
+        self.written.0 = true;
+        for _ in &self.counters {
+            globals
+                .global(GlobalType { val_type: ValType::I64, mutable: true, shared: false }, &ConstExpr::i64_const(0));
+        }
+        Ok(())
+    }
+
+    fn parse_export_section(
+        &mut self,
+        exports: &mut wasm_encoder::ExportSection,
+        section: wasmparser::ExportSectionReader<'_>,
+    ) -> Result<(), reencode::Error<Self::Error>> {
+        reencode::utils::parse_export_section(self, exports, section)?;
+        self.written.1 = true;
+        for (i, global) in (self.first_counter..).take(self.counters.len()).enumerate() {
+            exports.export(&export_name(i), ExportKind::Global, global);
+        }
+        Ok(())
+    }
+
+    fn parse_function_body(
+        &mut self,
+        code: &mut wasm_encoder::CodeSection,
+        func: wasmparser::FunctionBody<'_>,
+    ) -> Result<(), reencode::Error<Self::Error>> {
+        let index = self.next_function;
+        self.next_function += 1;
+        let mut function = self.new_function_with_parsed_locals(&func)?;
+        if let Some(&global) = self.counters.get(&index) {
+            function.instruction(&Instruction::GlobalGet(global));
+            function.instruction(&Instruction::I64Const(1));
+            function.instruction(&Instruction::I64Add);
+            function.instruction(&Instruction::GlobalSet(global));
+        }
+        let mut reader = func.get_operators_reader()?;
+        while !reader.eof() {
+            function.instruction(&self.parse_instruction(&mut reader)?);
+        }
+        code.function(&function);
+        Ok(())
+    }
+}
+
+/// `bytes` rewritten so that each function named in `names` counts its entries; the
+/// count of `names[i]` is in the exported global [`export_name`]`(i)`.
+///
+/// # Errors
+/// [`ProbeError::NoSuchFunction`] for a name no function defined in the module has (or
+/// a name given twice); [`ProbeError::Module`] when the module does not parse, or has no
+/// global or export section to add the counters to (every module a Rust toolchain
+/// emits has both: the stack pointer, and the exported entry points).
+pub(crate) fn instrument(bytes: &[u8], names: &[String]) -> Result<Vec<u8>, ProbeError> {
+    let layout = layout(bytes)?;
+    let mut counters = BTreeMap::new();
+    for (global, name) in (layout.globals..).zip(names) {
+        let index = layout
+            .names
+            .get(name)
+            .copied()
+            .filter(|&index| index >= layout.imported_functions)
+            .ok_or_else(|| ProbeError::NoSuchFunction(name.clone()))?;
+        if counters.insert(index, global).is_some() {
+            return Err(ProbeError::NoSuchFunction(format!("{name} (named twice)")));
+        }
+    }
+    let mut prober = Prober {
+        counters,
+        first_counter: layout.globals,
+        next_function: layout.imported_functions,
+        written: (false, false),
+    };
+    let mut module = wasm_encoder::Module::new();
+    reencode::utils::parse_core_module(&mut prober, &mut module, Parser::new(0), bytes)
+        .map_err(|e| ProbeError::Module(e.to_string()))?;
+    if !names.is_empty() && prober.written != (true, true) {
+        return Err(ProbeError::Module("it has no global section or no export section to hold the counters".into()));
+    }
+    Ok(module.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    const MODULE: &str = r#"(module
+        (import "env" "log" (func $log (param i32)))
+        (global $sp (mut i32) (i32.const 1024))
+        (func $square (export "square") (param i32) (result i32)
+            local.get 0 local.get 0 i32.mul)
+        (func $twice_square (export "twice_square") (param i32) (result i32)
+            local.get 0 call $square local.get 0 call $square i32.add)
+        (func $untouched (export "untouched") (result i32) global.get $sp))"#;
+
+    fn run(names: &[&str], calls: &[(&str, i32)]) -> (Vec<i32>, Vec<i64>) {
+        let bytes = wat::parse_str(MODULE).expect("the test module parses");
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let probed = instrument(&bytes, &names).expect("the module is probed");
+        let engine = Engine::default();
+        let module = Module::new(&engine, probed).expect("the probed module is valid");
+        let mut store = Store::new(&engine, ());
+        let log = wasmtime::Func::wrap(&mut store, |_: i32| {});
+        let instance = Instance::new(&mut store, &module, &[log.into()]).expect("it instantiates");
+        let results = calls
+            .iter()
+            .map(|(name, arg)| {
+                let f = instance.get_typed_func::<i32, i32>(&mut store, name).expect("exported");
+                f.call(&mut store, *arg).expect("runs")
+            })
+            .collect();
+        let counts = (0..names.len())
+            .map(|i| instance.get_global(&mut store, &export_name(i)).expect("counter").get(&mut store).unwrap_i64())
+            .collect();
+        (results, counts)
+    }
+
+    #[test]
+    fn each_probed_function_counts_its_entries_and_computes_what_it_did_before() {
+        let (results, counts) = run(&["square", "twice_square"], &[("square", 3), ("twice_square", 2), ("square", 4)]);
+
+        assert_eq!(results, [9, 8, 16]);
+        assert_eq!(counts, [4, 1], "square: twice directly, twice through twice_square");
+    }
+
+    #[test]
+    fn functions_that_are_not_probed_are_left_as_they_were() {
+        let bytes = wat::parse_str(MODULE).expect("the test module parses");
+        let probed = instrument(&bytes, &["square".to_owned()]).expect("probed");
+        let unprobed = instrument(&bytes, &[]).expect("rewritten without probes");
+
+        assert_eq!(unprobed, bytes, "a rewrite without probes gives the module back byte for byte");
+        assert!(probed.len() > bytes.len());
+    }
+
+    #[test]
+    fn a_name_no_function_has_is_refused_with_that_name() {
+        let bytes = wat::parse_str(MODULE).expect("the test module parses");
+
+        for name in ["malloc", "log"] {
+            let error = instrument(&bytes, &[name.to_owned()]).expect_err("no such defined function");
+            assert_eq!(error, ProbeError::NoSuchFunction(name.to_owned()));
+            assert!(error.to_string().contains(&format!("`{name}`")), "{error}");
+        }
+    }
+}
