@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// The layers, from the bottom; a module may import from its own layer and those below.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("data", &["headers", "request", "clock", "logs", "metrics", "shared_data", "callout", "error"]),
+    ("data", &["headers", "request", "clock", "logs", "metrics", "shared_data", "callout", "counts", "probe", "error"]),
     ("shared services", &["services"]),
     ("VM state", &["state"]),
     ("host functions", &["abi"]),
