@@ -173,12 +173,14 @@ fn local_group() -> Vec<Variant> {
             base(2).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)))
         }),
     ];
-    if let Some(before) = baseline_wasm() {
-        let rejecting = before.clone();
-        variants.push(variant("before: sluice, admitted", "x-api-key: admit", move || {
-            base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)).wasm(before.clone()))
+    for (label, wasm) in other_builds() {
+        let rejecting = wasm.clone();
+        let admitted: &'static str = Box::leak(format!("{label}: sluice, admitted").into_boxed_str());
+        let rejected: &'static str = Box::leak(format!("{label}: sluice, rejected").into_boxed_str());
+        variants.push(variant(admitted, "x-api-key: admit", move || {
+            base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, false)).wasm(wasm.clone()))
         }));
-        variants.push(variant("before: sluice, rejected", "x-api-key: reject", move || {
+        variants.push(variant(rejected, "x-api-key: reject", move || {
             base(1).sluice(sluice(&sluice_local("1/hour", 1, false)).wasm(rejecting.clone()))
         }));
     }
@@ -190,6 +192,19 @@ fn local_group() -> Vec<Variant> {
 /// a change, on the same machine in the same run).
 fn baseline_wasm() -> Option<std::path::PathBuf> {
     std::env::var_os("BASELINE_WASM").map(Into::into)
+}
+
+/// Other builds of `sluice.wasm` whose local rows are measured beside this one's, each
+/// named by its label: `before` for `BASELINE_WASM`, and each `label=path` of
+/// `COMPARE_WASM` (separated by `;`), for comparing build settings or changes in one
+/// run.
+fn other_builds() -> Vec<(String, std::path::PathBuf)> {
+    let compared = std::env::var("COMPARE_WASM").unwrap_or_default();
+    let compared = compared
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(label, path)| (label.trim().to_owned(), std::path::PathBuf::from(path.trim())));
+    baseline_wasm().map(|path| ("before".to_owned(), path)).into_iter().chain(compared).collect()
 }
 
 fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'static str, Vec<Sample>> {
@@ -298,13 +313,15 @@ fn main() {
             "\nno-op wasm floor {floor:.0} ns; native adds {native_admit:.0} ns admitted, {native_reject:.0} ns rejected; \
              sluice adds above the floor {sluice_admit:.0} ns admitted, {sluice_reject:.0} ns rejected"
         );
-        if baseline_wasm().is_some() {
+        for (label, _) in other_builds() {
             println!(
-                "before (BASELINE_WASM): sluice adds above the floor {:.0} ns admitted, {:.0} ns rejected",
-                1e9 / rps("before: sluice, admitted") - 1e9 / rps("no-op wasm filter"),
-                1e9 / rps("before: sluice, rejected") - 1e9 / rps("no-op wasm filter"),
+                "{label}: sluice adds above the floor {:.0} ns admitted, {:.0} ns rejected",
+                1e9 / rps(&format!("{label}: sluice, admitted")) - 1e9 / rps("no-op wasm filter"),
+                1e9 / rps(&format!("{label}: sluice, rejected")) - 1e9 / rps("no-op wasm filter"),
             );
         }
+        let calls = 1e9 / rps("test guest: an admission's host calls") - 1e9 / rps("no-op wasm filter");
+        println!("an admission's host calls alone (test guest) add {calls:.0} ns above the floor");
     }
     if groups.contains("calls") {
         let variants = host_call_group();
