@@ -2,15 +2,14 @@
 //! through an exact reference bucket: over-admission must be zero. A variant of the
 //! store that ignores CAS tokens shows that the test catches lost updates.
 
-mod support;
-
 use shared_store::{
     Cas, Clock, Entry, Limit, Limiter, MemoryStore, Nanos, Placement, Rate, Request, Store, StoreError, Swap,
 };
+use sluice_testkit::bucket::ReferenceBucket;
+use sluice_testkit::rng::Rng;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
-use support::{Rng, over_admission};
 
 /// Each decision reads a clock that every thread pushes forward, so time flows with
 /// the load and the threads' clock reads interleave like Envoy workers'.
@@ -63,7 +62,7 @@ fn race<S: Store + Send + Sync + 'static>(
             let (store, clock, places) = (Arc::clone(&store), clock.clone(), Arc::clone(&places));
             thread::spawn(move || {
                 let limiter = Limiter::new(store, clock);
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+                let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
                 let mut admits = Vec::new();
                 let mut contended = 0;
                 for _ in 0..decisions {
@@ -101,7 +100,8 @@ fn assert_no_over_admission(threads: usize, keys: usize) {
     let (amount, per, burst) = limit_for(keys);
     let mut run = race(MemoryStore::new(), threads, 100_000, keys, (amount, per, burst));
     let admitted: usize = run.admits.iter().map(Vec::len).sum();
-    let over: usize = run.admits.iter_mut().map(|admits| over_admission(amount, per, burst, admits)).sum();
+    let over: u64 =
+        run.admits.iter_mut().map(|admits| ReferenceBucket::new(amount, per, burst).over_admitted(admits)).sum();
     assert_eq!(over, 0, "{threads} threads, {keys} keys: {over} over-admissions among {admitted}");
     assert!(admitted > 1000, "the test must admit enough to mean something ({admitted})");
     eprintln!("{threads} threads × 100000 on {keys} keys: {admitted} admitted, {} contended, 0 over", run.contended);
@@ -142,7 +142,7 @@ fn the_oracle_catches_a_limiter_that_writes_without_cas() {
     let mut over = 0;
     for _ in 0..5 {
         let mut run = race(IgnoresCas(MemoryStore::new()), 8, 100_000, 1, (amount, per, burst));
-        over += over_admission(amount, per, burst, &mut run.admits[0]);
+        over += ReferenceBucket::new(amount, per, burst).over_admitted(&mut run.admits[0]);
         if over > 0 {
             break;
         }
@@ -166,7 +166,7 @@ fn layered_limits_stay_exact_for_every_layer_under_contention() {
                 let limiter = Limiter::new(store, clock);
                 let tenant_key = Placement::dedicated("tenant");
                 let users: Vec<Placement> = (0..4).map(|u| Placement::dedicated(format!("user/{u}"))).collect();
-                let mut rng = Rng(t + 11);
+                let mut rng = Rng::new(t + 11);
                 let mut admits = Vec::new();
                 for _ in 0..50_000 {
                     let u = rng.below(4) as usize;
@@ -188,11 +188,11 @@ fn layered_limits_stay_exact_for_every_layer_under_contention() {
 
     let mut tenant_admits: Vec<(u64, u64)> = admits.iter().map(|(_, at)| (*at, 1)).collect();
     let (a, p, b) = tenant_limit;
-    assert_eq!(over_admission(a, p, b, &mut tenant_admits), 0, "tenant layer");
+    assert_eq!(ReferenceBucket::new(a, p, b).over_admitted(&mut tenant_admits), 0, "tenant layer");
     for u in 0..4 {
         let mut user_admits: Vec<(u64, u64)> = admits.iter().filter(|(w, _)| *w == u).map(|(_, at)| (*at, 1)).collect();
         let (a, p, b) = user_limit;
-        assert_eq!(over_admission(a, p, b, &mut user_admits), 0, "user {u} layer");
+        assert_eq!(ReferenceBucket::new(a, p, b).over_admitted(&mut user_admits), 0, "user {u} layer");
     }
     assert!(admits.len() > 1000);
 }
@@ -224,7 +224,7 @@ fn reserve_and_refund_half(give_back: GiveBack, threads: usize, decisions: usize
             thread::spawn(move || {
                 let limiter = Limiter::new(Arc::clone(&store), clock);
                 let place = Placement::dedicated("key");
-                let mut rng = Rng(t as u64 + 101);
+                let mut rng = Rng::new(t as u64 + 101);
                 let mut kept = Vec::new();
                 for _ in 0..decisions {
                     let before = store.get("key").unwrap();
@@ -266,7 +266,7 @@ fn kept_reservations_stay_within_the_limit_when_others_are_refunded_under_conten
     let (amount, per, burst) = REFUNDED_LIMIT;
     let mut kept = reserve_and_refund_half(GiveBack::Refund, 8, 50_000);
 
-    let over = over_admission(amount, per, burst, &mut kept);
+    let over = ReferenceBucket::new(amount, per, burst).over_admitted(&mut kept);
 
     assert_eq!(over, 0, "{over} over-admissions among {} kept", kept.len());
     assert!(kept.len() > 1000, "the test must keep enough to mean something ({})", kept.len());
@@ -278,7 +278,7 @@ fn the_oracle_catches_a_refund_that_restores_a_snapshot() {
     let mut over = 0;
     for _ in 0..5 {
         let mut kept = reserve_and_refund_half(GiveBack::RestoreSnapshot, 8, 50_000);
-        over += over_admission(amount, per, burst, &mut kept);
+        over += ReferenceBucket::new(amount, per, burst).over_admitted(&mut kept);
         if over > 0 {
             break;
         }

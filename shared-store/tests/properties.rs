@@ -5,14 +5,13 @@
 
 #[path = "properties/charges.rs"]
 mod charges;
-mod support;
 
 use proptest::prelude::*;
 use shared_store::{
     Decision, Limit, Limiter, LogEntry, ManualClock, MemoryStore, Nanos, Placement, Rate, Record, Request, Reservation,
     State, Verdict, descriptor,
 };
-use support::over_admission;
+use sluice_testkit::bucket::ReferenceBucket;
 
 /// Applies `arrivals` (time steps that may go backwards, costs) to one key. Returns the
 /// admissions, each at the latest time an admission had seen so far (the oracles'
@@ -86,7 +85,7 @@ proptest! {
         let limit = Limit::token_bucket(Rate::new(amount, Nanos(per)).unwrap(), burst).unwrap();
         let mut admits: Vec<(u64, u64)> =
             drive(&limit, 1 << 40, &arrivals).into_iter().map(|(at, cost, _)| (at, cost)).collect();
-        prop_assert_eq!(over_admission(amount, per, burst, &mut admits), 0);
+        prop_assert_eq!(ReferenceBucket::new(amount, per, burst).over_admitted(&mut admits), 0);
     }
 
     #[test]
@@ -102,7 +101,7 @@ proptest! {
             prop_assert!(decision.delay() <= Nanos(max_wait));
         }
         let mut admits: Vec<(u64, u64)> = admitted.into_iter().map(|(at, cost, _)| (at, cost)).collect();
-        prop_assert_eq!(over_admission(amount, per, queue, &mut admits), 0);
+        prop_assert_eq!(ReferenceBucket::new(amount, per, queue).over_admitted(&mut admits), 0);
     }
 
     #[test]
@@ -344,7 +343,7 @@ proptest! {
             limiter.commit(reservation);
             kept.push((at, 1));
         }
-        let over = over_admission(amount, per, burst, &mut kept);
+        let over = ReferenceBucket::new(amount, per, burst).over_admitted(&mut kept);
         prop_assert_eq!(over, 0);
     }
 }

@@ -2,9 +2,10 @@
 //! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
 //! ([`upstream`]), an upstream that echoes the request head ([`echo`]), loopback servers
 //! that misbehave on the wire in one chosen way ([`wire`]) or as a counter service can
-//! ([`faults`]), a real `sluice-counter` ([`counter`]) and Redis ([`redis`]), and the reference bucket
-//! admissions are replayed through ([`oracle`]), and the deterministic simulation of a
-//! fleet of proxies and the counter service under faults ([`fleet`]).
+//! ([`faults`]), a real `sluice-counter` ([`counter`]) and Redis ([`redis`]), and the
+//! deterministic simulation of a fleet of proxies and the counter service under faults
+//! ([`fleet`]). The reference bucket admissions are replayed through is
+//! `sluice_testkit::bucket`.
 
 pub mod counter;
 pub mod deploy;
@@ -13,7 +14,6 @@ pub mod envoy;
 pub mod faults;
 pub mod fleet;
 pub mod http;
-pub mod oracle;
 pub mod redis;
 pub mod upstream;
 pub mod wire;

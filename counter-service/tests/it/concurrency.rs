@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use shared_store::{Nanos, State};
+use sluice_testkit::rng::Rng;
 
 use crate::load::{Replay, client, limit, replay};
 use crate::support::{HEAVY, Http, RedisServer, free_port, wait_until};
@@ -116,11 +117,9 @@ async fn naive_client(
 ) -> Vec<(usize, u64, u64)> {
     let limit = limit();
     let mut admits = Vec::new();
-    let mut x = seed | 1;
+    let mut rng = Rng::new(seed);
     while Instant::now() < until {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let key = (x % keys.len() as u64) as usize;
         let cost = 1 + (x >> 8) % 3;
         let (sec, usec): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.expect("TIME");

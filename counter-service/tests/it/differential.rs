@@ -14,35 +14,12 @@ use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
 use sluice_counter::api::ChargePlan;
 use sluice_counter::store::lease_life;
+use sluice_testkit::rng::Rng;
 
 use crate::support::{RedisServer, charge_request, entry, lease_plan_at_least, plan, redis_store, t_us};
 
 /// The `ttl_ms` of `support::lease_request`.
 const LEASE_TTL_MS: u64 = 1000;
-
-/// xorshift64*: deterministic, seedable, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 fn random_spec(rng: &mut Rng) -> LimitSpec {
     let periods = [1, 3, 7, 10, 100, 250, 1000, 1500, 60_000, 3_600_000, 86_400_000, MAX_PERIOD_MS];
@@ -205,7 +182,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let store = redis_store(&redis);
     let seed = std::env::var("SLUICE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_1234_ABCD_0001_u64);
     let cases: u64 = std::env::var("SLUICE_DIFF_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut compared = 0u64;
     let mut rejections = 0u64;
     let mut charges = 0u64;

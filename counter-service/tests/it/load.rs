@@ -1,11 +1,15 @@
 //! How the concurrency and fault tests load the service and judge it: client loops that
-//! record every answer, and the oracle that replays admissions against an exact bucket.
+//! record every answer, and the oracle that replays admissions against the exact
+//! reference bucket (`sluice_testkit::bucket`, independent of the shared-store limiter
+//! the service decides with, so that a bug there cannot pass here).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use shared_store::{Limit, Nanos, Rate, State};
+use shared_store::{Limit, Nanos, Rate};
+use sluice_testkit::bucket::ReferenceBucket;
+use sluice_testkit::rng::Rng;
 
 use crate::support::Http;
 
@@ -42,11 +46,9 @@ pub struct Record {
 /// A client that sends checks on random keys until `until`, recording every answer.
 pub async fn client(http: Http, keys: Vec<String>, seed: u64, until: Instant) -> Vec<Record> {
     let mut records = Vec::new();
-    let mut x = seed | 1;
+    let mut rng = Rng::new(seed);
     while Instant::now() < until {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let key = (x % keys.len() as u64) as usize;
         let cost = 1 + (x >> 8) % 3;
         let started = Instant::now();
@@ -72,46 +74,39 @@ pub struct Replay {
     /// Admissions the reference would have rejected.
     pub over_admitted: u64,
     pub admitted: u64,
-    /// Per key: the reference state and its latest time.
-    pub states: HashMap<usize, (Option<State>, Nanos)>,
+    /// Per key: the reference bucket and its latest time (ns).
+    pub states: HashMap<usize, (ReferenceBucket, u64)>,
+}
+
+/// The reference for [`limit`]: a full bucket.
+fn reference() -> ReferenceBucket {
+    ReferenceBucket::new(AMOUNT, PER_MS * 1_000_000, BURST)
 }
 
 pub fn replay(admits: impl IntoIterator<Item = (usize, u64, u64)>) -> Replay {
-    let limit = limit();
     let mut admits: Vec<(usize, u64, u64)> = admits.into_iter().collect();
     admits.sort_by_key(|(key, _, at)| (*key, *at));
     let mut out = Replay::default();
     for (key, cost, at) in admits {
-        let (state, last) = out.states.entry(key).or_insert((None, Nanos::ZERO));
-        let now = Nanos(at).max(*last);
-        let (decision, next) = limit.decide(state.as_ref(), now, cost);
+        let (bucket, last) = out.states.entry(key).or_insert_with(|| (reference(), 0));
+        let now = at.max(*last);
         out.admitted += 1;
-        match next {
-            Some(next) if decision.is_admitted() => {
-                *state = Some(next);
-                *last = now;
-            }
-            _ => {
-                // Over-admitted: the spend happened anyway, so charge it without limit
-                // to keep replaying faithfully.
-                out.over_admitted += 1;
-                let tat = match state {
-                    Some(State::Gcra { tat }) => (*tat).max(u128::from(now.as_u64()) * u128::from(AMOUNT)),
-                    _ => u128::from(now.as_u64()) * u128::from(AMOUNT),
-                };
-                *state = Some(State::Gcra { tat: tat + u128::from(cost) * u128::from(PER_MS) * 1_000_000 });
-                *last = now;
-            }
+        if !bucket.admit(now, cost) {
+            // Over-admitted: the spend happened anyway, so charge it without limit to
+            // keep replaying faithfully.
+            out.over_admitted += 1;
+            bucket.charge(now, cost);
         }
+        *last = now;
     }
     out
 }
 
-/// The reference's answer to a cost-0 query on `key` at `at`.
+/// The reference's answer to a cost-0 query on `key` at `at`: (remaining, reset after).
 pub fn reference_query(replay: &Replay, key: usize, at: u64) -> (u64, u64) {
-    let (state, last) = replay.states.get(&key).cloned().unwrap_or((None, Nanos::ZERO));
-    let (decision, _) = limit().decide(state.as_ref(), Nanos(at).max(last), 0);
-    (decision.remaining, decision.reset_after.as_u64())
+    let (bucket, last) = replay.states.get(&key).cloned().unwrap_or_else(|| (reference(), 0));
+    let now = at.max(last);
+    (bucket.remaining(now), bucket.reset_after_ns(now))
 }
 
 /// Asks the service for each key's state (cost 0) and compares it with the reference:

@@ -10,7 +10,7 @@
 //! hands it the turn. Every choice is made by the one running thread from one
 //! generator, so a seed replays the same interleaving.
 
-use super::rng::Rng;
+use sluice_testkit::rng::Rng;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 

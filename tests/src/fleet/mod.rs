@@ -32,7 +32,6 @@
 
 pub mod interleave;
 pub mod oracle;
-pub mod rng;
 pub mod scenario;
 pub mod service;
 mod timeline;
@@ -42,9 +41,9 @@ pub use scenario::Scenario;
 
 use interleave::Baton;
 use oracle::{Observed, Oracle, Violation};
-use rng::Rng;
 use scenario::PolicyDef;
 use service::Service;
+use sluice_testkit::rng::Rng;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

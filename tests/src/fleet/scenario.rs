@@ -3,10 +3,10 @@
 //! lease policies mixed, several per request, every failure rule), the traffic (hot
 //! keys, identity floods, costs), and a timeline of faults and configuration reloads.
 //!
-//! The same seed always gives the same scenario (see [`super::rng`]).
+//! The same seed always gives the same scenario (see `sluice_testkit::rng`).
 
-use super::rng::Rng;
 use super::service::Mode;
+use sluice_testkit::rng::Rng;
 use std::time::Duration;
 
 /// The header a policy keys on.

@@ -7,13 +7,13 @@
 //! for the round trip the scenario gives; every decision is recorded (in virtual time)
 //! for the oracles: grants with their life, admitted checks, charges.
 
-use super::rng::Rng;
 use shared_store::{Clock as _, Nanos};
 use sluice_counter::App;
 use sluice_counter::config::{Config, Secret};
 use sluice_counter::routes::router;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, LeaseRequest, LeaseResponse};
+use sluice_testkit::rng::Rng;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;

@@ -1,8 +1,8 @@
 //! The traffic: who arrives when, at which proxy and worker, with which headers.
 
 use super::oracle::Sent;
-use super::rng::Rng;
 use super::scenario::Scenario;
+use sluice_testkit::rng::Rng;
 use std::time::Duration;
 use wasm_host::Request;
 

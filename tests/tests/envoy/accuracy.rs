@@ -7,8 +7,8 @@
 
 use super::*;
 use sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
+use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::envoy::SluiceFilter;
-use sluice_tests::oracle::{ReferenceBucket, latency_slack, over_admitted};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -85,7 +85,7 @@ fn over_admission(run: &mut Run) -> u64 {
     let slack = latency_slack(RATE, SECOND_NS, run.max_latency_ns);
     run.admits
         .values_mut()
-        .map(|admits| over_admitted(&mut ReferenceBucket::new(RATE, SECOND_NS, BURST + slack), admits))
+        .map(|admits| ReferenceBucket::new(RATE, SECOND_NS, BURST + slack).over_admitted(admits))
         .sum()
 }
 

@@ -5,11 +5,11 @@
 //! local and global policies.
 
 use super::*;
+use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use sluice_tests::faults::{Behaviour, Peer, closed_port};
 use sluice_tests::http::Connection;
-use sluice_tests::oracle::{ReferenceBucket, latency_slack, over_admitted};
 use sluice_tests::redis::Redis;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -117,7 +117,7 @@ fn assert_one_budget(service: &Counter) {
 
     let slack = latency_slack(RATE, SECOND_NS, max_latency);
     let over: u64 =
-        admits.values_mut().map(|a| over_admitted(&mut ReferenceBucket::new(RATE, SECOND_NS, BURST + slack), a)).sum();
+        admits.values_mut().map(|a| ReferenceBucket::new(RATE, SECOND_NS, BURST + slack).over_admitted(a)).sum();
     let admitted: usize = admits.values().map(Vec::len).sum();
     eprintln!("2 Envoys × 2 workers: {admitted} admitted, statuses {statuses:?}, longest round trip {max_latency} ns");
     assert_eq!(over, 0, "the proxies together admitted more than the global budget");

@@ -1,9 +1,11 @@
 //! Four workers on real threads over one shared-data store: zero over-admission against
-//! an exact reference token bucket replayed over every admit.
+//! the exact reference token bucket (`sluice_testkit::bucket`) replayed over every admit.
 
 use super::*;
 use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
+
+use sluice_testkit::bucket::ReferenceBucket;
 
 const WORKERS: usize = 4;
 const KEYS: u64 = 8;
@@ -14,23 +16,6 @@ const INTERVAL_NS: u64 = 100_000_000;
 const BURST: u64 = 5;
 /// Not a multiple of the interval, so refills land between phases.
 const PHASE_NS: u64 = 130_000_000;
-
-/// The exact reference: a GCRA token bucket in integer nanoseconds.
-struct Reference {
-    tat: u64,
-}
-
-impl Reference {
-    /// Whether an admission at `now` is within the limit (and records it).
-    fn admit(&mut self, now: u64) -> bool {
-        let tat = self.tat.max(now);
-        if tat + INTERVAL_NS - now > BURST * INTERVAL_NS {
-            return false;
-        }
-        self.tat = tat + INTERVAL_NS;
-        true
-    }
-}
 
 #[test]
 fn four_workers_on_threads_never_admit_more_than_the_reference_bucket() {
@@ -73,14 +58,15 @@ fn four_workers_on_threads_never_admit_more_than_the_reference_bucket() {
         }
     });
 
-    let mut references: BTreeMap<u64, Reference> = (0..KEYS).map(|k| (k, Reference { tat: 0 })).collect();
+    let mut references: BTreeMap<u64, ReferenceBucket> =
+        (0..KEYS).map(|k| (k, ReferenceBucket::new(1, INTERVAL_NS, BURST))).collect();
     let mut admits = admits.into_inner().unwrap();
     admits.sort();
     let mut over_admitted = 0;
     let mut per_key = BTreeMap::<u64, u64>::new();
     for (phase, key) in &admits {
         let now = 1_000_000_000 + phase * PHASE_NS;
-        if !references.get_mut(key).unwrap().admit(now) {
+        if !references.get_mut(key).unwrap().admit(now, 1) {
             over_admitted += 1;
         }
         *per_key.entry(*key).or_default() += 1;

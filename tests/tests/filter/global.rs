@@ -4,8 +4,8 @@
 //! glue's handling of host calls that fail.
 
 use super::*;
+use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::counter::{self, Counter};
-use sluice_tests::oracle::{ReferenceBucket, latency_slack, over_admitted};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -176,7 +176,7 @@ fn several_hosts_with_several_workers_share_one_global_budget() {
     let (mut admits, max_latency, failures) = seen.into_inner().unwrap();
     let slack = latency_slack(5, 1_000_000_000, max_latency);
     let over: u64 =
-        admits.values_mut().map(|a| over_admitted(&mut ReferenceBucket::new(5, 1_000_000_000, 30 + slack), a)).sum();
+        admits.values_mut().map(|a| ReferenceBucket::new(5, 1_000_000_000, 30 + slack).over_admitted(a)).sum();
     let admitted: usize = admits.values().map(Vec::len).sum();
     eprintln!("3 hosts × 2 workers: {admitted} admitted, {failures} failed, longest round trip {max_latency} ns");
     assert_eq!(over, 0);

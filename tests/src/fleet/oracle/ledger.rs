@@ -4,7 +4,7 @@
 use super::{Oracle, Violation};
 use crate::fleet::scenario::{Algorithm, PolicyDef};
 use crate::fleet::service::Decision;
-use crate::oracle::ReferenceBucket;
+use sluice_testkit::bucket::ReferenceBucket;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The replay of one counter's budget in the service's time.

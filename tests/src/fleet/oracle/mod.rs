@@ -40,9 +40,9 @@ pub use observed::{Next, Observed, Sent, Violation};
 
 use super::scenario::{Failure, Kind, PolicyDef, Scenario};
 use super::service::{Decision, Mode};
-use crate::oracle::ReferenceBucket;
 use ledger::Budget;
 use observed::parse_fallback;
+use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -313,7 +313,7 @@ impl Oracle {
                     // A caller's cap is its slot's bucket, or, while its slot is another
                     // caller's, the table's overflow bucket: between the two it may spend
                     // one burst more than one bucket holds (shared-store's slot tables).
-                    let slack = crate::oracle::latency_slack(rate, 1_000_000_000, 1_000_000);
+                    let slack = latency_slack(rate, 1_000_000_000, 1_000_000);
                     let cap = self
                         .caps
                         .entry((proxy, m.policy.name.clone(), m.policy.version, m.value.clone()))
