@@ -1,6 +1,7 @@
 //! What the integration tests share: Redis servers and clusters they start themselves
-//! ([`servers`]), stores and plans ([`stores`]), scenario targets ([`served`]), an HTTP
-//! client ([`http`]), and the lock that keeps the heavy tests apart.
+//! ([`servers`], on `sluice_testkit::redis`), stores and plans ([`stores`]), scenario
+//! targets ([`served`]), an HTTP client ([`http`]), free ports and polling (from
+//! `sluice_testkit`), and the lock that keeps the heavy tests apart.
 //!
 //! Every `redis-server` runs on a free loopback port, in its own temporary directory,
 //! with persistence off, under a small shell watchdog that kills it when the test
@@ -16,26 +17,13 @@ mod served;
 mod servers;
 mod stores;
 
-use std::time::{Duration, Instant};
-
 pub use http::*;
 pub use served::*;
 pub use servers::*;
 pub use stores::*;
 
-/// Polls `ready` every 20 ms until it holds or `within` passes.
-pub fn wait_until(within: Duration, what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A free loopback port (bound then released; good enough for tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
+pub use sluice_testkit::peers::free_port;
+pub use sluice_testkit::wait::until as wait_until;
 
 /// The load and fault tests take this exclusively (`HEAVY.write()`): each loads both
 /// cores, and their latency bounds assume nothing else in this binary runs beside them.

@@ -6,11 +6,11 @@
 
 use super::*;
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
+use sluice_testkit::redis::RedisServer;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use sluice_tests::faults::{Behaviour, Peer, closed_port};
 use sluice_tests::http::Connection;
-use sluice_tests::redis::Redis;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -136,7 +136,7 @@ fn several_envoys_share_one_global_budget_on_the_memory_store() {
 
 #[test]
 fn several_envoys_share_one_global_budget_on_redis() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
     assert_one_budget(&service);
 }
@@ -330,7 +330,7 @@ fn a_killed_service_hands_over_to_the_failure_rule_at_once_and_decisions_resume_
 
 #[test]
 fn redis_paused_hands_over_to_the_failure_rule_and_decisions_resume_after() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
     let envoy = envoy(&tenant_config("1000/second", 1000, r#"{"action": "allow"}"#), service.addr(), 2);
     let mut paused = false;

@@ -6,10 +6,10 @@
 
 use super::*;
 use sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
+use sluice_testkit::redis::RedisServer;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use sluice_tests::http::Connection;
-use sluice_tests::redis::Redis;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -186,7 +186,7 @@ fn envoys_and_wasm_hosts_on_one_leased_budget_never_admit_more_than_was_granted_
 
 #[test]
 fn envoys_and_wasm_hosts_on_one_leased_budget_never_admit_more_than_was_granted_on_redis() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
     assert_leases_never_admit_more_than_was_granted(&service);
 }
@@ -297,7 +297,7 @@ fn a_killed_service_is_bridged_by_the_lease_then_the_cap_and_the_outage_is_charg
 
 #[test]
 fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
     let config = config("1000/second", 1000, OUTAGE_LEASES, CAPPED, OUTAGE_TIMEOUT, "300ms");
     let envoy = envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM);
