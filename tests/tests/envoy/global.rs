@@ -6,10 +6,10 @@
 
 use super::*;
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
+use sluice_testkit::peers::{Peer, Step, refused};
 use sluice_testkit::redis::RedisServer;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
-use sluice_tests::faults::{Behaviour, Peer, closed_port};
 use sluice_tests::http::Connection;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -167,7 +167,7 @@ const DENY: &str = r#"{"action": "deny"}"#;
 
 #[test]
 fn a_service_that_never_answers_fails_closed_at_the_deadline() {
-    let silent = Peer::start(Behaviour::Silent);
+    let silent = Peer::silent();
     let envoy = envoy(&tenant_config("100/second", 10, DENY), silent.addr(), 1);
 
     let took = assert_fails_closed(&envoy, "timeout");
@@ -179,7 +179,7 @@ fn a_service_that_never_answers_fails_closed_at_the_deadline() {
 fn a_service_slower_than_the_deadline_fails_closed_at_the_deadline() {
     let body = r#"{"admitted":true,"at_ns":1,"entries":[]}"#;
     let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-    let slow = Peer::start(Behaviour::AnswerAfter(Duration::from_secs(2), response.into_bytes()));
+    let slow = Peer::start(vec![Step::Wait(Duration::from_secs(2)), Step::Write(response.into_bytes())]);
     let envoy = envoy(&tenant_config("100/second", 10, DENY), slow.addr(), 1);
 
     let _ = assert_fails_closed(&envoy, "timeout");
@@ -187,7 +187,7 @@ fn a_service_slower_than_the_deadline_fails_closed_at_the_deadline() {
 
 #[test]
 fn a_refused_connection_fails_closed_at_once() {
-    let envoy = envoy(&tenant_config("100/second", 10, DENY), closed_port(), 1);
+    let envoy = envoy(&tenant_config("100/second", 10, DENY), refused(), 1);
 
     let _ = assert_fails_closed(&envoy, "refused");
 }
@@ -212,7 +212,7 @@ fn a_malformed_answer_fails_closed() {
 fn an_unknown_cluster_fails_closed_without_a_callout() {
     let config =
         tenant_config("100/second", 10, DENY).replace(r#""cluster": "sluice-counter""#, r#""cluster": "nowhere""#);
-    let envoy = envoy(&config, closed_port(), 1);
+    let envoy = envoy(&config, refused(), 1);
 
     let _ = assert_fails_closed(&envoy, "dispatch_failed");
     assert_eq!(stat(&envoy, "counter_service.callouts"), 0);
@@ -231,7 +231,7 @@ fn a_wrong_or_missing_token_is_unauthorized_and_fails_closed() {
 
 #[test]
 fn fail_open_forwards_and_says_so() {
-    let envoy = envoy(&tenant_config("100/second", 10, r#"{"action": "allow"}"#), closed_port(), 1);
+    let envoy = envoy(&tenant_config("100/second", 10, r#"{"action": "allow"}"#), refused(), 1);
 
     let (status, fallback, _) = timed(&envoy, &tenant("acme"));
 
@@ -243,7 +243,7 @@ fn fail_open_forwards_and_says_so() {
 #[test]
 fn during_an_outage_the_emergency_cap_admits_within_its_bound_per_caller() {
     let capped = r#"{"action": "deny", "emergency": {"rate": "1/minute", "burst": 3}}"#;
-    let envoy = envoy(&tenant_config("100/second", 10, capped), closed_port(), 2);
+    let envoy = envoy(&tenant_config("100/second", 10, capped), refused(), 2);
 
     let acme: Vec<(u16, Option<String>, Duration)> = (0..6).map(|_| timed(&envoy, &tenant("acme"))).collect();
     let globex = timed(&envoy, &tenant("globex"));

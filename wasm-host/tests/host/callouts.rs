@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use wasm_host::{Answer, LogLevel, Message, Outcome, Request};
 
-use crate::common::{Behaviour, TestServer, forward, forwarded, guest, ops, refused_addr, text};
+use sluice_testkit::peers::{HOLD_LIMIT, Peer, Step, refused};
+
+use crate::common::{forward, forwarded, guest, ops, text};
 
 const BEFORE_HEADERS: &str = "upstream connect error or disconnect/reset before headers. reset reason: ";
 
@@ -263,17 +265,18 @@ fn a_root_context_can_call_out_from_a_tick() {
 
 #[test]
 fn a_real_server_answers_a_callout() {
-    let server = TestServer::start(Behaviour::Respond(
-        "HTTP/1.1 200 OK\r\nx-from-upstream: real\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-    ));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+    let server = Peer::start(vec![
+        Step::write("HTTP/1.1 200 OK\r\nx-from-upstream: real\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"),
+        Step::Close,
+    ]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
     assert_eq!(text(&forwarded, "x-callout-status"), "200");
     assert_eq!(text(&forwarded, "x-callout-body"), "ok");
     assert_eq!(text(&forwarded, "x-callout-x-from-upstream"), "real");
-    let seen = server.requests.lock().unwrap().clone();
+    let seen = server.requests_as_text();
     assert_eq!(seen.len(), 1);
     // What Envoy's HTTP/1 codec and router send (trailers dropped).
     assert_eq!(
@@ -285,11 +288,14 @@ fn a_real_server_answers_a_callout() {
 
 #[test]
 fn a_real_response_keeps_its_headers_in_wire_order_and_loses_its_trailers() {
-    let server = TestServer::start(Behaviour::Respond(
-        "HTTP/1.1 200 OK\r\nX-Dup: 1\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\nX-Dup: 2\r\n\r\n\
+    let server = Peer::start(vec![
+        Step::write(
+            "HTTP/1.1 200 OK\r\nX-Dup: 1\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\nX-Dup: 2\r\n\r\n\
          2\r\nok\r\n0\r\nx-trailer: t\r\n\r\n",
-    ));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+        ),
+        Step::Close,
+    ]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -304,8 +310,8 @@ fn a_real_response_keeps_its_headers_in_wire_order_and_loses_its_trailers() {
 #[test]
 fn a_real_server_error_reaches_the_filter_as_a_response() {
     let server =
-        TestServer::start(Behaviour::Respond("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+        Peer::start(vec![Step::write("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"), Step::Close]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -314,7 +320,7 @@ fn a_real_server_error_reaches_the_filter_as_a_response() {
 
 #[test]
 fn a_real_refused_connection_is_a_503_from_the_router() {
-    let mut host = guest().cluster("upstream", refused_addr()).build().unwrap();
+    let mut host = guest().cluster("upstream", refused()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -323,8 +329,8 @@ fn a_real_refused_connection_is_a_503_from_the_router() {
 
 #[test]
 fn a_real_server_that_closes_without_answering_is_a_503_from_the_router() {
-    let server = TestServer::start(Behaviour::Respond(""));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+    let server = Peer::start(vec![Step::write(""), Step::Close]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -333,8 +339,8 @@ fn a_real_server_that_closes_without_answering_is_a_503_from_the_router() {
 
 #[test]
 fn a_real_answer_that_is_not_http_is_a_502_from_the_router() {
-    let server = TestServer::start(Behaviour::Respond("this is not http\r\n\r\n"));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+    let server = Peer::start(vec![Step::write("this is not http\r\n\r\n"), Step::Close]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -343,8 +349,8 @@ fn a_real_answer_that_is_not_http_is_a_502_from_the_router() {
 
 #[test]
 fn a_real_head_cut_short_is_a_502_from_the_router() {
-    let server = TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-"));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+    let server = Peer::start(vec![Step::write("HTTP/1.1 200 OK\r\ncontent-"), Step::Close]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -353,8 +359,8 @@ fn a_real_head_cut_short_is_a_502_from_the_router() {
 
 #[test]
 fn a_real_body_cut_short_reaches_the_filter_with_zero_headers() {
-    let server = TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"));
-    let mut host = guest().cluster("upstream", server.addr).build().unwrap();
+    let server = Peer::start(vec![Step::write("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"), Step::Close]);
+    let mut host = guest().cluster("upstream", server.addr()).build().unwrap();
 
     let forwarded = forward(host.worker(0), callout(2000));
 
@@ -363,9 +369,9 @@ fn a_real_body_cut_short_reaches_the_filter_with_zero_headers() {
 
 #[test]
 fn a_real_server_that_never_answers_is_a_504_on_the_virtual_clock() {
-    let server = TestServer::start(Behaviour::Hold);
+    let server = Peer::silent();
     let mut host =
-        guest().cluster("upstream", server.addr).real_callout_wait(Duration::from_millis(50)).build().unwrap();
+        guest().cluster("upstream", server.addr()).real_callout_wait(Duration::from_millis(50)).build().unwrap();
     let stream = host.worker(0).request(callout(1000));
     let paused = host.worker(0).outcome(stream).unwrap() == Outcome::Paused;
 
@@ -377,9 +383,10 @@ fn a_real_server_that_never_answers_is_a_504_on_the_virtual_clock() {
 
 #[test]
 fn a_real_body_slower_than_the_timeout_reaches_the_filter_with_zero_headers() {
-    let server = TestServer::start(Behaviour::RespondAndHold("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"));
+    let server =
+        Peer::start(vec![Step::write("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"), Step::Wait(HOLD_LIMIT)]);
     let mut host =
-        guest().cluster("upstream", server.addr).real_callout_wait(Duration::from_millis(300)).build().unwrap();
+        guest().cluster("upstream", server.addr()).real_callout_wait(Duration::from_millis(300)).build().unwrap();
     let stream = host.worker(0).request(callout(1000));
 
     host.advance(Duration::from_millis(1000));

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{Behaviour, TestServer};
+use sluice_testkit::peers::{Peer, Step};
 
 /// How long `serve` may take to start or stop before the test fails.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -136,13 +136,16 @@ fn serve_runs_requests_through_the_filter_and_stops_gracefully() {
 
 #[test]
 fn serve_forwards_to_an_upstream_and_calls_out_to_clusters() {
-    let upstream = TestServer::start(Behaviour::Respond(
-        "HTTP/1.1 201 Created\r\nx-upstream: real\r\ncontent-length: 4\r\nconnection: close\r\n\r\nmade",
-    ));
-    let counter =
-        TestServer::start(Behaviour::Respond("HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nallow"));
-    let upstream_url = format!("http://{}", upstream.addr);
-    let cluster = format!("upstream={}", counter.addr);
+    let upstream = Peer::start(vec![
+        Step::write("HTTP/1.1 201 Created\r\nx-upstream: real\r\ncontent-length: 4\r\nconnection: close\r\n\r\nmade"),
+        Step::Close,
+    ]);
+    let counter = Peer::start(vec![
+        Step::write("HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nallow"),
+        Step::Close,
+    ]);
+    let upstream_url = format!("http://{}", upstream.addr());
+    let cluster = format!("upstream={}", counter.addr());
     let serve = Serve::start(&[
         "--wasm",
         sluice_artifacts::TEST_GUEST_WASM,
@@ -161,10 +164,10 @@ fn serve_forwards_to_an_upstream_and_calls_out_to_clusters() {
     assert_eq!(reply.body, "made");
     assert_eq!(reply.header("x-upstream"), Some("real"));
     assert_eq!(reply.header("x-filter"), Some("1"));
-    let forwarded = upstream.requests.lock().unwrap().clone();
+    let forwarded = upstream.requests_as_text();
     assert!(forwarded[0].starts_with("GET /resource HTTP/1.1\r\n"), "{}", forwarded[0]);
     assert!(forwarded[0].contains("x-callout-body: allow\r\n"), "{}", forwarded[0]);
-    assert_eq!(counter.requests.lock().unwrap().len(), 1);
+    assert_eq!(counter.requests().len(), 1);
 }
 
 #[test]
@@ -218,8 +221,8 @@ fn serve_explains_a_missing_or_invalid_wasm() {
 
 #[test]
 fn serve_fires_ticks_and_callout_timeouts_on_the_real_clock() {
-    let silent = TestServer::start(Behaviour::Hold);
-    let cluster = format!("upstream={}", silent.addr);
+    let silent = Peer::silent();
+    let cluster = format!("upstream={}", silent.addr());
     let serve = Serve::start(&[
         "--wasm",
         sluice_artifacts::TEST_GUEST_WASM,

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use sluice_artifacts::TEST_GUEST_WASM;
+use sluice_testkit::peers::{self, Peer, Step};
 use sluice_tests::echo::{self, Echo};
 use sluice_tests::envoy::{Envoy, cluster, sluice};
 use sluice_tests::http::Request;
-use sluice_tests::wire::{self, Step, WireServer};
 use wasm_host::{Host, Outcome};
 
 /// How much later than its deadline Envoy may end a callout.
@@ -146,10 +146,10 @@ pub(super) fn in_wasm_host(clusters: &[(&str, SocketAddr)], calls: &[Call], wait
 /// Runs `class` in both hosts; asserts they agree and that Envoy kept its deadline.
 pub(super) fn compare(class: &Class) -> Seen {
     let server = match &class.upstream {
-        Upstream::Server(steps) => Some(WireServer::start(steps.clone())),
+        Upstream::Server(steps) => Some(Peer::start(steps.clone())),
         Upstream::Refused => None,
     };
-    let addr = server.as_ref().map_or_else(wire::refused, WireServer::addr);
+    let addr = server.as_ref().map_or_else(peers::refused, Peer::addr);
     // Classes that stall wait for the server this long in real time before the virtual
     // clock moves to their timeout; a response head sent at once has arrived by then.
     let wait = match class.ends {

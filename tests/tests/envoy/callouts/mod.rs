@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use sluice_tests::wire::{self, Step, WireServer};
+use sluice_testkit::peers::{HOLD_LIMIT, Peer, Step};
 
 mod compare;
 
@@ -115,7 +115,7 @@ fn a_refused_connection_is_a_503_in_both_hosts() {
 #[test]
 fn an_upstream_that_never_answers_is_a_504_at_the_timeout_in_both_hosts() {
     let seen = compare(&Class {
-        upstream: Upstream::Server(vec![Step::Wait(wire::HOLD_LIMIT)]),
+        upstream: Upstream::Server(vec![Step::Wait(HOLD_LIMIT)]),
         timeout_ms: SHORT_TIMEOUT_MS,
         ends: Ends::AtTimeout,
     });
@@ -261,8 +261,8 @@ fn a_timeout_of_0_waits_for_a_slow_answer_in_both_hosts() {
 
 #[test]
 fn a_reset_leaves_its_status_code_for_the_next_callouts_in_both_hosts() {
-    let broken = WireServer::start(vec![Step::write("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"), Step::Reset]);
-    let fine = WireServer::start(vec![Step::Write(response("200 OK", &[], "ok"))]);
+    let broken = Peer::start(vec![Step::write("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\npart"), Step::Reset]);
+    let fine = Peer::start(vec![Step::Write(response("200 OK", &[], "ok"))]);
     let clusters = [("broken", broken.addr()), ("upstream", fine.addr())];
     let calls = [
         Call::to("upstream", LONG_TIMEOUT_MS),
@@ -283,7 +283,7 @@ fn a_reset_leaves_its_status_code_for_the_next_callouts_in_both_hosts() {
 
 #[test]
 fn an_unknown_cluster_or_a_missing_authority_is_a_bad_argument_in_both_hosts() {
-    let fine = WireServer::start(vec![Step::Write(response("200 OK", &[], "ok"))]);
+    let fine = Peer::start(vec![Step::Write(response("200 OK", &[], "ok"))]);
     let clusters = [("upstream", fine.addr())];
     let no_authority = Call { op: "callout-no-authority", ..Call::to("upstream", LONG_TIMEOUT_MS) };
     let calls = [Call::to("nope", LONG_TIMEOUT_MS), no_authority];

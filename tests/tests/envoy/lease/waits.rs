@@ -67,7 +67,7 @@ fn two_queues(timeout: &str) -> String {
 fn a_request_retried_on_a_tick_behind_a_longer_queue_is_never_dropped() {
     // The service is paused: it reads the refills and never answers; the callout deadline
     // (1 s) lets many ticks retry the waiting requests before the refills fail.
-    let paused = sluice_tests::faults::Peer::start(sluice_tests::faults::Behaviour::Silent);
+    let paused = sluice_testkit::peers::Peer::silent();
     let envoy = Envoy::builder()
         .workers(1)
         .cluster(cluster("sluice-counter", paused.addr(), false))
