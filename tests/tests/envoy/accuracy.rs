@@ -1,6 +1,6 @@
 //! Accuracy across real Envoy workers: 4 workers, 16 keep-alive connections on threads,
 //! fresh keys every phase (so every phase races to spend full buckets), every admission
-//! replayed through the reference bucket (see `sluice_tests::oracle` for why replaying
+//! replayed through the reference bucket (see `sluice_testkit::bucket` for why replaying
 //! at receipt times is sound), and Envoy's stats holding the accounting identity. The
 //! same load through the mutant that writes shared data without CAS must over-admit:
 //! that is what shows this test can fail.

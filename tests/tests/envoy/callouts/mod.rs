@@ -1,6 +1,6 @@
 //! Callouts (`proxy_http_call`) in Envoy and in wasm-host, compared: for every way an
 //! upstream can answer or fail on the wire, a loopback server that does exactly that
-//! (`sluice_tests::wire`), the test guest calling out to it from a request in real Envoy
+//! (`sluice_testkit::peers`), the test guest calling out to it from a request in real Envoy
 //! and in wasm-host (`Cluster::Http`, the same server), and what the guest saw in each
 //! host. The guest reports what it saw as request headers `x-callout-*` (header count,
 //! status, body, every response header pair, `proxy_get_status`); in Envoy the request
