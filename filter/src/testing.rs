@@ -75,6 +75,8 @@ pub struct RecordedMetrics {
     pub policies: HashMap<(usize, Counter), i64>,
     /// Per plugin.
     pub plugin: HashMap<PluginCounter, i64>,
+    /// How many times a count was handed over (a host call each, in the proxy).
+    pub handed_over: u64,
 }
 
 impl RecordedMetrics {
@@ -87,14 +89,21 @@ impl RecordedMetrics {
     pub fn plugin(&self, counter: PluginCounter) -> i64 {
         self.plugin.get(&counter).copied().unwrap_or(0)
     }
+
+    /// How many times a count was handed over.
+    pub const fn calls(&self) -> u64 {
+        self.handed_over
+    }
 }
 
 impl Metrics for RecordedMetrics {
     fn add(&mut self, policy: usize, counter: Counter, delta: i64) {
+        self.handed_over += 1;
         *self.policies.entry((policy, counter)).or_insert(0) += delta;
     }
 
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64) {
+        self.handed_over += 1;
         *self.plugin.entry(counter).or_insert(0) += delta;
     }
 }

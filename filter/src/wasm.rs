@@ -67,6 +67,14 @@ impl Context for Root {
             worker.on_root_answer(token, &read_answer(num_headers, body_size), &mut HostPort);
         }
     }
+
+    fn on_done(&mut self) -> bool {
+        // The VM is going away: counts still held in it go to the proxy now.
+        if let Some(worker) = &self.worker {
+            worker.flush_metrics();
+        }
+        true
+    }
 }
 
 impl RootContext for Root {

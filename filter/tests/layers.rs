@@ -63,7 +63,8 @@ const ENGINE_REQUEST: &[Layer] = &[
     ("the stages that decide", &["local", "check", "lease"]),
     ("the pipeline that chains them", &[MOD]),
 ];
-const WORKER: &[Layer] = &[("the port, the setup", &["port", "setup"]), ("the worker", &[MOD])];
+const WORKER: &[Layer] =
+    &[("the port, the setup, the batched counts", &["port", "setup", "batched"]), ("the worker", &[MOD])];
 const CONFIG: &[Layer] = &[
     ("the two forms and the error", &["model", "raw", "error"]),
     ("the two steps: parse and validate", &["parse", "validate"]),

@@ -6,7 +6,10 @@
 //! This is how a test counts what it cannot see from the host side: allocations
 //! (`malloc`, `realloc`), 128-bit arithmetic (`__multi3`, `__udivti3`, which compilers
 //! call for `u128` multiplication and division on wasm32), or any function of the
-//! filter's own. Counts, not times: the same module, configuration and requests give the
+//! filter's own. A few instructions can be counted the same way, by their text-format
+//! name ([`INSTRUCTIONS`]): each occurrence counts its executions first, which is how
+//! the bulk-memory copies and fills a request makes are counted (V8 runs each of them as
+//! a call out of the compiled code). Counts, not times: the same module, configuration and requests give the
 //! same figures on any machine, so a test can hold a per-request budget without ever
 //! flaking. The probe adds four instructions per entry; the rewritten module behaves as
 //! the original does in every other respect.
@@ -16,6 +19,20 @@ use std::collections::BTreeMap;
 use wasm_encoder::reencode::{self, Reencode};
 use wasm_encoder::{ConstExpr, ExportKind, GlobalType, Instruction, ValType};
 use wasmparser::{KnownCustom, Name, Parser, Payload, TypeRef};
+
+/// The instructions that can be counted, by their text-format name.
+pub const INSTRUCTIONS: [&str; 3] = ["memory.copy", "memory.fill", "call_indirect"];
+
+/// Whether `operator` is the instruction named `name` in [`INSTRUCTIONS`].
+fn is_instruction(operator: &wasmparser::Operator<'_>, name: &str) -> bool {
+    use wasmparser::Operator;
+    matches!(
+        (operator, name),
+        (Operator::MemoryCopy { .. }, "memory.copy")
+            | (Operator::MemoryFill { .. }, "memory.fill")
+            | (Operator::CallIndirect { .. }, "call_indirect")
+    )
+}
 
 /// The prefix of the exported globals that hold the counts.
 const EXPORT_PREFIX: &str = "wasm_host_probe_";
@@ -30,7 +47,8 @@ pub(crate) fn export_name(index: usize) -> String {
 pub(crate) enum ProbeError {
     /// The module does not parse, or could not be written back.
     Module(String),
-    /// No function of the module has this name (a stripped module has no names at all).
+    /// No function of the module has this name (a stripped module has no names at all),
+    /// and it is not one of the [`INSTRUCTIONS`].
     NoSuchFunction(String),
 }
 
@@ -92,6 +110,8 @@ fn layout(bytes: &[u8]) -> Result<Layout, ProbeError> {
 struct Prober {
     /// Probed function index -> the global that counts it.
     counters: BTreeMap<u32, u32>,
+    /// Probed instructions, by name, and the global that counts each.
+    instructions: Vec<(&'static str, u32)>,
     /// The first counter's global index; the others follow it.
     first_counter: u32,
     /// The index of the next function body the code section gives.
@@ -110,7 +130,7 @@ impl Reencode for Prober {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_global_section(self, globals, section)?;
         self.written.0 = true;
-        for _ in &self.counters {
+        for _ in 0..self.counters.len() + self.instructions.len() {
             globals
                 .global(GlobalType { val_type: ValType::I64, mutable: true, shared: false }, &ConstExpr::i64_const(0));
         }
@@ -124,7 +144,7 @@ impl Reencode for Prober {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_export_section(self, exports, section)?;
         self.written.1 = true;
-        for (i, global) in (self.first_counter..).take(self.counters.len()).enumerate() {
+        for (i, global) in (self.first_counter..).take(self.counters.len() + self.instructions.len()).enumerate() {
             exports.export(&export_name(i), ExportKind::Global, global);
         }
         Ok(())
@@ -139,22 +159,32 @@ impl Reencode for Prober {
         self.next_function += 1;
         let mut function = self.new_function_with_parsed_locals(&func)?;
         if let Some(&global) = self.counters.get(&index) {
-            function.instruction(&Instruction::GlobalGet(global));
-            function.instruction(&Instruction::I64Const(1));
-            function.instruction(&Instruction::I64Add);
-            function.instruction(&Instruction::GlobalSet(global));
+            count(&mut function, global);
         }
         let mut reader = func.get_operators_reader()?;
         while !reader.eof() {
-            function.instruction(&self.parse_instruction(&mut reader)?);
+            let operator = reader.read()?;
+            if let Some((_, global)) = self.instructions.iter().find(|(name, _)| is_instruction(&operator, name)) {
+                count(&mut function, *global);
+            }
+            function.instruction(&self.instruction(operator)?);
         }
         code.function(&function);
         Ok(())
     }
 }
 
-/// `bytes` rewritten so that each function named in `names` counts its entries; the
-/// count of `names[i]` is in the exported global [`export_name`]`(i)`.
+/// Adds one to the counter in `global`.
+fn count(function: &mut wasm_encoder::Function, global: u32) {
+    function.instruction(&Instruction::GlobalGet(global));
+    function.instruction(&Instruction::I64Const(1));
+    function.instruction(&Instruction::I64Add);
+    function.instruction(&Instruction::GlobalSet(global));
+}
+
+/// `bytes` rewritten so that each function named in `names` counts its entries, and each
+/// of the [`INSTRUCTIONS`] named there its executions; the count of `names[i]` is in the
+/// exported global [`export_name`]`(i)`.
 ///
 /// # Errors
 /// [`ProbeError::NoSuchFunction`] for a name no function defined in the module has (or
@@ -164,7 +194,15 @@ impl Reencode for Prober {
 pub(crate) fn instrument(bytes: &[u8], names: &[String]) -> Result<Vec<u8>, ProbeError> {
     let layout = layout(bytes)?;
     let mut counters = BTreeMap::new();
+    let mut instructions = Vec::new();
     for (global, name) in (layout.globals..).zip(names) {
+        if let Some(instruction) = INSTRUCTIONS.into_iter().find(|i| i == name) {
+            if instructions.iter().any(|(i, _)| *i == instruction) {
+                return Err(ProbeError::NoSuchFunction(format!("{name} (named twice)")));
+            }
+            instructions.push((instruction, global));
+            continue;
+        }
         let index = layout
             .names
             .get(name)
@@ -177,6 +215,7 @@ pub(crate) fn instrument(bytes: &[u8], names: &[String]) -> Result<Vec<u8>, Prob
     }
     let mut prober = Prober {
         counters,
+        instructions,
         first_counter: layout.globals,
         next_function: layout.imported_functions,
         written: (false, false),
@@ -232,6 +271,31 @@ mod tests {
 
         assert_eq!(results, [9, 8, 16]);
         assert_eq!(counts, [4, 1], "square: twice directly, twice through twice_square");
+    }
+
+    #[test]
+    fn an_instruction_counts_its_executions_wherever_it_stands() {
+        const COPIES: &str = r#"(module
+            (memory (export "memory") 1)
+            (global $sp (mut i32) (i32.const 1024))
+            (func $copy (export "copy") (param i32) (result i32)
+                (memory.copy (i32.const 0) (i32.const 16) (local.get 0))
+                (memory.copy (i32.const 32) (i32.const 48) (local.get 0))
+                (memory.fill (i32.const 64) (i32.const 7) (local.get 0))
+                (i32.load8_u (i32.const 64))))"#;
+        let bytes = wat::parse_str(COPIES).expect("the test module parses");
+        let probed = instrument(&bytes, &["memory.copy".to_owned(), "memory.fill".to_owned()]).expect("probed");
+        let engine = Engine::default();
+        let mut store = Store::new(&engine, ());
+        let instance = Instance::new(&mut store, &Module::new(&engine, probed).expect("valid"), &[]).expect("runs");
+        let copy = instance.get_typed_func::<i32, i32>(&mut store, "copy").expect("exported");
+        let results: Vec<i32> = (0..3).map(|_| copy.call(&mut store, 4).expect("runs")).collect();
+        let counts: Vec<i64> = (0..2)
+            .map(|i| instance.get_global(&mut store, &export_name(i)).expect("counter").get(&mut store).unwrap_i64())
+            .collect();
+
+        assert_eq!(results, [7, 7, 7]);
+        assert_eq!(counts, [6, 3], "two copies and one fill per call, three calls");
     }
 
     #[test]

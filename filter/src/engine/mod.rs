@@ -90,7 +90,7 @@ impl Engine {
         secret: HashKey,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let Config { policies, response, shaping, stat_prefix, counter_service } = config;
+        let Config { policies, response, shaping, stat_prefix, metrics_flush_ms, counter_service } = config;
         let invalid = |issue: Issue| ConfigError::Invalid(vec![issue]);
         let service = match counter_service {
             None => None,
@@ -132,6 +132,7 @@ impl Engine {
             response,
             shaping,
             stat_prefix,
+            metrics_flush_ms,
             secret,
             service,
             degraded: RefCell::new(LogLimiter::default()),
@@ -161,6 +162,11 @@ impl Engine {
     /// The metric name prefix.
     pub fn stat_prefix(&self) -> &str {
         &self.0.stat_prefix
+    }
+
+    /// How often counts kept in the VM are handed to the proxy (`None`: each at once).
+    pub const fn metrics_flush_ms(&self) -> Option<u32> {
+        self.0.metrics_flush_ms
     }
 
     /// How shaped requests are held.

@@ -64,6 +64,8 @@ pub(crate) struct Setup {
     pub(crate) response: Response,
     pub(crate) shaping: Shaping,
     pub(crate) stat_prefix: String,
+    /// How often the worker hands counts kept in the VM to the proxy (`None`: at once).
+    pub(crate) metrics_flush_ms: Option<u32>,
     pub(crate) secret: HashKey,
     pub(crate) service: Option<Service>,
     pub(crate) degraded: RefCell<LogLimiter>,

@@ -29,6 +29,7 @@
 //! is left. When a refill's answer arrives, the root retries this worker's waiting
 //! requests at once.
 
+mod batched;
 mod port;
 mod setup;
 #[cfg(test)]
@@ -37,6 +38,7 @@ mod tests;
 use crate::due::DueQueue;
 use crate::engine::{Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, SentOutgoing, Tally};
 use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts};
+use batched::Batched;
 pub use port::{Flow, Port};
 pub use setup::{LEASE_TICK_MS, MAX_DEADLINE_TICK_MS, MetricName, metric_names, tick_period};
 use shared_store::{Clock, Limiter, Store};
@@ -47,7 +49,8 @@ use std::collections::HashMap;
 pub struct Worker<S, C, M> {
     engine: Engine,
     limiter: Limiter<S, C>,
-    metrics: RefCell<M>,
+    /// Counts, handed to the proxy at once or on the tick (`metrics_flush`).
+    metrics: RefCell<Batched<M>>,
     /// Requests paused by shaping, until their turn.
     paused: RefCell<DueQueue<Tally>>,
     /// Requests waiting for the counter service's answer to their check, until their
@@ -112,10 +115,11 @@ impl<M: Metrics> Metrics for Counts<'_, M> {
 impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     /// A worker with nothing held; `wake` is its shared queue, if the host has them.
     pub fn new(engine: Engine, limiter: Limiter<S, C>, metrics: M, wake: Option<u32>) -> Self {
+        let metrics = Batched::new(metrics, engine.policies().count(), engine.metrics_flush_ms().is_some());
         Self {
             engine,
-            limiter,
             metrics: RefCell::new(metrics),
+            limiter,
             paused: RefCell::new(DueQueue::default()),
             waiting: RefCell::new(DueQueue::default()),
             lease_waiting: RefCell::new(HashMap::new()),
@@ -130,9 +134,17 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.wake
     }
 
-    /// Reads its metrics (tests).
+    /// Reads its metrics as the proxy has them (tests).
     pub fn metrics(&self) -> Option<std::cell::Ref<'_, M>> {
-        self.metrics.try_borrow().ok()
+        self.metrics.try_borrow().ok().map(|m| std::cell::Ref::map(m, Batched::inner))
+    }
+
+    /// Hands counts kept in the VM to the proxy (the tick does this; so does the end of
+    /// the VM).
+    pub fn flush_metrics(&self) {
+        if let Ok(mut metrics) = self.metrics.try_borrow_mut() {
+            metrics.flush();
+        }
     }
 
     /// How many requests it holds: paused, waiting for a check, waiting for a refill.
@@ -143,7 +155,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         (paused, waiting, lease)
     }
 
-    fn counts(&self) -> Counts<'_, M> {
+    fn counts(&self) -> Counts<'_, Batched<M>> {
         self.metrics.try_borrow_mut().map_or(Counts::Lost, Counts::Held)
     }
 
@@ -230,6 +242,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         for sent in expired {
             self.answered(sent, &CalloutAnswer::TimedOut);
         }
+        self.flush_metrics();
     }
 
     /// The answer to a call the root sent (callout `token`) arrived.

@@ -15,7 +15,8 @@ pub const LEASE_TICK_MS: u32 = 10;
 
 /// The tick period the configuration needs, in milliseconds: the shaping tick when a
 /// policy shapes, at most a quarter of the callout deadline with global policies, at
-/// most [`LEASE_TICK_MS`] with lease policies; `None` when nothing needs a tick.
+/// most [`LEASE_TICK_MS`] with lease policies, at most `metrics_flush` when metrics are
+/// kept in the VM; `None` when nothing needs a tick.
 pub fn tick_period(engine: &Engine) -> Option<u32> {
     let shaping =
         engine.policies().any(|p| matches!(p.limit, Limit::LeakyBucket { max_wait, .. } if max_wait > Nanos::ZERO));
@@ -27,6 +28,9 @@ pub fn tick_period(engine: &Engine) -> Option<u32> {
     }
     if engine.has_lease() {
         tick_ms = Some(tick_ms.map_or(LEASE_TICK_MS, |t| t.min(LEASE_TICK_MS)));
+    }
+    if let Some(flush) = engine.metrics_flush_ms() {
+        tick_ms = Some(tick_ms.map_or(flush, |t| t.min(flush)));
     }
     tick_ms
 }

@@ -123,6 +123,11 @@ impl Envoy {
         self.addr.expect("a started Envoy has a listener")
     }
 
+    /// The process id, while it runs (benchmarks read its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The admin interface's address.
     pub fn admin(&self) -> SocketAddr {
         self.admin.expect("a started Envoy has an admin address")

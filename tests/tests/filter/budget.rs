@@ -10,10 +10,23 @@
 use super::*;
 use wasm_host::CallCounts;
 
-/// The guest functions counted: the C allocator under Rust's `System` allocator on
-/// `wasm32-wasip1`, and the compiler's 128-bit helpers.
-const PROBES: [&str; 8] =
-    ["malloc", "calloc", "realloc", "__multi3", "__udivti3", "__umodti3", "__ashlti3", "__lshrti3"];
+/// What is counted in the guest: the C allocator under Rust's `System` allocator on
+/// `wasm32-wasip1`, the compiler's 128-bit helpers, and the instructions V8 runs as calls
+/// out of the compiled code (bulk-memory copies and fills) or through a table
+/// (`call_indirect`: the SDK's trait objects).
+const PROBES: [&str; 11] = [
+    "malloc",
+    "calloc",
+    "realloc",
+    "__multi3",
+    "__udivti3",
+    "__umodti3",
+    "__ashlti3",
+    "__lshrti3",
+    "memory.copy",
+    "memory.fill",
+    "call_indirect",
+];
 
 /// One local policy keyed on a header, as the Envoy benchmark's `sluice, admitted` and
 /// `sluice, rejected` rows configure it.
@@ -58,7 +71,10 @@ fn an_admitted_request_makes_only_the_host_calls_its_decision_needs() {
         ],
         "the key header, the clock, the bucket read and written by CAS, and the offered and allowed counters"
     );
-    assert_eq!(pairs(&counts.guest), [("__multi3", 3), ("malloc", 4)]);
+    assert_eq!(
+        pairs(&counts.guest),
+        [("__multi3", 3), ("call_indirect", 7), ("malloc", 4), ("memory.copy", 29), ("memory.fill", 1)]
+    );
 }
 
 #[test]
@@ -78,5 +94,29 @@ fn a_rejected_request_makes_no_host_call_beyond_its_decision_and_its_reply() {
         ],
         "no CAS write (nothing is spent), and the reply"
     );
-    assert_eq!(pairs(&counts.guest), [("__multi3", 4), ("malloc", 15)]);
+    assert_eq!(pairs(&counts.guest), [("__multi3", 4), ("call_indirect", 7), ("malloc", 15), ("memory.copy", 29)]);
+}
+
+#[test]
+fn with_metrics_flush_a_request_makes_no_metric_host_call_and_its_counts_arrive_on_the_tick() {
+    let config = local_policy("1000000/second", 1_000_000).replacen('{', r#"{"metrics_flush":"1s","#, 1);
+    let mut host = builder(&config).build().expect("the filter starts");
+    let before = host.call_counts();
+    for _ in 0..5 {
+        assert_eq!(status(&mut host, Request::get("/").header("x-api-key", "k")), 200);
+    }
+    let calls = &host.call_counts() - &before;
+
+    assert_eq!(calls.host("proxy_increment_metric"), 0, "{calls:?}");
+    assert_eq!(metric(&host, "key", "offered"), 0, "held in the VM until the flush");
+    host.advance(secs(1));
+    assert_eq!(metric(&host, "key", "offered"), 5);
+    assert_eq!(metric(&host, "key", "allowed"), 5);
+    assert_eq!(
+        (&host.call_counts() - &before).host("proxy_increment_metric"),
+        3,
+        "one host call per counter that moved (offered, allowed, and keys_created for the first request's new \
+         key), whatever the number of requests"
+    );
+    assert_accounting(&host, "key");
 }

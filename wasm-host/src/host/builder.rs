@@ -327,7 +327,9 @@ impl HostBuilder {
     }
 
     /// Counts every entry into each of the guest's functions named here (by the module's
-    /// `name` section: `malloc`, `__multi3`, or a function of the plugin's own), read
+    /// `name` section: `malloc`, `__multi3`, or a function of the plugin's own), and
+    /// every execution of the instructions named here by their text-format name
+    /// (`memory.copy`, `memory.fill`, `call_indirect`), read
     /// back with [`Worker::call_counts`] and [`Host::call_counts`] beside the guest's
     /// host calls, which are always counted. The module is rewritten before it is
     /// compiled: each named function adds one to a counter on entry, and does nothing

@@ -24,6 +24,8 @@ pub struct Config {
     pub shaping: Shaping,
     /// Metric name prefix.
     pub stat_prefix: String,
+    /// How often counts kept in the VM are handed to the proxy; `None`: each at once.
+    pub metrics_flush_ms: Option<u32>,
     /// The counter service, for global policies.
     pub counter_service: Option<CounterService>,
 }

@@ -32,6 +32,11 @@ pub struct RawConfig {
     /// Prefix of every metric name (`<stat_prefix>.<policy>.<counter>`). Default `sluice`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stat_prefix: Option<String>,
+    /// Count in the VM and hand the proxy its metrics this often (`10ms` to `60s`),
+    /// instead of one host call per counter per request: less CPU per request, and
+    /// statistics that lag by up to this long. Default: at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_flush: Option<DurationSpec>,
     /// The central counter service that keeps the budgets of global policies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counter_service: Option<RawCounterService>,

@@ -28,6 +28,12 @@ use policy::validate_policy;
 use response::{validate_response, validate_shaping};
 use std::collections::BTreeSet;
 
+/// The shortest `metrics_flush`: below it, the tick that flushes costs more than the
+/// host calls it saves.
+const MIN_METRICS_FLUSH_MS: u32 = 10;
+/// The longest `metrics_flush`: statistics may lag by this much.
+const MAX_METRICS_FLUSH_MS: u32 = 60_000;
+
 /// The validated configuration, or every issue found.
 ///
 /// # Errors
@@ -54,6 +60,14 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if !is_name(&stat_prefix) {
         issues.add("stat_prefix", format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {stat_prefix:?}"));
     }
+    let metrics_flush_ms = raw.metrics_flush.and_then(|spec| {
+        let millis =
+            u32::try_from(spec.millis).ok().filter(|ms| (MIN_METRICS_FLUSH_MS..=MAX_METRICS_FLUSH_MS).contains(ms));
+        if millis.is_none() {
+            issues.add("metrics_flush", format!("must be between 10ms and 60s, got \"{}{}\"", spec.amount, spec.unit));
+        }
+        millis
+    });
     let counter_service = raw.counter_service.map(|service| validate_counter_service(&mut issues, service));
     let checks = policies.iter().filter(|p| p.global.is_some_and(|g| g.strategy == Strategy::Check)).count();
     if checks > usize::from(sluice_protocol::DEFAULT_MAX_ENTRIES) {
@@ -89,7 +103,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         }
     }
     if issues.count() == 0 {
-        Ok(Config { policies, response, shaping, stat_prefix, counter_service })
+        Ok(Config { policies, response, shaping, stat_prefix, metrics_flush_ms, counter_service })
     } else {
         Err(ConfigError::Invalid(issues.into_vec()))
     }

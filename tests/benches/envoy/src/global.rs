@@ -2,7 +2,7 @@
 //! mode against a real `sluice-counter`, beside no filter; callouts per 1000 requests and
 //! latency at one connection beside a round trip to the service itself.
 
-use super::{Sample, TOKEN, base, baseline_wasm, median, wrk};
+use super::{Sample, TOKEN, base, baseline_wasm, measure, median, wrk};
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{Envoy, cluster, sluice};
 use std::collections::BTreeMap;
@@ -76,9 +76,9 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             let url = format!("http://{}/", envoy.addr());
             // A tenant named `reject` tells `wrk` that its 429s are expected.
             let tenant = if mode.ends_with("lease, over the limit") { "x-tenant: reject" } else { "x-tenant: acme" };
-            let _ = wrk(&url, &[tenant], 32, 1, None);
+            let _ = measure(&envoy, &[tenant], 32, 1);
             let before = envoy.stats();
-            let saturated = wrk(&url, &[tenant], 32, seconds, None);
+            let saturated = measure(&envoy, &[tenant], 32, seconds);
             let after = envoy.stats();
             let count = |stats: &sluice_tests::envoy::Stats, name: &str| stats.get(name).copied().unwrap_or(0);
             let calls = count(&after, "wasmcustom.sluice.counter_service.callouts")
@@ -122,11 +122,9 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             );
             rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
             rows.entry(format!("{mode}, 1 connection")).or_default().push(one);
-            rows.entry(format!("{mode}, callouts per 1000 requests")).or_default().push(Sample {
-                rps: per_thousand,
-                p50_us: 0.0,
-                p99_us: 0.0,
-            });
+            rows.entry(format!("{mode}, callouts per 1000 requests"))
+                .or_default()
+                .push(Sample { rps: per_thousand, ..Sample::default() });
         }
         let rtt = wrk(&format!("http://{}/v1/check", service.addr()), &[], 1, seconds, Some(script.to_str().unwrap()));
         let service_max =
@@ -140,22 +138,24 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     }
     let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
     println!(
-        "\n## global policy in check mode\n\n| row | median req/s | median p50 µs | median p99 µs |\n|---|---:|---:|---:|"
+        "\n## global policies\n\n| row | median req/s | median p50 µs | median p99 µs | Envoy CPU ns/request |\n|---|---:|---:|---:|---:|"
     );
     for name in rows.keys() {
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} |",
             med(name, |s| s.rps),
             med(name, |s| s.p50_us),
-            med(name, |s| s.p99_us)
+            med(name, |s| s.p99_us),
+            med(name, |s| s.cpu_ns_per_request)
         );
     }
-    let added_cpu =
-        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("local, saturated", |s| s.rps);
+    // Envoy's CPU time per request (all its threads), the steadier figure.
+    let cpu = |mode: &str| med(&format!("{mode}, saturated"), |s| s.cpu_ns_per_request);
+    let added_cpu = |mode: &str| cpu(mode) - cpu("local");
     let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
     let rtt = med("service alone, 1 connection", |s| s.p50_us);
     println!(
-        "\ncheck mode over local: {:.0} ns of Envoy-worker CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
+        "\ncheck mode over local: {:.0} ns of Envoy CPU per request; p50 +{added_p50:.0} µs = {:.2} × one round trip to the service ({rtt:.0} µs)",
         added_cpu("check"),
         added_p50 / rtt
     );
@@ -165,10 +165,9 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
         "check mode over HTTP/1.1 to the service: p50 +{added_p50_http1:.0} µs = {:.2} × one round trip",
         added_p50_http1 / rtt
     );
-    let over_none =
-        |mode: &str| 1e9 / med(&format!("{mode}, saturated"), |s| s.rps) - 1e9 / med("none, saturated", |s| s.rps);
+    let over_none = |mode: &str| cpu(mode) - cpu("none");
     println!(
-        "added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
+        "Envoy CPU added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
          {:.2} callouts per 1000 requests in lease mode",
         over_none("local"),
         over_none("check"),
@@ -178,7 +177,7 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     );
     if baseline_wasm().is_some() {
         println!(
-            "before (BASELINE_WASM), added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request",
+            "before (BASELINE_WASM), Envoy CPU added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request",
             over_none("before: local"),
             over_none("before: check"),
             over_none("before: lease"),

@@ -51,12 +51,40 @@ fn steal_and_total() -> (u64, u64) {
     (fields.get(7).copied().unwrap_or(0), fields.iter().take(8).sum())
 }
 
-/// One `wrk` run: requests per second and the latency percentiles it printed (µs).
+/// One `wrk` run: requests per second and the latency percentiles it printed (µs), and
+/// the CPU time Envoy spent per request meanwhile (all its threads, from
+/// `/proc/<pid>/stat`): unlike `1 / rate`, it leaves out time the machine gave to others
+/// (another process, the hypervisor's steal), so it is the steadier figure on a shared
+/// machine.
 #[derive(Debug, Clone, Copy, Default)]
 struct Sample {
     rps: f64,
     p50_us: f64,
     p99_us: f64,
+    requests: f64,
+    cpu_ns_per_request: f64,
+}
+
+/// CPU time process `pid` has used (user + system, all threads), in ns.
+fn cpu_ns(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces, so split after `)`).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(ticks * 1e7)
+}
+
+/// `wrk` against `envoy`, with Envoy's CPU time per request.
+fn measure(envoy: &Envoy, headers: &[&str], connections: u32, seconds: u64) -> Sample {
+    let url = format!("http://{}/", envoy.addr());
+    let before = envoy.pid().and_then(cpu_ns);
+    let mut sample = wrk(&url, headers, connections, seconds, None);
+    let after = envoy.pid().and_then(cpu_ns);
+    if let (Some(before), Some(after)) = (before, after) {
+        sample.cpu_ns_per_request = (after - before) / sample.requests.max(1.0);
+    }
+    sample
 }
 
 fn micros(text: &str) -> f64 {
@@ -87,6 +115,7 @@ fn wrk(url: &str, headers: &[&str], connections: u32, seconds: u64, script: Opti
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields.as_slice() {
             ["Requests/sec:", rps] => sample.rps = rps.parse().unwrap_or(0.0),
+            [requests, "requests", "in", ..] => sample.requests = requests.parse().unwrap_or(0.0),
             ["50%", value] => sample.p50_us = micros(value),
             ["99%", value] => sample.p99_us = micros(value),
             _ => {}
@@ -97,6 +126,11 @@ fn wrk(url: &str, headers: &[&str], connections: u32, seconds: u64, script: Opti
         eprintln!("note: non-2xx answers in a run meant to admit:\n{text}");
     }
     sample
+}
+
+/// The median of a variant's Envoy CPU time per request (NaN when it was not run).
+fn cpu_per_request(samples: &BTreeMap<&'static str, Vec<Sample>>, name: &str) -> f64 {
+    median(&mut samples.get(name).into_iter().flatten().map(|s| s.cpu_ns_per_request).collect::<Vec<_>>())
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -163,6 +197,10 @@ fn local_group() -> Vec<Variant> {
         variant("sluice, admitted with headers_on_allowed", "x-api-key: admit", || {
             base(1).sluice(sluice(&sluice_local("1000000000/second", 1_000_000_000, true)))
         }),
+        variant("sluice, no policy matches", "x-api-key: admit", || {
+            let policy = r#"{"policies":[{"name":"key","key":[{"header":"x-api-key"}],"match":{"path_exact":"/never"},"rate":"1/hour","burst":1}]}"#;
+            base(1).sluice(sluice(policy))
+        }),
         // The host calls an admission makes, once each, without the filter's own code.
         variant("test guest: an admission's host calls", "x-key: admit", move || base(1).sluice(admit_calls.clone())),
         variant("2 workers, one hot key: no-op wasm filter", "x-api-key: admit", move || base(2).sluice(noop2.clone())),
@@ -209,15 +247,20 @@ fn other_builds() -> Vec<(String, std::path::PathBuf)> {
 
 fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'static str, Vec<Sample>> {
     let mut samples: BTreeMap<&'static str, Vec<Sample>> = BTreeMap::new();
+    // `VARIANTS`: run only the variants whose names contain one of these (comma-separated).
+    let only: Vec<String> =
+        std::env::var("VARIANTS").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
     for round in 1..=rounds {
-        for v in variants {
+        for v in variants.iter().filter(|v| only.is_empty() || only.iter().any(|o| v.name.contains(o.as_str()))) {
             let envoy = (v.builder)().start().unwrap_or_else(|e| panic!("{}: {e}", v.name));
-            let url = format!("http://{}/", envoy.addr());
-            // Warm up (V8 tiers the module up), then measure.
-            let _ = wrk(&url, &[v.header], 32, 1, None);
+            // Warm up (V8 compiles the module), then measure.
+            let _ = measure(&envoy, &[v.header], 32, 1);
             // The rejected variants must see an exhausted bucket before measuring.
-            let sample = wrk(&url, &[v.header], 32, seconds, None);
-            eprintln!("round {round}: {:45} {:>9.0} req/s  p50 {:>6.0} µs", v.name, sample.rps, sample.p50_us);
+            let sample = measure(&envoy, &[v.header], 32, seconds);
+            eprintln!(
+                "round {round}: {:45} {:>9.0} req/s  p50 {:>6.0} µs  CPU {:>6.0} ns/request",
+                v.name, sample.rps, sample.p50_us, sample.cpu_ns_per_request
+            );
             samples.entry(v.name).or_default().push(sample);
         }
     }
@@ -225,15 +268,21 @@ fn run_group(variants: &[Variant], rounds: u64, seconds: u64) -> BTreeMap<&'stat
 }
 
 fn report(title: &str, samples: &BTreeMap<&'static str, Vec<Sample>>, baseline: &str, order: &[&'static str]) {
-    let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
+    let rps = |name: &str| median(&mut samples.get(name).into_iter().flatten().map(|s| s.rps).collect::<Vec<_>>());
     let base = rps(baseline);
+    let cpu = |name: &str| cpu_per_request(samples, name);
     println!(
-        "\n## {title}\n\n| variant | median req/s | added ns/request over {baseline} | median p50 µs |\n|---|---:|---:|---:|"
+        "\n## {title}\n\n| variant | median req/s | added ns/request over {baseline} (1/rate) | median p50 µs | Envoy CPU ns/request | added CPU ns over {baseline} |\n|---|---:|---:|---:|---:|---:|"
     );
-    for name in order {
+    for name in order.iter().filter(|name| samples.contains_key(*name)) {
         let r = rps(name);
         let p50 = median(&mut samples[name].iter().map(|s| s.p50_us).collect::<Vec<_>>());
-        println!("| {name} | {r:.0} | {:.0} | {p50:.0} |", 1e9 / r - 1e9 / base);
+        println!(
+            "| {name} | {r:.0} | {:.0} | {p50:.0} | {:.0} | {:.0} |",
+            1e9 / r - 1e9 / base,
+            cpu(name),
+            cpu(name) - cpu(baseline)
+        );
     }
 }
 
@@ -281,10 +330,9 @@ fn profile(name: &str, seconds: u64) {
         let v = variants.iter().find(|v| v.name == name).unwrap_or_else(|| panic!("no variant named {name:?}"));
         ((v.builder)().start().unwrap_or_else(|e| panic!("{}: {e}", v.name)), v.header)
     };
-    let url = format!("http://{}/", envoy.addr());
-    let _ = wrk(&url, &[header], 32, 2, None);
+    let _ = measure(&envoy, &[header], 32, 2);
     eprintln!("profiling: load starts");
-    let sample = wrk(&url, &[header], 32, seconds, None);
+    let sample = measure(&envoy, &[header], 32, seconds);
     eprintln!("{name}: {:.0} req/s, p50 {:.0} µs", sample.rps, sample.p50_us);
 }
 
@@ -303,36 +351,42 @@ fn main() {
         let samples = run_group(&variants, rounds, seconds);
         let order: Vec<&'static str> = variants.iter().map(|v| v.name).collect();
         report("local policies, 1 worker (2-worker rows: over no filter at 1 worker)", &samples, "no filter", &order);
-        let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
-        let floor = 1e9 / rps("no-op wasm filter") - 1e9 / rps("no filter");
-        let native_admit = 1e9 / rps("native local_ratelimit, admitted") - 1e9 / rps("no filter");
-        let native_reject = 1e9 / rps("native local_ratelimit, rejected") - 1e9 / rps("no filter");
-        let sluice_admit = 1e9 / rps("sluice, admitted") - 1e9 / rps("no-op wasm filter");
-        let sluice_reject = 1e9 / rps("sluice, rejected") - 1e9 / rps("no-op wasm filter");
+        // Envoy's CPU time per request, the steadier of the two figures.
+        let cpu = |name: &str| cpu_per_request(&samples, name);
+        let above_floor = |name: &str| cpu(name) - cpu("no-op wasm filter");
         println!(
-            "\nno-op wasm floor {floor:.0} ns; native adds {native_admit:.0} ns admitted, {native_reject:.0} ns rejected; \
-             sluice adds above the floor {sluice_admit:.0} ns admitted, {sluice_reject:.0} ns rejected"
+            "\nEnvoy CPU per request: no-op wasm floor {:.0} ns above no filter; native adds {:.0} ns admitted, {:.0} ns \
+             rejected; sluice adds above the floor {:.0} ns admitted, {:.0} ns rejected, {:.0} ns when no policy \
+             matches",
+            -above_floor("no filter"),
+            cpu("native local_ratelimit, admitted") - cpu("no filter"),
+            cpu("native local_ratelimit, rejected") - cpu("no filter"),
+            above_floor("sluice, admitted"),
+            above_floor("sluice, rejected"),
+            above_floor("sluice, no policy matches"),
         );
         for (label, _) in other_builds() {
             println!(
                 "{label}: sluice adds above the floor {:.0} ns admitted, {:.0} ns rejected",
-                1e9 / rps(&format!("{label}: sluice, admitted")) - 1e9 / rps("no-op wasm filter"),
-                1e9 / rps(&format!("{label}: sluice, rejected")) - 1e9 / rps("no-op wasm filter"),
+                above_floor(&format!("{label}: sluice, admitted")),
+                above_floor(&format!("{label}: sluice, rejected")),
             );
         }
-        let calls = 1e9 / rps("test guest: an admission's host calls") - 1e9 / rps("no-op wasm filter");
-        println!("an admission's host calls alone (test guest) add {calls:.0} ns above the floor");
+        println!(
+            "an admission's host calls alone (test guest) add {:.0} ns above the floor",
+            above_floor("test guest: an admission's host calls")
+        );
     }
     if groups.contains("calls") {
         let variants = host_call_group();
         let samples = run_group(&variants, rounds, seconds);
-        let rps = |name: &str| median(&mut samples[name].iter().map(|s| s.rps).collect::<Vec<_>>());
-        let floor = 1e9 / rps(HOST_CALLS[0].1);
+        let cpu = |name: &str| cpu_per_request(&samples, name);
+        let floor = cpu(HOST_CALLS[0].1);
         println!(
-            "\n## one host call in V8 (Envoy), from {CALLS_PER_REQUEST} per request\n\n| call | ns per call |\n|---|---:|"
+            "\n## one host call in V8 (Envoy), from {CALLS_PER_REQUEST} per request (Envoy CPU)\n\n| call | ns per call |\n|---|---:|"
         );
         for (_, name) in &HOST_CALLS[1..] {
-            println!("| {name} | {:.0} |", (1e9 / rps(name) - floor) / CALLS_PER_REQUEST as f64);
+            println!("| {name} | {:.0} |", (cpu(name) - floor) / CALLS_PER_REQUEST as f64);
         }
     }
     if groups.contains("global") {
