@@ -58,7 +58,7 @@ pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_de
 pub use limit::{InvalidLimit, Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
 pub use limiter::{
     Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Request,
-    Reservation,
+    Reservation, Settlement,
 };
 pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap, create};
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]

@@ -5,6 +5,8 @@
 
 #[path = "properties/charges.rs"]
 mod charges;
+#[path = "properties/settle.rs"]
+mod settle;
 
 use proptest::prelude::*;
 use shared_store::{

@@ -24,6 +24,7 @@
 //! Besides deciding, a limit can be **charged** ([`Limit::charge`]): spent without
 //! asking, for requests already admitted elsewhere, down to a bounded debt below empty.
 
+mod credit;
 mod fixed_window;
 mod leaky_bucket;
 mod sliding_log;

@@ -113,6 +113,16 @@ impl Gcra {
         Some((next, charged))
     }
 
+    /// Gives back `units` tokens, never past a full bucket at `now` (see
+    /// [`Limit::credit`]).
+    pub(super) fn credit(&self, tat: u128, now: Nanos, units: u64) -> u128 {
+        let now = self.now(now);
+        if tat <= now {
+            return tat;
+        }
+        tat.saturating_sub(u128::from(units).saturating_mul(self.per)).max(now)
+    }
+
     /// Re-expresses a bucket kept under `old` in this bucket's units (see
     /// [`Limit::adopt`]): the whole units available are kept, capped at this capacity.
     /// `None` when the arithmetic overflows.

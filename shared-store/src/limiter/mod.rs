@@ -72,6 +72,7 @@
 //! that state. Damage never becomes a fresh full bucket.
 
 mod reservation;
+mod settle;
 
 use crate::codec::Record;
 use crate::decision::Decision;
@@ -80,6 +81,7 @@ use crate::limit::{Limit, State};
 use crate::store::{Cas, Store, StoreError, Swap, create};
 use crate::time::{Clock, Nanos};
 pub use reservation::Reservation;
+pub use settle::Settlement;
 use smallvec::SmallVec;
 
 /// How many times a decision is retried when another worker wrote first. Every retry
