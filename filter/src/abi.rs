@@ -65,6 +65,8 @@ const NOT_FOUND: u32 = 1;
 const CAS_MISMATCH: u32 = 8;
 
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
+/// `BufferType::HttpResponseBody`.
+pub const RESPONSE_BODY: u32 = 1;
 /// `BufferType::HttpCallResponseBody`.
 pub const CALL_RESPONSE_BODY: u32 = 4;
 /// `MapType::HttpRequestHeaders`.

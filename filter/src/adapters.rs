@@ -7,6 +7,7 @@ use crate::engine::Engine;
 use crate::engine::wire::MAX_ANSWER_BYTES;
 use crate::host::{
     Call, CalloutAnswer, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts,
+    ResponseFacts,
 };
 use crate::worker::{MetricName, Port, metric_names};
 use std::time::Duration;
@@ -52,6 +53,15 @@ impl RequestFacts for HostRequest {
 
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostFailure> {
         abi::property(path).map_err(failure)
+    }
+}
+
+/// Reads the current response through the host.
+pub(crate) struct HostResponse;
+
+impl ResponseFacts for HostResponse {
+    fn header(&self, name: &str) -> Result<Option<Vec<u8>>, HostFailure> {
+        abi::header(abi::RESPONSE_HEADERS, name).map_err(failure)
     }
 }
 

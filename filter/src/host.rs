@@ -28,6 +28,16 @@ pub trait RequestFacts {
     fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, HostFailure>;
 }
 
+/// What the engine reads about a response: its headers, when a policy's cost is
+/// reported there.
+pub trait ResponseFacts {
+    /// The first value of a response header (lower-case name); `Ok(None)` when missing.
+    ///
+    /// # Errors
+    /// When the host fails the call.
+    fn header(&self, name: &str) -> Result<Option<Vec<u8>>, HostFailure>;
+}
+
 /// One HTTP callout to the counter service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call<'a> {
@@ -198,6 +208,16 @@ counters! {
         /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
         /// service could not charge: forgiven.
         LeaseForgiven = "lease.forgiven",
+        /// Response cost: responses that did not report their cost (the estimate, or
+        /// `on_unknown`, stood).
+        CostUnknown = "cost.unknown",
+        /// Response cost: units charged beyond the estimates (the responses cost more).
+        CostCharged = "cost.charged",
+        /// Response cost: units of the estimates given back (the responses cost less).
+        CostCredited = "cost.credited",
+        /// Response cost: units not settled: charged beyond the debt bound, a credit the
+        /// algorithm cannot give, or a settlement that failed.
+        CostForgiven = "cost.forgiven",
     }
 }
 
@@ -226,6 +246,11 @@ impl Counter {
     /// counters): a local policy does not define it.
     pub fn is_global_only(self) -> bool {
         matches!(self.name().split('.').next(), Some("degraded" | "emergency" | "lease"))
+    }
+
+    /// Whether only a policy whose cost the response reports can move it.
+    pub fn is_response_cost_only(self) -> bool {
+        self.name().starts_with("cost.")
     }
 }
 

@@ -4,7 +4,7 @@
 //! # Layout
 //!
 //! Modules import only downwards (`tests/layers.rs` checks it), from the bottom:
-//! `config`, `host` and `due`; `testing`; `policy`; `engine`; `abi`; `wasm`; this root.
+//! `config`, `host`, `due` and `usage`; `testing`; `policy`; `engine`; `abi`; `wasm`; this root.
 //! Inside `config`, the same holds for its submodules (see its docs).
 //!
 //! * [`config`]: the JSON configuration, parsed strictly and validated.
@@ -13,6 +13,7 @@
 //! * [`engine`]: one decision across every matching policy, local and global, in two
 //!   phases when the counter service is consulted; the response plan; the failure rule.
 //! * [`due`]: requests a worker holds, ordered by when they are due.
+//! * [`usage`]: the cost a response reports in its body, read as the body passes.
 //! * `testing` (this crate's tests, and the `testing` feature its bench and integration
 //!   tests turn on; never in `sluice.wasm`): fakes of the ports.
 //! * `wasm` (wasm32 only): the proxy-wasm glue, and `abi`, the raw host calls wrapped so
@@ -29,6 +30,7 @@ pub mod host;
 pub mod policy;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod usage;
 pub mod worker;
 
 #[cfg(target_arch = "wasm32")]

@@ -157,13 +157,19 @@ impl Policy {
     /// # Errors
     /// When the host fails to read the cost header.
     pub fn cost_of(&self, request: &impl RequestFacts) -> Result<u64, HostFailure> {
-        Ok(match &self.cost {
-            Cost::Constant(cost) => *cost,
-            Cost::Header { name, default, min, max } => {
-                request.header(name)?.and_then(|v| parse_cost(&v)).map_or(*default, |c| c.clamp(*min, *max))
-            }
-        })
+        cost_of(&self.cost, request)
     }
+}
+
+/// What `cost` makes a request spend at admission (a response cost's estimate).
+fn cost_of(cost: &Cost, request: &impl RequestFacts) -> Result<u64, HostFailure> {
+    Ok(match cost {
+        Cost::Constant(cost) => *cost,
+        Cost::Header { name, default, min, max } => {
+            request.header(name)?.and_then(|v| parse_cost(&v)).map_or(*default, |c| c.clamp(*min, *max))
+        }
+        Cost::Response(response) => return cost_of(&response.estimate, request),
+    })
 }
 
 /// The keyed hash of `parts` as read from the request, under the name and version given
@@ -189,7 +195,7 @@ pub fn fingerprint_parts(
 }
 
 /// A decimal integer, optionally surrounded by spaces or tabs; saturates at `u64::MAX`.
-fn parse_cost(value: &[u8]) -> Option<u64> {
+pub(crate) fn parse_cost(value: &[u8]) -> Option<u64> {
     let trimmed = value.trim_ascii();
     if trimmed.is_empty() || !trimmed.iter().all(u8::is_ascii_digit) {
         return None;

@@ -2,7 +2,9 @@
 //! metrics. Compiled only for this crate's unit tests and behind the `testing` feature
 //! (which its bench and integration tests turn on): none of this is in `sluice.wasm`.
 
-use crate::host::{Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts};
+use crate::host::{
+    Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts, ResponseFacts,
+};
 use std::collections::HashMap;
 
 /// A request built in a test: headers and properties as bytes, and reads that fail.
@@ -65,6 +67,38 @@ impl RequestFacts for FakeRequest {
             return Err(HostFailure { status: 2 });
         }
         Ok(self.properties.get(&path.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).cloned())
+    }
+}
+
+/// A response's headers, built in a test; reading `failing` fails as a host error would.
+#[derive(Debug, Clone, Default)]
+pub struct FakeResponse {
+    headers: Vec<(String, Vec<u8>)>,
+    failing: Vec<String>,
+}
+
+impl FakeResponse {
+    /// Adds a header.
+    #[must_use]
+    pub fn with_header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
+        self.headers.push((name.to_owned(), value.as_ref().to_vec()));
+        self
+    }
+
+    /// Makes reading this header fail as a host error would.
+    #[must_use]
+    pub fn failing(mut self, name: &str) -> Self {
+        self.failing.push(name.to_owned());
+        self
+    }
+}
+
+impl ResponseFacts for FakeResponse {
+    fn header(&self, name: &str) -> Result<Option<Vec<u8>>, HostFailure> {
+        if self.failing.iter().any(|f| f == name) {
+            return Err(HostFailure { status: 2 });
+        }
+        Ok(self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()))
     }
 }
 

@@ -6,7 +6,7 @@
 //! workers share only the host's shared data, through [`HostStore`].
 
 use crate::abi::{self, HostLogger, HostStore, WasiClock};
-use crate::adapters::{HostMetrics, HostPort, HostRequest, read_answer};
+use crate::adapters::{HostMetrics, HostPort, HostRequest, HostResponse, read_answer};
 use crate::config::Config;
 use crate::engine::{Engine, anchor_key, establish_secret, plugin_prefix, private_cache_control};
 use crate::worker::{Flow, Worker, tick_period};
@@ -152,16 +152,26 @@ impl HttpContext for Filter {
         }
     }
 
-    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
-        let Some(headers) = self.worker.as_ref().and_then(|w| w.take_response_headers(self.id)) else {
-            return Action::Continue;
-        };
+    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        let Some(worker) = &self.worker else { return Action::Continue };
+        worker.on_response_headers(self.id, &HostResponse, !end_of_stream);
+        let Some(headers) = worker.take_response_headers(self.id) else { return Action::Continue };
         for (name, value) in &headers {
             let _ = abi::replace_header(abi::RESPONSE_HEADERS, name, value.as_bytes());
         }
         let existing = abi::header(abi::RESPONSE_HEADERS, "cache-control").ok().flatten();
         if let Some(value) = private_cache_control(existing.as_deref()) {
             let _ = abi::replace_header(abi::RESPONSE_HEADERS, "cache-control", value.as_bytes());
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        // Read only when a policy's cost is in the body; the chunk passes on unchanged
+        // and at once (a copy is read; nothing is buffered in the proxy).
+        if let Some(worker) = self.worker.as_ref().filter(|w| w.reads_response_body(self.id)) {
+            let chunk = abi::buffer(abi::RESPONSE_BODY, body_size).ok();
+            worker.on_response_body(self.id, chunk.as_deref(), end_of_stream);
         }
         Action::Continue
     }

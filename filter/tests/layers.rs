@@ -10,7 +10,7 @@ use sluice_testkit::layers::{
 
 /// The crate's top-level modules.
 const LAYERS: &[Layer] = &[
-    ("the configuration, the ports and the due queue", &["config", "host", "due"]),
+    ("the configuration, the ports, the due queue and the usage reader", &["config", "host", "due", "usage"]),
     ("fakes of the ports", &["testing"]),
     ("policy matching", &["policy"]),
     ("engine", &["engine"]),
@@ -57,14 +57,16 @@ const ENGINE: &[Layer] = &[
 ];
 const ENGINE_REQUEST: &[Layer] = &[
     ("the states a request goes through", &["state"]),
-    ("resolve", &["resolve"]),
+    ("resolve; settle a cost after the response", &["resolve", "settle"]),
     ("admit or reject: the end of every path", &["admit"]),
     ("the failure rule", &["fallback"]),
     ("the stages that decide", &["local", "check", "lease"]),
     ("the pipeline that chains them", &[MOD]),
 ];
-const WORKER: &[Layer] =
-    &[("the port, the setup, the batched counts", &["port", "setup", "batched"]), ("the worker", &[MOD])];
+const WORKER: &[Layer] = &[
+    ("the port, the setup, the batched counts, a stream's costs", &["port", "setup", "batched", "costs"]),
+    ("the worker", &[MOD]),
+];
 const CONFIG: &[Layer] = &[
     ("the two forms and the error", &["model", "raw", "error"]),
     ("the two steps: parse and validate", &["parse", "validate"]),
@@ -76,7 +78,7 @@ const CONFIG_MODEL: &[Layer] = &[
     ("a policy, the response", &["policy", "response"]),
     ("the document", &[MOD]),
 ];
-const CONFIG_RAW: &[Layer] = &[("the hand-written forms", &["forms"]), ("the raw document", &[MOD])];
+const CONFIG_RAW: &[Layer] = &[("the hand-written forms", &["forms", "cost"]), ("the raw document", &[MOD])];
 const CONFIG_VALIDATE: &[Layer] = &[
     ("the issues", &["issues"]),
     ("single values", &["fields"]),
@@ -108,7 +110,7 @@ fn an_upward_import_is_caught_with_its_file_and_line() {
     assert_found(
         &import_violations(&files, &Layers::new(LAYERS)),
         &[
-            "src/host.rs:4: `host` (the configuration, the ports and the due queue, layer 1) \
+            "src/host.rs:4: `host` (the configuration, the ports, the due queue and the usage reader, layer 1) \
              imports `engine` (engine, layer 4)",
             "the modules import each other in a circle: engine -> host -> engine",
         ],

@@ -145,7 +145,17 @@ impl Connection {
     /// On I/O errors, a timeout, or a malformed response.
     pub fn send_raw(&mut self, bytes: &[u8], head: bool) -> io::Result<Response> {
         self.reader.get_mut().write_all(bytes)?;
-        read_response(&mut self.reader, head)
+        read_response(&mut self.reader, head, &mut |_| {})
+    }
+
+    /// Sends `request` and reads its response, handing each chunk of a chunked body to
+    /// `on_chunk` as soon as it has arrived (before the next is read).
+    ///
+    /// # Errors
+    /// On I/O errors, a timeout, or a malformed response.
+    pub fn send_streaming(&mut self, request: &Request, mut on_chunk: impl FnMut(&[u8])) -> io::Result<Response> {
+        self.reader.get_mut().write_all(&request.encode())?;
+        read_response(&mut self.reader, false, &mut on_chunk)
     }
 
     /// Writes `bytes` and does not wait for an answer (for requests a test abandons).
@@ -161,7 +171,7 @@ impl Connection {
     /// # Errors
     /// On I/O errors, a timeout, or a malformed response.
     pub fn read(&mut self) -> io::Result<Response> {
-        read_response(&mut self.reader, false)
+        read_response(&mut self.reader, false, &mut |_| {})
     }
 
     /// Sets how long a read may wait.
@@ -187,8 +197,13 @@ fn invalid(message: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message.into())
 }
 
-/// Reads a response head and its body from `reader`.
-fn read_response(reader: &mut BufReader<TcpStream>, head: bool) -> io::Result<Response> {
+/// Reads a response head and its body from `reader`; each chunk of a chunked body also
+/// goes to `on_chunk` as it arrives.
+fn read_response(
+    reader: &mut BufReader<TcpStream>,
+    head: bool,
+    on_chunk: &mut dyn FnMut(&[u8]),
+) -> io::Result<Response> {
     let mut raw = Vec::with_capacity(512);
     loop {
         let before = raw.len();
@@ -219,7 +234,7 @@ fn read_response(reader: &mut BufReader<TcpStream>, head: bool) -> io::Result<Re
     let bodiless = head || status == 204 || status == 304 || (100..200).contains(&status);
     if bodiless {
     } else if find("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case(b"chunked")) {
-        read_chunked(reader, &mut body)?;
+        read_chunked(reader, &mut body, on_chunk)?;
     } else if let Some(length) = find("content-length") {
         let length: usize = std::str::from_utf8(length)
             .ok()
@@ -233,7 +248,11 @@ fn read_response(reader: &mut BufReader<TcpStream>, head: bool) -> io::Result<Re
     Ok(Response { status, headers, body })
 }
 
-fn read_chunked(reader: &mut BufReader<TcpStream>, body: &mut Vec<u8>) -> io::Result<()> {
+fn read_chunked(
+    reader: &mut BufReader<TcpStream>,
+    body: &mut Vec<u8>,
+    on_chunk: &mut dyn FnMut(&[u8]),
+) -> io::Result<()> {
     loop {
         let mut line = String::new();
         reader.read_line(&mut line)?;
@@ -254,5 +273,6 @@ fn read_chunked(reader: &mut BufReader<TcpStream>, body: &mut Vec<u8>) -> io::Re
         reader.read_exact(body.get_mut(start..).unwrap_or_default())?;
         let mut crlf = [0u8; 2];
         reader.read_exact(&mut crlf)?;
+        on_chunk(body.get(start..).unwrap_or_default());
     }
 }

@@ -30,7 +30,7 @@ pub use model::global::{self, Breaker, CounterService, Global, Lease, Secret, Se
 pub use model::policy::{
     DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_CONFIGURED_AMOUNT, MAX_SLOTS, MAX_WAIT_MS, Policy,
 };
-pub use model::request::{Cost, HeaderCondition, KeyPart, Matcher, MissingKey};
+pub use model::request::{Cost, HeaderCondition, KeyPart, Matcher, MissingKey, ResponseCost, Usage};
 pub use model::response::{
     DEFAULT_MAX_PAUSED, DEFAULT_STATUS, DEFAULT_TICK_MS, HeaderSets, MAX_BODY, Response, Shaping,
 };

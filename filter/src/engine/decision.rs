@@ -3,7 +3,7 @@
 
 use super::resolved::Few;
 use crate::host::{Counter, Metrics};
-use shared_store::Nanos;
+use shared_store::{Nanos, Placement};
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,4 +98,35 @@ pub struct Decided {
     pub outcome: Outcome,
     /// What to settle once done.
     pub tally: Tally,
+    /// Spends on an estimate, to settle to the cost the response reports (empty unless
+    /// the request is forwarded under a policy whose cost the response reports).
+    pub owed: Vec<Owed>,
+}
+
+impl Decided {
+    /// A decision that leaves nothing to settle after the response.
+    pub(crate) const fn new(outcome: Outcome, tally: Tally) -> Self {
+        Self { outcome, tally, owed: Vec::new() }
+    }
+}
+
+/// An estimate spent at admission under a policy whose cost the response reports: what
+/// settling it to the actual cost needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owed {
+    /// The policy's index.
+    pub(crate) policy: usize,
+    /// Where the estimate was spent.
+    pub(crate) place: Placement,
+    /// What was spent.
+    pub(crate) estimate: u64,
+    /// When, on the limiter's clock.
+    pub(crate) spent_at: Nanos,
+}
+
+impl Owed {
+    /// The policy's index.
+    pub const fn policy(&self) -> usize {
+        self.policy
+    }
 }

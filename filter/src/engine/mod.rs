@@ -54,17 +54,18 @@ mod secrets;
 mod setup;
 pub mod wire;
 
-use crate::config::{Config, ConfigError, Issue, Policy, Secret, Shaping};
+use crate::config::{Config, ConfigError, Issue, Policy, Secret, Shaping, Usage};
 use crate::host::{CalloutAnswer, Callouts, Metrics, RequestFacts};
 use breaker::CircuitBreaker;
 use calls::PendingCharges;
 pub use calls::{Asker, Outgoing, SentOutgoing, Target};
 use cause::LogLimiter;
 use compiled::{Compiled, Home};
-pub use decision::{Decided, Disposition, LocalResponse, Outcome, Tally};
+pub use decision::{Decided, Disposition, LocalResponse, Outcome, Owed, Tally};
 pub use headers::{private_cache_control, rate_limit_headers};
 pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
+pub use request::settle::MAX_OWING_REQUESTS;
 pub use request::{Begun, CheckWait, LeaseWait, Pending};
 
 use setup::{Service, Setup};
@@ -318,6 +319,23 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) {
         request::forget(&self.0, *pending, limiter, metrics);
+    }
+
+    /// Where the `policy`-th policy's response reports its cost, when it does.
+    pub fn usage(&self, policy: usize) -> Option<&Usage> {
+        self.0.compiled(policy)?.policy.cost.settled().map(|rule| &rule.usage)
+    }
+
+    /// Settles what a forwarded request spent on an estimate to the cost its response
+    /// reported (`None`: it reported none), and counts it.
+    pub fn settle_cost<S: Store, C: Clock>(
+        &self,
+        owed: &Owed,
+        reported: Option<u64>,
+        limiter: &Limiter<S, C>,
+        metrics: &mut impl Metrics,
+    ) {
+        request::settle::settle(&self.0, owed, reported, limiter, metrics);
     }
 
     /// Counts a request's fate once the glue has carried it out.

@@ -30,6 +30,7 @@
 //! requests at once.
 
 mod batched;
+mod costs;
 mod port;
 mod setup;
 #[cfg(test)]
@@ -37,8 +38,9 @@ mod tests;
 
 use crate::due::DueQueue;
 use crate::engine::{Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, SentOutgoing, Tally};
-use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts};
+use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts, ResponseFacts};
 use batched::Batched;
+use costs::StreamCosts;
 pub use port::{Flow, Port};
 pub use setup::{LEASE_TICK_MS, MAX_DEADLINE_TICK_MS, MetricName, metric_names, tick_period};
 use shared_store::{Clock, Limiter, Store};
@@ -62,6 +64,9 @@ pub struct Worker<S, C, M> {
     in_flight: RefCell<HashMap<u32, SentOutgoing>>,
     /// Headers to add to each forwarded request's response, by context id.
     response_headers: RefCell<HashMap<u32, Vec<(String, String)>>>,
+    /// What each forwarded request spent on estimates, until its response reports the
+    /// costs, by context id.
+    costs: RefCell<HashMap<u32, StreamCosts>>,
     /// This worker's shared queue, through which a request wakes the root context to
     /// send what it put in the outbox (`None`: the host has no shared queues; the tick
     /// sends it).
@@ -125,6 +130,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             lease_waiting: RefCell::new(HashMap::new()),
             in_flight: RefCell::new(HashMap::new()),
             response_headers: RefCell::new(HashMap::new()),
+            costs: RefCell::new(HashMap::new()),
             wake,
         }
     }
@@ -188,10 +194,65 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.response_headers.try_borrow_mut().ok().and_then(|mut map| map.remove(&id))
     }
 
-    /// Stream `id` ended: forget it wherever it is held, and count it.
+    /// Stream `id`'s response headers arrived (`has_body`: a body follows): reads the
+    /// costs they report, and says whether its body is to be read (passed to
+    /// [`Self::on_response_body`]); costs with nothing left to read are settled now.
+    pub fn on_response_headers(&self, id: u32, response: &impl ResponseFacts, has_body: bool) -> bool {
+        let Some(mut costs) = self.costs.try_borrow_mut().ok().and_then(|mut map| map.remove(&id)) else {
+            return false;
+        };
+        if costs.on_headers(&self.engine, response, has_body)
+            && let Ok(mut map) = self.costs.try_borrow_mut()
+        {
+            map.insert(id, costs);
+            return true;
+        }
+        self.settle_costs(costs, true);
+        false
+    }
+
+    /// Whether stream `id`'s response body is read for its costs.
+    pub fn reads_response_body(&self, id: u32) -> bool {
+        self.costs.try_borrow().is_ok_and(|map| map.get(&id).is_some_and(StreamCosts::reads_body))
+    }
+
+    /// A chunk of stream `id`'s response body passed (a copy: nothing is held back; `None`
+    /// when the host would not give it, which cuts the reading short); at the body's end
+    /// the costs it reports are settled.
+    pub fn on_response_body(&self, id: u32, chunk: Option<&[u8]>, end_of_stream: bool) {
+        let Ok(mut map) = self.costs.try_borrow_mut() else { return };
+        let lost = chunk.is_none();
+        if let (Some(costs), Some(chunk)) = (map.get_mut(&id), chunk) {
+            costs.on_body(chunk);
+        }
+        if !end_of_stream && !lost {
+            return;
+        }
+        let costs = map.remove(&id);
+        drop(map);
+        if let Some(costs) = costs {
+            self.settle_costs(costs, !lost);
+        }
+    }
+
+    /// Settles a stream's estimates to what its response reported (`complete`: its body
+    /// ended; otherwise the stream was cut short).
+    fn settle_costs(&self, costs: StreamCosts, complete: bool) {
+        let mut counts = self.counts();
+        for (owed, reported) in costs.finish(complete) {
+            self.engine.settle_cost(&owed, reported, &self.limiter, &mut counts);
+        }
+    }
+
+    /// Stream `id` ended: forget it wherever it is held, and count it; estimates its
+    /// response did not settle are settled with what it reported before it ended.
     pub fn on_stream_end(&self, id: u32) {
         if let Ok(mut map) = self.response_headers.try_borrow_mut() {
             map.remove(&id);
+        }
+        let costs = self.costs.try_borrow_mut().ok().and_then(|mut map| map.remove(&id));
+        if let Some(costs) = costs {
+            self.settle_costs(costs, false);
         }
         let paused = self.paused.try_borrow_mut().ok().and_then(|mut q| q.remove(id));
         if let Some(tally) = paused {
@@ -351,7 +412,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             return Flow::Pause;
         }
         let in_headers = via == Via::Headers;
-        let Decided { outcome, tally } = decided;
+        let Decided { outcome, tally, owed } = decided;
         let (flow, disposition) = match outcome {
             Outcome::Continue { headers } => {
                 self.keep_headers(id, headers);
@@ -371,6 +432,12 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             }
             Outcome::Reject(response) => self.reject(&response, in_headers, port),
         };
+        if disposition != Disposition::Rejected && !owed.is_empty() {
+            // Forwarded, now or when due: its response settles what it spent.
+            if let Ok(mut map) = self.costs.try_borrow_mut() {
+                map.insert(id, StreamCosts::new(owed));
+            }
+        }
         self.engine.settle(&tally, disposition, &mut self.counts());
         flow
     }

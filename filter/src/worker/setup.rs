@@ -46,7 +46,8 @@ pub struct MetricName {
 
 /// The metrics a configuration defines: per policy in [`Counter::ALL`] order, and per
 /// plugin in [`PluginCounter::ALL`] order; `None` where a counter cannot move (a
-/// global-only counter of a local policy, a service counter without global policies).
+/// global-only counter of a local policy, a response-cost counter of a policy whose cost
+/// is known at admission, a service counter without global policies).
 pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Option<MetricName>>) {
     let prefix = engine.stat_prefix();
     let policies = engine
@@ -55,8 +56,9 @@ pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Optio
             Counter::ALL
                 .iter()
                 .map(|c| {
-                    (!c.is_global_only() || p.is_global())
-                        .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
+                    ((!c.is_global_only() || p.is_global())
+                        && (!c.is_response_cost_only() || p.cost.settled().is_some()))
+                    .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
                 })
                 .collect()
         })

@@ -15,6 +15,8 @@ struct FakePort {
     refuse: Vec<&'static str>,
     next_token: u32,
     sent: Vec<String>,
+    /// Each reply's `retry-after` header, if it had one.
+    retry_after: Vec<Option<String>>,
 }
 
 impl FakePort {
@@ -44,7 +46,8 @@ impl Port for FakePort {
     fn resume(&mut self) -> Result<(), HostFailure> {
         self.act("resume", String::new())
     }
-    fn reply(&mut self, status: u16, _: &[(String, String)], _: &[u8]) -> Result<(), HostFailure> {
+    fn reply(&mut self, status: u16, headers: &[(String, String)], _: &[u8]) -> Result<(), HostFailure> {
+        self.retry_after.push(headers.iter().find(|(n, _)| n == "retry-after").map(|(_, v)| v.clone()));
         self.act("reply", format!(" {status}"))
     }
     fn close(&mut self) -> Result<(), HostFailure> {
@@ -198,3 +201,5 @@ fn a_lease_configuration_ticks_every_ten_milliseconds_and_defines_its_global_cou
     assert!(defined(&policies[0], ".leased.lease.granted"));
     assert!(defined(&plugin, ".counter_service.callouts"));
 }
+
+mod costs;

@@ -76,6 +76,16 @@ fn script(example: &str) -> (Vec<Step>, Masks) {
             steps.extend(get("/api/items").times(3));
             steps.push(get("/other").header("x-api-key", "k1"));
         }
+        "llm-tokens.json" => {
+            // The upstream reports no usage: each estimate (8 000 tokens) stands; 5 fit the
+            // burst of 40 000. A request without the user is rejected; other paths pass.
+            steps.extend(post("/v1/chat/completions").header("x-user", "u").header("x-max-tokens", "8000").times(6));
+            steps.push(post("/v1/chat/completions"));
+            steps.push(get("/other").header("x-user", "u"));
+            // 20 000 tokens a minute refill 333 a second: what is left and when it is
+            // paid depend on the script's own timing in each host.
+            masked = Masks { aligned: &["tokens-per-user"], fast: &["tokens-per-user"] };
+        }
         "per-client-ip.json" => steps.extend(get("/").times(53)),
         "shadow-rollout.json" => steps.extend(get("/").header("x-api-key", "k").times(6)),
         "shaped-endpoint.json" => {

@@ -6,6 +6,7 @@ mod accuracy;
 mod callouts;
 mod configs;
 mod contract;
+mod costs;
 mod differential;
 mod global;
 mod hostile;

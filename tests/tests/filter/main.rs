@@ -6,6 +6,7 @@ mod behaviour;
 mod budget;
 mod concurrency;
 mod configs;
+mod costs;
 mod global;
 mod hostile;
 mod lease;

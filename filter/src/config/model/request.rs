@@ -65,16 +65,49 @@ pub enum Cost {
         /// Upper bound.
         max: u64,
     },
+    /// Reported by the response: an estimate is spent at admission and settled to it.
+    Response(ResponseCost),
 }
 
 impl Cost {
-    /// The most one request can cost.
-    pub const fn max(&self) -> u64 {
+    /// The most one request spends at admission.
+    pub fn max(&self) -> u64 {
         match self {
             Self::Constant(cost) => *cost,
             Self::Header { max, .. } => *max,
+            Self::Response(response) => response.estimate.max(),
         }
     }
+
+    /// The settlement rule, when the response reports the cost.
+    pub const fn settled(&self) -> Option<&ResponseCost> {
+        match self {
+            Self::Response(response) => Some(response),
+            Self::Constant(_) | Self::Header { .. } => None,
+        }
+    }
+}
+
+/// A cost the response reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    /// Where the response reports it.
+    pub usage: Usage,
+    /// What admission spends: a constant or a request header (never another response cost).
+    pub estimate: Box<Cost>,
+    /// The most a request is charged, whatever the response says.
+    pub max: u64,
+    /// The cost when the response does not report it; `None`: the estimate stands.
+    pub on_unknown: Option<u64>,
+}
+
+/// Where a response reports its cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Usage {
+    /// A response header's decimal value.
+    Header(String),
+    /// A number at this path of the JSON body (or of a server-sent event's JSON data).
+    Json(Vec<String>),
 }
 
 /// What a missing key part does.

@@ -1,19 +1,20 @@
 //! The configuration exactly as written in JSON: every struct rejects unknown fields, and
 //! the few string forms people write by hand (`"100/minute"`, `"500ms"`) have their own
-//! types (module `forms`) whose errors say what was expected. [`super::Config::from_json`]
+//! types (module `forms`) whose errors say what was expected, and a cost's three forms
+//! are told apart by their fields (module `cost`). [`super::Config::from_json`]
 //! validates these into the compiled form the rest of the filter uses.
 //!
 //! The doc comments on these types become the descriptions in `config.schema.json`
 //! ([`json_schema`]).
 
+mod cost;
 mod forms;
 
+pub use cost::{RawCost, RawEstimateWord, RawHeaderCost, RawOnUnknown, RawResponseCost};
 pub use forms::{DurationSpec, RateSpec};
 use schemars::JsonSchema;
-use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt;
 
 /// Sluice filter configuration: Envoy's `configuration` string or Istio's
 /// `WasmPlugin.pluginConfig`.
@@ -319,53 +320,6 @@ pub enum RawOverflow {
     Queue,
     /// Reject it.
     Reject,
-}
-
-/// A request's cost: a constant, or read from a header.
-#[derive(Debug, Serialize, JsonSchema)]
-#[serde(untagged)]
-pub enum RawCost {
-    /// Every request costs this much (at least 1).
-    Constant(u64),
-    /// The cost is read from a request header.
-    Header(RawHeaderCost),
-}
-
-const COST_EXPECTED: &str = "a positive integer or an object {\"header\", \"max\", \"min\", \"default\"}";
-
-impl<'de> Deserialize<'de> for RawCost {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct CostVisitor;
-        impl<'de> Visitor<'de> for CostVisitor {
-            type Value = RawCost;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(COST_EXPECTED)
-            }
-            fn visit_u64<E: de::Error>(self, cost: u64) -> Result<RawCost, E> {
-                Ok(RawCost::Constant(cost))
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
-                RawHeaderCost::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawCost::Header)
-            }
-        }
-        deserializer.deserialize_any(CostVisitor)
-    }
-}
-
-/// A cost read from a request header as a decimal integer, clamped to `[min, max]`.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RawHeaderCost {
-    /// Lower-case header name.
-    pub header: String,
-    /// The cost when the header is missing or not a decimal integer. Default: `min`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default: Option<u64>,
-    /// The smallest cost (at least 1). Default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<u64>,
-    /// The largest cost; at most the policy's capacity.
-    pub max: u64,
 }
 
 /// What happens to a request for which a key part is missing.

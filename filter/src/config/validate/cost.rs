@@ -1,17 +1,39 @@
-//! Whether a policy's cost is valid: a constant or a header's value, never zero and never
-//! more than the policy's capacity (no request could pass).
+//! Whether a policy's cost is valid: a constant or a request header's value, never zero
+//! and never more than the policy's capacity (no request could pass); or a cost the
+//! response reports, whose estimate obeys the same rules and whose spend the policy's
+//! algorithm can give back.
 
 use super::fields::header_name;
 use super::issues::Issues;
-use crate::config::model::request::Cost;
-use crate::config::raw::RawCost;
+use crate::config::model::policy::MAX_CONFIGURED_AMOUNT;
+use crate::config::model::request::{Cost, ResponseCost, Usage};
+use crate::config::raw::{RawCost, RawOnUnknown, RawResponseCost};
+use shared_store::Limit;
 
-/// The cost of one request; `capacity` is what the policy's limit holds.
-pub(super) fn validate_cost(issues: &mut Issues, path: &str, raw: Option<&RawCost>, capacity: u64) -> Option<Cost> {
+/// Most segments in a `response_json` path, and most bytes in one.
+pub const MAX_JSON_PATH_SEGMENTS: usize = 8;
+const MAX_JSON_SEGMENT_BYTES: usize = 64;
+
+/// The cost of one request under `limit`; `global` says whether the policy is global.
+pub(super) fn validate_cost(
+    issues: &mut Issues,
+    path: &str,
+    raw: Option<&RawCost>,
+    limit: &Limit,
+    global: bool,
+) -> Option<Cost> {
     let at = format!("{path}.cost");
     match raw {
         None => Some(Cost::Constant(1)),
-        Some(RawCost::Constant(cost)) => {
+        Some(RawCost::Response(response)) => validate_response(issues, &at, response, limit, global),
+        Some(known) => validate_known(issues, &at, known, limit.capacity()),
+    }
+}
+
+/// A cost known at admission (a constant or a request header), at `at`.
+fn validate_known(issues: &mut Issues, at: &str, raw: &RawCost, capacity: u64) -> Option<Cost> {
+    match raw {
+        RawCost::Constant(cost) => {
             if *cost == 0 {
                 issues.add(at, "must be at least 1");
                 None
@@ -27,7 +49,7 @@ pub(super) fn validate_cost(issues: &mut Issues, path: &str, raw: Option<&RawCos
                 Some(Cost::Constant(*cost))
             }
         }
-        Some(RawCost::Header(header)) => {
+        RawCost::Header(header) => {
             let before = issues.count();
             header_name(issues, &format!("{at}.header"), &header.header);
             let min = header.min.unwrap_or(1);
@@ -56,5 +78,87 @@ pub(super) fn validate_cost(issues: &mut Issues, path: &str, raw: Option<&RawCos
                 max: header.max,
             })
         }
+        RawCost::Response(_) => {
+            issues.add(at, "must be a constant or a request header: an estimate is spent before the response");
+            None
+        }
+    }
+}
+
+/// A cost the response reports, at `at`.
+fn validate_response(
+    issues: &mut Issues,
+    at: &str,
+    raw: &RawResponseCost,
+    limit: &Limit,
+    global: bool,
+) -> Option<Cost> {
+    let before = issues.count();
+    if global {
+        issues.add(
+            at,
+            "a cost read from the response is settled in the proxy, so only a local policy can have one (global \
+             policies cannot settle with the counter service yet)",
+        );
+    }
+    if !limit.can_credit() {
+        issues.add(
+            at,
+            "a cost read from the response needs a token_bucket, fixed_window or sliding_window policy: a \
+             leaky_bucket's or a sliding_log's spend cannot be given back",
+        );
+    }
+    let usage = match (&raw.response_header, &raw.response_json) {
+        (Some(name), None) => {
+            header_name(issues, &format!("{at}.response_header"), name);
+            Some(Usage::Header(name.clone()))
+        }
+        (None, Some(path)) => json_path(issues, &format!("{at}.response_json"), path).map(Usage::Json),
+        _ => {
+            issues.add(at, "takes exactly one of response_header and response_json");
+            None
+        }
+    };
+    let estimate = validate_known(issues, &format!("{at}.estimate"), &raw.estimate, limit.capacity());
+    let largest_estimate = estimate.as_ref().map_or(1, Cost::max);
+    if raw.max < largest_estimate || raw.max > MAX_CONFIGURED_AMOUNT {
+        issues.add(
+            format!("{at}.max"),
+            format!(
+                "must be between the largest estimate ({largest_estimate}) and {MAX_CONFIGURED_AMOUNT}, got {}",
+                raw.max
+            ),
+        );
+    }
+    let on_unknown = match raw.on_unknown {
+        None | Some(RawOnUnknown::Estimate(_)) => None,
+        Some(RawOnUnknown::Cost(cost)) if cost <= raw.max => Some(cost),
+        Some(RawOnUnknown::Cost(cost)) => {
+            issues.add(format!("{at}.on_unknown"), format!("must be at most max ({}), got {cost}", raw.max));
+            None
+        }
+    };
+    if issues.count() > before {
+        return None;
+    }
+    Some(Cost::Response(ResponseCost { usage: usage?, estimate: Box::new(estimate?), max: raw.max, on_unknown }))
+}
+
+/// A dotted path of object keys (`usage.total_tokens`).
+fn json_path(issues: &mut Issues, at: &str, path: &str) -> Option<Vec<String>> {
+    let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
+    let well_formed = segments.len() <= MAX_JSON_PATH_SEGMENTS
+        && segments.iter().all(|s| !s.is_empty() && s.len() <= MAX_JSON_SEGMENT_BYTES && !s.contains('"'));
+    if well_formed {
+        Some(segments)
+    } else {
+        issues.add(
+            at,
+            format!(
+                "expected object keys joined by dots, such as \"usage.total_tokens\" (1 to {MAX_JSON_PATH_SEGMENTS} \
+                 keys of 1 to {MAX_JSON_SEGMENT_BYTES} bytes), got {path:?}"
+            ),
+        );
+        None
     }
 }

@@ -5,7 +5,7 @@
 
 use super::state::Granted;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, LocalResponse, Outcome};
+use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::resolved::{Place, Resolved};
@@ -23,7 +23,8 @@ pub(crate) fn admit<S: Store, C: Clock>(
     metrics: &mut impl Metrics,
 ) -> Decided {
     limiter.commit(granted.reservation);
-    decide_shadows(setup, &granted.shadows, limiter, metrics);
+    let mut owed = granted.owed;
+    decide_shadows(setup, &granted.shadows, limiter, metrics, &mut owed);
     let mut decisions = granted.local;
     decisions.extend(granted.checked.iter().copied());
     let mut headers = allowed_headers(setup, &decisions);
@@ -34,13 +35,17 @@ pub(crate) fn admit<S: Store, C: Clock>(
     }
     let outcome = match granted.due {
         None => Outcome::Continue { headers },
-        Some(_) if !room_to_pause => Outcome::Reject(rejection(setup, None, setup.response.status, None)),
+        Some(_) if !room_to_pause => {
+            // Never forwarded: what it spent stands, and there is no response to read.
+            owed.clear();
+            Outcome::Reject(rejection(setup, None, setup.response.status, None))
+        }
         Some(due) => {
             let now = limiter.clock().now();
             Outcome::Delay { delay: due.saturating_sub(now), due, headers }
         }
     };
-    Decided { outcome, tally: granted.tally }
+    Decided { outcome, tally: granted.tally, owed }
 }
 
 /// Rejects a request after some of it was spent: gives back its lease spends and its
@@ -61,7 +66,7 @@ pub(crate) fn reject<S: Store, C: Clock>(
     give_back(granted.reservation, &granted.local, limiter, metrics);
     let note = granted.fallback.as_ref().map(|note| note.render(&setup.policies));
     let outcome = Outcome::Reject(rejection(setup, strictest, status, note.as_deref()));
-    Decided { outcome, tally: granted.tally }
+    Decided::new(outcome, granted.tally)
 }
 
 /// Gives a local reservation back, counting what could not be (under the first local
@@ -126,12 +131,14 @@ fn allowed_headers(setup: &Setup, decisions: &[(usize, Decision)]) -> Vec<(Strin
     headers
 }
 
-/// Shadow policies are decided one by one, counted, and never reject.
+/// Shadow policies are decided one by one, counted, and never reject; what an admitting
+/// one spent on an estimate joins `owed`.
 fn decide_shadows<S: Store, C: Clock>(
     setup: &Setup,
     shadows: &[Resolved],
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
+    owed: &mut Vec<Owed>,
 ) {
     for r in shadows {
         let (Place::Local(place), Some(compiled)) = (&r.at, setup.compiled(r.policy)) else { continue };
@@ -141,7 +148,9 @@ fn decide_shadows<S: Store, C: Clock>(
                 if admission.created > 0 {
                     metrics.add_plugin(PluginCounter::KeysCreated, i64::from(admission.created));
                 }
-                if !admission.admitted {
+                if admission.admitted {
+                    owed.extend(estimates_owed(setup, std::slice::from_ref(r), admission.at));
+                } else {
                     metrics.add(r.policy, Counter::ShadowRejected, 1);
                 }
             }
@@ -153,4 +162,18 @@ fn decide_shadows<S: Store, C: Clock>(
 /// When a delay of `delay` from `at` is due, if there is one.
 pub(crate) fn due_after(at: Nanos, delay: Nanos) -> Option<Nanos> {
     (delay > Nanos::ZERO).then(|| at.saturating_add(delay))
+}
+
+/// The estimates spent at `at` under policies whose cost the response reports, to settle
+/// once it has been read.
+pub(super) fn estimates_owed(setup: &Setup, resolved: &[Resolved], at: Nanos) -> Vec<Owed> {
+    resolved
+        .iter()
+        .filter_map(|r| match (&r.at, setup.compiled(r.policy)) {
+            (Place::Local(place), Some(compiled)) if compiled.policy.cost.settled().is_some() => {
+                Some(Owed { policy: r.policy, place: place.clone(), estimate: r.cost, spent_at: at })
+            }
+            _ => None,
+        })
+        .collect()
 }

@@ -3,7 +3,7 @@
 //! still reject the request, the spend is *reserved*, to be committed on admission or
 //! given back (`shared_store::limiter`, "Reservations"); otherwise it is final at once.
 
-use super::admit::{due_after, rejection};
+use super::admit::{due_after, estimates_owed, rejection};
 use super::resolve::Resolution;
 use super::state::Granted;
 use crate::config::FailureOutcome;
@@ -13,7 +13,7 @@ use crate::engine::headers;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics, PluginCounter};
-use shared_store::{Clock, Decision, LimitError, Limiter, Request, Reservation, Store};
+use shared_store::{Clock, Decision, LimitError, Limiter, Nanos, Request, Reservation, Store};
 
 /// A request its local policies admitted (or let through on a failure that allows),
 /// with its global policies left to decide.
@@ -40,6 +40,7 @@ pub(crate) fn decide<S: Store, C: Clock>(
         local: Few::new(),
         checked: Few::new(),
         due: None,
+        owed: Vec::new(),
         spent: Few::new(),
         fallback: None,
         shadows,
@@ -48,13 +49,14 @@ pub(crate) fn decide<S: Store, C: Clock>(
         // A reservation is only worth keeping when a later stage may give it back.
         let keep = !(checked.is_empty() && leased.is_empty());
         match reserve(setup, &local, keep, limiter, metrics) {
-            Ok(Some((decisions, reservation, due))) => {
+            Ok(Some((decisions, reservation, due, at))) => {
                 granted.local = decisions;
                 granted.reservation = reservation;
                 granted.due = due;
+                granted.owed = estimates_owed(setup, &local, at);
             }
             Ok(None) => {}
-            Err(outcome) => return Err(Decided { outcome, tally: granted.tally }),
+            Err(outcome) => return Err(Decided::new(outcome, granted.tally)),
         }
     }
     Ok(Admitted { granted, checked, leased })
@@ -62,7 +64,7 @@ pub(crate) fn decide<S: Store, C: Clock>(
 
 /// What the local policies decided: `Ok(Some)` admitted (decisions, spend, when due),
 /// `Ok(None)` no decision but the failure rule allows, `Err` the rejection.
-type Reserved = Result<Option<(Few<(usize, Decision)>, Reservation, Option<shared_store::Nanos>)>, Outcome>;
+type Reserved = Result<Option<(Few<(usize, Decision)>, Reservation, Option<Nanos>, Nanos)>, Outcome>;
 
 fn reserve<S: Store, C: Clock>(
     setup: &Setup,
@@ -105,7 +107,7 @@ fn reserve<S: Store, C: Clock>(
                 return Err(Outcome::Reject(rejection(setup, strictest, setup.response.status, None)));
             }
             let due = due_after(admission.at, admission.delay());
-            Ok(Some((decisions, reservation, due)))
+            Ok(Some((decisions, reservation, due, admission.at)))
         }
         Err(error) => match failure(setup, local, &error, metrics) {
             Some(outcome) => Err(outcome),

@@ -10,7 +10,9 @@
 //!    refill when one is empty ([`Pending::Lease`]);
 //! 5. [`fallback`]: the failure rule, for each global policy that could not be decided,
 //!    applied from the check and lease stages;
-//! 6. [`admit`]: commit, shadows, headers, shaping; or reject, giving back what was spent.
+//! 6. [`admit`]: commit, shadows, headers, shaping; or reject, giving back what was spent;
+//! 7. [`settle`]: after the response, an estimate settled to the cost the response
+//!    reports.
 //!
 //! Each stage takes its own state ([`state`]) and says where the request goes next
 //! ([`state::Next`]); the functions here chain them, so a request spends all or nothing
@@ -22,6 +24,7 @@ mod fallback;
 mod lease;
 mod local;
 pub(crate) mod resolve;
+pub(crate) mod settle;
 mod state;
 
 use super::decision::{Decided, Disposition, Outcome, Tally};
@@ -50,7 +53,7 @@ pub(crate) fn begin<S: Store, C: Clock>(
             Refusal::MissingKey => setup.response.status,
             Refusal::Failure(status) => status,
         };
-        return Begun::Decided(Decided { outcome: reject_outright(setup, status), tally });
+        return Begun::Decided(Decided::new(reject_outright(setup, status), tally));
     }
     let next = match local::decide(setup, resolution, tally, limiter, metrics) {
         Err(decided) => Next::Decided(decided),

@@ -3,7 +3,7 @@
 //! holds only what the stages after it read.
 
 use crate::engine::cause::Note;
-use crate::engine::decision::{Decided, Tally};
+use crate::engine::decision::{Decided, Owed, Tally};
 use crate::engine::resolved::{Few, Resolved};
 use shared_store::{Decision, Nanos, Placement, Reservation};
 
@@ -21,6 +21,8 @@ pub(crate) struct Granted {
     pub(crate) checked: Few<(usize, Decision)>,
     /// When shaping lets it go, if a policy delays it.
     pub(crate) due: Option<Nanos>,
+    /// Estimates spent under policies whose cost the response reports.
+    pub(crate) owed: Vec<Owed>,
     /// Lease spends made, to give back if the request is rejected after all.
     pub(crate) spent: Few<(usize, Placement, u64)>,
     /// Set when a fallback decided part of the request: what the fallback header says.

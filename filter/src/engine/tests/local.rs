@@ -22,7 +22,7 @@ pub(super) fn decide_tallied<S: Store, C: Clock>(
     room: bool,
     metrics: &mut RecordedMetrics,
 ) -> (Outcome, Tally) {
-    let Begun::Decided(Decided { outcome, tally }) =
+    let Begun::Decided(Decided { outcome, tally, .. }) =
         engine.begin(request, limiter, &mut FakeCallouts::default(), room, metrics)
     else {
         panic!("a local decision never waits")

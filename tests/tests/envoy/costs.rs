@@ -1,0 +1,121 @@
+//! Costs the response reports, in Envoy, in front of a language-model-like upstream: a
+//! per-user token budget held under an oracle of the usage the upstream really returned,
+//! event streams passed through as they are written, and answers cut short counted.
+
+use super::*;
+use sluice_testkit::wait;
+use sluice_tests::envoy::cluster;
+use sluice_tests::llm::{self, LlmUpstream};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Tokens per second, burst, estimate and max of [`TOKENS`].
+const RATE: u64 = 2;
+const BURST: u64 = 1000;
+const ESTIMATE: u64 = 50;
+const MAX: u64 = 500;
+const TOKENS: &str = r#"{"policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "120/minute",
+  "burst": 1000, "cost": {"response_json": "usage.total_tokens", "estimate": 50, "max": 500, "on_unknown": 500}}]}"#;
+
+fn envoy(upstream: &LlmUpstream, workers: usize) -> Envoy {
+    Envoy::builder()
+        .workers(workers)
+        .cluster(cluster("llm", upstream.addr(), false))
+        .route_to("llm")
+        .sluice(sluice(TOKENS))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn completion(query: &str) -> Request {
+    Request::post(format!("/v1/chat/completions?{query}"), "{}").header("x-user", "alice")
+}
+
+#[test]
+fn a_token_budget_holds_across_two_workers_under_an_oracle_of_the_usage_returned() {
+    const CALLERS: usize = 4;
+    const REQUESTS: usize = 30;
+    let upstream = LlmUpstream::start();
+    let envoy = Arc::new(envoy(&upstream, 2));
+
+    let started = Instant::now();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let envoy = Arc::clone(&envoy);
+            thread::spawn(move || {
+                (0..REQUESTS)
+                    .filter(|i| {
+                        // 300 – 500 tokens each, half of them streamed.
+                        let tokens = 300 + (c * REQUESTS + i) * 37 % 201;
+                        let stream = u8::from(i % 2 == 0);
+                        send(&envoy, &completion(&format!("tokens={tokens}&stream={stream}"))).status == 429
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let rejected: usize = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    let elapsed = started.elapsed().as_secs();
+
+    let served = upstream.served();
+    let admitted: u64 = served.iter().map(|s| s.tokens).sum();
+    // Every caller's request in flight when the bucket went below empty may overshoot by
+    // max − estimate; nothing is forgiven with fewer than 64 in flight.
+    let bound = BURST + RATE * (elapsed + 1) + CALLERS as u64 * (MAX - ESTIMATE);
+    assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
+    assert!(rejected > 0, "the budget never bound");
+    assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
+    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+    assert_eq!(envoy.metric("tokens", "cost.unknown"), 0);
+    let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
+    assert_eq!(envoy.metric("tokens", "cost.charged"), over_estimates, "each answer charged exactly once");
+    assert_eq!(envoy.metric("tokens", "allowed"), served.len() as u64);
+}
+
+#[test]
+fn every_event_of_a_stream_reaches_the_client_before_the_next_is_written() {
+    let upstream = LlmUpstream::start();
+    let envoy = envoy(&upstream, 1);
+    let mut body = Vec::new();
+
+    let response = envoy
+        .connect()
+        .send_streaming(&completion("tokens=70&stream=1&lockstep=1"), |chunk| {
+            body.extend_from_slice(chunk);
+            // Let the upstream write the next event once this one has arrived whole.
+            upstream.acknowledge(body.windows(2).filter(|w| w == b"\n\n").count());
+        })
+        .unwrap();
+
+    assert_eq!(response.status, 200);
+    assert!(!upstream.stalled(), "an event was held back until the stream went on");
+    assert_eq!(response.text(), llm::events(70).concat(), "every event unchanged and in order");
+    assert_eq!(envoy.metric("tokens", "cost.charged"), 70 - ESTIMATE, "the usage in the last event");
+}
+
+#[test]
+fn a_json_answer_below_the_estimate_gives_the_rest_back() {
+    let upstream = LlmUpstream::start();
+    let envoy = envoy(&upstream, 1);
+
+    let response = send(&envoy, &completion("tokens=8"));
+
+    assert_eq!(response.text(), llm::document(8));
+    assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
+}
+
+#[test]
+fn a_stream_cut_before_its_usage_costs_the_configured_on_unknown_and_is_counted() {
+    let upstream = LlmUpstream::start();
+    let envoy = envoy(&upstream, 1);
+
+    let cut = envoy.connect().send(&completion("tokens=70&stream=1&cut=1"));
+
+    assert!(cut.is_err(), "the client sees the stream break off: {cut:?}");
+    wait::until(Duration::from_secs(10), "the cut stream to be settled", || {
+        envoy.metric("tokens", "cost.unknown") == 1
+    });
+    assert_eq!(envoy.metric("tokens", "cost.charged"), MAX - ESTIMATE, "on_unknown: 500");
+    assert!(upstream.served().is_empty());
+}
