@@ -62,17 +62,7 @@ impl UsageReader {
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         match self.form {
-            Form::Json => {
-                if self.overflowed {
-                    return;
-                }
-                if self.buffer.len().saturating_add(chunk.len()) > MAX_JSON_BODY {
-                    self.overflowed = true;
-                    self.buffer = Vec::new();
-                } else {
-                    self.buffer.extend_from_slice(chunk);
-                }
-            }
+            Form::Json => self.hold(chunk, MAX_JSON_BODY),
             Form::Events => {
                 let mut rest = chunk;
                 while let Some(end) = rest.iter().position(|b| *b == b'\n') {
@@ -120,10 +110,16 @@ impl UsageReader {
     }
 
     fn extend_line(&mut self, bytes: &[u8]) {
+        self.hold(bytes, MAX_EVENT_LINE);
+    }
+
+    /// Keeps `bytes` unless the buffer would outgrow `limit`: then it is dropped, and
+    /// stays dropped until the caller resets `overflowed`.
+    fn hold(&mut self, bytes: &[u8], limit: usize) {
         if self.overflowed {
             return;
         }
-        if self.buffer.len().saturating_add(bytes.len()) > MAX_EVENT_LINE {
+        if self.buffer.len().saturating_add(bytes.len()) > limit {
             self.overflowed = true;
             self.buffer = Vec::new();
         } else {
