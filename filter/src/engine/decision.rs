@@ -117,7 +117,7 @@ pub struct Owed {
     /// The policy's index.
     pub(crate) policy: usize,
     /// Where the estimate was spent.
-    pub(crate) place: Placement,
+    pub(crate) from: SpentFrom,
     /// What was spent.
     pub(crate) estimate: u64,
     /// When, on the limiter's clock.
@@ -129,4 +129,22 @@ impl Owed {
     pub const fn policy(&self) -> usize {
         self.policy
     }
+}
+
+/// Where an estimate was spent, and so where it is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SpentFrom {
+    /// A local policy's bucket in this proxy's shared data.
+    Local(Placement),
+    /// A lease-mode policy's lease record (`slot`), for the caller whose global counter
+    /// is `key` under the check tag `tag`: what the lease cannot cover is owed there and
+    /// charged to the service.
+    Lease {
+        /// The lease record.
+        slot: Placement,
+        /// The caller's global fingerprint.
+        key: u128,
+        /// The hash tag (partition) its counter lives under.
+        tag: String,
+    },
 }

@@ -190,7 +190,10 @@ impl<'a> Fleet<'a> {
             })
             .collect();
         let start = clock.monotonic_nanos();
-        let arrivals = Arrivals { rng: rng.fork(), next: start, flood_serial: 0 };
+        // Usage comes from a generator of its own: the arrivals stay those the seed made
+        // before responses reported costs.
+        let usage = Rng::new(scenario.seed ^ 0x05a9_e000);
+        let arrivals = Arrivals { rng: rng.fork(), usage, next: start, flood_serial: 0 };
         let oracle = Oracle::new(scenario, start);
         Self {
             scenario,
@@ -321,7 +324,8 @@ impl<'a> Fleet<'a> {
                         }
                         Action::Respond(key) => {
                             if let Some(s) = streams.get(&(key as u64)) {
-                                let _ = worker.respond(s.id, Response::ok());
+                                let usage = s.request.usage.to_string();
+                                let _ = worker.respond(s.id, Response::ok().header("x-usage", usage));
                             }
                         }
                         Action::Leave(key) => {

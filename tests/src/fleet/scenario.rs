@@ -114,6 +114,9 @@ pub struct PolicyDef {
     pub failure: Failure,
     /// The cost: 1, or the `x-cost` header clamped to `1..=max`.
     pub max_cost: u64,
+    /// When the response reports the cost (its `x-usage` header, clamped to this max):
+    /// the cost above is the estimate spent at admission, settled once the response says.
+    pub usage_max: Option<u64>,
     /// Slots in its tables.
     pub slots: u32,
     /// Only requests under `/a/` match it.
@@ -151,8 +154,15 @@ impl PolicyDef {
                 p["window"] = format!("{window_ms}ms").into();
             }
         }
-        if self.max_cost > 1 {
-            p["cost"] = serde_json::json!({"header": "x-cost", "max": self.max_cost});
+        let estimate = if self.max_cost > 1 {
+            serde_json::json!({"header": "x-cost", "max": self.max_cost})
+        } else {
+            serde_json::json!(1)
+        };
+        if let Some(max) = self.usage_max {
+            p["cost"] = serde_json::json!({"response_header": "x-usage", "estimate": estimate, "max": max});
+        } else if self.max_cost > 1 {
+            p["cost"] = estimate;
         }
         if self.under_a {
             p["match"] = serde_json::json!({"path_prefix": "/a/"});
@@ -314,6 +324,7 @@ fn policy(rng: &mut Rng, index: usize, any_global: bool) -> PolicyDef {
         algorithm,
         failure,
         max_cost,
+        usage_max: None,
         slots: rng.pick(&[1, 2, 4, 64, 1024]),
         under_a: rng.chance(25),
         version: 0,
@@ -348,6 +359,15 @@ impl Scenario {
         let mut policies = Vec::with_capacity(count);
         for i in 0..count {
             policies.push(policy(&mut rng, i, true));
+        }
+        // Local and lease policies may settle to the cost the response reports (a
+        // check-mode one cannot), drawn apart so the rest of the scenario stays what the
+        // seed made before costs were reported.
+        let mut costs = Rng::new(seed ^ 0x05a9_e001);
+        for p in &mut policies {
+            if p.kind != Kind::Check && costs.chance(35) {
+                p.usage_max = Some(costs.between(p.max_cost, p.max_cost * 3 + 4));
+            }
         }
         let span = duration.as_millis() as u64;
         let mut faults = Vec::new();
@@ -427,6 +447,7 @@ impl Scenario {
             algorithm: Algorithm::TokenBucket { rate: 200, burst: 200 },
             failure: Failure::Deny,
             max_cost: 1,
+            usage_max: None,
             slots: 64,
             under_a: false,
             version: 0,

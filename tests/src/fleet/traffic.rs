@@ -9,6 +9,8 @@ use wasm_host::Request;
 /// The traffic generator.
 pub(super) struct Arrivals {
     pub(super) rng: Rng,
+    /// Draws the cost each upstream answer reports.
+    pub(super) usage: Rng,
     pub(super) next: u64,
     pub(super) flood_serial: u64,
 }
@@ -32,6 +34,7 @@ impl Arrivals {
             route: format!("r{}", a.rng.below(4)),
             under_a: a.rng.chance(scenario.traffic.under_a_percent),
             cost: if a.rng.chance(30) { a.rng.between(1, 12) } else { 1 },
+            usage: a.usage.between(1, 24),
         };
         let proxy = a.rng.below(scenario.proxies as u64) as usize;
         let worker = a.rng.below(scenario.workers as u64) as usize;

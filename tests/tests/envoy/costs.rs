@@ -4,6 +4,7 @@
 
 use super::*;
 use sluice_testkit::wait;
+use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::cluster;
 use sluice_tests::llm::{self, LlmUpstream};
 use std::sync::Arc;
@@ -18,12 +19,36 @@ const MAX: u64 = 500;
 const TOKENS: &str = r#"{"policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "120/minute",
   "burst": 1000, "cost": {"response_json": "usage.total_tokens", "estimate": 50, "max": 500, "on_unknown": 500}}]}"#;
 
+/// [`TOKENS`] made global, in lease mode, with the lease's debt bound at the capacity.
+const MAX_DEBT: u64 = 1000;
+const GLOBAL_TOKENS: &str = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+    "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"},
+  "policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "120/minute", "burst": 1000,
+    "cost": {"response_json": "usage.total_tokens", "estimate": 50, "max": 500, "on_unknown": 500},
+    "global": {"strategy": "lease", "lease": {"size": 200, "max_debt": 1000}}}]}"#;
+const HASH_KEY: &str = "costs-hash-key-0123456789abcdef";
+const TOKEN: &str = "costs-token-42";
+
 fn envoy(upstream: &LlmUpstream, workers: usize) -> Envoy {
     Envoy::builder()
         .workers(workers)
         .cluster(cluster("llm", upstream.addr(), false))
         .route_to("llm")
         .sluice(sluice(TOKENS))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A proxy of a fleet on one global token budget kept by `service`.
+fn global_envoy(upstream: &LlmUpstream, service: &Counter) -> Envoy {
+    let filter = sluice(GLOBAL_TOKENS).env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN);
+    Envoy::builder()
+        .workers(2)
+        .cluster(cluster("llm", upstream.addr(), false))
+        .cluster(cluster("sluice-counter", service.addr(), true))
+        .route_to("llm")
+        .sluice(filter)
+        .log_level("warning")
         .start()
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -71,6 +96,55 @@ fn a_token_budget_holds_across_two_workers_under_an_oracle_of_the_usage_returned
     let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
     assert_eq!(envoy.metric("tokens", "cost.charged"), over_estimates, "each answer charged exactly once");
     assert_eq!(envoy.metric("tokens", "allowed"), served.len() as u64);
+}
+
+#[test]
+fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_is_charged_once() {
+    const CALLERS: usize = 4;
+    const REQUESTS: usize = 24;
+    let upstream = LlmUpstream::start();
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let fleet = Arc::new([global_envoy(&upstream, &service), global_envoy(&upstream, &service)]);
+
+    let started = Instant::now();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let fleet = Arc::clone(&fleet);
+            thread::spawn(move || {
+                (0..REQUESTS)
+                    .filter(|i| {
+                        let tokens = 300 + (c * REQUESTS + i) * 37 % 201;
+                        let stream = u8::from(i % 2 == 0);
+                        let envoy = &fleet[(c + i) % 2];
+                        send(envoy, &completion(&format!("tokens={tokens}&stream={stream}"))).status == 429
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let rejected: usize = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    let elapsed = started.elapsed().as_secs();
+
+    let served = upstream.served();
+    let admitted: u64 = served.iter().map(|s| s.tokens).sum();
+    let sum = |name: &str| fleet.iter().map(|e| e.metric("tokens", name)).sum::<u64>();
+    // What a lease could not cover is owed and charged: the global counter may end up to
+    // max_debt below empty; anything beyond that was forgiven, and counted.
+    let forgiven = sum("cost.forgiven") + service.metric("sluice_counter_forgiven_tokens_total");
+    let bound = BURST + RATE * (elapsed + 1) + MAX_DEBT + forgiven;
+    assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
+    assert!(forgiven <= CALLERS as u64 * (MAX - ESTIMATE), "forgiven {forgiven}: more than the requests in flight");
+    assert!(rejected > 0, "the budget never bound");
+    assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
+    assert_eq!(sum("cost.unknown"), 0);
+    let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
+    assert_eq!(sum("cost.charged") + sum("cost.forgiven"), over_estimates, "each answer settled exactly once");
+    // The debt reaches the service, once: what the proxies count as reconciled is what
+    // the service charged.
+    wait::until(Duration::from_secs(20), "the debt to be charged to the service", || {
+        let charged = service.metric("sluice_counter_charged_tokens_total");
+        charged > 0 && charged == sum("lease.reconciled")
+    });
 }
 
 #[test]

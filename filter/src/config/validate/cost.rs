@@ -14,18 +14,19 @@ use shared_store::Limit;
 pub const MAX_JSON_PATH_SEGMENTS: usize = 8;
 const MAX_JSON_SEGMENT_BYTES: usize = 64;
 
-/// The cost of one request under `limit`; `global` says whether the policy is global.
+/// The cost of one request under `limit`; `checked` says whether the policy is a global
+/// policy in check mode.
 pub(super) fn validate_cost(
     issues: &mut Issues,
     path: &str,
     raw: Option<&RawCost>,
     limit: &Limit,
-    global: bool,
+    checked: bool,
 ) -> Option<Cost> {
     let at = format!("{path}.cost");
     match raw {
         None => Some(Cost::Constant(1)),
-        Some(RawCost::Response(response)) => validate_response(issues, &at, response, limit, global),
+        Some(RawCost::Response(response)) => validate_response(issues, &at, response, limit, checked),
         Some(known) => validate_known(issues, &at, known, limit.capacity()),
     }
 }
@@ -91,14 +92,15 @@ fn validate_response(
     at: &str,
     raw: &RawResponseCost,
     limit: &Limit,
-    global: bool,
+    checked: bool,
 ) -> Option<Cost> {
     let before = issues.count();
-    if global {
+    if checked {
         issues.add(
             at,
-            "a cost read from the response is settled in the proxy, so only a local policy can have one (global \
-             policies cannot settle with the counter service yet)",
+            "a cost read from the response is settled in the proxy: a local policy or a global one in lease mode \
+             (\"strategy\": \"lease\") can have one, a global one in check mode cannot (the counter service \
+             cannot give back an unused estimate yet)",
         );
     }
     if !limit.can_credit() {

@@ -216,6 +216,57 @@ impl<S: Store> Leases<'_, S> {
         Ok(Updated { result: Some(updated.result.unwrap_or((cost, false))), forgiven: updated.forgiven })
     }
 
+    /// Settles a response's cost above its estimate (`excess` units, already served):
+    /// what the lease's live tokens hold is taken from them; the rest is owed like a
+    /// fallback's admissions, up to `max_debt`, and charged to the service later. Returns
+    /// what was forgiven (beyond `max_debt`) and whether the record now owes something.
+    pub(crate) fn overspend(
+        &self,
+        place: &Placement,
+        excess: u64,
+        max_debt: u64,
+        (counter, tag): (u128, Option<u128>),
+        now: Nanos,
+    ) -> Result<Updated<(u64, bool)>, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            let taken = excess.min(record.live_tokens(now));
+            record.take(taken, now);
+            let owed = (excess - taken).min(max_debt.saturating_sub(record.debt));
+            if owed > 0 {
+                record.debt = record.debt.saturating_add(owed);
+                record.owed_at = now;
+                record.counter = counter;
+                record.tag = tag;
+            }
+            (taken > 0 || owed > 0, (excess - taken - owed, owed > 0 || record.debt > 0))
+        })?;
+        Ok(Updated { result: Some(updated.result.unwrap_or((excess, false))), forgiven: updated.forgiven })
+    }
+
+    /// Gives back `units` of an estimate the response did not use: to a live pool (as
+    /// [`Leases::give_back`]), or else off the debt no charge carries yet (an estimate a
+    /// fallback admitted is owed whole). Returns what could not be given back: an
+    /// expired lease keeps nothing, and those units stay spent.
+    pub(crate) fn unspend(&self, place: &Placement, units: u64, now: Nanos) -> Result<Updated<u64>, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            let pool = if now < record.first.expires_at {
+                Some(&mut record.first)
+            } else if now < record.second.expires_at {
+                Some(&mut record.second)
+            } else {
+                None
+            };
+            if let Some(pool) = pool {
+                pool.tokens = pool.tokens.saturating_add(units);
+                return (true, 0);
+            }
+            let off = units.min(record.debt.saturating_sub(record.charging));
+            record.debt -= off;
+            (off > 0, units - off)
+        })?;
+        Ok(Updated { result: Some(updated.result.unwrap_or(units)), forgiven: updated.forgiven })
+    }
+
     /// Applies a grant answered to a refill sent at `sent_at`: the tokens live until
     /// `sent_at + expires_in` (never later than the service said). When the refill was
     /// elected by a waiting request (`for_waiter`) and the grant covers `min_tokens`,

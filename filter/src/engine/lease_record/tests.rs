@@ -250,6 +250,39 @@ fn a_given_back_spend_is_exact_while_the_lease_lives() {
 }
 
 #[test]
+fn a_cost_above_its_estimate_is_taken_from_the_lease_and_owed_beyond_it_up_to_the_bound() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 5, T, 1000, T);
+
+    let within = leases.overspend(&place(), 3, 4, (9, None), T).unwrap().result.unwrap();
+    let beyond = leases.overspend(&place(), 8, 4, (9, None), T).unwrap().result.unwrap();
+
+    assert_eq!(within, (0, false), "three of the five live tokens");
+    assert_eq!(beyond, (2, true), "two tokens left, four owed, two forgiven");
+    assert_eq!((record(&store).live_tokens(T), record(&store).debt, record(&store).counter), (0, 4, 9));
+}
+
+#[test]
+fn an_unused_estimate_goes_back_to_a_live_lease_else_off_uncharged_debt_else_stays_spent() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 2, T, 1000, T);
+    let _ = spend(&leases, 2, T);
+
+    let to_pool = leases.unspend(&place(), 2, at(10)).unwrap().result.unwrap();
+    leases.owe(&place(), 3, 10, (0, None), at(2000)).unwrap();
+    let _ = leases.claim_charge(&place(), 1, Nanos(100), at(2000)).unwrap();
+    leases.owe(&place(), 2, 10, (0, None), at(2001)).unwrap();
+    let off_debt = leases.unspend(&place(), 5, at(2002)).unwrap().result.unwrap();
+
+    assert_eq!(to_pool, 0);
+    assert_eq!(record(&store).live_tokens(at(10)), 2);
+    assert_eq!(off_debt, 3, "two of the debt were not in the charge; the three in flight stay");
+    assert_eq!((record(&store).debt, record(&store).charging), (3, 3));
+}
+
+#[test]
 fn a_record_survives_its_encoding() {
     let r = Record {
         owner: 1,

@@ -5,7 +5,7 @@
 
 use super::state::Granted;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed};
+use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::resolved::{Place, Resolved};
@@ -171,9 +171,19 @@ pub(super) fn estimates_owed(setup: &Setup, resolved: &[Resolved], at: Nanos) ->
         .iter()
         .filter_map(|r| match (&r.at, setup.compiled(r.policy)) {
             (Place::Local(place), Some(compiled)) if compiled.policy.cost.settled().is_some() => {
-                Some(Owed { policy: r.policy, place: place.clone(), estimate: r.cost, spent_at: at })
+                Some(Owed { policy: r.policy, from: SpentFrom::Local(place.clone()), estimate: r.cost, spent_at: at })
             }
             _ => None,
         })
         .collect()
+}
+
+/// The estimate a lease-mode policy spent from its lease (or a fallback admitted, owed
+/// to the lease record) at `at`, when the response reports its cost.
+pub(super) fn lease_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at: Nanos) -> Option<Owed> {
+    let compiled = setup.compiled(r.policy)?;
+    compiled.policy.cost.settled()?;
+    let Place::Global { key, lease: Some(slot), .. } = &r.at else { return None };
+    let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned() };
+    Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: at })
 }

@@ -12,7 +12,7 @@
 //! rejects gives back everything it had spent, and the emergency caps of a request are
 //! decided together.
 
-use super::admit::reject;
+use super::admit::{lease_estimate_owed, reject};
 use super::state::Granted;
 use crate::config::FailureOutcome;
 use crate::engine::calls::{Target, tag_bits, units};
@@ -138,6 +138,7 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     // Admitted without the service: lease policies owe what they admitted.
     for (r, _) in &failed {
         owe(setup, r, tag, now, limiter, metrics);
+        granted.owed.extend(lease_estimate_owed(setup, r, tag, now));
     }
     granted.fallback = Some(Note::merge(granted.fallback, fallback, first, &failed));
     Ok(granted)

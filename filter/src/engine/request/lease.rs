@@ -14,7 +14,7 @@
 //! refills and charges it elects go in the outbox; the root context sends them
 //! (`outgoing.rs`), so their answers outlive the request.
 
-use super::admit::reject;
+use super::admit::{lease_estimate_owed, reject};
 use super::fallback::{apply_failure_rule, count_causes};
 use super::state::{Granted, LeaseWait, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
@@ -62,6 +62,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 if refill {
                     elect(setup, &tag, &resolved, Asker::LowWater);
                 }
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
             Spent::Done(Spend::Wait { elected: mine }) => {
@@ -119,7 +120,10 @@ pub(crate) fn retry<S: Store, C: Clock>(
         let may_elect = now < deadline;
         let retried = leases.retry(slot, resolved.cost, now, since, waiter, may_elect, rules);
         match spent(resolved.policy, retried, metrics) {
-            Spent::Done(Spend::Spent { .. }) => granted.spent.push((resolved.policy, slot.clone(), resolved.cost)),
+            Spent::Done(Spend::Spent { .. }) => {
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
+                granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
+            }
             Spent::Done(Spend::Empty { until }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 count_causes(&failed, metrics);

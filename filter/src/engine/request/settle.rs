@@ -11,11 +11,13 @@
 //! the configured `on_unknown` cost replaces it; `cost.unknown` counts it either way.
 
 use crate::config::{MAX_CONFIGURED_AMOUNT, ResponseCost};
-use crate::engine::decision::Owed;
-use crate::engine::evidence::count_error;
+use crate::engine::calls::{Target, tag_bits};
+use crate::engine::compiled::Compiled;
+use crate::engine::decision::{Owed, SpentFrom};
+use crate::engine::evidence::{count_error, counted};
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics};
-use shared_store::{Clock, Limiter, Store};
+use shared_store::{Clock, Limiter, Placement, Store};
 
 /// How many requests' `max` a caller's bucket may owe at once. A bucket below empty
 /// admits nothing, so its debt comes only from requests already in flight when it went
@@ -49,8 +51,64 @@ pub(crate) fn settle<S: Store, C: Clock>(
             }
         }
     };
+    match &owed.from {
+        SpentFrom::Local(place) => settle_local(compiled, rule, place, owed, actual, limiter, metrics),
+        SpentFrom::Lease { slot, key, tag } => {
+            let Some(leased) = setup.leased_home(policy) else { return };
+            let leases = setup.leases(limiter.store());
+            let now = limiter.clock().now();
+            let forgiven = if actual > owed.estimate {
+                let excess = actual - owed.estimate;
+                match counted(
+                    policy,
+                    leases.overspend(slot, excess, leased.config.max_debt, (*key, tag_bits(tag)), now),
+                    metrics,
+                ) {
+                    Ok(Some((forgiven, owes))) => {
+                        if owes {
+                            setup.schedule_charge(Target { policy, slot: slot.clone(), key: *key, tag: tag.clone() });
+                        }
+                        add(metrics, policy, Counter::CostCharged, excess - forgiven);
+                        forgiven
+                    }
+                    // The slot is another key's, or the record could not be written.
+                    Ok(None) | Err(_) => excess,
+                }
+            } else {
+                let unused = owed.estimate - actual;
+                match counted(policy, leases.unspend(slot, unused, now), metrics) {
+                    Ok(Some(kept)) => {
+                        add(metrics, policy, Counter::CostCredited, unused - kept);
+                        kept
+                    }
+                    Ok(None) | Err(_) => unused,
+                }
+            };
+            add(metrics, policy, Counter::CostForgiven, forgiven);
+        }
+    }
+}
+
+fn add(metrics: &mut impl Metrics, policy: usize, counter: Counter, units: u64) {
+    if units > 0 {
+        metrics.add(policy, counter, i64::try_from(units).unwrap_or(i64::MAX));
+    }
+}
+
+/// Settles an estimate a local policy spent, through the limiter: the bucket may go into
+/// debt up to [`debt_bound`].
+fn settle_local<S: Store, C: Clock>(
+    compiled: &Compiled,
+    rule: &ResponseCost,
+    place: &Placement,
+    owed: &Owed,
+    actual: u64,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    let policy = owed.policy;
     let limit = &compiled.policy.limit;
-    match limiter.settle(&owed.place, limit, owed.spent_at, owed.estimate, actual, debt_bound(rule)) {
+    match limiter.settle(place, limit, owed.spent_at, owed.estimate, actual, debt_bound(rule)) {
         Ok(settlement) => {
             for (counter, units) in [
                 (Counter::CostCharged, settlement.charged),
@@ -59,16 +117,13 @@ pub(crate) fn settle<S: Store, C: Clock>(
                 (Counter::CasConflicts, u64::from(settlement.conflicts)),
                 (Counter::Repaired, u64::from(settlement.repaired)),
             ] {
-                if units > 0 {
-                    metrics.add(policy, counter, i64::try_from(units).unwrap_or(i64::MAX));
-                }
+                add(metrics, policy, counter, units);
             }
         }
         Err(error) => {
             // Nothing was settled: the difference is forgiven, and the error counted.
             count_error(metrics, policy, &error);
-            let units = actual.abs_diff(owed.estimate);
-            metrics.add(policy, Counter::CostForgiven, i64::try_from(units).unwrap_or(i64::MAX));
+            add(metrics, policy, Counter::CostForgiven, actual.abs_diff(owed.estimate));
         }
     }
 }

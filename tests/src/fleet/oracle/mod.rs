@@ -30,8 +30,13 @@
 //!   the service's own time, from its last restart;
 //! * **emergency caps**: what a proxy's cap admitted for one caller fits the cap.
 //!
-//! At the end, after a quiet, healthy period: every stream is answered, and no lease
-//! record holds anything (no debt, no tokens): no slot is held by a key that is gone.
+//! At the end, after a quiet, healthy period: every stream is answered, no lease
+//! record holds anything (no debt, no tokens): no slot is held by a key that is gone,
+//! and **costs settled**: for every policy whose response reports its cost, what the
+//! proxy charged, credited and forgave adds up to how far the answers' costs were from
+//! the estimates spent on them (each answer settled once, none lost). A lease spend of
+//! such a policy counts only the part of the estimate the answer used: the rest went
+//! back to the lease.
 
 mod ledger;
 mod observed;
@@ -97,6 +102,9 @@ pub struct Oracle {
     caps: BTreeMap<(usize, String, u64, String), ReferenceBucket>,
     /// Per (proxy, policy): answers whose fallback header named it.
     named: BTreeMap<(usize, String), u64>,
+    /// Per (proxy, policy): the units by which the costs its answers reported differ from
+    /// the estimates spent on them, which settling must charge, credit or forgive.
+    to_settle: BTreeMap<(usize, String), u64>,
     /// Decisions of the service already checked against the budget.
     budget_seen: usize,
     budgets: BTreeMap<String, Budget>,
@@ -149,6 +157,7 @@ impl Oracle {
             forms,
             caps: BTreeMap::new(),
             named: BTreeMap::new(),
+            to_settle: BTreeMap::new(),
             budget_seen: 0,
             budgets: BTreeMap::new(),
             steps: 0,
@@ -301,6 +310,11 @@ impl Oracle {
         // Admitted: each global policy it matched paid for it, or fell back (named).
         let Some(at) = followed.forwarded_at else { return Ok(()) };
         for m in &followed.matched {
+            // What the response reported settles the estimate, whoever decided it.
+            let actual = m.policy.usage_max.map(|max| sent.usage.min(max));
+            if let Some(actual) = actual {
+                *self.to_settle.entry((proxy, m.policy.name.clone())).or_insert(0) += actual.abs_diff(m.cost);
+            }
             let Some(counter) = &m.counter else { continue };
             if named.contains(&m.policy.name) {
                 // Only requests decided within a millisecond of their arrival are replayed
@@ -344,7 +358,10 @@ impl Oracle {
             }
             match m.policy.kind {
                 Kind::Lease { .. } => {
-                    self.lease_spends.entry(counter.clone()).or_default().push((followed.arrived, at, m.cost));
+                    // An estimate the response did not use went back to the lease (and may
+                    // be spent again); a cost above it is taken later, or owed.
+                    let spent = actual.map_or(m.cost, |actual| actual.min(m.cost));
+                    self.lease_spends.entry(counter.clone()).or_default().push((followed.arrived, at, spent));
                 }
                 Kind::Check => self.check_admits.entry(counter.clone()).or_default().push((at, m.cost)),
                 Kind::Local => {}
@@ -473,7 +490,34 @@ impl Oracle {
         now: u64,
     ) -> Result<(), Violation> {
         self.proxy(proxy, host, policies, now)?;
-        self.debts(proxy, host, policies, true)
+        self.debts(proxy, host, policies, true)?;
+        self.costs_settled(proxy, host)
+    }
+
+    /// Every answer's reported cost was settled once: what each policy charged, credited
+    /// and forgave adds up to how far the reported costs were from the estimates.
+    fn costs_settled(&self, proxy: usize, host: &wasm_host::Host) -> Result<(), Violation> {
+        for ((p, name), expected) in &self.to_settle {
+            if *p != proxy {
+                continue;
+            }
+            let metric = |counter: &str| host.metric(&format!("sluice.{name}.{counter}")).unwrap_or(0);
+            let settled = metric("cost.charged") + metric("cost.credited") + metric("cost.forgiven");
+            if settled != *expected {
+                return Err(Violation::new(
+                    "costs settled",
+                    format!(
+                        "proxy {proxy}, policy {name}: the answers' costs differ from their estimates by {expected} \
+                         units in all, but {settled} were charged, credited or forgiven (charged {}, credited {}, \
+                         forgiven {})",
+                        metric("cost.charged"),
+                        metric("cost.credited"),
+                        metric("cost.forgiven")
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The fleet-wide checks against what the service decided; `proxies` are every

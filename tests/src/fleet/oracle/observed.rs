@@ -14,6 +14,8 @@ pub struct Sent {
     pub under_a: bool,
     /// `x-cost`.
     pub cost: u64,
+    /// What the upstream's answer reports in `x-usage`.
+    pub usage: u64,
 }
 
 impl Sent {
