@@ -208,6 +208,9 @@ counters! {
         /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
         /// service could not charge: forgiven.
         LeaseForgiven = "lease.forgiven",
+        /// Response cost: units spent on estimates by forwarded requests (the units such a
+        /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
+        CostEstimated = "cost.estimated",
         /// Response cost: responses that did not report their cost (the estimate, or
         /// `on_unknown`, stood).
         CostUnknown = "cost.unknown",

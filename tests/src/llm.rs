@@ -10,7 +10,10 @@
 //! has called [`LlmUpstream::acknowledge`] for the previous one, so an answer held back by
 //! the proxy stalls the stream, which [`LlmUpstream::stalled`] reports), `cut=1` (with
 //! `stream=1`: the connection is closed after half the content events, before the usage;
-//! such an answer is not recorded as served).
+//! without it, after half the JSON document; such an answer is not recorded as served),
+//! `body=none` (a JSON document without usage), `body=garbage` (an answer that is not
+//! JSON), `body=huge` (a JSON document whose usage comes after [`HUGE_PADDING`] bytes of
+//! content: larger than the filter reads).
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -21,6 +24,8 @@ use sluice_testkit::peers::{AcceptLoop, Received, read_request};
 
 /// Content events before the usage event in a streamed answer.
 pub const EVENTS: usize = 4;
+/// The content before the usage of a `body=huge` document, in bytes.
+pub const HUGE_PADDING: usize = 300 * 1024;
 /// How long a lockstep stream waits for the test to acknowledge an event.
 const LOCKSTEP_WAIT: Duration = Duration::from_secs(10);
 
@@ -92,6 +97,7 @@ struct Ask {
     stream: bool,
     lockstep: bool,
     cut: bool,
+    body: String,
 }
 
 fn ask(request: &Received) -> Ask {
@@ -110,6 +116,7 @@ fn ask(request: &Received) -> Ask {
         stream: param("stream") == Some("1"),
         lockstep: param("lockstep") == Some("1"),
         cut: param("cut") == Some("1"),
+        body: param("body").unwrap_or_default().to_owned(),
     }
 }
 
@@ -144,10 +151,28 @@ fn serve(stream: TcpStream, state: &(Mutex<State>, Condvar)) {
     }
 }
 
+/// The body of a whole (not streamed) answer, as `body=` asks.
+pub fn answer(tokens: u64, body: &str) -> String {
+    match body {
+        "none" => "{\"choices\": [{\"message\": {\"content\": \"hi\"}}]}".to_owned(),
+        "garbage" => "<html><body>502 Bad Gateway</body></html>".to_owned(),
+        "huge" => format!(
+            "{{\"choices\": [{{\"message\": {{\"content\": \"{}\"}}}}], \"usage\": {{\"total_tokens\": {tokens}}}}}",
+            "x".repeat(HUGE_PADDING)
+        ),
+        _ => document(tokens),
+    }
+}
+
 fn write_json(writer: &mut TcpStream, ask: &Ask) -> bool {
-    let body = document(ask.tokens);
+    let body = answer(ask.tokens, &ask.body);
     let response =
         format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    if ask.cut {
+        // Half the document, then the connection closes: the upstream resets.
+        let _ = writer.write_all(&response.as_bytes()[..response.len() - body.len() / 2]);
+        return false;
+    }
     writer.write_all(response.as_bytes()).is_ok()
 }
 

@@ -37,12 +37,13 @@ fn secs_ceil(n: Nanos) -> u64 {
     n.as_secs_ceil()
 }
 
-/// Appends the rate-limit headers in `sets` for one policy's decision. Returns whether
-/// any was added.
+/// Appends the rate-limit headers in `sets` for one policy's decision (`policy`: its
+/// name and, when its numbers do not count requests, their unit). Returns whether any
+/// was added.
 pub fn rate_limit_headers(
     headers: &mut Vec<(String, String)>,
     sets: HeaderSets,
-    name: &str,
+    (name, unit): (&str, Option<&str>),
     limit: &shared_store::Limit,
     decision: &Decision,
 ) -> bool {
@@ -69,7 +70,13 @@ pub fn rate_limit_headers(
             push_decimal(&mut value, b);
             value
         };
-        headers.push(("ratelimit-policy".to_owned(), field("\";q=", decision.limit, ";w=", window)));
+        let mut policy = field("\";q=", decision.limit, ";w=", window);
+        if let Some(unit) = unit {
+            policy.push_str(";qu=\"");
+            policy.push_str(unit);
+            policy.push('"');
+        }
+        headers.push(("ratelimit-policy".to_owned(), policy));
         headers.push(("ratelimit".to_owned(), field("\";r=", decision.remaining, ";t=", t)));
     }
     if sets.legacy {

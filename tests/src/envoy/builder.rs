@@ -17,6 +17,14 @@ pub enum Route {
     Direct,
     /// Forward to this cluster.
     Cluster(String),
+    /// Envoy answers `200` itself with this body and these response headers (a
+    /// `content-type` among them replaces the default).
+    Answer {
+        /// The body.
+        body: String,
+        /// Headers added to the answer.
+        headers: Vec<(String, String)>,
+    },
 }
 
 /// How to start an Envoy.
@@ -83,6 +91,15 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Answers every request `200` with `body` and `headers` (Envoy's `direct_response`:
+    /// the answer passes the filters' response path as an upstream's would).
+    #[must_use]
+    pub fn answer(mut self, body: &str, headers: &[(&str, &str)]) -> Self {
+        let headers = headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+        self.route = Route::Answer { body: body.to_owned(), headers };
+        self
+    }
+
     /// Serves the listener from a file (filesystem LDS), so that [`Envoy::push_filter`] works.
     #[must_use]
     pub fn xds(mut self) -> Self {
@@ -124,6 +141,13 @@ impl EnvoyBuilder {
         let route = match &self.route {
             Route::Direct => json!({ "direct_response": { "status": 200, "body": { "inline_string": "upstream\n" } } }),
             Route::Cluster(name) => json!({ "route": { "cluster": name } }),
+            Route::Answer { body, headers } => json!({
+                "direct_response": { "status": 200, "body": { "inline_string": body } },
+                "response_headers_to_add": headers.iter().map(|(name, value)| json!({
+                    "header": { "key": name, "value": value },
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                })).collect::<Vec<_>>(),
+            }),
         };
         let mut filters = self.filters.clone();
         filters.push(json!({

@@ -96,6 +96,10 @@ fn a_token_budget_holds_across_two_workers_under_an_oracle_of_the_usage_returned
     let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
     assert_eq!(envoy.metric("tokens", "cost.charged"), over_estimates, "each answer charged exactly once");
     assert_eq!(envoy.metric("tokens", "allowed"), served.len() as u64);
+    // The units admitted, from the metrics alone, are the tokens the upstream reported.
+    let units = envoy.metric("tokens", "cost.estimated") + envoy.metric("tokens", "cost.charged")
+        - envoy.metric("tokens", "cost.credited");
+    assert_eq!(units, admitted);
 }
 
 #[test]
@@ -177,6 +181,31 @@ fn a_json_answer_below_the_estimate_gives_the_rest_back() {
 
     assert_eq!(response.text(), llm::document(8));
     assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
+}
+
+#[test]
+fn every_answer_that_reports_no_usable_cost_costs_on_unknown_and_is_counted_once() {
+    let upstream = LlmUpstream::start();
+    let envoy = envoy(&upstream, 1);
+    // A caller of its own each, so that no budget runs out.
+    let ask = |n: usize, query: &str| {
+        Request::post(format!("/v1/chat/completions?{query}"), "{}").header("x-user", format!("caller-{n}"))
+    };
+
+    for (n, body) in ["none", "garbage", "huge"].into_iter().enumerate() {
+        let response = send(&envoy, &ask(n, &format!("tokens=70&body={body}")));
+        assert_eq!(response.status, 200, "{body}");
+        assert_eq!(response.text(), llm::answer(70, body), "{body}: the answer passes unchanged");
+        assert_eq!(envoy.metric("tokens", "cost.unknown"), n as u64 + 1, "{body}");
+    }
+    let reset = envoy.connect().send(&ask(3, "tokens=70&cut=1"));
+    wait::until(Duration::from_secs(10), "the reset answer to be settled", || {
+        envoy.metric("tokens", "cost.unknown") == 4
+    });
+
+    assert!(reset.map_or(true, |r| r.status >= 500 || r.text() != llm::document(70)), "the client sees the reset");
+    assert_eq!(envoy.metric("tokens", "cost.charged"), 4 * (MAX - ESTIMATE), "on_unknown: 500, four times");
+    assert_eq!(envoy.metric("tokens", "cost.credited"), 0);
 }
 
 #[test]

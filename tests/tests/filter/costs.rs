@@ -101,3 +101,19 @@ fn a_response_without_usage_keeps_the_configured_on_unknown_cost_and_counts_it()
     // 100 - 50 = 50: but every further request also costs 50 when its answer says nothing.
     assert_eq!(estimates_left(&mut host), 1);
 }
+
+#[test]
+fn a_rejection_names_the_policys_unit_and_says_when_the_debt_is_paid() {
+    let mut host = host(
+        r#"{"policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "60/minute", "burst": 100,
+        "unit": "tokens", "cost": {"response_header": "x-usage", "estimate": 10, "max": 1000}}]}"#,
+    );
+
+    assert_eq!(exchange(&mut host, Response::ok().header("x-usage", "150")), 200);
+    let rejected = host.worker(0).exchange(ask(), Response::ok()).unwrap();
+
+    assert_eq!(rejected.status(), Some(429));
+    assert_eq!(rejected.header_str("ratelimit-policy"), Some("\"tokens\";q=100;w=100;qu=\"tokens\""));
+    // 50 tokens owed plus the next estimate of 10, at one token per second.
+    assert_eq!(rejected.header_str("retry-after"), Some("60"));
+}

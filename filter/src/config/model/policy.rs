@@ -37,6 +37,8 @@ pub struct Policy {
     pub limit: Limit,
     /// Cost per request.
     pub cost: Cost,
+    /// What its numbers count, when not requests (the `RateLimit-Policy` quota unit).
+    pub unit: Option<String>,
     /// What a missing key part does.
     pub on_missing_key: MissingKey,
     /// Count, never reject.

@@ -199,6 +199,11 @@ pub struct RawPolicy {
     /// What one request costs. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<RawCost>,
+    /// What the policy's numbers count, when not requests (such as `"tokens"`): named in
+    /// the `RateLimit-Policy` header as its quota unit (`qu`). 1 to 32 characters from
+    /// `a-z 0-9 _ -`. Default: none (requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
     /// What happens to a request for which a key part is missing. Default `shared`.
     #[serde(default)]
     pub on_missing_key: RawMissingKey,

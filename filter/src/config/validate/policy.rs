@@ -14,6 +14,9 @@ use crate::config::model::request::MissingKey;
 use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
 use std::num::NonZeroU32;
 
+/// Longest quota unit name, in bytes.
+const MAX_UNIT_BYTES: usize = 32;
+
 /// The validated policy at `path` (`policies[i]`), or `None` if it has any issue.
 pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Policy> {
     let before = issues.count();
@@ -87,6 +90,17 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
         RawMissingKey::Skip => MissingKey::Skip,
         RawMissingKey::Reject => MissingKey::Reject,
     };
+    let unit = raw.unit.filter(|unit| {
+        let valid = (1..=MAX_UNIT_BYTES).contains(&unit.len())
+            && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !valid {
+            issues.add(
+                format!("{path}.unit"),
+                format!("must be 1 to {MAX_UNIT_BYTES} characters from a-z 0-9 _ - (such as \"tokens\"), got {unit:?}"),
+            );
+        }
+        valid
+    });
     if issues.count() > before {
         return None;
     }
@@ -96,6 +110,7 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
         matcher,
         limit: limit?,
         cost: cost?,
+        unit,
         on_missing_key,
         shadow: raw.shadow,
         version: raw.version,

@@ -45,6 +45,9 @@ pub(crate) fn admit<S: Store, C: Clock>(
             Outcome::Delay { delay: due.saturating_sub(now), due, headers }
         }
     };
+    for o in &owed {
+        metrics.add(o.policy, Counter::CostEstimated, i64::try_from(o.estimate).unwrap_or(i64::MAX));
+    }
     Decided { outcome, tally: granted.tally, owed }
 }
 
@@ -106,7 +109,7 @@ pub(crate) fn rejection(
             (Home::Global { cap: Some(cap), .. }, Some(_)) => &cap.limit,
             _ => &policy.limit,
         };
-        if rate_limit_headers(&mut headers, response.on_rejected, &policy.name, limit, &decision) {
+        if rate_limit_headers(&mut headers, response.on_rejected, (&policy.name, policy.unit.as_deref()), limit, &decision) {
             headers.push(("cache-control".to_owned(), "private".to_owned()));
         }
     }
@@ -126,7 +129,7 @@ fn allowed_headers(setup: &Setup, decisions: &[(usize, Decision)]) -> Vec<(Strin
         && let Some(compiled) = setup.compiled(policy)
     {
         let policy = &compiled.policy;
-        rate_limit_headers(&mut headers, sets, &policy.name, &policy.limit, &decision);
+        rate_limit_headers(&mut headers, sets, (&policy.name, policy.unit.as_deref()), &policy.limit, &decision);
     }
     headers
 }

@@ -20,6 +20,12 @@
 //!   requests; latency at one connection beside one loopback round trip to the service
 //!   itself.
 //!
+//! * `costs`: Sluice with one local policy in front of answers that report their cost
+//!   (Envoy answers a JSON document, or an event stream of 6 events, with the usage in
+//!   it and in a header), the cost known at admission (a constant) beside the cost read
+//!   from the response header, the JSON body, and the stream's last event: what settling
+//!   to the response adds per request.
+//!
 //! Run: `ROUNDS=5 SECONDS=8 cargo run --release -p sluice-envoy-bench` (needs `wrk`:
 //! `apt-get install -y wrk`; Envoy from `envoy-config/install-envoy.sh`). `PROFILE=<variant
 //! name>` instead holds one variant under load for `perf`. Figures and method:
@@ -230,6 +236,52 @@ fn local_group() -> Vec<Variant> {
     variants
 }
 
+/// The answers of the `costs` group: a chat completion reporting 42 tokens, whole or
+/// streamed.
+fn costs_answer(streamed: bool) -> (String, &'static str) {
+    if streamed {
+        let mut body: String = (0..4)
+            .map(|i| format!("data: {{\"choices\": [{{\"delta\": {{\"content\": \"part {i}\"}}}}], \"usage\": null}}\n\n"))
+            .collect();
+        body.push_str("data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 12, \"completion_tokens\": 30, \"total_tokens\": 42}}\n\n");
+        body.push_str("data: [DONE]\n\n");
+        (body, "text/event-stream")
+    } else {
+        let body = r#"{"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there, how may I help?"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}}"#;
+        (body.to_owned(), "application/json")
+    }
+}
+
+fn costs_group() -> Vec<Variant> {
+    let policy = |cost: &str| {
+        format!(
+            r#"{{"policies":[{{"name":"key","key":[{{"header":"x-api-key"}}],"rate":"1000000000/second","burst":1000000000,"cost":{cost}}}]}}"#
+        )
+    };
+    let rows: [(&'static str, bool, &'static str); 7] = [
+        ("JSON answer: no filter", false, ""),
+        ("JSON answer: sluice, cost 10 known at admission", false, "10"),
+        ("JSON answer: sluice, cost from a response header", false, r#"{"response_header":"x-usage","estimate":10,"max":1000}"#),
+        ("JSON answer: sluice, cost from the JSON body", false, r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#),
+        ("event stream: no filter", true, ""),
+        ("event stream: sluice, cost 10 known at admission", true, "10"),
+        ("event stream: sluice, cost from the last event", true, r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#),
+    ];
+    rows.into_iter()
+        .map(|(name, streamed, cost)| {
+            let (body, content_type) = costs_answer(streamed);
+            let config = (!cost.is_empty()).then(|| policy(cost));
+            variant(name, "x-api-key: admit", move || {
+                let envoy = base(1).answer(&body, &[("content-type", content_type), ("x-usage", "42")]);
+                match &config {
+                    Some(config) => envoy.sluice(sluice(config)),
+                    None => envoy,
+                }
+            })
+        })
+        .collect()
+}
+
 /// `BASELINE_WASM`: an older `sluice.wasm` whose Sluice rows are measured again, named
 /// `before: ...`, alternated with the current build's in every round (before and after
 /// a change, on the same machine in the same run).
@@ -395,6 +447,20 @@ fn main() {
         for (_, name) in &HOST_CALLS[1..] {
             println!("| {name} | {:.0} |", (cpu(name) - floor) / CALLS_PER_REQUEST as f64);
         }
+    }
+    if groups.contains("costs") {
+        let variants = costs_group();
+        let samples = run_group(&variants, rounds, seconds);
+        let order: Vec<&'static str> = variants.iter().map(|v| v.name).collect();
+        report("costs the response reports, 1 worker", &samples, "JSON answer: no filter", &order);
+        let cpu = |name: &str| cpu_per_request(&samples, name);
+        println!(
+            "\nEnvoy CPU added by settling to the response, over the same policy with a cost known at admission: \
+             {:.0} ns from a header, {:.0} ns from a JSON body, {:.0} ns from an event stream's last event",
+            cpu("JSON answer: sluice, cost from a response header") - cpu("JSON answer: sluice, cost 10 known at admission"),
+            cpu("JSON answer: sluice, cost from the JSON body") - cpu("JSON answer: sluice, cost 10 known at admission"),
+            cpu("event stream: sluice, cost from the last event") - cpu("event stream: sluice, cost 10 known at admission"),
+        );
     }
     if groups.contains("global") {
         global_group(rounds, seconds);
