@@ -109,7 +109,13 @@ pub(crate) fn rejection(
             (Home::Global { cap: Some(cap), .. }, Some(_)) => &cap.limit,
             _ => &policy.limit,
         };
-        if rate_limit_headers(&mut headers, response.on_rejected, (&policy.name, policy.unit.as_deref()), limit, &decision) {
+        if rate_limit_headers(
+            &mut headers,
+            response.on_rejected,
+            (&policy.name, policy.unit.as_deref()),
+            limit,
+            &decision,
+        ) {
             headers.push(("cache-control".to_owned(), "private".to_owned()));
         }
     }

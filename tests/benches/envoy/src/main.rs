@@ -241,7 +241,9 @@ fn local_group() -> Vec<Variant> {
 fn costs_answer(streamed: bool) -> (String, &'static str) {
     if streamed {
         let mut body: String = (0..4)
-            .map(|i| format!("data: {{\"choices\": [{{\"delta\": {{\"content\": \"part {i}\"}}}}], \"usage\": null}}\n\n"))
+            .map(|i| {
+                format!("data: {{\"choices\": [{{\"delta\": {{\"content\": \"part {i}\"}}}}], \"usage\": null}}\n\n")
+            })
             .collect();
         body.push_str("data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 12, \"completion_tokens\": 30, \"total_tokens\": 42}}\n\n");
         body.push_str("data: [DONE]\n\n");
@@ -261,11 +263,23 @@ fn costs_group() -> Vec<Variant> {
     let rows: [(&'static str, bool, &'static str); 7] = [
         ("JSON answer: no filter", false, ""),
         ("JSON answer: sluice, cost 10 known at admission", false, "10"),
-        ("JSON answer: sluice, cost from a response header", false, r#"{"response_header":"x-usage","estimate":10,"max":1000}"#),
-        ("JSON answer: sluice, cost from the JSON body", false, r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#),
+        (
+            "JSON answer: sluice, cost from a response header",
+            false,
+            r#"{"response_header":"x-usage","estimate":10,"max":1000}"#,
+        ),
+        (
+            "JSON answer: sluice, cost from the JSON body",
+            false,
+            r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#,
+        ),
         ("event stream: no filter", true, ""),
         ("event stream: sluice, cost 10 known at admission", true, "10"),
-        ("event stream: sluice, cost from the last event", true, r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#),
+        (
+            "event stream: sluice, cost from the last event",
+            true,
+            r#"{"response_json":"usage.total_tokens","estimate":10,"max":1000}"#,
+        ),
     ];
     rows.into_iter()
         .map(|(name, streamed, cost)| {
@@ -457,9 +471,12 @@ fn main() {
         println!(
             "\nEnvoy CPU added by settling to the response, over the same policy with a cost known at admission: \
              {:.0} ns from a header, {:.0} ns from a JSON body, {:.0} ns from an event stream's last event",
-            cpu("JSON answer: sluice, cost from a response header") - cpu("JSON answer: sluice, cost 10 known at admission"),
-            cpu("JSON answer: sluice, cost from the JSON body") - cpu("JSON answer: sluice, cost 10 known at admission"),
-            cpu("event stream: sluice, cost from the last event") - cpu("event stream: sluice, cost 10 known at admission"),
+            cpu("JSON answer: sluice, cost from a response header")
+                - cpu("JSON answer: sluice, cost 10 known at admission"),
+            cpu("JSON answer: sluice, cost from the JSON body")
+                - cpu("JSON answer: sluice, cost 10 known at admission"),
+            cpu("event stream: sluice, cost from the last event")
+                - cpu("event stream: sluice, cost 10 known at admission"),
         );
     }
     if groups.contains("global") {
