@@ -87,7 +87,9 @@ wait_for() { # URL, what, pid
 export SLUICE_COUNTER_TOKEN="demo-token-$RANDOM$RANDOM"
 export SLUICE_HASH_KEY="demo-hash-key-0123456789abcdef"
 
-mkdir -p "$RUN/www" && echo "hello from the upstream" > "$RUN/www/index.html"
+mkdir -p "$RUN/www/v1" && echo "hello from the upstream" > "$RUN/www/index.html"
+# A language model's answer: it reports the tokens it used, which the filter charges.
+echo '{"choices": [{"message": {"content": "hello"}}], "usage": {"total_tokens": 120}}' > "$RUN/www/v1/usage.json"
 python3 -m http.server --bind 127.0.0.1 --directory "$RUN/www" "$UPSTREAM" >"$RUN/upstream.log" 2>&1 &
 PIDS+=($!); wait_for "http://127.0.0.1:${UPSTREAM}/" "the upstream" "${PIDS[-1]}"
 
@@ -133,7 +135,14 @@ Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
      for i in 1 2 3; do ${TENANT} 'x-tenant: globex' ${URL}; done; echo
    gives 200 200 429, this time RateLimit: "demo-per-client";r=0;t=1.
 
-3. Stop the counter service and watch the emergency cap decide (2 per tenant):
+3. A token budget (200 tokens per tenant per minute under /v1/): each request spends an
+   estimate of 50 and is charged what the answer reports (120 here):
+     for i in 1 2 3; do ${TENANT} 'x-tenant: hooli' ${URL}v1/usage.json; done; echo
+   gives 200 200 429: the second answer took the budget 40 tokens into debt, and the 429
+   says RateLimit-Policy: "demo-tokens";q=200;w=60;qu="tokens" and when it is paid:
+     ${STATS} | grep cost
+
+4. Stop the counter service and watch the emergency cap decide (2 per tenant):
      kill ${COUNTER_PID}; sleep 1; curl -si -H 'x-tenant: initech' ${URL} | grep -i sluice-fallback
    gives x-sluice-fallback: emergency; reason=refused; policies=demo-per-tenant, and its metric moves:
      ${STATS} | grep -E 'emergency|degraded'
@@ -163,15 +172,28 @@ step2="$(codes globex 3)"; echo "2. globex: $step2"
 [[ "$step2" == "200 200 429 " ]] || fail "step 2: expected 200 200 429"
 local_="$(curl -si -H 'x-tenant: globex' "$URL")"
 grep -qi '^ratelimit: "demo-per-client";r=0' <<<"$local_" || fail "step 2: the 429 lacks the client's RateLimit field"
+sleep 4.2  # the client's local bucket refills four tokens (it decides before the token budget)
+step3="$(for _ in 1 2 3; do curl -s -o /dev/null -w '%{http_code} ' -H 'x-tenant: hooli' "${URL}v1/usage.json"; done)"
+echo "3. hooli's tokens: $step3"
+[[ "$step3" == "200 200 429 " ]] || fail "step 3: expected 200 200 429 (120 tokens charged per answer)"
+tokens="$(curl -si -H 'x-tenant: hooli' "${URL}v1/usage.json")"
+grep -qi '^ratelimit-policy: "demo-tokens";q=200;w=60;qu="tokens"' <<<"$tokens" \
+  || fail "step 3: the 429 lacks the token budget's RateLimit-Policy with its unit: $tokens"
+grep -qi '^retry-after: [1-9]' <<<"$tokens" || fail "step 3: the 429 lacks Retry-After"
+if [[ "$HOST" == envoy ]]; then
+  charged="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-tokens.cost.charged")"
+  echo "   $charged"
+  grep -q 'cost.charged: 140' <<<"$charged" || fail "step 3: two answers of 120 over estimates of 50 charge 140"
+fi
 kill "$COUNTER_PID"; wait "$COUNTER_PID" 2>/dev/null || true
 sleep 2.2  # the client's local bucket refills two tokens
 fallback="$(curl -si -H 'x-tenant: initech' "$URL")"
-echo "3. after stopping sluice-counter: $(grep -i sluice-fallback <<<"$fallback" | tr -d '\r')"
-grep -qi '^HTTP/1.1 200' <<<"$fallback" || fail "step 3: the emergency cap should admit"
-grep -qi '^x-sluice-fallback: emergency; reason=refused' <<<"$fallback" || fail "step 3: no emergency fallback header"
+echo "4. after stopping sluice-counter: $(grep -i sluice-fallback <<<"$fallback" | tr -d '\r')"
+grep -qi '^HTTP/1.1 200' <<<"$fallback" || fail "step 4: the emergency cap should admit"
+grep -qi '^x-sluice-fallback: emergency; reason=refused' <<<"$fallback" || fail "step 4: no emergency fallback header"
 if [[ "$HOST" == envoy ]]; then
   metric="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-per-tenant.emergency.allowed")"
   echo "   $metric"
-  grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 3: the emergency metric did not move"
+  grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 4: the emergency metric did not move"
 fi
 echo "demo.sh: OK"
