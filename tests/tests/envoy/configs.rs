@@ -137,3 +137,38 @@ fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
     assert_eq!(envoy.stats().get("wasmcustom.sluice.counter_service.callouts"), Some(&1));
     assert_eq!(envoy.metric("per-tenant", "allowed"), 1);
 }
+
+#[test]
+fn the_deployment_bootstrap_merges_slashes_so_a_doubled_slash_cannot_slip_past_a_path_policy() {
+    use sluice_tests::counter::{self, Counter};
+    use sluice_tests::deploy::{Local, local_bootstrap};
+    let upstream = sluice_tests::upstream::Upstream::start(&[]);
+    let service = Counter::start(counter::with_token(counter::memory(), "deploy-token"));
+    let config = r#"{"policies": [{"name": "v1", "match": {"path_prefix": "/v1/"}, "key": ["client_address"],
+        "rate": "1/hour", "burst": 1}]}"#;
+    let dir = std::env::temp_dir().join(format!("sluice-merge-slashes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("v1.json");
+    std::fs::write(&path, config).unwrap();
+    let bootstrap = local_bootstrap(&Local {
+        listen: "127.0.0.1:0",
+        admin: "127.0.0.1:0",
+        backend: upstream.addr(),
+        counter: service.addr(),
+        config: Some(&path),
+    });
+    let envoy = Envoy::builder()
+        .bootstrap(bootstrap)
+        .process_env("SLUICE_HASH_KEY", "deploy-hash-key-0123456789abcdef")
+        .process_env("SLUICE_COUNTER_TOKEN", "deploy-token")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let first = send(&envoy, &Request::get("//v1/models"));
+    let second = send(&envoy, &Request::get("/v1/./models"));
+
+    assert_eq!(first.status, 200);
+    assert_eq!(first.text(), "upstream saw /v1/models\n", "the upstream sees the path the policy matched");
+    assert_eq!(second.status, 429, "normalised to /v1/models: the policy's one request is spent");
+    assert_eq!(envoy.metric("v1", "offered"), 2);
+}
