@@ -109,8 +109,12 @@ fn the_configuration_embedded_in_the_envoy_bootstrap_loads_in_envoy() {
     assert_eq!(send(&envoy, &Request::get("/")).status, 200);
 }
 
-#[test]
-fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
+/// Envoy on the shipped bootstrap (`envoy-config/envoy.yaml` through `local.py`), with its
+/// embedded filter configuration or `config`, in front of a local upstream and a local
+/// counter service (both returned: they live as long as the test needs them).
+fn deployed(
+    config: Option<&std::path::Path>,
+) -> (Envoy, sluice_tests::upstream::Upstream, sluice_tests::counter::Counter) {
     use sluice_tests::counter::{self, Counter};
     use sluice_tests::deploy::{Local, local_bootstrap};
     let upstream = sluice_tests::upstream::Upstream::start(&[]);
@@ -120,15 +124,21 @@ fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
         admin: "127.0.0.1:0",
         backend: upstream.addr(),
         counter: service.addr(),
-        config: None,
+        config,
     });
-
     let envoy = Envoy::builder()
         .bootstrap(bootstrap)
         .process_env("SLUICE_HASH_KEY", "deploy-hash-key-0123456789abcdef")
         .process_env("SLUICE_COUNTER_TOKEN", "deploy-token")
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
+    (envoy, upstream, service)
+}
+
+#[test]
+fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
+    let (envoy, _upstream, _service) = deployed(None);
+
     let response = send(&envoy, &Request::get("/orders").header("x-tenant-id", "acme"));
 
     assert_eq!(response.status, 200);
@@ -140,29 +150,13 @@ fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
 
 #[test]
 fn the_deployment_bootstrap_merges_slashes_so_a_doubled_slash_cannot_slip_past_a_path_policy() {
-    use sluice_tests::counter::{self, Counter};
-    use sluice_tests::deploy::{Local, local_bootstrap};
-    let upstream = sluice_tests::upstream::Upstream::start(&[]);
-    let service = Counter::start(counter::with_token(counter::memory(), "deploy-token"));
     let config = r#"{"policies": [{"name": "v1", "match": {"path_prefix": "/v1/"}, "key": ["client_address"],
         "rate": "1/hour", "burst": 1}]}"#;
     let dir = std::env::temp_dir().join(format!("sluice-merge-slashes-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("v1.json");
     std::fs::write(&path, config).unwrap();
-    let bootstrap = local_bootstrap(&Local {
-        listen: "127.0.0.1:0",
-        admin: "127.0.0.1:0",
-        backend: upstream.addr(),
-        counter: service.addr(),
-        config: Some(&path),
-    });
-    let envoy = Envoy::builder()
-        .bootstrap(bootstrap)
-        .process_env("SLUICE_HASH_KEY", "deploy-hash-key-0123456789abcdef")
-        .process_env("SLUICE_COUNTER_TOKEN", "deploy-token")
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (envoy, _upstream, _service) = deployed(Some(&path));
 
     let first = send(&envoy, &Request::get("//v1/models"));
     let second = send(&envoy, &Request::get("/v1/./models"));

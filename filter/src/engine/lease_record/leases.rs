@@ -177,13 +177,7 @@ impl<S: Store> Leases<'_, S> {
     /// commute, so this is exact while the pool lives; an expired lease keeps nothing.
     pub(crate) fn give_back(&self, place: &Placement, cost: u64, now: Nanos) -> Result<(), UpdateError> {
         let _ = self.update(place, now, |record| {
-            let pool = if now < record.first.expires_at {
-                &mut record.first
-            } else if now < record.second.expires_at {
-                &mut record.second
-            } else {
-                return (false, ());
-            };
+            let Some(pool) = record.live_pool(now) else { return (false, ()) };
             pool.tokens = pool.tokens.saturating_add(cost);
             (true, ())
         })?;
@@ -249,14 +243,7 @@ impl<S: Store> Leases<'_, S> {
     /// expired lease keeps nothing, and those units stay spent.
     pub(crate) fn unspend(&self, place: &Placement, units: u64, now: Nanos) -> Result<Updated<u64>, UpdateError> {
         let updated = self.update(place, now, |record| {
-            let pool = if now < record.first.expires_at {
-                Some(&mut record.first)
-            } else if now < record.second.expires_at {
-                Some(&mut record.second)
-            } else {
-                None
-            };
-            if let Some(pool) = pool {
+            if let Some(pool) = record.live_pool(now) {
                 pool.tokens = pool.tokens.saturating_add(units);
                 return (true, 0);
             }

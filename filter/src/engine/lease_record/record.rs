@@ -150,6 +150,17 @@ impl Record {
         self.first.live(now).saturating_add(self.second.live(now))
     }
 
+    /// The pool a spend given back returns to: the first that still lives at `now`.
+    pub(crate) fn live_pool(&mut self, now: Nanos) -> Option<&mut Pool> {
+        if now < self.first.expires_at {
+            Some(&mut self.first)
+        } else if now < self.second.expires_at {
+            Some(&mut self.second)
+        } else {
+            None
+        }
+    }
+
     /// Takes `cost` from the pools, the earlier expiry first. The caller checked that
     /// they hold it.
     pub(crate) fn take(&mut self, cost: u64, now: Nanos) {
