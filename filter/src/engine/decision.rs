@@ -136,6 +136,11 @@ impl Owed {
 pub(crate) enum SpentFrom {
     /// A local policy's bucket in this proxy's shared data.
     Local(Placement),
+    /// A global policy's emergency cap, which admitted the request while the counter
+    /// service could not decide: settled like a local bucket, under the cap's numbers,
+    /// and counted nowhere (the policy's own settlement, on its lease, is what the
+    /// `cost.*` counters count).
+    Cap(Placement),
     /// A lease-mode policy's lease record (`slot`), for the caller whose global counter
     /// is `key` under the check tag `tag`: what the lease cannot cover is owed there and
     /// charged to the service.

@@ -117,3 +117,48 @@ fn a_rejection_names_the_policys_unit_and_says_when_the_debt_is_paid() {
     // 50 tokens owed plus the next estimate of 10, at one token per second.
     assert_eq!(rejected.header_str("retry-after"), Some("60"));
 }
+
+/// A request for user `a` through a host whose counter service refuses every call: the
+/// emergency cap decides. Its status, once decided (the refill it waits for is refused
+/// within a few milliseconds), answered by `response` if forwarded.
+fn through_the_cap(host: &mut Host, response: Response) -> u16 {
+    let stream = host.worker(0).request(ask());
+    for _ in 0..50 {
+        if !host.worker(0).outcome(stream).unwrap().is_paused() {
+            break;
+        }
+        host.advance(millis(1));
+    }
+    let status = match host.worker(0).outcome(stream).unwrap() {
+        wasm_host::Outcome::Forwarded(_) => {
+            host.worker(0).respond(stream, response).unwrap();
+            200
+        }
+        wasm_host::Outcome::Responded(r) => r.status,
+        other => panic!("expected a decision, got {other:?}"),
+    };
+    host.worker(0).finish(stream).unwrap();
+    status
+}
+
+#[test]
+fn while_the_service_is_down_the_emergency_cap_is_charged_what_the_response_reports() {
+    let config = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key": "cap-hash-key-0123456789abcdef",
+        "timeout": "100ms"},
+      "policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "6000/minute", "burst": 1000,
+        "cost": {"response_header": "x-usage", "estimate": 10, "max": 1000},
+        "global": {"strategy": "lease", "lease": {"size": 100}},
+        "on_failure": {"action": "deny", "emergency": {"rate": "1/minute", "burst": 100}}}],
+      "response": {"fallback_header": "x-sluice-fallback"}}"#;
+    let mut host =
+        builder(config).scripted_cluster("sluice-counter", |_| wasm_host::Answer::refused()).build().unwrap();
+
+    assert_eq!(through_the_cap(&mut host, Response::ok().header("x-usage", "60")), 200);
+    // The cap held 100 and was charged 60: four more estimates of 10, not nine.
+    let more = (0..12).take_while(|_| through_the_cap(&mut host, Response::ok()) == 200).count();
+
+    assert_eq!(more, 4);
+    assert_eq!(metric(&host, "tokens", "emergency.allowed"), 5);
+    assert_eq!(metric(&host, "tokens", "cost.charged"), 50, "the policy's own settlement, counted once");
+    assert_eq!(metric(&host, "tokens", "cost.unknown"), 4, "once per answer, not once per ledger");
+}

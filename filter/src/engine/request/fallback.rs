@@ -18,7 +18,7 @@ use crate::config::FailureOutcome;
 use crate::engine::calls::{Target, tag_bits, units};
 use crate::engine::cause::{Cause, Fallback, Note};
 use crate::engine::compiled::Home;
-use crate::engine::decision::Decided;
+use crate::engine::decision::{Decided, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence, counted};
 use crate::engine::headers;
 use crate::engine::resolved::{Few, Place, Resolved};
@@ -108,6 +108,13 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
                 // Kept with the request's local reservation: committed or given back
                 // with it, so a later stage's rejection gives the cap's spend back.
                 granted.reservation = granted.reservation.join(reservation);
+                // A cost the response reports is settled on the cap too.
+                for (policy, place, cost) in &capped {
+                    if setup.compiled(*policy).is_some_and(|c| c.policy.cost.settled().is_some()) {
+                        let from = SpentFrom::Cap(place.clone());
+                        granted.owed.push(Owed { policy: *policy, from, estimate: *cost, spent_at: admission.at });
+                    }
+                }
                 fallback = Fallback::Emergency;
             }
             Err(error) => {

@@ -12,12 +12,12 @@
 
 use crate::config::{MAX_CONFIGURED_AMOUNT, ResponseCost};
 use crate::engine::calls::{Target, tag_bits};
-use crate::engine::compiled::Compiled;
+use crate::engine::compiled::Home;
 use crate::engine::decision::{Owed, SpentFrom};
 use crate::engine::evidence::{count_error, counted};
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics};
-use shared_store::{Clock, Limiter, Placement, Store};
+use shared_store::{Clock, Limit, Limiter, Placement, Store};
 
 /// How many requests' `max` a caller's bucket may owe at once. A bucket below empty
 /// admits nothing, so its debt comes only from requests already in flight when it went
@@ -44,7 +44,10 @@ pub(crate) fn settle<S: Store, C: Clock>(
     let actual = match reported {
         Some(units) => units.min(rule.max),
         None => {
-            metrics.add(policy, Counter::CostUnknown, 1);
+            // Once per response: a cap's settlement is the policy's second.
+            if !matches!(owed.from, SpentFrom::Cap(_)) {
+                metrics.add(policy, Counter::CostUnknown, 1);
+            }
             match rule.on_unknown {
                 Some(units) => units,
                 None => return,
@@ -52,7 +55,14 @@ pub(crate) fn settle<S: Store, C: Clock>(
         }
     };
     match &owed.from {
-        SpentFrom::Local(place) => settle_local(compiled, rule, place, owed, actual, limiter, metrics),
+        SpentFrom::Local(place) => settle_local(&compiled.policy.limit, rule, place, owed, actual, limiter, metrics),
+        SpentFrom::Cap(place) => {
+            if let Home::Global { cap: Some(cap), .. } = &compiled.home {
+                // Counted nowhere but in its errors: the policy's settlement counts.
+                let mut quiet = Quiet(metrics);
+                settle_local(&cap.limit, rule, place, owed, actual, limiter, &mut quiet);
+            }
+        }
         SpentFrom::Lease { slot, key, tag } => {
             let Some(leased) = setup.leased_home(policy) else { return };
             let leases = setup.leases(limiter.store());
@@ -98,7 +108,7 @@ fn add(metrics: &mut impl Metrics, policy: usize, counter: Counter, units: u64) 
 /// Settles an estimate a local policy spent, through the limiter: the bucket may go into
 /// debt up to [`debt_bound`].
 fn settle_local<S: Store, C: Clock>(
-    compiled: &Compiled,
+    limit: &Limit,
     rule: &ResponseCost,
     place: &Placement,
     owed: &Owed,
@@ -107,7 +117,6 @@ fn settle_local<S: Store, C: Clock>(
     metrics: &mut impl Metrics,
 ) {
     let policy = owed.policy;
-    let limit = &compiled.policy.limit;
     match limiter.settle(place, limit, owed.spent_at, owed.estimate, actual, debt_bound(rule)) {
         Ok(settlement) => {
             for (counter, units) in [
@@ -125,5 +134,21 @@ fn settle_local<S: Store, C: Clock>(
             count_error(metrics, policy, &error);
             add(metrics, policy, Counter::CostForgiven, actual.abs_diff(owed.estimate));
         }
+    }
+}
+
+/// Metrics that keep only the counters of failures (CAS conflicts, store errors): the
+/// units a cap's settlement moves are not the policy's.
+struct Quiet<'a, M>(&'a mut M);
+
+impl<M: Metrics> Metrics for Quiet<'_, M> {
+    fn add(&mut self, policy: usize, counter: Counter, delta: i64) {
+        if !counter.is_response_cost_only() {
+            self.0.add(policy, counter, delta);
+        }
+    }
+
+    fn add_plugin(&mut self, counter: crate::host::PluginCounter, delta: i64) {
+        self.0.add_plugin(counter, delta);
     }
 }

@@ -335,7 +335,10 @@ impl Oracle {
                     // A cap that could not decide falls to the action: only an `allow`
                     // may admit beyond it, and then the cap was not spent.
                     let allow = matches!(m.policy.failure, Failure::Emergency { allow: true, .. });
-                    if !cap.admit(at, m.cost) && !allow {
+                    // A cost the response reports settles the cap too: an unused estimate
+                    // went back to it.
+                    let spent = actual.map_or(m.cost, |actual| actual.min(m.cost));
+                    if !cap.admit(at, spent) && !allow {
                         return Err(Violation::new(
                             "emergency cap",
                             format!(
