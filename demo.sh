@@ -172,7 +172,7 @@ step2="$(codes globex 3)"; echo "2. globex: $step2"
 [[ "$step2" == "200 200 429 " ]] || fail "step 2: expected 200 200 429"
 local_="$(curl -si -H 'x-tenant: globex' "$URL")"
 grep -qi '^ratelimit: "demo-per-client";r=0' <<<"$local_" || fail "step 2: the 429 lacks the client's RateLimit field"
-sleep 4.2  # the client's local bucket refills four tokens (it decides before the token budget)
+sleep 4.2  # the client's local bucket refills four tokens: step 3 must find it never empty
 step3="$(for _ in 1 2 3; do curl -s -o /dev/null -w '%{http_code} ' -H 'x-tenant: hooli' "${URL}v1/usage.json"; done)"
 echo "3. hooli's tokens: $step3"
 [[ "$step3" == "200 200 429 " ]] || fail "step 3: expected 200 200 429 (120 tokens charged per answer)"
