@@ -127,6 +127,8 @@ fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_i
     // max_debt below empty; anything beyond that was forgiven, and counted.
     let forgiven = sum("cost.forgiven") + service.metric("sluice_counter_forgiven_tokens_total");
     let bound = BURST + RATE * (elapsed + 1) + MAX_DEBT + forgiven;
+    // The figures the filter README quotes (`--nocapture`).
+    eprintln!("lease mode: admitted {admitted} tokens, bound {bound}, forgiven {forgiven}, {} answers", served.len());
     assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
     assert!(rejected > 0, "the budget never bound");
     assert_eq!(served.len() + rejected, CALLERS * REQUESTS);

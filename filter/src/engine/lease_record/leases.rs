@@ -197,14 +197,7 @@ impl<S: Store> Leases<'_, S> {
         now: Nanos,
     ) -> Result<Updated<(u64, bool)>, UpdateError> {
         let updated = self.update(place, now, |record| {
-            let room = max_debt.saturating_sub(record.debt);
-            let owed = cost.min(room);
-            record.debt = record.debt.saturating_add(owed);
-            if owed > 0 {
-                record.owed_at = now;
-                record.counter = counter;
-                record.tag = tag;
-            }
+            let owed = record.owe(cost, max_debt, (counter, tag), now);
             (owed > 0, (cost - owed, record.debt > 0))
         })?;
         Ok(Updated { result: Some(updated.result.unwrap_or((cost, false))), forgiven: updated.forgiven })
@@ -225,14 +218,8 @@ impl<S: Store> Leases<'_, S> {
         let updated = self.update(place, now, |record| {
             let taken = excess.min(record.live_tokens(now));
             record.take(taken, now);
-            let owed = (excess - taken).min(max_debt.saturating_sub(record.debt));
-            if owed > 0 {
-                record.debt = record.debt.saturating_add(owed);
-                record.owed_at = now;
-                record.counter = counter;
-                record.tag = tag;
-            }
-            (taken > 0 || owed > 0, (excess - taken - owed, owed > 0 || record.debt > 0))
+            let owed = record.owe(excess - taken, max_debt, (counter, tag), now);
+            (taken > 0 || owed > 0, (excess - taken - owed, record.debt > 0))
         })?;
         Ok(Updated { result: Some(updated.result.unwrap_or((excess, false))), forgiven: updated.forgiven })
     }

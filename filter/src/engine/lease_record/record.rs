@@ -150,6 +150,20 @@ impl Record {
         self.first.live(now).saturating_add(self.second.live(now))
     }
 
+    /// Owes up to `units` more, never more than `max_debt` in all, on the global counter
+    /// `counter` under check tag `tag`; returns what it owes of them (the rest is forgiven
+    /// by the caller).
+    pub(crate) fn owe(&mut self, units: u64, max_debt: u64, (counter, tag): (u128, Option<u128>), now: Nanos) -> u64 {
+        let owed = units.min(max_debt.saturating_sub(self.debt));
+        if owed > 0 {
+            self.debt = self.debt.saturating_add(owed);
+            self.owed_at = now;
+            self.counter = counter;
+            self.tag = tag;
+        }
+        owed
+    }
+
     /// The pool a spend given back returns to: the first that still lives at `now`.
     pub(crate) fn live_pool(&mut self, now: Nanos) -> Option<&mut Pool> {
         if now < self.first.expires_at {
