@@ -3,8 +3,8 @@
 //! The filter (inside the proxy, on `wasm32-wasip1`) and the counter service (a tokio
 //! server) must agree on three things, and this crate is the single definition of each:
 //!
-//! * **the bodies** of `POST /v1/check`, `/v1/lease` and `/v1/charge`, and the error body
-//!   `{"error": {"code", "message"}}` ([`wire`]);
+//! * **the bodies** of `POST /v1/check`, `/v1/lease`, `/v1/charge` and `/v1/credit`, and
+//!   the error body `{"error": {"code", "message"}}` ([`wire`]);
 //! * **the limits** as requests carry them ([`LimitSpec`]) and what each one means: the
 //!   [`shared_store::Limit`] that [`LimitSpec::validate`] builds, which every store runs;
 //! * **the numeric envelope**: the bounds within which the Redis store's Lua script
@@ -59,7 +59,7 @@ const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
 
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use wire::{
-    CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse,
-    ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS,
-    MAX_TAG_BYTES, VerdictName,
+    CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
+    EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, VerdictName,
 };

@@ -1,4 +1,5 @@
-//! The request and response bodies of `/v1/check`, `/v1/lease` and `/v1/charge`, and
+//! The request and response bodies of `/v1/check`, `/v1/lease`, `/v1/charge` and
+//! `/v1/credit`, and
 //! the error body every failure is answered with.
 //!
 //! Requests are parsed strictly: every request type denies unknown fields, so a typo is
@@ -108,6 +109,40 @@ pub struct ChargeRequest {
     /// within [`CHARGE_ID_TTL_MS`] is applied once. Without an id, every charge is applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge_id: Option<String>,
+}
+
+/// `POST /v1/credit`: give back `units` that a check spent at `spent_at_ns` on an
+/// estimate of its cost and the request turned out not to use (a language model's
+/// answer shorter than its `max_tokens`). The other direction, a cost above the
+/// estimate, is a charge of the difference.
+///
+/// A credit never makes a limit hold more than it can (a bucket above its burst, a
+/// window below zero), and never reaches a window the spend no longer counts in
+/// (`shared_store::Limit::credit`). Not for a leaky bucket or a sliding log, whose
+/// state cannot give one request's units back.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreditRequest {
+    /// The hash tag; defaults to `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// The counter's name.
+    pub key: String,
+    /// The policy version.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The limit's algorithm and numbers (`token_bucket`, `fixed_window` or
+    /// `sliding_window`).
+    pub limit: LimitSpec,
+    /// Units to give back (0..=2^40).
+    pub units: u64,
+    /// When they were spent: the `at_ns` of the check that spent them (Unix ns, the
+    /// store's clock). A window is credited only if this falls in it.
+    pub spent_at_ns: u64,
+    /// Identifies this credit, like a charge's `charge_id` (and in a namespace of its
+    /// own): sent again with the same id within [`CHARGE_ID_TTL_MS`], it is applied once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credit_id: Option<String>,
 }
 
 /// One entry's answer.
@@ -241,6 +276,27 @@ pub struct ChargeResponse {
     pub duplicate: bool,
 }
 
+/// The answer to a credit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
+pub struct CreditResponse {
+    /// `units` when the credit changed the counter; 0 when there was nothing to give
+    /// them back to (the bucket was full, the window the spend counted in has passed,
+    /// the counter had expired).
+    pub credited: u64,
+    /// `units - credited`.
+    pub forgiven: u64,
+    /// The time the store credited at (Unix ns).
+    pub at_ns: u64,
+    /// The limit after the credit, as a charge reports it.
+    pub entry: EntryResponse,
+    /// The credit's id was applied before (within [`CHARGE_ID_TTL_MS`]): `credited` and
+    /// `forgiven` repeat that answer, and nothing was given back now.
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 // Answers accept fields they do not know (requests stay strict): a filter keeps
@@ -312,6 +368,20 @@ mod tests {
 
         assert!(without_debt.unwrap_err().to_string().contains("missing field `max_debt`"));
         assert_eq!(complete.unwrap().max_debt, 2);
+    }
+
+    #[test]
+    fn a_credit_needs_its_units_and_when_they_were_spent() {
+        let limit = r#"{"algorithm":"token_bucket","amount":1,"per_ms":1000,"burst":5}"#;
+
+        let without_time =
+            serde_json::from_str::<CreditRequest>(&format!(r#"{{"key":"k","limit":{limit},"units":3}}"#));
+        let complete = serde_json::from_str::<CreditRequest>(&format!(
+            r#"{{"key":"k","limit":{limit},"units":3,"spent_at_ns":7,"credit_id":"a1"}}"#
+        ));
+
+        assert!(without_time.unwrap_err().to_string().contains("missing field `spent_at_ns`"));
+        assert_eq!(complete.unwrap().credit_id.as_deref(), Some("a1"));
     }
 
     #[test]
