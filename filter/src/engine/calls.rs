@@ -1,6 +1,7 @@
-//! The calls a worker's root context sends for the request path (lease refills and
-//! charges of debt), as the request path hands them over and as they wait for their
-//! answers. Sending them and applying the answers is `outgoing.rs`.
+//! The calls a worker's root context sends for the request path (lease refills, charges
+//! of debt, settlements of check-mode estimates), as the request path hands them over
+//! and as they wait for their answers. Sending them and applying the answers is
+//! `outgoing.rs` (and `settlement.rs` for settlements).
 
 use super::lease_record::Charge;
 use super::namespace;
@@ -15,6 +16,43 @@ pub enum Outgoing {
     /// Report admissions made without the service (the units and id are claimed in the
     /// lease record when it is sent).
     Charge(Target),
+    /// Settle a check-mode estimate at the service.
+    Settle(Settlement),
+}
+
+/// A check-mode policy's estimate to settle at the service once the response reported
+/// the actual cost: the excess charged, or the unused part credited. Its id makes a
+/// settlement sent again (after a timeout) apply once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    pub(crate) policy: usize,
+    /// The caller's global fingerprint.
+    pub(crate) key: u128,
+    /// The hash tag its counter lives under.
+    pub(crate) tag: String,
+    pub(crate) change: Change,
+    pub(crate) id: u64,
+    /// When it was first queued: one not applied within `DEBT_LIFE` is forgiven.
+    pub(crate) since: Nanos,
+}
+
+/// Which way a settlement moves the counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Spend `units` more (`POST /v1/charge`): the response cost more than its estimate.
+    Charge(u64),
+    /// Give `units` back (`POST /v1/credit`), spent at `spent_at_ns` on the service's
+    /// clock: the response cost less.
+    Credit { units: u64, spent_at_ns: u64 },
+}
+
+impl Change {
+    /// The units it moves.
+    pub(crate) const fn units(self) -> u64 {
+        match self {
+            Self::Charge(units) | Self::Credit { units, .. } => units,
+        }
+    }
 }
 
 /// Who asked for a refill.
@@ -56,6 +94,7 @@ pub struct SentOutgoing {
 pub(crate) enum Sent {
     Refill(Target, Asker),
     Charge(Target, Charge),
+    Settle(Settlement),
 }
 
 impl SentOutgoing {

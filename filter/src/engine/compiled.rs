@@ -3,7 +3,7 @@
 //! or for a global policy the limit the service receives and the emergency cap).
 
 use super::namespace::{emergency_table, lease_table, local_table};
-use crate::config::{Lease, Policy, Strategy};
+use crate::config::{Lease, MAX_CONFIGURED_AMOUNT, Policy, ResponseCost, Strategy};
 use shared_store::{Limit, Placement, SlotTable};
 use sluice_protocol::LimitSpec;
 
@@ -119,4 +119,17 @@ impl Compiled {
         };
         self.table().map(|t| t.meta.as_str()).into_iter().chain(lease)
     }
+}
+
+/// How many requests' `max` a caller's bucket may owe at once, for a cost the response
+/// reports. A bucket below empty admits nothing, so its debt comes only from requests
+/// already in flight when it went below: with fewer than this many in flight per caller,
+/// nothing is ever forgiven.
+pub const MAX_OWING_REQUESTS: u64 = 64;
+
+/// The most a bucket can owe after settling a cost the response reports:
+/// [`MAX_OWING_REQUESTS`] requests' `max` (within the configurable amounts). Anything
+/// charged beyond it is forgiven.
+pub(crate) fn debt_bound(rule: &ResponseCost) -> u64 {
+    rule.max.saturating_mul(MAX_OWING_REQUESTS).min(MAX_CONFIGURED_AMOUNT)
 }

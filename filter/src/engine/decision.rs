@@ -152,4 +152,16 @@ pub(crate) enum SpentFrom {
         /// The hash tag (partition) its counter lives under.
         tag: String,
     },
+    /// A check-mode policy's counter at the service, for the caller whose global counter
+    /// is `key` under the check tag `tag`: settled by the service (a charge of the excess
+    /// or a credit of what was unused), sent by the worker's root context.
+    Check {
+        /// The caller's global fingerprint.
+        key: u128,
+        /// The hash tag (partition) its counter lives under.
+        tag: String,
+        /// When the service spent the estimate, on its own clock (the check's `at_ns`):
+        /// a window is credited only if this falls in it.
+        at_ns: u64,
+    },
 }

@@ -35,8 +35,9 @@
 //!
 //! Inside the engine, modules import only downwards: data (`decision`, `resolved`,
 //! `cause`, `calls`, `compiled`, `wire`, `headers`, `namespace`, `breaker`,
-//! `lease_record`, `evidence`), then `setup` (what the stages read), then the stages
-//! (`request/`) and `outgoing`, then this file. `filter/tests/layers.rs` holds it.
+//! `lease_record`, `evidence`), then `setup` (what the stages read), then `settlement`
+//! (check-mode costs settled at the service), then the stages (`request/`) and
+//! `outgoing`, then this file. `filter/tests/layers.rs` holds it.
 
 mod breaker;
 mod calls;
@@ -51,6 +52,7 @@ mod outgoing;
 mod request;
 mod resolved;
 mod secrets;
+mod settlement;
 mod setup;
 pub mod wire;
 
@@ -60,12 +62,12 @@ use breaker::CircuitBreaker;
 use calls::PendingCharges;
 pub use calls::{Asker, Outgoing, SentOutgoing, Target};
 use cause::LogLimiter;
+pub use compiled::MAX_OWING_REQUESTS;
 use compiled::{Compiled, Home};
 pub use decision::{Decided, Disposition, LocalResponse, Outcome, Owed, Tally};
 pub use headers::{private_cache_control, rate_limit_headers};
 pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
-pub use request::settle::MAX_OWING_REQUESTS;
 pub use request::{Begun, CheckWait, LeaseWait, Pending};
 
 use setup::{Service, Setup};
@@ -140,6 +142,7 @@ impl Engine {
             anchor: anchor_key(prefix),
             outbox: RefCell::new(Vec::new()),
             charges: RefCell::new(PendingCharges::new()),
+            settlements: RefCell::new(std::collections::VecDeque::new()),
             instance,
             ids: Cell::new(0),
             sweep: Cell::new(0),

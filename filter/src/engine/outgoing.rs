@@ -1,7 +1,7 @@
 //! The calls a worker's root context sends for the lease stage, and their answers:
 //! refills (`POST /v1/lease`) and charges of debt (`POST /v1/charge`), taken from the
 //! outbox and from the keys this worker owes for; the sweep that finds debt this worker
-//! does not know of.
+//! does not know of. Check-mode settlements go the same way (`settlement.rs`).
 //!
 //! # Who calls the service
 //!
@@ -29,6 +29,7 @@ use super::compiled::{Home, Leased};
 use super::evidence::counted;
 use super::lease_record::Updated;
 use super::namespace;
+use super::settlement;
 use super::setup::Setup;
 use super::wire::{self, Reason};
 use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
@@ -97,6 +98,11 @@ pub(crate) fn take_outgoing<S: Store, C: Clock>(
         .service
         .as_ref()
         .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) != Admit::Open);
+    // Settlements to send again go on the tick (those past their life too, to be
+    // forgiven).
+    if charges {
+        out.extend(settlement::take(setup, reachable, limiter.clock().now()).into_iter().map(Outgoing::Settle));
+    }
     if charges
         && reachable
         && let Ok(mut pending) = setup.charges.try_borrow_mut()
@@ -182,6 +188,10 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             let body = serde_json::to_vec(&request).unwrap_or_default();
             (Sent::Charge(target, charge), wire::CHARGE_PATH, body)
         }
+        Outgoing::Settle(held) => {
+            let (path, body) = settlement::call(setup, &held, now, metrics)?;
+            (Sent::Settle(held), path, body)
+        }
     };
     let unsent = |reason: Reason, sent: Sent, metrics: &mut dyn Metrics| {
         match sent {
@@ -193,6 +203,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             }
             // Still owed: sent again once the circuit closes.
             Sent::Charge(target, _) => setup.schedule_charge(target),
+            Sent::Settle(held) => settlement::retry(setup, held, now, metrics),
         }
         None
     };
@@ -293,5 +304,12 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
                 setup.schedule_charge(target.clone());
             }
         },
+        Sent::Settle(held) => {
+            let health = match settlement::answered(setup, held.clone(), answer, now, metrics) {
+                Ok(()) => Some(true),
+                Err(failure) => failure.health(),
+            };
+            record(health, metrics);
+        }
     }
 }

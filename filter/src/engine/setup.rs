@@ -4,7 +4,7 @@
 //! configuration by `Engine::new`; the stages take it by reference.
 
 use super::breaker::CircuitBreaker;
-use super::calls::{Outgoing, PendingCharges, Target};
+use super::calls::{Outgoing, PendingCharges, Settlement, Target};
 use super::cause::LogLimiter;
 use super::compiled::{Compiled, Home, Leased};
 use super::lease_record::Leases;
@@ -12,6 +12,7 @@ use crate::config::{KeyPart, Response, Secret, Shaping};
 use crate::host::{Call, Callouts};
 use shared_store::{HashKey, Nanos, Store};
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 
 /// How long an elected refill holds beyond the callout's deadline: the time until the
 /// root sends it (a wake, or at worst the next tick), with room to spare.
@@ -19,6 +20,10 @@ pub(crate) const REFILL_MARGIN: Nanos = Nanos::from_millis(100);
 /// The most keys one worker remembers to charge; beyond it, debt waits in its record
 /// until the key refills again or its life ends (then it is forgiven, and counted).
 pub(crate) const MAX_PENDING_CHARGES: usize = 4096;
+
+/// The most check-mode settlements one worker holds, waiting to be sent (or sent again);
+/// beyond it, a settlement is forgiven and counted.
+pub(crate) const MAX_PENDING_SETTLEMENTS: usize = 4096;
 
 /// The counter service, as the request path uses it.
 #[derive(Debug)]
@@ -75,6 +80,8 @@ pub(crate) struct Setup {
     pub(crate) outbox: RefCell<Vec<Outgoing>>,
     /// Keys this worker owes charges for.
     pub(crate) charges: RefCell<PendingCharges>,
+    /// Check-mode settlements to send, oldest first.
+    pub(crate) settlements: RefCell<VecDeque<Settlement>>,
     /// This worker's instance: ids it hands out (waiters, charges) start from it.
     pub(crate) instance: u64,
     pub(crate) ids: Cell<u64>,
@@ -122,6 +129,18 @@ impl Setup {
     pub(crate) fn send_later(&self, call: Outgoing) {
         if let Ok(mut outbox) = self.outbox.try_borrow_mut() {
             outbox.push(call);
+        }
+    }
+
+    /// Holds a settlement for the root context to send; `false` (and it is not held) when
+    /// [`MAX_PENDING_SETTLEMENTS`] are held already.
+    pub(crate) fn hold_settlement(&self, settlement: Settlement) -> bool {
+        match self.settlements.try_borrow_mut() {
+            Ok(mut held) if held.len() < MAX_PENDING_SETTLEMENTS => {
+                held.push_back(settlement);
+                true
+            }
+            _ => false,
         }
     }
 

@@ -9,7 +9,9 @@
 
 use super::resolved::{Place, Resolved};
 use crate::host::CalloutAnswer;
-use sluice_protocol::{ChargeResponse, CheckRequest, CheckResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec};
+use sluice_protocol::{
+    ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec,
+};
 
 /// The path of a check.
 pub(crate) const CHECK_PATH: &str = "/v1/check";
@@ -17,6 +19,8 @@ pub(crate) const CHECK_PATH: &str = "/v1/check";
 pub(crate) const LEASE_PATH: &str = "/v1/lease";
 /// The path of a charge.
 pub(crate) const CHARGE_PATH: &str = "/v1/charge";
+/// The path of a credit.
+pub(crate) const CREDIT_PATH: &str = "/v1/credit";
 /// The largest answer the filter reads; an entry's answer is about 150 bytes.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
@@ -150,6 +154,11 @@ pub(crate) fn classify_lease(answer: &CalloutAnswer) -> Result<LeaseResponse, Fa
 /// What an answer to a charge means.
 pub(crate) fn classify_charge(answer: &CalloutAnswer) -> Result<ChargeResponse, Failure> {
     classify_as(answer, |body| serde_json::from_slice::<ChargeResponse>(body).ok())
+}
+
+/// What an answer to a credit means.
+pub(crate) fn classify_credit(answer: &CalloutAnswer) -> Result<CreditResponse, Failure> {
+    classify_as(answer, |body| serde_json::from_slice::<CreditResponse>(body).ok())
 }
 
 fn classify_as<T>(answer: &CalloutAnswer, parse: impl FnOnce(&[u8]) -> Option<T>) -> Result<T, Failure> {

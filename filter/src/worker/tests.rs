@@ -15,6 +15,8 @@ struct FakePort {
     refuse: Vec<&'static str>,
     next_token: u32,
     sent: Vec<String>,
+    /// Each call's body, beside its path in `sent`.
+    bodies: Vec<String>,
     /// Each reply's `retry-after` header, if it had one.
     retry_after: Vec<Option<String>>,
 }
@@ -35,6 +37,7 @@ impl Callouts for FakePort {
         self.next_token += 1;
         let path = call.headers.iter().find(|(n, _)| *n == ":path").map_or("", |(_, v)| *v);
         self.sent.push(path.to_owned());
+        self.bodies.push(String::from_utf8_lossy(call.body).into_owned());
         Ok(self.next_token)
     }
 }
@@ -202,4 +205,5 @@ fn a_lease_configuration_ticks_every_ten_milliseconds_and_defines_its_global_cou
     assert!(defined(&plugin, ".counter_service.callouts"));
 }
 
+mod check_costs;
 mod costs;

@@ -14,19 +14,12 @@ use shared_store::Limit;
 pub const MAX_JSON_PATH_SEGMENTS: usize = 8;
 const MAX_JSON_SEGMENT_BYTES: usize = 64;
 
-/// The cost of one request under `limit`; `checked` says whether the policy is a global
-/// policy in check mode.
-pub(super) fn validate_cost(
-    issues: &mut Issues,
-    path: &str,
-    raw: Option<&RawCost>,
-    limit: &Limit,
-    checked: bool,
-) -> Option<Cost> {
+/// The cost of one request under `limit`.
+pub(super) fn validate_cost(issues: &mut Issues, path: &str, raw: Option<&RawCost>, limit: &Limit) -> Option<Cost> {
     let at = format!("{path}.cost");
     match raw {
         None => Some(Cost::Constant(1)),
-        Some(RawCost::Response(response)) => validate_response(issues, &at, response, limit, checked),
+        Some(RawCost::Response(response)) => validate_response(issues, &at, response, limit),
         Some(known) => validate_known(issues, &at, known, limit.capacity()),
     }
 }
@@ -87,22 +80,8 @@ fn validate_known(issues: &mut Issues, at: &str, raw: &RawCost, capacity: u64) -
 }
 
 /// A cost the response reports, at `at`.
-fn validate_response(
-    issues: &mut Issues,
-    at: &str,
-    raw: &RawResponseCost,
-    limit: &Limit,
-    checked: bool,
-) -> Option<Cost> {
+fn validate_response(issues: &mut Issues, at: &str, raw: &RawResponseCost, limit: &Limit) -> Option<Cost> {
     let before = issues.count();
-    if checked {
-        issues.add(
-            at,
-            "a cost read from the response is settled in the proxy: a local policy or a global one in lease mode \
-             (\"strategy\": \"lease\") can have one, a global one in check mode cannot (the counter service \
-             cannot give back an unused estimate yet)",
-        );
-    }
     if !limit.can_credit() {
         issues.add(
             at,

@@ -44,8 +44,7 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
     };
     let key = validate_key(issues, &format!("{path}.key"), raw.key, false);
     let matcher = validate_match(issues, &format!("{path}.match"), raw.matcher.unwrap_or_default());
-    let checked = matches!(global, Some(Global { strategy: Strategy::Check, .. }));
-    let cost = limit.and_then(|limit| validate_cost(issues, path, raw.cost.as_ref(), &limit, checked));
+    let cost = limit.and_then(|limit| validate_cost(issues, path, raw.cost.as_ref(), &limit));
     if let (Some(Global { strategy: Strategy::Lease(lease), .. }), Some(cost)) = (&global, &cost)
         && cost.max() > lease.size
     {

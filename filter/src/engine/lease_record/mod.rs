@@ -42,9 +42,9 @@ mod record;
 #[cfg(test)]
 use leases::Settled;
 pub(crate) use leases::{Charge, Leases, Rules, Spend, Updated};
-pub(crate) use record::Record;
+pub(crate) use record::{DEBT_LIFE, Record};
 #[cfg(test)]
-pub(crate) use record::{DEBT_LIFE, MAX_ATTEMPTS, Pool};
+pub(crate) use record::{MAX_ATTEMPTS, Pool};
 use shared_store::Nanos;
 
 /// A lease record as tests and the fleet simulation see it (decoded from shared data).

@@ -196,3 +196,12 @@ pub(super) fn lease_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at: Na
     let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned() };
     Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: at })
 }
+
+/// The estimate a check-mode policy spent at the service (at `at_ns`, on the service's
+/// clock), when the response reports its cost.
+pub(super) fn check_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at_ns: u64, now: Nanos) -> Option<Owed> {
+    setup.compiled(r.policy)?.policy.cost.settled()?;
+    let Place::Global { key, lease: None, .. } = &r.at else { return None };
+    let from = SpentFrom::Check { key: *key, tag: tag.to_owned(), at_ns };
+    Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: now })
+}

@@ -5,7 +5,7 @@
 //! call refused, failed or late), the check policies take their failure rule and the
 //! request goes on to its lease policies.
 
-use super::admit::{due_after, reject};
+use super::admit::{check_estimate_owed, due_after, reject};
 use super::fallback::apply_failure_rule;
 use super::local::Admitted;
 use super::state::{CheckWait, Global, Granted, Next, Pending, ToLease};
@@ -134,6 +134,8 @@ pub(crate) fn answered<S: Store, C: Clock>(
     }
     let delay = decisions.iter().map(|(_, d)| d.delay()).max().unwrap_or(Nanos::ZERO);
     granted.delay_until(due_after(now, delay));
+    // What the service spent on an estimate is settled there once the response says.
+    granted.owed.extend(checked.iter().filter_map(|r| check_estimate_owed(setup, r, &tag, response.at_ns, now)));
     granted.checked = decisions;
     after_check(granted, leased, tag)
 }

@@ -4,31 +4,20 @@
 //!
 //! The actual cost is clamped to the policy's `max`. Above the estimate, the difference
 //! is charged, and may take the bucket below empty, into debt, by at most
-//! [`debt_bound`]: the caller's next requests are rejected until the debt is paid, with
+//! [`debt_bound`](crate::engine::compiled::debt_bound): the caller's next requests are rejected until the debt is paid, with
 //! a `Retry-After` that says when (a fixed window's debt ends with its window). Below it, the difference is given back. A charge
 //! beyond the debt bound, or a credit the algorithm cannot give, is forgiven and counted
 //! (`cost.forgiven`). When the response never reports the cost, the estimate stands, or
 //! the configured `on_unknown` cost replaces it; `cost.unknown` counts it either way.
 
-use crate::config::{MAX_CONFIGURED_AMOUNT, ResponseCost};
+use crate::config::ResponseCost;
 use crate::engine::calls::{Target, tag_bits};
-use crate::engine::compiled::Home;
+use crate::engine::compiled::{Home, debt_bound};
 use crate::engine::decision::{Owed, SpentFrom};
 use crate::engine::evidence::{count_error, counted};
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics};
 use shared_store::{Clock, Limit, Limiter, Placement, Store};
-
-/// How many requests' `max` a caller's bucket may owe at once. A bucket below empty
-/// admits nothing, so its debt comes only from requests already in flight when it went
-/// below: with fewer than this many in flight per caller, nothing is ever forgiven.
-pub const MAX_OWING_REQUESTS: u64 = 64;
-
-/// The most a bucket can owe after settling: [`MAX_OWING_REQUESTS`] requests' `max`
-/// (within the configurable amounts). Anything charged beyond it is forgiven.
-pub(crate) fn debt_bound(rule: &ResponseCost) -> u64 {
-    rule.max.saturating_mul(MAX_OWING_REQUESTS).min(MAX_CONFIGURED_AMOUNT)
-}
 
 /// Settles one estimate to the cost the response reported (`None`: it reported none).
 pub(crate) fn settle<S: Store, C: Clock>(
@@ -62,6 +51,10 @@ pub(crate) fn settle<S: Store, C: Clock>(
                 let mut quiet = Quiet(metrics);
                 settle_local(&cap.limit, rule, place, owed, actual, limiter, &mut quiet);
             }
+        }
+        SpentFrom::Check { key, tag, at_ns } => {
+            let now = limiter.clock().now();
+            crate::engine::settlement::hold(setup, owed, (*key, tag, *at_ns), actual, now);
         }
         SpentFrom::Lease { slot, key, tag } => {
             let Some(leased) = setup.leased_home(policy) else { return };
@@ -106,7 +99,7 @@ fn add(metrics: &mut impl Metrics, policy: usize, counter: Counter, units: u64) 
 }
 
 /// Settles an estimate a local policy spent, through the limiter: the bucket may go into
-/// debt up to [`debt_bound`].
+/// debt up to [`debt_bound`](crate::engine::compiled::debt_bound).
 fn settle_local<S: Store, C: Clock>(
     limit: &Limit,
     rule: &ResponseCost,

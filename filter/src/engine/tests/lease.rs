@@ -181,7 +181,7 @@ fn a_failed_refill_sends_waiters_to_the_emergency_cap_and_what_it_admits_is_char
     };
     let _ = w.tick(|call| match call {
         Outgoing::Charge(_) => charged(1),
-        Outgoing::Refill(..) => granted(10),
+        _ => granted(10),
     });
     assert_eq!(status(&w.retry(pending)), Some(200));
     assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 1);

@@ -176,7 +176,7 @@ fn a_one_off_callers_outage_debt_is_charged_on_its_own_and_frees_its_slot() {
     // The service is back; the one-off caller never returns. The charge goes out anyway.
     let _ = w.tick(|call| match call {
         Outgoing::Charge(_) => charged(1),
-        Outgoing::Refill(..) => granted(10),
+        _ => granted(10),
     });
     let regular = w.begin_with(&tenant("regular"));
 
@@ -213,7 +213,7 @@ fn a_charge_whose_answer_never_came_is_sent_again_with_the_same_id_and_the_same_
 
     let _ = w.tick(|call| match call {
         Outgoing::Charge(_) => CalloutAnswer::TimedOut,
-        Outgoing::Refill(..) => granted(10),
+        _ => granted(10),
     });
     let first = w.last_body("/v1/charge");
     // Another admission under the failure rule while the charge is unanswered.
@@ -221,7 +221,7 @@ fn a_charge_whose_answer_never_came_is_sent_again_with_the_same_id_and_the_same_
     w.limiter.clock().advance(Nanos::from_millis(150));
     let _ = w.tick(|call| match call {
         Outgoing::Charge(_) => charged(1),
-        Outgoing::Refill(..) => granted(10),
+        _ => granted(10),
     });
     let second = w.last_body("/v1/charge");
 
@@ -308,7 +308,7 @@ fn with_the_circuit_open_a_request_that_finds_its_lease_empty_takes_the_failure_
         let pending = waiting(w.begin_with(&tenant("acme")));
         let _ = w.tick(|call| match call {
             Outgoing::Refill(..) => CalloutAnswer::Failed,
-            Outgoing::Charge(_) => CalloutAnswer::TimedOut,
+            _ => CalloutAnswer::TimedOut,
         });
         let _ = w.retry(pending);
     }

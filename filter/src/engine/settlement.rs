@@ -1,0 +1,152 @@
+//! Settling what a check-mode policy spent on an estimate, at the counter service, once
+//! the response has said what the request really cost: the excess is charged
+//! (`POST /v1/charge`, into debt up to the policy's debt bound) or the unused part
+//! credited (`POST /v1/credit`, in the window the check spent it in).
+//!
+//! The request that spent the estimate may be gone by then (its stream ends with its
+//! response), so its settlement goes to the worker's outbox and the root context sends
+//! it, like a lease refill. Each settlement carries an id: one whose answer did not come
+//! (a timeout, a reset, an overloaded service, an open circuit) is held and sent again
+//! on a later tick, with the same id, and the service applies it once. A settlement the
+//! service cannot apply within `DEBT_LIFE`, one it refuses (a 4xx), or one beyond
+//! [`MAX_PENDING_SETTLEMENTS`] held is forgiven and
+//! counted (`cost.forgiven`): what the policy admitted is then the estimate, not the
+//! actual cost, never silently. The units are counted (`cost.charged`, `cost.credited`,
+//! `cost.forgiven`) when the service answers, not when the response ends.
+//!
+//! A settlement is held by the configuration that queued it: one still held when the
+//! filter is configured again is dropped with it.
+
+use super::calls::{Change, Outgoing, Settlement, charge_id, units};
+use super::compiled::{Home, debt_bound};
+use super::decision::Owed;
+use super::lease_record::DEBT_LIFE;
+use super::namespace;
+use super::setup::{MAX_PENDING_SETTLEMENTS, Setup};
+use super::wire::{self, Failure};
+use crate::host::{CalloutAnswer, Counter, Metrics};
+use shared_store::Nanos;
+use sluice_protocol::{ChargeRequest, CreditRequest};
+
+/// The most settlements one call of the root context sends.
+pub(crate) const MAX_SETTLEMENTS_PER_CALL: usize = 64;
+const _: () = assert!(MAX_SETTLEMENTS_PER_CALL <= MAX_PENDING_SETTLEMENTS);
+
+/// Puts the settlement of `owed`, which the service spent at `at_ns` for the caller
+/// `key` under `tag`, to the `actual` cost in the outbox (nothing when they are equal).
+pub(crate) fn hold(setup: &Setup, owed: &Owed, (key, tag, at_ns): (u128, &str, u64), actual: u64, now: Nanos) {
+    let change = match actual.cmp(&owed.estimate) {
+        std::cmp::Ordering::Equal => return,
+        std::cmp::Ordering::Greater => Change::Charge(actual - owed.estimate),
+        std::cmp::Ordering::Less => Change::Credit { units: owed.estimate - actual, spent_at_ns: at_ns },
+    };
+    let settlement =
+        Settlement { policy: owed.policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now };
+    setup.send_later(Outgoing::Settle(settlement));
+}
+
+/// The settlements to send again now (on the tick), oldest first: a few while the
+/// service is `reachable`; while it is not, only those past their life (to be forgiven
+/// when dispatched).
+pub(crate) fn take(setup: &Setup, reachable: bool, now: Nanos) -> Vec<Settlement> {
+    let Ok(mut held) = setup.settlements.try_borrow_mut() else { return Vec::new() };
+    if reachable {
+        let n = held.len().min(MAX_SETTLEMENTS_PER_CALL);
+        return held.drain(..n).collect();
+    }
+    let (expired, kept): (Vec<Settlement>, Vec<Settlement>) =
+        held.drain(..).partition(|s| now >= s.since.saturating_add(DEBT_LIFE));
+    held.extend(kept);
+    expired
+}
+
+/// The call that applies `settlement`: its path and body. `None` (and it is forgiven)
+/// when it is past its life or its policy no longer settles at the service.
+pub(crate) fn call(
+    setup: &Setup,
+    settlement: &Settlement,
+    now: Nanos,
+    metrics: &mut (impl Metrics + ?Sized),
+) -> Option<(&'static str, Vec<u8>)> {
+    let made = (|| {
+        if now >= settlement.since.saturating_add(DEBT_LIFE) {
+            return None;
+        }
+        let compiled = setup.compiled(settlement.policy)?;
+        let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
+        let rule = compiled.policy.cost.settled()?;
+        let (tag, key, id) =
+            (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
+        let policy_version = compiled.policy.version;
+        Some(match settlement.change {
+            Change::Charge(cost) => {
+                // The service bounds debt by the capacity; the filter by its own rule.
+                let max_debt = debt_bound(rule).min(compiled.policy.limit.capacity());
+                let request =
+                    ChargeRequest { tag, key, policy_version, limit: *spec, cost, max_debt, charge_id: Some(id) };
+                (wire::CHARGE_PATH, serde_json::to_vec(&request).ok()?)
+            }
+            Change::Credit { units, spent_at_ns } => {
+                let request =
+                    CreditRequest { tag, key, policy_version, limit: *spec, units, spent_at_ns, credit_id: Some(id) };
+                (wire::CREDIT_PATH, serde_json::to_vec(&request).ok()?)
+            }
+        })
+    })();
+    if made.is_none() {
+        forgive(settlement.policy, settlement.change.units(), metrics);
+    }
+    made
+}
+
+/// Holds a settlement that was not applied to be sent again with its id, or forgives it
+/// when it is past its life or no more can be held.
+pub(crate) fn retry(setup: &Setup, settlement: Settlement, now: Nanos, metrics: &mut (impl Metrics + ?Sized)) {
+    let (policy, units) = (settlement.policy, settlement.change.units());
+    if now >= settlement.since.saturating_add(DEBT_LIFE) || !setup.hold_settlement(settlement) {
+        forgive(policy, units, metrics);
+    }
+}
+
+/// Applies the service's answer to a settlement; `Err` with the failure (for the circuit
+/// breaker) when it was not applied. A refusal (a 4xx other than `408`: sending it again
+/// would be refused again) is forgiven; anything else is sent again.
+pub(crate) fn answered(
+    setup: &Setup,
+    settlement: Settlement,
+    answer: &CalloutAnswer,
+    now: Nanos,
+    metrics: &mut (impl Metrics + ?Sized),
+) -> Result<(), Failure> {
+    let policy = settlement.policy;
+    let applied = match settlement.change {
+        Change::Charge(_) => wire::classify_charge(answer).map(|a| (Counter::CostCharged, a.charged, a.forgiven)),
+        Change::Credit { .. } => wire::classify_credit(answer).map(|a| (Counter::CostCredited, a.credited, a.forgiven)),
+    };
+    match applied {
+        Ok((counter, moved, forgiven)) => {
+            add(metrics, policy, counter, moved);
+            add(metrics, policy, Counter::CostForgiven, forgiven);
+            Ok(())
+        }
+        Err(failure) => {
+            if matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408)
+            {
+                forgive(policy, settlement.change.units(), metrics);
+            } else {
+                retry(setup, settlement, now, metrics);
+            }
+            Err(failure)
+        }
+    }
+}
+
+fn forgive(policy: usize, units: u64, metrics: &mut (impl Metrics + ?Sized)) {
+    add(metrics, policy, Counter::CostForgiven, units);
+}
+
+fn add(metrics: &mut (impl Metrics + ?Sized), policy: usize, counter: Counter, n: u64) {
+    if n > 0 {
+        metrics.add(policy, counter, units(n));
+    }
+}
