@@ -205,6 +205,9 @@ counters! {
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
         LeaseReconciled = "lease.reconciled",
+        /// Lease: units of debt paid from a later grant before any of it was spent (the
+        /// service counted them when it granted them: they are not charged).
+        LeaseRepaid = "lease.repaid",
         /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
         /// service could not charge: forgiven.
         LeaseForgiven = "lease.forgiven",

@@ -261,10 +261,13 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
                     _ => None,
                 };
                 let applied = leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, now);
-                if let Ok(Some(expired)) = counted(target.policy, applied, metrics) {
+                if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
                     metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
-                    if expired > 0 {
-                        metrics.add(target.policy, Counter::LeaseExpired, units(expired));
+                    if applied.expired > 0 {
+                        metrics.add(target.policy, Counter::LeaseExpired, units(applied.expired));
+                    }
+                    if applied.repaid > 0 {
+                        metrics.add(target.policy, Counter::LeaseRepaid, units(applied.repaid));
                     }
                 }
                 // The service answers again: charge what was admitted without it.

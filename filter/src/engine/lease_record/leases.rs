@@ -48,6 +48,16 @@ pub(crate) struct Charge {
     pub(crate) id: u64,
 }
 
+/// What applying a grant did besides adding its tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// Tokens of earlier grants that had expired unspent (forfeited), and of this one
+    /// when it came too late to spend.
+    pub(crate) expired: u64,
+    /// Debt paid from this grant.
+    pub(crate) repaid: u64,
+}
+
 /// What a settled charge leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Settled {
@@ -247,8 +257,13 @@ impl<S: Store> Leases<'_, S> {
     /// those are held for it. With nothing granted, the budget is empty for
     /// `retry_after`; when the grant left the budget short of what was asked,
     /// requests the tokens cannot cover are rejected for `empty_after` (the service's
-    /// wait until it could grant again) rather than each asking in turn. Returns the
-    /// tokens that had expired unspent (forfeited).
+    /// wait until it could grant again) rather than each asking in turn.
+    ///
+    /// Debt that no charge carries yet is paid from the grant first: the service counted
+    /// those tokens when it granted them, so the units the proxy served beyond its
+    /// earlier grants are accounted for without a charge, and the caller spends only
+    /// what is left. (Otherwise a proxy that owes would go on spending fresh grants
+    /// while its debt waits for a charge, and past `max_debt` its excess is forgiven.)
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn grant(
         &self,
@@ -259,7 +274,7 @@ impl<S: Store> Leases<'_, S> {
         expires_in: Nanos,
         (retry_after, empty_after): (Nanos, Nanos),
         now: Nanos,
-    ) -> Result<Updated<u64>, UpdateError> {
+    ) -> Result<Updated<Granted>, UpdateError> {
         self.update(place, now, |record| {
             let expired = record.drop_expired(now);
             record.refill_until = Nanos::ZERO;
@@ -267,12 +282,15 @@ impl<S: Store> Leases<'_, S> {
             let expires_at = sent_at.saturating_add(expires_in);
             if granted == 0 || expires_at <= now {
                 record.empty_until = now.saturating_add(retry_after.max(Nanos(1)));
-                return (true, expired.saturating_add(if granted > 0 { granted } else { 0 }));
+                let expired = expired.saturating_add(if granted > 0 { granted } else { 0 });
+                return (true, Granted { expired, repaid: 0 });
             }
             record.empty_until = if empty_after > Nanos::ZERO { now.saturating_add(empty_after) } else { Nanos::ZERO };
-            let mut pool = Pool { tokens: granted, expires_at };
+            let repaid = granted.min(record.debt.saturating_sub(record.charging));
+            record.debt -= repaid;
+            let mut pool = Pool { tokens: granted - repaid, expires_at };
             if let Some((waiter, min_tokens)) = for_waiter
-                && granted >= min_tokens
+                && pool.tokens >= min_tokens
                 && record.held.live(now) == 0
             {
                 record.held = Pool { tokens: min_tokens, expires_at };
@@ -282,9 +300,9 @@ impl<S: Store> Leases<'_, S> {
             if pool.tokens > 0 {
                 add_pool(record, pool, now);
             }
-            (true, expired)
+            (true, Granted { expired, repaid })
         })
-        .map(|u| Updated { result: Some(u.result.unwrap_or(0)), forgiven: u.forgiven })
+        .map(|u| Updated { result: Some(u.result.unwrap_or_default()), forgiven: u.forgiven })
     }
 
     /// Records that a refill failed: waiting requests apply the failure rule, and the

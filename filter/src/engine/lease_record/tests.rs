@@ -23,7 +23,7 @@ fn retry(leases: &Leases<'_, MemoryStore>, cost: u64, now: Nanos, since: Nanos, 
 }
 
 fn grant(leases: &Leases<'_, MemoryStore>, n: u64, sent: Nanos, life: u64, now: Nanos) -> u64 {
-    leases.grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), now).unwrap().result.unwrap()
+    leases.grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), now).unwrap().result.unwrap().expired
 }
 
 fn record(store: &MemoryStore) -> Record {
@@ -210,6 +210,36 @@ fn debt_keeps_its_slot_for_its_life_then_the_slot_changes_hands_and_the_debt_is_
 
     assert_eq!(before.result, Some(Spend::Taken));
     assert_eq!(after, Updated { result: Some(Spend::Wait { elected: true }), forgiven: 3 });
+}
+
+#[test]
+fn debt_no_charge_carries_is_paid_from_the_next_grant_before_any_of_it_is_spent() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 7, 10, (0, None), T).unwrap();
+    // A charge carries 7; 2 more are owed while it is in flight.
+    let _ = leases.claim_charge(&place(), 1, Nanos(100), T).unwrap();
+    leases.owe(&place(), 2, 10, (0, None), T).unwrap();
+
+    let granted = leases.grant(&place(), 5, None, T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), T).unwrap();
+
+    assert_eq!(granted.result.map(|g| g.repaid), Some(2), "only what no charge carries");
+    assert_eq!((record(&store).debt, record(&store).live_tokens(T)), (7, 3));
+    let settled = leases.settle_charge(&place(), 1, T).unwrap();
+    assert_eq!(settled, Settled { settled: true, left: 0 }, "nothing is left to charge");
+}
+
+#[test]
+fn a_grant_smaller_than_the_debt_pays_what_it_can_and_leaves_nothing_to_spend() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 7, 10, (0, None), T).unwrap();
+
+    let granted = leases.grant(&place(), 5, Some((42, 1)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), T).unwrap();
+
+    assert_eq!(granted.result.map(|g| g.repaid), Some(5));
+    assert_eq!(record(&store).debt, 2);
+    assert_eq!(retry(&leases, 1, T, T, 42), Spend::Wait { elected: true }, "nothing was held for the waiter");
 }
 
 #[test]
