@@ -4,11 +4,14 @@
 //! The bodies themselves are defined once, for the service and the filter, in
 //! `sluice-protocol`. Every request body is parsed strictly (unknown fields are errors)
 //! and validated completely before any store is touched, so a request that gets a 4xx
-//! never changes a counter. See the crate README for the full protocol with examples.
+//! never changes a counter. Each route has its plan: [`CheckPlan`] (`/v1/check`),
+//! [`LeasePlan`] (`/v1/lease`), [`ChargePlan`] (`/v1/charge`) and [`CreditPlan`]
+//! (`/v1/credit`). See the crate README for the full protocol with examples.
 
+use shared_store::Nanos;
 use sluice_protocol::{
-    ChargeRequest, CheckRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES,
-    MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
+    ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_CHARGE_ID_BYTES,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
 };
 
 use crate::spec::StoreLimit;
@@ -104,6 +107,19 @@ pub struct ChargePlan {
     pub charge_key: Option<String>,
 }
 
+/// A validated credit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreditPlan {
+    /// The key's storage key, limit (one that can be credited: a token bucket, fixed
+    /// window or sliding window), and the units to give back (its `cost`, 0..=2^40).
+    pub entry: PlannedEntry,
+    /// When the units were spent (Unix ns): a window is credited only if this falls in
+    /// the window its counter holds, or (sliding) the one before it.
+    pub spent_at: Nanos,
+    /// Where the credit's id is remembered ([`credit_key`]), when it has one.
+    pub credit_key: Option<String>,
+}
+
 /// The storage key of one counter: its tag, policy version and key, and not the limit's
 /// numbers, so that a policy whose numbers change without a version bump keeps its
 /// counters (carried over to the new numbers when next decided). Injective: the tag
@@ -119,14 +135,38 @@ pub fn charge_key(tag: &str, version: u64, key: &str, id: &str) -> String {
     format!("sluice:{{{tag}}}:charge:{}:{id}:v{version}:{key}", id.len())
 }
 
-fn check_charge_id(id: &str) -> Result<(), ApiError> {
+/// Where a credit id is remembered: as a charge id is ([`charge_key`]), under `credit`
+/// instead of `charge`, so that a credit and a charge whose ids have the same text are
+/// two ids. Injective for the same reasons.
+pub fn credit_key(tag: &str, version: u64, key: &str, id: &str) -> String {
+    format!("sluice:{{{tag}}}:credit:{}:{id}:v{version}:{key}", id.len())
+}
+
+/// An id that makes a charge or a credit idempotent: `field` (`charge_id`, `credit_id`)
+/// is refused with `code` unless it is 1 to [`MAX_CHARGE_ID_BYTES`] visible ASCII bytes.
+fn check_id(field: &str, code: &'static str, id: &str) -> Result<(), ApiError> {
     if id.is_empty() || id.len() > MAX_CHARGE_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::bad_request(
-            "invalid_charge_id",
+            code,
             format!(
-                "charge_id: must be 1 to {MAX_CHARGE_ID_BYTES} visible ASCII characters without spaces \
+                "{field}: must be 1 to {MAX_CHARGE_ID_BYTES} visible ASCII characters without spaces \
                  ({} bytes given)",
                 id.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `field` (a charge's `cost`, a credit's `units`) within the largest amount a charge or a
+/// credit may carry, [`MAX_AMOUNT`].
+fn check_amount(field: &str, amount: u64, what: &str) -> Result<(), ApiError> {
+    if amount > MAX_AMOUNT {
+        return Err(ApiError::bad_request(
+            "outside_envelope",
+            format!(
+                "{field}: {amount} is above the largest {what}, {MAX_AMOUNT} (numeric envelope: see the counter \
+                 service's README)"
             ),
         ));
     }
@@ -284,15 +324,7 @@ impl ChargePlan {
                 "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
             ));
         }
-        if request.cost > MAX_AMOUNT {
-            return Err(ApiError::bad_request(
-                "outside_envelope",
-                format!(
-                    "cost: {} is above the largest charge, {MAX_AMOUNT} (numeric envelope: see the counter service's README)",
-                    request.cost
-                ),
-            ));
-        }
+        check_amount("cost", request.cost, "charge")?;
         let capacity = entry.limit.capacity();
         if request.max_debt > capacity {
             return Err(ApiError::bad_request(
@@ -302,7 +334,7 @@ impl ChargePlan {
         }
         let charge_key = match &request.charge_id {
             Some(id) => {
-                check_charge_id(id)?;
+                check_id("charge_id", "invalid_charge_id", id)?;
                 Some(charge_key(tag, request.policy_version, &request.key, id))
             }
             None => None,
@@ -310,6 +342,44 @@ impl ChargePlan {
         entry.cost = request.cost;
         Ok(Self { entry, max_debt: request.max_debt, charge_key })
     }
+}
+
+impl CreditPlan {
+    /// Validates `request` into a plan: the tag and key, the limit (which must be one
+    /// that can be credited: `400 not_creditable` naming `limit.algorithm` otherwise),
+    /// `units` within 2^40 (`outside_envelope`) and the `credit_id`, as a charge's
+    /// `charge_id` is (`invalid_credit_id`).
+    ///
+    /// # Errors
+    /// A 400 [`ApiError`] naming the first problem found.
+    pub fn new(request: &CreditRequest) -> Result<Self, ApiError> {
+        let tag = request.tag.as_deref().unwrap_or(&request.key);
+        check_tag(tag)?;
+        let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
+        if !entry.limit.creditable() {
+            return Err(ApiError::bad_request("not_creditable", not_creditable(&request.limit)));
+        }
+        check_amount("units", request.units, "credit")?;
+        let credit_key = match &request.credit_id {
+            Some(id) => {
+                check_id("credit_id", "invalid_credit_id", id)?;
+                Some(credit_key(tag, request.policy_version, &request.key, id))
+            }
+            None => None,
+        };
+        entry.cost = request.units;
+        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key })
+    }
+}
+
+/// Why `limit` cannot be credited (`shared_store::Limit::credit`), naming the field.
+fn not_creditable(limit: &LimitSpec) -> String {
+    let why = match limit {
+        LimitSpec::LeakyBucket { .. } => "a leaky_bucket's state is its queue of delays, which the request has left",
+        LimitSpec::SlidingLog { .. } => "a sliding_log's entries are not addressable by request",
+        _ => "this algorithm cannot give units back",
+    };
+    format!("limit.algorithm: {why}: only a token_bucket, fixed_window or sliding_window can be credited")
 }
 
 /// Classifies a JSON parsing failure into a stable code and a message with its path.
@@ -378,6 +448,56 @@ mod tests {
     fn charge_keys_tell_where_the_id_ends_whatever_colons_the_id_and_key_hold() {
         assert_eq!(charge_key("t", 1, "a:b", "c"), "sluice:{t}:charge:1:c:v1:a:b");
         assert_ne!(charge_key("t", 1, "b", "a:v1"), charge_key("t", 1, "v1:b", "a"));
+    }
+
+    #[test]
+    fn a_credit_id_and_a_charge_id_with_the_same_text_are_remembered_under_two_keys() {
+        assert_eq!(credit_key("t", 1, "a:b", "c"), "sluice:{t}:credit:1:c:v1:a:b");
+        assert_ne!(credit_key("t", 1, "k", "c"), charge_key("t", 1, "k", "c"));
+    }
+
+    fn credit(limit: LimitSpec, units: u64, credit_id: Option<&str>) -> CreditRequest {
+        CreditRequest {
+            tag: None,
+            key: "k".to_owned(),
+            policy_version: 0,
+            limit,
+            units,
+            spent_at_ns: 7,
+            credit_id: credit_id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_credit_of_a_leaky_bucket_or_a_sliding_log_is_refused_naming_the_field() {
+        let leaky = LimitSpec::LeakyBucket { amount: 1, per_ms: 1000, max_queue: 5, max_wait_ms: 100 };
+        let log = LimitSpec::SlidingLog { limit: 5, window_ms: 1000 };
+
+        for limit in [leaky, log] {
+            let err = CreditPlan::new(&credit(limit, 1, None)).unwrap_err();
+
+            assert_eq!((err.status, err.code), (400, "not_creditable"), "{err:?}");
+            assert!(err.message.starts_with("limit.algorithm: "), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn a_credit_id_is_held_to_a_charge_ids_bounds_and_named_as_credit_id() {
+        let bucket = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 5 };
+
+        for id in ["", "a b", &"x".repeat(65), "é"] {
+            let err = CreditPlan::new(&credit(bucket, 1, Some(id))).unwrap_err();
+
+            assert_eq!(err.code, "invalid_credit_id", "{id:?}");
+            assert!(err.message.starts_with("credit_id: "), "{err:?}");
+        }
+        let longest = CreditPlan::new(&credit(bucket, 1 << 40, Some(&"x".repeat(64)))).unwrap();
+        let too_many = CreditPlan::new(&credit(bucket, (1 << 40) + 1, None)).unwrap_err();
+
+        assert_eq!(longest.credit_key.as_deref(), Some(credit_key("k", 0, "k", &"x".repeat(64)).as_str()));
+        assert_eq!((longest.entry.cost, longest.spent_at), (1 << 40, Nanos(7)));
+        assert_eq!(too_many.code, "outside_envelope");
+        assert!(too_many.message.starts_with("units: "), "{too_many:?}");
     }
 
     #[test]

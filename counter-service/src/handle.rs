@@ -1,5 +1,5 @@
-//! How one decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`) is decided
-//! and answered, whichever path carries it.
+//! How one decision request (`POST /v1/check`, `/v1/lease`, `/v1/charge`, `/v1/credit`)
+//! is decided and answered, whichever path carries it.
 //!
 //! The HTTP routes and [`App::handle_now`] share everything here: parsing and
 //! validation ([`App::prepare`]), the store call's metrics and errors, the response body
@@ -10,12 +10,13 @@
 use std::time::Instant;
 
 use sluice_protocol::{
-    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, EntryResponse, LeaseRequest, LeaseResponse,
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, EntryResponse,
+    LeaseRequest, LeaseResponse,
 };
 
-use crate::api::{self, ApiError, ChargePlan, CheckPlan, LeasePlan};
+use crate::api::{self, ApiError, ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 use crate::app::App;
-use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome};
+use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, CreditOutcome, LeaseOutcome};
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub enum Route {
     Lease,
     /// `POST /v1/charge`.
     Charge,
+    /// `POST /v1/credit`.
+    Credit,
 }
 
 impl Route {
@@ -35,6 +38,7 @@ impl Route {
             "/v1/check" => Some(Self::Check),
             "/v1/lease" => Some(Self::Lease),
             "/v1/charge" => Some(Self::Charge),
+            "/v1/credit" => Some(Self::Credit),
             _ => None,
         }
     }
@@ -49,6 +53,8 @@ pub enum Call {
     Lease(LeasePlan),
     /// A charge.
     Charge(ChargePlan),
+    /// A credit.
+    Credit(CreditPlan),
 }
 
 /// What the store answered to a [`Call`].
@@ -60,6 +66,8 @@ pub enum Outcome {
     Lease(LeaseOutcome),
     /// To a charge.
     Charge(ChargeOutcome),
+    /// To a credit.
+    Credit(CreditOutcome),
 }
 
 impl App {
@@ -73,6 +81,7 @@ impl App {
             Route::Check => Call::Check(CheckPlan::new(&api::parse::<CheckRequest>(body)?, self.max_entries())?),
             Route::Lease => Call::Lease(LeasePlan::new(&api::parse::<LeaseRequest>(body)?)?),
             Route::Charge => Call::Charge(ChargePlan::new(&api::parse::<ChargeRequest>(body)?)?),
+            Route::Credit => Call::Credit(CreditPlan::new(&api::parse::<CreditRequest>(body)?)?),
         })
     }
 
@@ -87,6 +96,7 @@ impl App {
             Call::Check(plan) => store.check(plan, None).await.map(Outcome::Check),
             Call::Lease(plan) => store.lease(plan, None).await.map(Outcome::Lease),
             Call::Charge(plan) => store.charge(plan, None).await.map(Outcome::Charge),
+            Call::Credit(plan) => store.credit(plan, None).await.map(Outcome::Credit),
         };
         self.stored(start.elapsed(), result)
     }
@@ -111,6 +121,7 @@ impl App {
             Call::Check(plan) => memory.check(plan, None).map(Outcome::Check),
             Call::Lease(plan) => memory.lease(plan, None).map(Outcome::Lease),
             Call::Charge(plan) => memory.charge(plan, None).map(Outcome::Charge),
+            Call::Credit(plan) => memory.credit(plan, None).map(Outcome::Credit),
         };
         self.stored(start.elapsed(), result)
     }
@@ -154,6 +165,20 @@ impl App {
                     duplicate: outcome.duplicate,
                 })
             }
+            (Call::Credit(_), Outcome::Credit(outcome)) => {
+                if outcome.duplicate {
+                    metrics.duplicate_credit();
+                } else {
+                    metrics.credit(outcome.credited, outcome.forgiven);
+                }
+                serde_json::to_vec(&CreditResponse {
+                    credited: outcome.credited,
+                    forgiven: outcome.forgiven,
+                    at_ns: outcome.at.as_u64(),
+                    entry: EntryResponse::from(&outcome.decision),
+                    duplicate: outcome.duplicate,
+                })
+            }
             _ => {
                 return Err(ApiError {
                     status: 500,
@@ -169,8 +194,8 @@ impl App {
         })
     }
 
-    /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease` and
-    /// `/v1/charge` do, synchronously: for tests that simulate a fleet on a virtual
+    /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease`,
+    /// `/v1/charge` and `/v1/credit` do, synchronously: for tests that simulate a fleet on a virtual
     /// clock (a [`crate::store::MemoryCounters::with_clock`] store) and step the service as
     /// they step everything else. Returns the status and the body the HTTP path would.
     ///

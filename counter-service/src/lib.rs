@@ -1,8 +1,10 @@
 //! sluice-counter: what decides Sluice's global policies, the central counter service.
 //!
 //! The filter calls it over HTTP/1.1 or HTTP/2 cleartext + JSON (`POST /v1/check`,
-//! `POST /v1/lease`, `POST /v1/charge`) once per request for all of that request's
-//! global policies. The service is stateless in
+//! `POST /v1/lease`, `POST /v1/charge`, `POST /v1/credit`) once per request for all of
+//! that request's global policies (a lease, a charge or a credit when its mode calls for
+//! one: a credit gives back what a check spent on an estimate and the response did not
+//! use). The service is stateless in
 //! front of its store: in memory by default (one process, no setup), or Redis
 //! (standalone or Redis Cluster), where every decision is one atomic Lua script on the
 //! node that owns the keys, timed by Redis' own clock.

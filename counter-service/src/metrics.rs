@@ -10,7 +10,7 @@
 //! `Latency`, whose buckets are atomics too (prometheus-client's own histogram locks a
 //! mutex per observation).
 //!
-//! What the store holds (keys, charge ids, Redis connections) is read when `/metrics`
+//! What the store holds (keys, charge and credit ids, Redis connections) is read when `/metrics`
 //! is rendered, not counted as it changes.
 
 use std::sync::Arc;
@@ -47,6 +47,10 @@ pub struct Metrics {
     tokens_charged: Counter,
     tokens_forgiven: Counter,
     duplicate_charges: Counter,
+    credits: Counter,
+    tokens_credited: Counter,
+    credit_tokens_forgiven: Counter,
+    duplicate_credits: Counter,
     store_errors: [Counter; ERROR_KINDS.len()],
     store_latency: Latency,
     in_flight: Gauge,
@@ -122,6 +126,18 @@ impl Metrics {
             "duplicate_charges",
             "Charges whose id had been applied already: answered again, not applied",
         );
+        let credits = counter(&mut registry, "credits", "Credits answered (units an estimate spent and left unused)");
+        let tokens_credited = counter(&mut registry, "credited_tokens", "Units given back by credits");
+        let credit_tokens_forgiven = counter(
+            &mut registry,
+            "credit_forgiven_tokens",
+            "Units of credits with nothing to give them back to (a full bucket, a window gone)",
+        );
+        let duplicate_credits = counter(
+            &mut registry,
+            "duplicate_credits",
+            "Credits whose id had been applied already: answered again, not applied",
+        );
         let (latency, [store_latency]) = fixed("store", [store]);
         registry.register("store_latency_seconds", "Latency of store calls", latency);
         let (errors, store_errors) = fixed("kind", ERROR_KINDS);
@@ -149,6 +165,10 @@ impl Metrics {
             tokens_charged,
             tokens_forgiven,
             duplicate_charges,
+            credits,
+            tokens_credited,
+            credit_tokens_forgiven,
+            duplicate_credits,
             store_errors,
             store_latency,
             in_flight,
@@ -184,6 +204,18 @@ impl Metrics {
     /// Counts a charge whose id had been applied already (answered, not applied again).
     pub fn duplicate_charge(&self) {
         self.duplicate_charges.inc();
+    }
+
+    /// Counts one credit: the units given back and the units forgiven.
+    pub fn credit(&self, credited: u64, forgiven: u64) {
+        self.credits.inc();
+        self.tokens_credited.inc_by(credited);
+        self.credit_tokens_forgiven.inc_by(forgiven);
+    }
+
+    /// Counts a credit whose id had been applied already (answered, not applied again).
+    pub fn duplicate_credit(&self) {
+        self.duplicate_credits.inc();
     }
 
     /// Records one store call's latency.
@@ -249,7 +281,7 @@ impl Metrics {
                 held.register("memory_keys", "Keys held by the memory store", ConstGauge::new(m.len()));
                 held.register(
                     "memory_charge_ids",
-                    "Charge ids the memory store remembers",
+                    "Charge and credit ids the memory store remembers",
                     ConstGauge::new(m.charge_ids()),
                 );
             }

@@ -31,6 +31,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/check", post(check))
         .route("/v1/lease", post(lease))
         .route("/v1/charge", post(charge))
+        .route("/v1/credit", post(credit))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -188,6 +189,10 @@ async fn lease(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Api
 
 async fn charge(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     decide(&app, Route::Charge, &body).await
+}
+
+async fn credit(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    decide(&app, Route::Credit, &body).await
 }
 
 async fn healthz() -> Response {

@@ -76,6 +76,12 @@ impl StoreLimit {
     pub fn leasable(&self) -> bool {
         !matches!(self.spec, LimitSpec::LeakyBucket { .. })
     }
+
+    /// Whether a credit can give units back to this limit ([`Limit::can_credit`]: not a
+    /// leaky bucket, not a sliding log).
+    pub const fn creditable(&self) -> bool {
+        self.limit.can_credit()
+    }
 }
 
 #[cfg(test)]

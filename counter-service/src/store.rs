@@ -1,13 +1,15 @@
 //! Where counters live: [`MemoryCounters`] (one process) or [`RedisCounters`] (shared by
 //! many service instances). Both run the same algorithms and give the same answers; the
-//! shared behavioural suite in `tests/` holds them to it.
+//! shared behavioural suite in `tests/` holds them to it. Each serves the decision routes
+//! alike: [`CounterStore::check`] (`/v1/check`), [`CounterStore::lease`] (`/v1/lease`),
+//! [`CounterStore::charge`] (`/v1/charge`) and [`CounterStore::credit`] (`/v1/credit`).
 
 pub mod memory;
 pub mod redis;
 
 use shared_store::{Decision, Limit, Nanos};
 
-use crate::api::{ChargePlan, CheckPlan, LeasePlan};
+use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryCounters};
 pub use redis::{RedisConfig, RedisCounters, RedisUrl, Topology};
 
@@ -59,6 +61,25 @@ pub struct ChargeOutcome {
     pub decision: Decision,
 }
 
+/// The outcome of a credit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreditOutcome {
+    /// The units given back: all of them when the credit changed the counter, none when
+    /// there was nothing to give them back to (a full bucket, a window the spend no
+    /// longer counts in, a count already at zero, a key absent or expired); for a
+    /// duplicate, what the first credit with this id gave back.
+    pub credited: u64,
+    /// `units - credited`; for a duplicate, what the first credit with this id forgave.
+    pub forgiven: u64,
+    /// The credit's id was applied before (within `CHARGE_ID_TTL_MS`): nothing was given
+    /// back now, and `credited` and `forgiven` repeat the first answer.
+    pub duplicate: bool,
+    /// The time the credit was made at (Unix ns).
+    pub at: Nanos,
+    /// The limit after the credit: [`shared_store::Limit::status`].
+    pub decision: Decision,
+}
+
 /// Why a store could not decide. Every variant maps to a 503 the filter treats as
 /// "counter service unavailable" and answers with its configured fallback.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -87,12 +108,12 @@ pub enum CounterStoreError {
         /// The configured bound.
         max_keys: usize,
     },
-    /// The memory store remembers its maximum number of charge ids, none expired yet;
-    /// charges with a new id are refused rather than forget an id (which could apply a
-    /// charge twice).
+    /// The memory store remembers its maximum number of charge and credit ids, none
+    /// expired yet; charges and credits with a new id are refused rather than forget an
+    /// id (which could apply a charge or a credit twice).
     #[error(
-        "the memory store remembers its maximum of {max_ids} charge ids, none expired yet; \
-         charges with a new id are refused until some expire"
+        "the memory store remembers its maximum of {max_ids} charge and credit ids, none expired yet; \
+         charges and credits with a new id are refused until some expire"
     )]
     ChargeIdsFull {
         /// The bound.
@@ -175,6 +196,17 @@ impl CounterStore {
         match self {
             Self::Memory(m) => m.charge(plan, at),
             Self::Redis(r) => r.charge(plan, at).await,
+        }
+    }
+
+    /// Gives back unused units at the store's time (`at` overrides it: tests only).
+    ///
+    /// # Errors
+    /// See [`CounterStoreError`].
+    pub async fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
+        match self {
+            Self::Memory(m) => m.credit(plan, at),
+            Self::Redis(r) => r.credit(plan, at).await,
         }
     }
 

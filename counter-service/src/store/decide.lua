@@ -1,8 +1,8 @@
 -- sluice-counter: one atomic decision over one or several counters.
 --
--- Runs shared-store's algorithms (shared-store/src/limit/: decide, charge, status)
--- with exactly the same answers, in Lua doubles: every integer below stays under 2^53
--- for limits inside the numeric envelope the service validates
+-- Runs shared-store's algorithms (shared-store/src/limit/: decide, charge, credit,
+-- status) with exactly the same answers, in Lua doubles: every integer below stays
+-- under 2^53 for limits inside the numeric envelope the service validates
 -- (protocol/src/limit.rs). Times are whole microseconds (Redis TIME);
 -- results are nanoseconds, as in shared-store.
 --
@@ -10,14 +10,17 @@
 -- reads, the decision and the writes below cannot interleave with another decision.
 --
 -- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot). A
---          charge has one entry, and KEYS[2] when it has a charge id: the key that
---          remembers the id with its first answer, "charged forgiven" (same hash tag)
+--          charge or a credit has one entry, and KEYS[2] when it has an id: the key
+--          that remembers the id with its first answer, "charged forgiven" or
+--          "credited forgiven" (same hash tag; charge and credit ids have keys of
+--          their own, see charge_key and credit_key in the service's api.rs)
 -- ARGV[1]  time override in microseconds, "" in production (tests only)
--- ARGV[2]  "check", "lease" or "charge"
--- ARGV[3]  tokens asked for (lease), max_debt (charge), else 0
+-- ARGV[2]  "check", "lease", "charge" or "credit"
+-- ARGV[3]  tokens asked for (lease), max_debt (charge), when the credited units were
+--          spent in us (credit: spent_at_ns / 1000, floored), else 0
 -- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost (for a lease: min_tokens,
---          the fewest worth granting)
--- ARGV[10] a charge: how long its id is remembered, in ms (CHARGE_ID_TTL_MS)
+--          the fewest worth granting; for a credit: the units to give back)
+-- ARGV[10] a charge or a credit: how long its id is remembered, in ms (CHARGE_ID_TTL_MS)
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
 --   fw  fixed window  p1 = limit, p2 = window_ms
@@ -44,10 +47,14 @@
 -- forgiven are the units charged and forgiven, and the entry is the
 -- limit's status after the charge. A charge whose id is remembered is not applied
 -- again: duplicate is 1, granted and forgiven repeat its first answer, and the entry is
--- the limit's status now.
+-- the limit's status now. A credit answers like a charge: granted is the units
+-- credited (all of them when the credit changed the state, else 0 and nothing is
+-- written), forgiven the rest, the entry the limit's status after it; a credit whose
+-- id is remembered is answered again the same way, with duplicate 1.
 --
 -- A charge may leave a counter up to max_debt (<= its capacity) below empty: debt and
--- counts at most double, which keeps every integer below 2^53 within the envelope.
+-- counts at most double, which keeps every integer below 2^53 within the envelope. A
+-- credit only lowers debt and counts.
 
 -- shared_store::MAX_LOG_ENTRIES: the most entries a sliding log holds.
 local MAX_LOG = 256
@@ -377,6 +384,63 @@ local function charge(code, st, now, cost, d, p1, p2, p3)
   return nil, 0, 0 -- a leaky bucket is never charged
 end
 
+-- Credits: (state, now_us, units, spent_us, p1, p2) -> new state (a table in the parsed
+-- form, first field now) and ns until idle, or nil when the credit changes nothing (a
+-- key never seen, a state that does not decode, a full bucket, a window the spend does
+-- not count in, a count already at zero, zero units). shared_store::Limit::credit.
+
+-- GCRA's tat - units * per, never below now: the debt less units tokens, never below 0.
+local function credit_gcra(st, now, units, a, p, burst)
+  if not st or not st[2] then return nil, 0 end
+  local debt = bucket_debt(st, now, a, burst * p)
+  if debt <= 0 or units == 0 then return nil, 0 end
+  local left = 0
+  -- units * p is only formed when it is below the debt (under 2^53)
+  if units < cdiv(debt, p) then left = debt - units * p end
+  return { now, left }, drain(left, a)
+end
+
+-- The window a spend at spent_us counted in (shared-store: spent_at / window, in ns).
+local function spent_window(spent_us, wms)
+  return fdiv(fdiv(spent_us, 1000), wms)
+end
+
+-- Units fewer counted, if the stored window is the one the spend counted in (the
+-- stored window, not now's: shared-store compares with the state as stored).
+local function credit_fixed(st, now, units, spent_us, wms)
+  if not st or not st[4] then return nil, 0 end
+  if st[2] ~= spent_window(spent_us, wms) or st[3] == 0 or units == 0 then return nil, 0 end
+  local now_ms = fdiv(now, 1000)
+  local until_end = ((st[2] + 1) * wms - now_ms) * 1000000 - (now - now_ms * 1000) * 1000
+  if until_end < 0 then until_end = 0 end
+  return { now, st[2], math.max(st[3] - units, 0), st[4] }, until_end
+end
+
+-- Units fewer counted in the stored window if the spend counted in it, or in the one
+-- before it (previous) if the spend counted in that one.
+local function credit_sliding(st, now, units, spent_us, wms)
+  if not st or not st[4] or units == 0 then return nil, 0 end
+  local index, count, previous = st[2], st[3], st[4]
+  local spent_in = spent_window(spent_us, wms)
+  if index == spent_in and count > 0 then
+    count = math.max(count - units, 0)
+  elseif index == spent_in + 1 and previous > 0 then
+    previous = math.max(previous - units, 0)
+  else
+    return nil, 0
+  end
+  local idle = ((index + 2) * wms * 1000 - now) * 1000
+  if idle < 0 then idle = 0 end
+  return { now, index, count, previous }, idle
+end
+
+local function credit(code, st, now, units, spent_us, p1, p2, p3)
+  if code == 'tb' then return credit_gcra(st, now, units, p1, p2, p3) end
+  if code == 'fw' then return credit_fixed(st, now, units, spent_us, p2) end
+  if code == 'sw' then return credit_sliding(st, now, units, spent_us, p2) end
+  return nil, 0 -- a leaky bucket or a sliding log is never credited
+end
+
 -- shared_store::Limit::status: a query, whose verdict is the rejection of one unit
 -- (with its exact wait) when nothing is left.
 local function status(code, st, now, p1, p2, p3, p4)
@@ -454,7 +518,8 @@ local tokens = tonumber(ARGV[3])
 
 local n = #KEYS
 local seen = nil
-if op == 'charge' then
+local remembers = op == 'charge' or op == 'credit'
+if remembers then
   n = 1
   if KEYS[2] then seen = parse(redis.call('GET', KEYS[2])) end
 end
@@ -507,10 +572,19 @@ for i = 1, n do
         state = nil
       end
     end
-  elseif op == 'charge' and seen then
+  elseif remembers and seen then
     granted, forgiven = seen[1] or 0, seen[2] or 0
     reply[5] = 1
     v, limit, remaining, reset, wait = status(code, st, now, p1, p2, p3, p4)
+  elseif op == 'credit' then
+    local credited_st, credited_idle = credit(code, st, now, cost, tokens, p1, p2, p3)
+    local after = st
+    if credited_st then
+      after, granted, idle = credited_st, cost, credited_idle
+      state = serialize(credited_st)
+    end
+    forgiven = cost - granted
+    v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
   elseif op == 'charge' then
     local charged_st, c, charged_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
     local after = st
@@ -535,11 +609,11 @@ for i = 1, n do
   reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait
 end
 
-if op == 'lease' or op == 'charge' then
+if op == 'lease' or remembers then
   reply[4] = granted
   admitted = granted > 0
 end
-if op == 'charge' then
+if remembers then
   reply[6] = forgiven
   if KEYS[2] and not seen then
     redis.call('SET', KEYS[2], fmt(granted) .. ' ' .. fmt(forgiven), 'PX', ARGV[10])

@@ -17,13 +17,14 @@
 //!   is full of active keys, a check that needs a *new* key there is refused with
 //!   [`CounterStoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
 //!   active key is ever evicted, since evicting one would silently reset a client.
-//! * **Charge ids.** A charge with an id is remembered with its answer for
-//!   [`CHARGE_ID_TTL_MS`], in the shard of its counter, so that the same charge sent
-//!   again is answered again instead of applied again. At most `max_charge_ids` are
-//!   remembered (split evenly over the shards); expired ones are dropped by the sweep
-//!   and by a full shard, and when a shard still holds only live ones, charges with a
-//!   new id there are refused ([`CounterStoreError::ChargeIdsFull`], 503 `store_full`) rather
-//!   than forget an id.
+//! * **Charge and credit ids.** A charge or a credit with an id is remembered with its
+//!   answer for [`CHARGE_ID_TTL_MS`], in the shard of its counter, so that the same
+//!   charge or credit sent again is answered again instead of applied again (a credit id
+//!   under its [`crate::api::credit_key`], so it never meets a charge id). At most
+//!   `max_charge_ids` ids of both kinds together are remembered (split evenly over the
+//!   shards); expired ones are dropped by the sweep and by a full shard, and when a shard
+//!   still holds only live ones, charges and credits with a new id there are refused
+//!   ([`CounterStoreError::ChargeIdsFull`], 503 `store_full`) rather than forget an id.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -34,8 +35,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use shared_store::{Clock, Decision, Limit, Nanos, State};
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
-use super::{ChargeOutcome, CheckOutcome, CounterStoreError, LeaseOutcome, decide_lease, lease_life};
-use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
+use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome, decide_lease, lease_life};
+use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
 
 /// How long a shard that was found full of active keys is not swept again.
 const FULL_RECHECK: Nanos = Nanos::from_millis(100);
@@ -47,7 +48,8 @@ pub struct MemoryConfig {
     pub shards: usize,
     /// Most keys held at once.
     pub max_keys: usize,
-    /// Most charge ids remembered at once (each for [`CHARGE_ID_TTL_MS`]).
+    /// Most charge and credit ids remembered at once, together (each for
+    /// [`CHARGE_ID_TTL_MS`]).
     pub max_charge_ids: usize,
 }
 
@@ -127,10 +129,11 @@ impl Slot {
     }
 }
 
-/// What a charge with an id answered, remembered until `until`.
+/// What a charge or a credit with an id answered, remembered until `until`.
 #[derive(Clone, Copy, Debug)]
 struct Remembered {
-    charged: u64,
+    /// Units charged, or credited.
+    applied: u64,
     forgiven: u64,
     until: Nanos,
 }
@@ -140,7 +143,8 @@ struct Shard {
     map: HashMap<String, Slot>,
     /// Until then, the shard is known to be full of active keys.
     full_until: Nanos,
-    /// Charge ids applied to this shard's counters, by [`crate::api::charge_key`].
+    /// Charge and credit ids applied to this shard's counters, by
+    /// [`crate::api::charge_key`] and [`crate::api::credit_key`].
     charges: HashMap<String, Remembered>,
 }
 
@@ -157,9 +161,34 @@ impl Shard {
         self.charges.retain(|_, remembered| remembered.until > now);
     }
 
-    /// The first answer of a charge id still remembered at `now`.
-    fn remembered(&self, charge_key: &str, now: Nanos) -> Option<Remembered> {
-        self.charges.get(charge_key).copied().filter(|r| r.until > now)
+    /// The first answer of a charge or credit id still remembered at `now`.
+    fn remembered(&self, id_key: &str, now: Nanos) -> Option<Remembered> {
+        self.charges.get(id_key).copied().filter(|r| r.until > now)
+    }
+
+    /// Whether the id under `id_key` can be remembered at `now` by a shard that holds at
+    /// most `max` ids: it is there already, or there is room (once expired ids are
+    /// dropped, when the shard holds `max`).
+    fn has_room(&mut self, id_key: &str, now: Nanos, max: usize) -> bool {
+        if self.charges.len() < max || self.charges.contains_key(id_key) {
+            return true;
+        }
+        self.forget_expired(now);
+        self.charges.len() < max
+    }
+
+    /// Remembers the answer (`applied`, `forgiven`) of the id under `id_key`, from `now`.
+    fn remember(&mut self, id_key: &str, (applied, forgiven): (u64, u64), now: Nanos) {
+        let until = now.saturating_add(Nanos::from_millis(CHARGE_ID_TTL_MS));
+        self.charges.insert(id_key.to_owned(), Remembered { applied, forgiven, until });
+    }
+
+    /// The time a decision on `entry` is made at, `now` or the key's latest time if later,
+    /// and the key's state under the entry's limit then (`None` for a key not held).
+    fn state_at(&self, entry: &PlannedEntry, now: Nanos) -> (Nanos, Option<Cow<'_, State>>) {
+        let slot = self.map.get(&entry.storage_key);
+        let at = slot.map_or(now, |s| s.last.max(now));
+        (at, slot.map(|s| s.state_under(&entry.limit.limit, at)))
     }
 }
 
@@ -234,7 +263,8 @@ impl MemoryCounters {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
-    /// Number of charge ids remembered (expired ones included until the next sweep).
+    /// Number of charge and credit ids remembered (expired ones included until the next
+    /// sweep).
     pub fn charge_ids(&self) -> usize {
         self.shards.iter().map(|s| lock(s).charges.len()).sum()
     }
@@ -244,8 +274,8 @@ impl MemoryCounters {
         self.len() == 0
     }
 
-    /// Drops every idle key and every expired charge id; returns how many keys were
-    /// dropped.
+    /// Drops every idle key and every expired charge or credit id; returns how many keys
+    /// were dropped.
     pub fn sweep(&self, at: Option<Nanos>) -> usize {
         let now = at.unwrap_or_else(|| self.now());
         self.shards.iter().map(|s| lock(s).sweep(now)).sum()
@@ -384,44 +414,100 @@ impl MemoryCounters {
     /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its shard remembers as many
     /// live ids as it may.
     pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
-        let entries = [&plan.entry];
-        let shard = self.shard_of(&plan.entry.storage_key);
+        let entry = &plan.entry;
+        let shard = self.shard_of(&entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        if let Some(charge_key) = &plan.charge_key
-            && let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard)
-        {
-            if let Some(first) = guard.remembered(charge_key, now) {
-                let slot = guard.map.get(&plan.entry.storage_key);
-                let decided_at = slot.map_or(now, |s| s.last.max(now));
-                let limit = &plan.entry.limit.limit;
-                let decision = limit.status(slot.map(|s| s.state_under(limit, decided_at)).as_deref(), decided_at);
-                let (charged, forgiven) = (first.charged, first.forgiven);
-                return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
-            }
-            if guard.charges.len() >= self.ids_per_shard && !guard.charges.contains_key(charge_key) {
-                guard.forget_expired(now);
-                if guard.charges.len() >= self.ids_per_shard {
-                    return Err(CounterStoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
-                }
-            }
+        if let Some(first) = self.recall(&mut guards, plan.charge_key.as_deref(), now)? {
+            let decision = Self::status_now(&guards, entry, now);
+            let (charged, forgiven) = (first.applied, first.forgiven);
+            return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
         }
-        let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&plan.entry.storage_key));
-        let decided_at = slot.map_or(now, |s| s.last.max(now));
-        let limit = &plan.entry.limit.limit;
-        let adopted = slot.map(|s| s.state_under(limit, decided_at));
-        let (next, charged) = limit.charge(adopted.as_deref(), decided_at, plan.entry.cost, plan.max_debt);
-        let decision = limit.status(Some(&next), decided_at);
+        let (decided_at, state) = Self::state_at(&guards, entry, now);
+        let (next, charged) = entry.limit.limit.charge(state.as_deref(), decided_at, entry.cost, plan.max_debt);
+        let decision = entry.limit.limit.status(Some(&next), decided_at);
         let pending = vec![Pending { shard, decision, next: (charged > 0).then_some(next), at: decided_at }];
-        self.reserve(&mut guards, &entries, &pending, now)?;
-        Self::apply(&mut guards, &entries, pending);
-        let forgiven = plan.entry.cost.saturating_sub(charged);
-        if let Some(charge_key) = &plan.charge_key
-            && let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard)
-        {
-            let until = now.saturating_add(Nanos::from_millis(CHARGE_ID_TTL_MS));
-            guard.charges.insert(charge_key.clone(), Remembered { charged, forgiven, until });
-        }
+        self.reserve(&mut guards, &[entry], &pending, now)?;
+        Self::apply(&mut guards, &[entry], pending);
+        let forgiven = entry.cost.saturating_sub(charged);
+        Self::remember(&mut guards, plan.charge_key.as_deref(), (charged, forgiven), now);
         Ok(ChargeOutcome { charged, forgiven, duplicate: false, at: now, decision })
+    }
+
+    /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, at `at` (default: the
+    /// store's clock), on the key's state as it stands ([`shared_store::Limit::credit`],
+    /// after carrying the state over to the plan's numbers if it was decided under others).
+    /// All of them are credited when that changes the state, which is then written; none
+    /// when it does not (a full bucket, a window the spend no longer counts in, a count
+    /// at zero, a key not held), and nothing is written. A credit whose id is remembered
+    /// is not applied again: its first answer is repeated, with the limit's status now.
+    ///
+    /// # Errors
+    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its shard remembers as
+    /// many live ids as it may.
+    pub fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
+        let entry = &plan.entry;
+        let shard = self.shard_of(&entry.storage_key);
+        let mut guards = self.lock_all(&[shard]);
+        let now = at.unwrap_or_else(|| self.now());
+        if let Some(first) = self.recall(&mut guards, plan.credit_key.as_deref(), now)? {
+            let decision = Self::status_now(&guards, entry, now);
+            let (credited, forgiven) = (first.applied, first.forgiven);
+            return Ok(CreditOutcome { credited, forgiven, duplicate: true, at: now, decision });
+        }
+        let limit = &entry.limit.limit;
+        let (decided_at, state) = Self::state_at(&guards, entry, now);
+        let state = state.as_deref();
+        let next = state
+            .and_then(|s| limit.credit(s, plan.spent_at, decided_at, entry.cost))
+            .filter(|next| Some(next) != state);
+        let decision = limit.status(next.as_ref().or(state), decided_at);
+        let credited = if next.is_some() { entry.cost } else { 0 };
+        // A credit writes only a key that exists: no new key, nothing to reserve.
+        Self::apply(&mut guards, &[entry], vec![Pending { shard, decision, next, at: decided_at }]);
+        let forgiven = entry.cost - credited;
+        Self::remember(&mut guards, plan.credit_key.as_deref(), (credited, forgiven), now);
+        Ok(CreditOutcome { credited, forgiven, duplicate: false, at: now, decision })
+    }
+
+    /// The first answer of the id under `id_key` (charge or credit), when it is
+    /// remembered in the locked shard; `None` when there is no id or it is new (and
+    /// there is room to remember it).
+    fn recall(
+        &self,
+        guards: &mut [(usize, MutexGuard<'_, Shard>)],
+        id_key: Option<&str>,
+        now: Nanos,
+    ) -> Result<Option<Remembered>, CounterStoreError> {
+        let (Some(id_key), Some((_, guard))) = (id_key, guards.first_mut()) else { return Ok(None) };
+        if let Some(first) = guard.remembered(id_key, now) {
+            return Ok(Some(first));
+        }
+        if !guard.has_room(id_key, now, self.ids_per_shard) {
+            return Err(CounterStoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
+        }
+        Ok(None)
+    }
+
+    /// Remembers the answer of the id under `id_key`, if there is one, in the locked shard.
+    fn remember(guards: &mut [(usize, MutexGuard<'_, Shard>)], id_key: Option<&str>, answer: (u64, u64), now: Nanos) {
+        if let (Some(id_key), Some((_, guard))) = (id_key, guards.first_mut()) {
+            guard.remember(id_key, answer, now);
+        }
+    }
+
+    /// [`Shard::state_at`] in the one locked shard of a charge or a credit.
+    fn state_at<'a>(
+        guards: &'a [(usize, MutexGuard<'_, Shard>)],
+        entry: &PlannedEntry,
+        now: Nanos,
+    ) -> (Nanos, Option<Cow<'a, State>>) {
+        guards.first().map_or((now, None), |(_, guard)| guard.state_at(entry, now))
+    }
+
+    /// The limit's status now ([`Limit::status`]), as a duplicate answers it.
+    fn status_now(guards: &[(usize, MutexGuard<'_, Shard>)], entry: &PlannedEntry, now: Nanos) -> Decision {
+        let (at, state) = Self::state_at(guards, entry, now);
+        entry.limit.limit.status(state.as_deref(), at)
     }
 }

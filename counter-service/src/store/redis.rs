@@ -2,8 +2,8 @@
 //! Redis node.
 //!
 //! * **Atomic.** The script reads every counter of a check, decides with Redis' own
-//!   clock (`TIME`), and writes only if all admit. Leases and charges are one key each,
-//!   decided and written in the same script. All keys of one check share a hash
+//!   clock (`TIME`), and writes only if all admit. Leases, charges and credits are one
+//!   key each, decided and written in the same script. All keys of one check share a hash
 //!   tag, so on Redis Cluster they live in one slot and the script runs on its owner.
 //! * **Exact.** The script reproduces `shared-store`'s integer algorithms in Lua doubles
 //!   within the numeric envelope of `sluice-protocol`.
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use shared_store::Nanos;
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
-use super::{ChargeOutcome, CheckOutcome, CounterStoreError, LeaseOutcome};
-use crate::api::{ChargePlan, CheckPlan, LeasePlan, PlannedEntry};
+use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome};
+use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
 use pool::{Client, Conn, Slot};
 pub use script::SCRIPT;
 use script::{Reply, parse_reply};
@@ -184,6 +184,34 @@ impl RedisCounters {
         })
     }
 
+    /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, in one script (see
+    /// [`super::MemoryCounters::credit`] for what is credited); a credit with an id is
+    /// remembered (with its answer) in the same script, under its credit key with a TTL
+    /// of `CHARGE_ID_TTL_MS`, and not applied again while it is.
+    ///
+    /// # Errors
+    /// See [`CounterStoreError`].
+    pub async fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
+        let mut keys = vec![plan.entry.storage_key.as_str()];
+        keys.extend(plan.credit_key.as_deref());
+        let spent_us = spent_at_us(plan.spent_at);
+        let mut args = Self::script_args("credit", spent_us, &[(&plan.entry, plan.entry.cost)], at);
+        args.push(CHARGE_ID_TTL_MS.to_string());
+        let reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
+        let decision = reply
+            .decisions
+            .into_iter()
+            .next()
+            .ok_or_else(|| CounterStoreError::Protocol("credit reply without a decision".into()))?;
+        Ok(CreditOutcome {
+            credited: reply.granted,
+            forgiven: reply.forgiven,
+            duplicate: reply.duplicate,
+            at: reply.at,
+            decision,
+        })
+    }
+
     /// `PING` within the deadline.
     ///
     /// # Errors
@@ -217,9 +245,26 @@ impl RedisCounters {
     }
 }
 
+/// The latest time the script takes exactly: 2^53 - 1 microseconds (the year 2255).
+const LAST_EXACT_US: u64 = (1 << 53) - 1;
+
+/// When a credit's units were spent, as the script reads it: whole microseconds (floored),
+/// at most [`LAST_EXACT_US`]. The cap changes no answer: a spend that late counts in no
+/// window a counter holds (Redis' clock stays below it until 2255), and a bucket's credit
+/// does not read it.
+fn spent_at_us(spent_at: Nanos) -> u64 {
+    (spent_at.as_u64() / 1000).min(LAST_EXACT_US)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_credit_tells_the_script_when_its_units_were_spent_in_whole_microseconds_it_reads_exactly() {
+        assert_eq!(spent_at_us(Nanos(1_750_000_000_123_456_789)), 1_750_000_000_123_456);
+        assert_eq!(spent_at_us(Nanos(u64::MAX)), LAST_EXACT_US);
+    }
 
     #[test]
     fn a_bad_redis_url_is_refused_without_its_password() {

@@ -132,6 +132,59 @@ async fn a_charge_answers_what_it_spent_what_it_forgave_and_the_limit_after_it_o
 }
 
 #[tokio::test]
+async fn a_credit_answers_what_it_gave_back_what_it_forgave_and_the_limit_after_it() {
+    let _shared = crate::support::HEAVY.read().await;
+    for protocol in PROTOCOLS {
+        a_credit_answers_what_it_gave_back_what_it_forgave_and_the_limit_after_it_over(protocol).await;
+    }
+}
+
+async fn a_credit_answers_what_it_gave_back_what_it_forgave_and_the_limit_after_it_over(
+    protocol: crate::support::Protocol,
+) {
+    let (running, _) = start(Config::defaults()).await;
+    let http = Http::with(running.addr, protocol);
+    let (_, spent) =
+        http.post("/v1/check", &json!({"entries": [{"key": "route", "limit": probe_limit(), "cost": 8}]})).await;
+    let spent_at = spent["at_ns"].as_u64().expect("at_ns");
+    let credit = |units: u64, id: &str| json!({"key": "route", "units": units, "spent_at_ns": spent_at, "credit_id": id, "limit": probe_limit()});
+
+    let (status, first) = http.post("/v1/credit", &credit(5, "r-1")).await;
+    let (_, again) = http.post("/v1/credit", &credit(5, "r-1")).await;
+    let (_, to_full) = http.post("/v1/credit", &credit(9, "r-2")).await;
+    let (_, full) = http.post("/v1/credit", &credit(4, "r-3")).await;
+    let (_, metrics) = http.get("/metrics").await;
+
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        (first["credited"].as_u64(), first["forgiven"].as_u64(), first["duplicate"].as_bool()),
+        (Some(5), Some(0), Some(false)),
+        "{first}"
+    );
+    assert!(first["at_ns"].as_u64().expect("at_ns") >= spent_at, "{first}");
+    let entry = &first["entry"];
+    assert_eq!(
+        (entry["verdict"].as_str(), entry["remaining"].as_u64(), entry["limit"].as_u64()),
+        (Some("allowed"), Some(7), Some(10)),
+        "8 spent, 5 given back: {first}"
+    );
+    assert_eq!((again["credited"].as_u64(), again["duplicate"].as_bool()), (Some(5), Some(true)), "{again}");
+    assert_eq!(again["entry"]["remaining"], 7, "given back once: {again}");
+    assert_eq!((to_full["credited"].as_u64(), to_full["entry"]["remaining"].as_u64()), (Some(9), Some(10)));
+    assert_eq!((full["credited"].as_u64(), full["forgiven"].as_u64()), (Some(0), Some(4)), "full: {full}");
+    for line in [
+        "sluice_counter_credits_total 3",
+        "sluice_counter_credited_tokens_total 14",
+        "sluice_counter_credit_forgiven_tokens_total 4",
+        "sluice_counter_duplicate_credits_total 1",
+        "sluice_counter_charges_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn health_readiness_and_metrics_are_served() {
     let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;

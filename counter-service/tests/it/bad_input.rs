@@ -240,6 +240,62 @@ pub fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static st
             400,
             "unknown_field",
         ),
+        (
+            "credit of a leaky bucket",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0,
+                   "limit": {"algorithm": "leaky_bucket", "amount": 1, "per_ms": 1000, "max_queue": 5, "max_wait_ms": 100}})
+            .to_string(),
+            400,
+            "not_creditable",
+        ),
+        (
+            "credit of a sliding log",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0,
+                   "limit": {"algorithm": "sliding_log", "limit": 5, "window_ms": 1000}})
+            .to_string(),
+            400,
+            "not_creditable",
+        ),
+        (
+            "credit above 2^40",
+            "/v1/credit",
+            json!({"key": "probe", "units": (1_u64 << 40) + 1, "spent_at_ns": 0, "limit": probe_limit()}).to_string(),
+            400,
+            "outside_envelope",
+        ),
+        (
+            "credit without when its units were spent",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "limit": probe_limit()}).to_string(),
+            400,
+            "missing_field",
+        ),
+        (
+            "credit with an id holding a space",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "credit_id": "a b", "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_credit_id",
+        ),
+        (
+            "credit with an id longer than 64 bytes",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "credit_id": "x".repeat(65), "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_credit_id",
+        ),
+        (
+            "credit with a charge's fields",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "charge_id": "a", "limit": probe_limit()})
+                .to_string(),
+            400,
+            "unknown_field",
+        ),
         ("unknown route", "/v2/check", json!({"entries": [probe]}).to_string(), 404, "not_found"),
     ]
 }
@@ -267,6 +323,9 @@ async fn every_class_of_bad_input_gets_its_4xx(addr: std::net::SocketAddr, keys:
             );
             let message = got["error"]["message"].as_str().unwrap_or_default();
             assert!(message.len() > 10, "{what}: the message says what is wrong: {got}");
+            if code == "not_creditable" {
+                assert!(message.starts_with("limit.algorithm: "), "{what}: the message names the field: {got}");
+            }
             assert_eq!(probe_remaining(http).await, remaining, "{what} changed a counter");
             assert_eq!(keys(), key_count, "{what} created a key");
             answers.push((got_status, got));

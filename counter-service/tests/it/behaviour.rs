@@ -4,7 +4,8 @@
 //! (computed by hand from the algorithms' definitions). Time is set by each call (the
 //! stores' test override, or the service's clock), so nothing sleeps.
 //!
-//! This file holds the checks; `behaviour/spending.rs` the leases and charges.
+//! This file holds the checks; `behaviour/spending.rs` the leases and charges,
+//! `behaviour/crediting.rs` the credits.
 
 use shared_store::{Nanos, Verdict};
 use sluice_protocol::EntryRequest;
@@ -280,6 +281,7 @@ macro_rules! on_every_store {
     )*};
 }
 
+mod crediting;
 mod spending;
 
 on_every_store!(

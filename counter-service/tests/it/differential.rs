@@ -3,20 +3,24 @@
 //! inside the numeric envelope, random times (including exact retry-after instants, one
 //! microsecond before them, long idle gaps and backward steps) and random costs, checks,
 //! leases (with minimums) and charges (which push counters below empty, so checks and
-//! leases also run on states in debt; with charge ids, sent again), and policies whose
-//! numbers or algorithm change mid-sequence on one key (carried over by `Limit::adopt` in
-//! both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
+//! leases also run on states in debt; with charge ids, sent again), credits (of units
+//! spent at an earlier step's time, the current or a past window's, or at no time the
+//! counter holds; with credit ids, sent again, some with the text of a charge id), and
+//! policies whose numbers or algorithm change mid-sequence on one key (carried over by
+//! `Limit::adopt` in both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
 //! its minimum, the wait until the minimum could be granted again.
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::StoreLimit;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
 
-use sluice_counter::api::ChargePlan;
+use sluice_counter::api::{ChargePlan, CreditPlan};
 use sluice_counter::store::lease_life;
 use sluice_testkit::rng::Rng;
 
-use crate::support::{RedisServer, charge_request, entry, lease_plan_at_least, plan, redis_store, t_us};
+use crate::support::{
+    RedisServer, charge_request, credit_request, entry, lease_plan_at_least, plan, redis_store, t_us,
+};
 
 /// The `ttl_ms` of `support::lease_request`.
 const LEASE_TTL_MS: u64 = 1000;
@@ -84,14 +88,15 @@ fn changed_spec(rng: &mut Rng, spec: LimitSpec) -> LimitSpec {
 }
 
 /// What the reference keeps per key, as the memory store does: shared-store's state, the
-/// limit it was written under, the latest decision time, and the charge ids applied
-/// with their answers (charged, forgiven).
+/// limit it was written under, the latest decision time, and the charge and credit ids
+/// applied with their answers (charged or credited, forgiven), each kind apart.
 #[derive(Default)]
 struct Reference {
     state: Option<State>,
     limit: Option<Limit>,
     last: Nanos,
     charge_ids: std::collections::HashMap<String, (u64, u64)>,
+    credit_ids: std::collections::HashMap<String, (u64, u64)>,
 }
 
 impl Reference {
@@ -175,6 +180,55 @@ impl Reference {
     }
 }
 
+impl Reference {
+    /// What the memory store does: `Limit::credit` at the key's latest time on the state
+    /// under `limit`; all `units` are credited when that changes the state (then written),
+    /// none otherwise (nothing written); the status after it. A credit id seen before
+    /// answers its first (credited, forgiven) again, with the status now. Returns
+    /// (credited, forgiven, duplicate, status).
+    fn credit(
+        &mut self,
+        limit: &Limit,
+        now: Nanos,
+        (units, spent_at): (u64, Nanos),
+        id: Option<&str>,
+    ) -> (u64, u64, bool, Decision) {
+        let at = now.max(self.last);
+        let state = self.state_under(limit, at);
+        if let Some(&(credited, forgiven)) = id.and_then(|id| self.credit_ids.get(id)) {
+            return (credited, forgiven, true, limit.status(state.as_ref(), at));
+        }
+        let next = state
+            .as_ref()
+            .and_then(|s| limit.credit(s, spent_at, at, units))
+            .filter(|next| Some(next) != state.as_ref());
+        let status = limit.status(next.as_ref().or(state.as_ref()), at);
+        let credited = if next.is_some() { units } else { 0 };
+        if let Some(next) = next {
+            self.write(limit, next, at);
+        }
+        if let Some(id) = id {
+            self.credit_ids.insert(id.to_owned(), (credited, units - credited));
+        }
+        (credited, units - credited, false, status)
+    }
+}
+
+/// When a credit's units were spent: an earlier step's time (often the last), give or
+/// take less than a microsecond or a window; now; or a time no counter holds.
+fn spent_at(rng: &mut Rng, times: &[u64], now_us: i64, period_us: u64) -> Nanos {
+    let recent = times.len().saturating_sub(1 + rng.below(4) as usize);
+    let earlier_us = times.get(recent).copied().unwrap_or(now_us as u64);
+    match rng.below(10) {
+        0 => Nanos(t_us(earlier_us).as_u64() + rng.below(1000)),
+        1 => t_us(earlier_us.saturating_sub(period_us)),
+        2 => t_us(now_us as u64),
+        3 if rng.chance(50) => Nanos(u64::MAX),
+        3 => Nanos(0),
+        _ => t_us(earlier_us),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_times_and_costs() {
     let _shared = crate::support::HEAVY.read().await;
@@ -191,6 +245,9 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut changes = 0u64;
     let mut refills = 0u64;
     let mut leases = 0u64;
+    let mut credits = 0u64;
+    let mut credited = 0u64;
+    let mut credit_duplicates = 0u64;
 
     for case in 0..cases {
         let mut spec = random_spec(&mut rng);
@@ -200,6 +257,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
         let mut now_us: i64 = rng.below(86_400_000_000_000) as i64;
         let mut last =
             Decision { verdict: shared_store::Verdict::Allowed, limit: 0, remaining: 0, reset_after: Nanos::ZERO };
+        let mut times: Vec<u64> = Vec::new();
         for step in 0..40 {
             // The key's policy changes mid-sequence, without a version bump: other
             // numbers of its algorithm, or another algorithm.
@@ -211,7 +269,38 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
             now_us = (now_us + step_us(&mut rng, &policy, &last)).max(0);
             let now = t_us(now_us as u64);
             let context = || format!("seed {seed:#x} case {case} step {step}: {spec:?} at {now_us} us");
-            if policy.leasable() && rng.chance(15) {
+            if policy.creditable() && rng.chance(20) {
+                // Up to twice the capacity, sometimes the most a credit may give back.
+                let units =
+                    if rng.chance(5) { sluice_protocol::MAX_AMOUNT } else { rng.below(2 * policy.capacity() + 1) };
+                let period_us = policy.limit.period().as_u64() / 1000;
+                let spent = spent_at(&mut rng, &times, now_us, period_us);
+                // Half the credits carry an id: a third of those one already applied, some
+                // the text of a charge id (another namespace: not a duplicate).
+                let ids_so_far = reference.credit_ids.len() as u64;
+                let id = match rng.below(6) {
+                    0 if ids_so_far > 0 => Some(format!("c{}", rng.below(ids_so_far))),
+                    1 => Some(format!("c{ids_so_far}")),
+                    2 => Some(format!("c{}", reference.charge_ids.len())),
+                    _ => None,
+                };
+                let expected = reference.credit(&policy.limit, now, (units, spent), id.as_deref());
+                let request = credit_request(&tag, "k", spec, (units, spent), id.as_deref());
+                let got = store
+                    .credit(&CreditPlan::new(&request).expect("a valid credit"), Some(now))
+                    .await
+                    .expect("redis answers");
+                assert_eq!(
+                    (got.credited, got.forgiven, got.duplicate, got.decision),
+                    expected,
+                    "credit of {units} spent at {spent}, id {id:?}: {}",
+                    context()
+                );
+                credits += 1;
+                credited += u64::from(expected.0 > 0 && !expected.2);
+                credit_duplicates += u64::from(expected.2);
+                last = expected.3;
+            } else if policy.leasable() && rng.chance(15) {
                 // From nothing to three times the capacity, and debt bounds from none to the most allowed.
                 let cost = rng.below(3 * policy.capacity() + 1);
                 let max_debt = if rng.chance(20) { policy.capacity() } else { rng.below(policy.capacity() + 1) };
@@ -269,6 +358,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                 }
                 last = expected;
             }
+            times.push(now_us as u64);
             compared += 1;
         }
     }
@@ -278,5 +368,8 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     assert!(changes > cases * 2, "policies must change mid-sequence often: {changes} in {cases} cases");
     assert!(duplicates > charges / 20, "charges must be sent again with their id often: {duplicates} of {charges}");
     assert!(refills > leases / 10, "leases must leave less than their minimum often: {refills} of {leases}");
+    assert!(credited > credits / 5, "credits must give back often: {credited} of {credits}");
+    assert!(credits - credited - credit_duplicates > credits / 10, "and find nothing to give back often");
+    assert!(credit_duplicates > credits / 20, "credits must be sent again with their id often");
     redis.assert_every_key_has_a_ttl();
 }

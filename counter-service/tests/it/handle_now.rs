@@ -29,9 +29,12 @@ fn requests() -> Vec<(&'static str, String, Option<String>, String)> {
     let check = json!({"tag": "t", "entries": [{"key": "a", "limit": bucket}, {"key": "b", "limit": window}]});
     let lease = json!({"key": "l", "tokens": 2, "min_tokens": 2, "ttl_ms": 500, "limit": bucket});
     let charge = json!({"key": "a", "cost": 2, "max_debt": 1, "charge_id": "c-1", "limit": bucket, "tag": "t"});
+    let spent_at = t_us(0).as_u64();
+    let credit =
+        json!({"key": "a", "units": 1, "spent_at_ns": spent_at, "credit_id": "c-1", "limit": bucket, "tag": "t"});
     let right = Some(format!("Bearer {TOKEN}"));
     let mut requests = Vec::new();
-    for body in [&check, &check, &check, &lease, &lease, &charge, &charge] {
+    for body in [&check, &check, &check, &lease, &lease, &charge, &charge, &credit, &credit] {
         requests.push(("POST", "/v1/".to_owned() + route_of(body), right.clone(), body.to_string()));
     }
     requests.push(("GET", "/v1/check".to_owned(), right.clone(), String::new()));
@@ -49,6 +52,8 @@ fn route_of(body: &serde_json::Value) -> &'static str {
         "check"
     } else if body.get("tokens").is_some() {
         "lease"
+    } else if body.get("units").is_some() {
+        "credit"
     } else {
         "charge"
     }
@@ -56,7 +61,8 @@ fn route_of(body: &serde_json::Value) -> &'static str {
 
 /// The lines of `/metrics` both paths must agree on (not latency or connections).
 fn decision_metrics(rendered: &str) -> Vec<String> {
-    let kept = ["decisions", "leases", "leased", "charges", "charged", "forgiven", "duplicate", "unauthorized"];
+    let kept =
+        ["decisions", "leases", "leased", "charges", "charged", "forgiven", "credit", "duplicate", "unauthorized"];
     rendered
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -93,6 +99,8 @@ async fn the_same_answers_as_http(config: Config) {
 
     assert_eq!(simulated_metrics, over_http);
     assert!(over_http.iter().any(|l| l == "sluice_counter_duplicate_charges_total 1"), "{over_http:#?}");
+    assert!(over_http.iter().any(|l| l == "sluice_counter_duplicate_credits_total 1"), "{over_http:#?}");
+    assert!(over_http.iter().any(|l| l == "sluice_counter_credited_tokens_total 1"), "{over_http:#?}");
     running.stop().await.expect("clean stop");
 }
 

@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use shared_store::Verdict;
-use sluice_counter::api::ChargePlan;
+use sluice_counter::api::{ChargePlan, CreditPlan};
 use sluice_counter::config::Config;
 use sluice_counter::store::{CounterStore, CounterStoreError, MemoryConfig, MemoryCounters, Topology};
 use sluice_protocol::{CHARGE_ID_TTL_MS, LimitSpec};
@@ -74,6 +74,68 @@ async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_
     assert!(first_again.duplicate, "a remembered id is still answered as a duplicate");
     assert_eq!((without_id.charged, without_id.duplicate), (1, false), "a charge without an id needs no room");
     assert_eq!(once_the_first_two_expired.map(|o| (o.charged, o.duplicate)), Ok((1, false)));
+}
+
+#[tokio::test]
+async fn credit_ids_count_against_the_memory_stores_bound_on_ids_with_charge_ids() {
+    let _shared = crate::support::HEAVY.read().await;
+    let store = CounterStore::Memory(MemoryCounters::new(MemoryConfig { shards: 1, max_keys: 100, max_charge_ids: 2 }));
+    let charge = ChargePlan::new(&charge_request("t", "a", bucket(), (3, 0), Some("1"))).expect("a valid charge");
+    let credit = |id: Option<&str>| {
+        CreditPlan::new(&credit_request("t", "a", bucket(), (1, t_us(0)), id)).expect("a valid credit")
+    };
+    let ttl_us = CHARGE_ID_TTL_MS * 1000;
+    store.charge(&charge, Some(t_us(0))).await.expect("remembered");
+    store.credit(&credit(Some("1")), Some(t_us(0))).await.expect("remembered beside the charge id");
+
+    let third = store.credit(&credit(Some("3")), Some(t_us(1))).await;
+    let first_again = store.credit(&credit(Some("1")), Some(t_us(1))).await.expect("answered");
+    let without_id = store.credit(&credit(None), Some(t_us(1))).await.expect("applied");
+    let once_both_expired = store.credit(&credit(Some("3")), Some(t_us(ttl_us))).await;
+
+    assert_eq!(third, Err(CounterStoreError::ChargeIdsFull { max_ids: 2 }));
+    assert_eq!((first_again.credited, first_again.duplicate), (1, true));
+    assert_eq!((without_id.credited, without_id.duplicate), (1, false), "a credit without an id needs no room");
+    // By then the bucket has long been full again: nothing to give back, but the id is new.
+    assert_eq!(once_both_expired.map(|o| (o.credited, o.duplicate)), Ok((0, false)));
+}
+
+#[tokio::test]
+async fn a_credit_id_is_remembered_on_redis_under_a_key_of_its_own_beside_its_counter() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let store = redis_store(&redis);
+    let charge = ChargePlan::new(&charge_request("t", "k", bucket(), (3, 0), Some("x"))).expect("a valid charge");
+    let credit = |key: &str| {
+        CreditPlan::new(&credit_request("t", key, bucket(), (2, t_us(0)), Some("x"))).expect("a valid credit")
+    };
+    store.charge(&charge, None).await.expect("charged");
+    let before: String = redis.cmd(&["GET", "sluice:{t}:v0:k"]);
+
+    let credited = store.credit(&credit("k"), None).await.expect("credited");
+    let after: String = redis.cmd(&["GET", "sluice:{t}:v0:k"]);
+    let never_seen = store.credit(&credit("never"), None).await.expect("answered");
+    let remembered: String = redis.cmd(&["GET", "sluice:{t}:credit:1:x:v0:k"]);
+    let keys = redis.limiter_keys();
+
+    assert_eq!((credited.credited, credited.duplicate), (2, false));
+    assert_ne!(before, after, "the counter was written");
+    assert_eq!(remembered, "2 0", "credited and forgiven");
+    assert_eq!((never_seen.credited, never_seen.forgiven), (0, 2));
+    let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    for key in [
+        "sluice:{t}:v0:k",
+        "sluice:{t}:charge:1:x:v0:k",
+        "sluice:{t}:credit:1:x:v0:k",
+        "sluice:{t}:credit:1:x:v0:never",
+    ] {
+        assert!(names.contains(&key), "{key} in {names:?}");
+    }
+    assert_eq!(keys.len(), 4, "a credit with nothing to give back writes no counter: {names:?}");
+    for (key, ttl) in keys.iter().filter(|(k, _)| k.contains(":credit:")) {
+        assert!(*ttl > 0 && *ttl <= CHARGE_ID_TTL_MS as i64, "{key}: PTTL {ttl}");
+    }
+    redis.assert_every_key_has_a_ttl();
 }
 
 #[tokio::test]

@@ -37,7 +37,8 @@ impl RedisCounters {
     }
 
     /// The script's arguments; each entry travels with its number: the cost of a check's
-    /// entry or a charge, the `min_tokens` of a lease.
+    /// entry or a charge, the `min_tokens` of a lease, the units of a credit. `tokens` is
+    /// a lease's tokens, a charge's `max_debt` or when a credit's units were spent (us).
     pub(super) fn script_args(
         op: &str,
         tokens: u64,
@@ -97,11 +98,12 @@ pub(super) struct Reply {
     pub(super) at: Nanos,
     /// A check: every entry admitted.
     pub(super) admitted: bool,
-    /// A lease: tokens granted; a charge: units charged (the first time, for a duplicate).
+    /// A lease: tokens granted; a charge: units charged; a credit: units credited (the
+    /// first time, for a duplicate).
     pub(super) granted: u64,
-    /// A charge: its id was applied before.
+    /// A charge or a credit: its id was applied before.
     pub(super) duplicate: bool,
-    /// A charge: units forgiven (the first time, for a duplicate).
+    /// A charge or a credit: units forgiven (the first time, for a duplicate).
     pub(super) forgiven: u64,
     /// A lease: the wait until `min_tokens` could be granted again, when the grant left
     /// fewer ([`Nanos::MAX`] for never); zero otherwise.

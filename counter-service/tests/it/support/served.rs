@@ -2,13 +2,15 @@
 //! memory-store service on a manual clock, with the same answers expected of both.
 
 use shared_store::Nanos;
-use sluice_counter::api::ChargePlan;
-use sluice_counter::store::{ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome, MemoryConfig, MemoryCounters};
+use sluice_counter::api::{ChargePlan, CreditPlan};
+use sluice_counter::store::{
+    ChargeOutcome, CheckOutcome, CounterStore, CreditOutcome, LeaseOutcome, MemoryConfig, MemoryCounters,
+};
 use sluice_protocol::{
-    ChargeResponse, CheckRequest, CheckResponse, EntryRequest, EntryResponse, LeaseResponse, LimitSpec,
+    ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, EntryResponse, LeaseResponse, LimitSpec,
 };
 
-use super::{Http, Protocol, charge_request, check, lease_plan_at_least, lease_request, t_us};
+use super::{Http, Protocol, charge_request, check, credit_request, lease_plan_at_least, lease_request, t_us};
 
 /// A memory-store service on a manual clock, with a client in one protocol: the
 /// behavioural suite runs over HTTP with exact times, as it does on the stores directly.
@@ -135,5 +137,53 @@ impl Target<'_> {
                 }
             }
         }
+    }
+
+    /// A credit of `units` spent at `spent_at`, without an id.
+    pub async fn credit(
+        &self,
+        tag: &str,
+        key: &str,
+        limit: LimitSpec,
+        (units, spent_at): (u64, Nanos),
+        at: Nanos,
+    ) -> CreditOutcome {
+        self.credit_once(tag, key, limit, (units, spent_at), None, at).await
+    }
+
+    /// A credit with an optional credit id: applied once per id.
+    pub async fn credit_once(
+        &self,
+        tag: &str,
+        key: &str,
+        limit: LimitSpec,
+        (units, spent_at): (u64, Nanos),
+        credit_id: Option<&str>,
+        at: Nanos,
+    ) -> CreditOutcome {
+        let request = credit_request(tag, key, limit, (units, spent_at), credit_id);
+        let outcome = match self {
+            Self::Store(store) => {
+                let plan = CreditPlan::new(&request).expect("a valid credit");
+                store.credit(&plan, Some(at)).await.expect("the store answers")
+            }
+            Self::Http(served) => {
+                let answer: CreditResponse = served.post("/v1/credit", &request, at).await;
+                CreditOutcome {
+                    credited: answer.credited,
+                    forgiven: answer.forgiven,
+                    duplicate: answer.duplicate,
+                    at: Nanos(answer.at_ns),
+                    decision: answer.entry.decision(),
+                }
+            }
+        };
+        if !outcome.duplicate {
+            assert!(
+                [(units, 0), (0, units)].contains(&(outcome.credited, outcome.forgiven)),
+                "all or nothing: {outcome:?}"
+            );
+        }
+        outcome
     }
 }

@@ -1,12 +1,12 @@
 //! How tests reach a store directly: stores built for tests, test times, and the plans
-//! and calls of checks, leases and charges.
+//! and calls of checks, leases, charges and credits.
 
 use shared_store::Nanos;
 use sluice_counter::api::{ChargePlan, CheckPlan, LeasePlan};
 use sluice_counter::store::{
     ChargeOutcome, CheckOutcome, CounterStore, LeaseOutcome, MemoryConfig, MemoryCounters, RedisCounters, Topology,
 };
-use sluice_protocol::{ChargeRequest, CheckRequest, EntryRequest, LeaseRequest, LimitSpec};
+use sluice_protocol::{ChargeRequest, CheckRequest, CreditRequest, EntryRequest, LeaseRequest, LimitSpec};
 
 use super::{RedisCluster, RedisServer, redis_config};
 
@@ -105,4 +105,23 @@ pub async fn charge(
     at: Nanos,
 ) -> ChargeOutcome {
     store.charge(&charge_plan(tag, key, limit, cost, max_debt), Some(at)).await.expect("the store answers")
+}
+
+/// A credit of `units` spent at `spent_at`, with an optional credit id.
+pub fn credit_request(
+    tag: &str,
+    key: &str,
+    limit: LimitSpec,
+    (units, spent_at): (u64, Nanos),
+    credit_id: Option<&str>,
+) -> CreditRequest {
+    CreditRequest {
+        tag: Some(tag.to_owned()),
+        key: key.to_owned(),
+        policy_version: 0,
+        limit,
+        units,
+        spent_at_ns: spent_at.as_u64(),
+        credit_id: credit_id.map(str::to_owned),
+    }
 }
