@@ -50,8 +50,10 @@ impl Root {
         engine.claim_tables(&HostStore).map_err(|e| e.to_string())?;
         // One queue per worker (a queue's notifications go to its last registrant), named
         // by the worker's random id.
-        let wake =
-            engine.has_lease().then(|| abi::register_queue(&format!("{prefix}wake/{instance:016x}")).ok()).flatten();
+        let wake = engine
+            .sends_from_root()
+            .then(|| abi::register_queue(&format!("{prefix}wake/{instance:016x}")).ok())
+            .flatten();
         if let Some(tick_ms) = tick_period(&engine) {
             abi::set_tick_period(tick_ms).map_err(|s| format!("cannot set the tick period (host status {})", s.0))?;
         }
@@ -155,6 +157,7 @@ impl HttpContext for Filter {
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         let Some(worker) = &self.worker else { return Action::Continue };
         worker.on_response_headers(self.id, &HostResponse, !end_of_stream);
+        worker.after_response(&mut HostPort);
         let Some(headers) = worker.take_response_headers(self.id) else { return Action::Continue };
         for (name, value) in &headers {
             let _ = abi::replace_header(abi::RESPONSE_HEADERS, name, value.as_bytes());
@@ -172,6 +175,7 @@ impl HttpContext for Filter {
         if let Some(worker) = self.worker.as_ref().filter(|w| w.reads_response_body(self.id)) {
             let chunk = abi::buffer(abi::RESPONSE_BODY, body_size).ok();
             worker.on_response_body(self.id, chunk.as_deref(), end_of_stream);
+            worker.after_response(&mut HostPort);
         }
         Action::Continue
     }

@@ -189,6 +189,18 @@ impl Engine {
         self.0.policies.iter().any(|c| matches!(c.home, Home::Global { lease: Some(_), .. }))
     }
 
+    /// Whether the root context sends calls for the request path: lease refills and
+    /// charges, or settlements of check-mode costs the response reports. A worker then
+    /// wakes its root as soon as there is one to send, rather than at its next tick.
+    pub fn sends_from_root(&self) -> bool {
+        self.has_lease()
+            || self
+                .0
+                .policies
+                .iter()
+                .any(|c| matches!(c.home, Home::Global { lease: None, .. }) && c.policy.cost.settled().is_some())
+    }
+
     /// The counter service's callout deadline, when there is a service.
     pub fn callout_timeout(&self) -> Option<Nanos> {
         self.0.service.as_ref().map(|s| s.timeout)

@@ -354,6 +354,12 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         }
     }
 
+    /// After a response callback: wakes the root to send what settling the response's
+    /// costs put in the outbox (a check-mode settlement), rather than wait for the tick.
+    pub fn after_response(&self, port: &mut impl Port) {
+        self.wake_root(port);
+    }
+
     /// After a request's callback: wakes the root to send what it put in the outbox.
     fn wake_root(&self, port: &mut impl Port) {
         if self.engine.has_outgoing()

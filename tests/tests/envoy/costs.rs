@@ -26,6 +26,13 @@ const GLOBAL_TOKENS: &str = r#"{"counter_service": {"cluster": "sluice-counter",
   "policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "120/minute", "burst": 1000,
     "cost": {"response_json": "usage.total_tokens", "estimate": 50, "max": 500, "on_unknown": 500},
     "global": {"strategy": "lease", "lease": {"size": 200, "max_debt": 1000}}}]}"#;
+/// [`TOKENS`] made global, in check mode: the service spends each estimate, and the
+/// proxy settles it there once the answer says.
+const CHECKED_TOKENS: &str = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+    "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"},
+  "policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "120/minute", "burst": 1000,
+    "cost": {"response_json": "usage.total_tokens", "estimate": 50, "max": 500, "on_unknown": 500},
+    "global": {"strategy": "check"}}]}"#;
 const HASH_KEY: &str = "costs-hash-key-0123456789abcdef";
 const TOKEN: &str = "costs-token-42";
 
@@ -39,9 +46,14 @@ fn envoy(upstream: &LlmUpstream, workers: usize) -> Envoy {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A proxy of a fleet on one global token budget kept by `service`.
+/// A proxy of a fleet on one global token budget kept by `service`, in lease mode.
 fn global_envoy(upstream: &LlmUpstream, service: &Counter) -> Envoy {
-    let filter = sluice(GLOBAL_TOKENS).env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN);
+    fleet_envoy(GLOBAL_TOKENS, upstream, service)
+}
+
+/// A proxy of a fleet on one global token budget kept by `service`, configured `config`.
+fn fleet_envoy(config: &str, upstream: &LlmUpstream, service: &Counter) -> Envoy {
+    let filter = sluice(config).env("SLUICE_HASH_KEY", HASH_KEY).env("SLUICE_COUNTER_TOKEN", TOKEN);
     Envoy::builder()
         .workers(2)
         .cluster(cluster("llm", upstream.addr(), false))
@@ -130,6 +142,9 @@ fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_i
     // The figures the filter README quotes (`--nocapture`).
     eprintln!("lease mode: admitted {admitted} tokens, bound {bound}, forgiven {forgiven}, {} answers", served.len());
     assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
+    // A grant pays the debt first: only the excess of requests in flight together can
+    // pass a record's max_debt, each at most max − estimate.
+    assert!(forgiven <= 2 * CALLERS as u64 * (MAX - ESTIMATE), "forgiven {forgiven}");
     assert!(rejected > 0, "the budget never bound");
     assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
     assert_eq!(sum("cost.unknown"), 0);
@@ -141,6 +156,56 @@ fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_i
         let charged = service.metric("sluice_counter_charged_tokens_total");
         charged > 0 && charged == sum("lease.reconciled")
     });
+}
+
+#[test]
+fn a_global_token_budget_in_check_mode_holds_across_two_proxies_and_each_answer_is_settled_at_the_service_once() {
+    const CALLERS: usize = 4;
+    const REQUESTS: usize = 24;
+    let upstream = LlmUpstream::start();
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let fleet: Arc<Vec<Envoy>> = Arc::new((0..2).map(|_| fleet_envoy(CHECKED_TOKENS, &upstream, &service)).collect());
+
+    let (rejected, elapsed) = load(&fleet, CALLERS, REQUESTS);
+
+    let served = upstream.served();
+    let admitted: u64 = served.iter().map(|s| s.tokens).sum();
+    let sum = |name: &str| fleet.iter().map(|e| e.metric("tokens", name)).sum::<u64>();
+    let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
+    // The root contexts send the settlements after the answers: wait until each is in.
+    wait::until(Duration::from_secs(20), "every answer to be settled at the service", || {
+        sum("cost.charged") + sum("cost.forgiven") == over_estimates
+    });
+    // The service's counter went at most its capacity below empty (max_debt); what did
+    // not fit was forgiven there, and counted on both sides.
+    let forgiven = sum("cost.forgiven");
+    let bound = BURST + RATE * (elapsed + 1) + BURST + forgiven;
+    eprintln!("check mode: admitted {admitted} tokens, bound {bound}, forgiven {forgiven}, {} answers", served.len());
+    assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
+    // Only requests admitted before the debt was charged can be forgiven: one in flight
+    // and one being settled per caller, each at most max − estimate over.
+    assert!(forgiven <= 2 * CALLERS as u64 * (MAX - ESTIMATE), "forgiven {forgiven}");
+    assert!(rejected > 0, "the budget never bound");
+    assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
+    assert_eq!(sum("cost.unknown"), 0);
+    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), sum("cost.charged"), "each charge applied once");
+    assert_eq!(service.metric("sluice_counter_forgiven_tokens_total"), forgiven);
+}
+
+#[test]
+fn a_check_mode_answer_below_the_estimate_is_credited_back_at_the_service() {
+    let upstream = LlmUpstream::start();
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = fleet_envoy(CHECKED_TOKENS, &upstream, &service);
+
+    let response = send(&envoy, &completion("tokens=8"));
+
+    assert_eq!(response.text(), llm::document(8));
+    wait::until(Duration::from_secs(10), "the credit to reach the service", || {
+        envoy.metric("tokens", "cost.credited") == ESTIMATE - 8
+    });
+    assert_eq!(service.metric("sluice_counter_credited_tokens_total"), ESTIMATE - 8);
+    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
 }
 
 #[test]

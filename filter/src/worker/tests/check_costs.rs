@@ -55,6 +55,9 @@ fn a_cost_above_the_estimate_is_charged_at_the_service_with_an_id_and_counted_wh
     served(&w, 1, 60);
     assert_eq!(counted(&w, Counter::CostCharged), 0, "counted when the service has charged it");
 
+    let mut woken = FakePort::default();
+    w.after_response(&mut woken);
+    assert_eq!(woken.actions, ["wake 7"], "the root is woken to send it at once");
     let (sent, mut port) = tick(&w);
 
     assert_eq!(sent.len(), 1, "{sent:?}");
