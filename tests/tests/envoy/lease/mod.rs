@@ -288,11 +288,12 @@ fn a_killed_service_is_bridged_by_the_lease_then_the_cap_and_the_outage_is_charg
     let killed_at = seen.iter().position(|(at, _, _)| *at > Duration::from_millis(500)).unwrap();
     assert!(first_fallback > killed_at, "spending continued on the lease after the kill");
     let capped = envoy.metric("tenant", "emergency.allowed");
-    let reconciled = envoy.metric("tenant", "lease.reconciled");
-    eprintln!("outage: {capped} admitted by the cap, {reconciled} reconciled after the restart");
+    let (reconciled, repaid) = (envoy.metric("tenant", "lease.reconciled"), envoy.metric("tenant", "lease.repaid"));
+    eprintln!("outage: {capped} admitted by the cap, {reconciled} charged and {repaid} repaid after the restart");
     assert!(capped > 0);
-    assert_eq!(reconciled, capped, "every admission the cap made was charged once the service was back");
-    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), capped);
+    // Charged, or paid from the first grant after the restart (which the service counted).
+    assert_eq!(reconciled + repaid, capped, "every admission the cap made was paid back once the service was back");
+    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), reconciled);
 }
 
 #[test]
@@ -313,9 +314,11 @@ fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
 
     assert!(seen.iter().all(|(_, s, _)| *s == 200), "the pause never failed a request");
     let capped = envoy.metric("tenant", "emergency.allowed");
-    let reconciled = envoy.metric("tenant", "lease.reconciled");
-    eprintln!("Redis paused: {capped} admitted by the cap, {reconciled} reconciled after");
-    assert_eq!(reconciled, capped, "what the cap admitted was charged once Redis answered again");
+    let (reconciled, repaid) = (envoy.metric("tenant", "lease.reconciled"), envoy.metric("tenant", "lease.repaid"));
+    eprintln!("Redis paused: {capped} admitted by the cap, {reconciled} charged and {repaid} repaid after");
+    // (Not compared with the service's charged tokens: a charge Redis applied late,
+    // after the service had answered 503, is answered as a duplicate when sent again.)
+    assert_eq!(reconciled + repaid, capped, "what the cap admitted was paid back once Redis answered again");
 }
 
 mod waits;
