@@ -71,9 +71,10 @@ impl Context for Root {
     }
 
     fn on_done(&mut self) -> bool {
-        // The VM is going away: counts still held in it go to the proxy now.
+        // This root is going away: what it would still send is forgiven and counted, and
+        // counts still held in the VM go to the proxy now.
         if let Some(worker) = &self.worker {
-            worker.flush_metrics();
+            worker.retire();
         }
         true
     }

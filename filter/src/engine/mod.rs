@@ -399,6 +399,18 @@ impl Engine {
         outgoing::dispatch_outgoing(&self.0, call, callouts, limiter, metrics)
     }
 
+    /// The root context is going away (the filter was configured again, or the VM
+    /// stops): the check-mode settlements it holds, queued or in flight (`in_flight`, its
+    /// calls awaiting answers) can no longer be sent or answered, and are forgiven and
+    /// counted.
+    pub fn retire(&self, in_flight: impl IntoIterator<Item = SentOutgoing>, metrics: &mut impl Metrics) {
+        let settlements = in_flight.into_iter().filter_map(|sent| match sent.call {
+            calls::Sent::Settle(settlement) => Some(settlement),
+            _ => None,
+        });
+        settlement::retire(&self.0, settlements, metrics);
+    }
+
     /// Applies the answer to a call the root sent (or its absence: `TimedOut`).
     /// `is_waiting` says whether a waiter (by id) still waits on this worker.
     pub fn outgoing_answered<S: Store, C: Clock, M: Metrics>(

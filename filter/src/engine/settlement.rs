@@ -14,8 +14,11 @@
 //! actual cost, never silently. The units are counted (`cost.charged`, `cost.credited`,
 //! `cost.forgiven`) when the service answers, not when the response ends.
 //!
-//! A settlement is held by the configuration that queued it: one still held when the
-//! filter is configured again is dropped with it.
+//! A settlement belongs to the root context that queued it. When the filter is
+//! configured again, the old root goes on sending until its last stream ends; what it
+//! still holds, has in its outbox or waits on then is forgiven and counted as it
+//! retires ([`retire`]): a settlement in flight may have been applied, so the count
+//! errs towards forgiving.
 
 use super::calls::{Change, Outgoing, Settlement, charge_id, units};
 use super::compiled::{Home, debt_bound};
@@ -138,6 +141,33 @@ pub(crate) fn answered(
             }
             Err(failure)
         }
+    }
+}
+
+/// Forgives every settlement still held, in the outbox, or in flight (`in_flight`):
+/// the root context that would send them, or read their answers, is going away.
+pub(crate) fn retire(
+    setup: &Setup,
+    in_flight: impl IntoIterator<Item = Settlement>,
+    metrics: &mut (impl Metrics + ?Sized),
+) {
+    let held: Vec<Settlement> =
+        setup.settlements.try_borrow_mut().map(|mut h| h.drain(..).collect()).unwrap_or_default();
+    let queued: Vec<Settlement> = setup
+        .outbox
+        .try_borrow_mut()
+        .map(|mut outbox| {
+            let (settlements, others): (Vec<Outgoing>, Vec<Outgoing>) =
+                outbox.drain(..).partition(|call| matches!(call, Outgoing::Settle(_)));
+            outbox.extend(others);
+            settlements
+                .into_iter()
+                .filter_map(|call| if let Outgoing::Settle(s) = call { Some(s) } else { None })
+                .collect()
+        })
+        .unwrap_or_default();
+    for settlement in held.into_iter().chain(queued).chain(in_flight) {
+        forgive(settlement.policy, settlement.change.units(), metrics);
     }
 }
 

@@ -145,6 +145,16 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.metrics.try_borrow().ok().map(|m| std::cell::Ref::map(m, Batched::inner))
     }
 
+    /// The root context is done (a new configuration took over and its last stream has
+    /// ended, or the VM stops): what it would still send is forgiven and counted, and
+    /// its counts go to the proxy.
+    pub fn retire(&self) {
+        let in_flight: Vec<SentOutgoing> =
+            self.in_flight.try_borrow_mut().map(|mut m| m.drain().map(|(_, s)| s).collect()).unwrap_or_default();
+        self.engine.retire(in_flight, &mut self.counts());
+        self.flush_metrics();
+    }
+
     /// Hands counts kept in the VM to the proxy (the tick does this; so does the end of
     /// the VM).
     pub fn flush_metrics(&self) {

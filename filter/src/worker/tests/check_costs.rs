@@ -143,3 +143,17 @@ fn a_settlement_not_applied_within_its_life_is_forgiven_and_counted() {
     assert_eq!(counted(&w, Counter::CostCredited), 0);
     assert!(tick(&w).0.is_empty());
 }
+
+#[test]
+fn a_retiring_root_forgives_and_counts_what_it_would_still_have_sent() {
+    let w = worker(CHECKED_TOKENS);
+    served(&w, 1, 60);
+    let (_, _) = tick(&w);
+    // One in flight (50 over), one in the outbox (6 under).
+    served(&w, 2, 4);
+
+    w.retire();
+
+    assert_eq!(counted(&w, Counter::CostForgiven), 56);
+    assert!(tick(&w).0.is_empty(), "nothing is left to send");
+}
