@@ -137,9 +137,9 @@ pub(crate) enum SpentFrom {
     /// A local policy's bucket in this proxy's shared data.
     Local(Placement),
     /// A global policy's emergency cap, which admitted the request while the counter
-    /// service could not decide: settled like a local bucket, under the cap's numbers,
-    /// and counted nowhere (the policy's own settlement, on its lease, is what the
-    /// `cost.*` counters count).
+    /// service could not decide: settled like a local bucket, under the cap's numbers.
+    /// A check-mode policy's `cost.*` counters count it; a lease-mode policy's count its
+    /// settlement on the lease record instead, which it owes too.
     Cap(Placement),
     /// A lease-mode policy's lease record (`slot`), for the caller whose global counter
     /// is `key` under the check tag `tag`: what the lease cannot cover is owed there and

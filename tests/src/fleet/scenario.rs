@@ -360,12 +360,11 @@ impl Scenario {
         for i in 0..count {
             policies.push(policy(&mut rng, i, true));
         }
-        // Local and lease policies may settle to the cost the response reports (a
-        // check-mode one cannot), drawn apart so the rest of the scenario stays what the
-        // seed made before costs were reported.
+        // Policies may settle to the cost the response reports, drawn apart so the rest
+        // of the scenario stays what the seed made before costs were reported.
         let mut costs = Rng::new(seed ^ 0x05a9_e001);
         for p in &mut policies {
-            if p.kind != Kind::Check && costs.chance(35) {
+            if costs.chance(35) {
                 p.usage_max = Some(costs.between(p.max_cost, p.max_cost * 3 + 4));
             }
         }

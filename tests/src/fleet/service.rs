@@ -12,7 +12,10 @@ use sluice_counter::App;
 use sluice_counter::config::{Config, Secret};
 use sluice_counter::routes::router;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
-use sluice_protocol::{ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, LeaseRequest, LeaseResponse};
+use sluice_protocol::{
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, LeaseRequest,
+    LeaseResponse,
+};
 use sluice_testkit::rng::Rng;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -94,6 +97,19 @@ pub enum Decision {
         charged: u64,
         /// When (the proxies' clock).
         at: u64,
+        /// Its id was applied before.
+        duplicate: bool,
+    },
+    /// A credit gave `credited` units back on counter `key`, spent at `spent_at`.
+    Credit {
+        /// The counter.
+        key: String,
+        /// Units given back (0 when there was nothing to give them back to).
+        credited: u64,
+        /// When they were spent, on the service's clock.
+        spent_at: u64,
+        /// When, on the service's own clock.
+        service_at: u64,
         /// Its id was applied before.
         duplicate: bool,
     },
@@ -321,6 +337,19 @@ impl Service {
                         key: request.key,
                         charged: answer.charged,
                         at,
+                        duplicate: answer.duplicate,
+                    });
+                }
+            }
+            "/v1/credit" => {
+                if let (Ok(request), Ok(answer)) =
+                    (serde_json::from_slice::<CreditRequest>(request), serde_json::from_slice::<CreditResponse>(answer))
+                {
+                    self.decisions.push(Decision::Credit {
+                        key: request.key,
+                        credited: answer.credited,
+                        spent_at: request.spent_at_ns,
+                        service_at,
                         duplicate: answer.duplicate,
                     });
                 }

@@ -81,6 +81,14 @@ impl ReferenceBucket {
         self.tat = base + u128::from(cost) * self.per_ns;
     }
 
+    /// Gives back `units` spent earlier, at `now_ns`: never more than a full bucket.
+    pub fn credit(&mut self, now_ns: u64, units: u64) {
+        let now = u128::from(now_ns) * self.amount;
+        if self.tat > now {
+            self.tat = self.tat.saturating_sub(u128::from(units) * self.per_ns).max(now);
+        }
+    }
+
     /// Whole tokens left at `now_ns`.
     pub fn remaining(&self, now_ns: u64) -> u64 {
         let (debt, _) = self.debt(now_ns);

@@ -30,11 +30,14 @@ pub(crate) fn settle<S: Store, C: Clock>(
     let Some(compiled) = setup.compiled(owed.policy) else { return };
     let Some(rule) = compiled.policy.cost.settled() else { return };
     let policy = owed.policy;
+    // A lease policy's cap settles beside its lease record, which is what the `cost.*`
+    // counters count; a check-mode policy's cap is its only settlement.
+    let second = matches!(owed.from, SpentFrom::Cap(_)) && setup.leased_home(policy).is_some();
     let actual = match reported {
         Some(units) => units.min(rule.max),
         None => {
-            // Once per response: a cap's settlement is the policy's second.
-            if !matches!(owed.from, SpentFrom::Cap(_)) {
+            // Once per response.
+            if !second {
                 metrics.add(policy, Counter::CostUnknown, 1);
             }
             match rule.on_unknown {
@@ -47,9 +50,13 @@ pub(crate) fn settle<S: Store, C: Clock>(
         SpentFrom::Local(place) => settle_local(&compiled.policy.limit, rule, place, owed, actual, limiter, metrics),
         SpentFrom::Cap(place) => {
             if let Home::Global { cap: Some(cap), .. } = &compiled.home {
-                // Counted nowhere but in its errors: the policy's settlement counts.
-                let mut quiet = Quiet(metrics);
-                settle_local(&cap.limit, rule, place, owed, actual, limiter, &mut quiet);
+                if second {
+                    // Counted nowhere but in its errors: the lease's settlement counts.
+                    let mut quiet = Quiet(metrics);
+                    settle_local(&cap.limit, rule, place, owed, actual, limiter, &mut quiet);
+                } else {
+                    settle_local(&cap.limit, rule, place, owed, actual, limiter, metrics);
+                }
             }
         }
         SpentFrom::Check { key, tag, at_ns } => {

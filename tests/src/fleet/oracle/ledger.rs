@@ -175,7 +175,13 @@ impl Oracle {
                 }
                 Decision::Grant { key, granted, service_at, .. } => (key, granted, service_at),
                 Decision::Check { key, cost, service_at, .. } => (key, cost, service_at),
+                // A charge only spends more: a replay without it holds at least as much.
                 Decision::Charge { .. } => continue,
+                Decision::Credit { key, credited, spent_at, service_at, duplicate: false } if credited > 0 => {
+                    self.credit(&key, credited, spent_at, service_at);
+                    continue;
+                }
+                Decision::Credit { .. } => continue,
             };
             let Some((name, version)) = self.counters.get(&key).cloned() else { continue };
             let Some(forms) = self.forms.get(&(name.clone(), version)) else { continue };
@@ -225,6 +231,31 @@ impl Oracle {
             }
         }
         Ok(())
+    }
+}
+
+impl Oracle {
+    /// Gives a credit back in the replay of `key`'s budget, as the service did: to the
+    /// bucket (never above full), or to the window the units were spent in.
+    fn credit(&mut self, key: &str, units: u64, spent_at: u64, at: u64) {
+        let Some((name, version)) = self.counters.get(key).cloned() else { return };
+        let Some(forms) = self.forms.get(&(name, version)) else { return };
+        let loosest = loosest(forms);
+        let Some(budget) = self.budgets.get_mut(key) else { return };
+        let at = at.max(budget.last);
+        budget.last = at;
+        match loosest {
+            Algorithm::TokenBucket { .. } => {
+                if let Some(bucket) = budget.bucket.as_mut() {
+                    bucket.credit(at, units);
+                }
+            }
+            Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingWindow { window_ms, .. } => {
+                if let Some(count) = budget.windows.get_mut(&(spent_at / (window_ms * 1_000_000))) {
+                    *count = count.saturating_sub(units);
+                }
+            }
+        }
     }
 }
 

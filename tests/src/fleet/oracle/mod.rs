@@ -312,7 +312,11 @@ impl Oracle {
         for m in &followed.matched {
             // What the response reported settles the estimate, whoever decided it.
             let actual = m.policy.usage_max.map(|max| sent.usage.min(max));
-            if let Some(actual) = actual {
+            // A check-mode policy that failed open spent nowhere: nothing to settle.
+            let spent_nowhere = m.policy.kind == Kind::Check
+                && named.contains(&m.policy.name)
+                && !matches!(m.policy.failure, Failure::Emergency { .. });
+            if let Some(actual) = actual.filter(|_| !spent_nowhere) {
                 *self.to_settle.entry((proxy, m.policy.name.clone())).or_insert(0) += actual.abs_diff(m.cost);
             }
             let Some(counter) = &m.counter else { continue };
