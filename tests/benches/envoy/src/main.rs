@@ -26,6 +26,10 @@
 //!   from the response header, the JSON body, and the stream's last event: what settling
 //!   to the response adds per request.
 //!
+//! * `first_byte`: the time to an event stream's first byte from a real streaming
+//!   upstream, without Sluice and with a policy that reads the stream's last event
+//!   (`FIRST_BYTE_REQUESTS` each, default 2000, alternated one by one).
+//!
 //! Run: `ROUNDS=5 SECONDS=8 cargo run --release -p sluice-envoy-bench` (needs `wrk`:
 //! `apt-get install -y wrk`; Envoy from `envoy-config/install-envoy.sh`). `PROFILE=<variant
 //! name>` instead holds one variant under load for `perf`. Figures and method:
@@ -37,8 +41,10 @@ use sluice_tests::envoy::{Envoy, EnvoyBuilder, sluice};
 use std::collections::BTreeMap;
 use std::process::Command;
 
+mod first_byte;
 mod global;
 
+use first_byte::first_byte_group;
 use global::{global_envoy, global_group};
 
 const TOKEN: &str = "bench-token";
@@ -481,6 +487,9 @@ fn main() {
     }
     if groups.contains("global") {
         global_group(rounds, seconds);
+    }
+    if groups.contains("first_byte") {
+        first_byte_group(env_or("FIRST_BYTE_REQUESTS", 2000) as usize);
     }
     let (steal_after, total_after) = steal_and_total();
     let share = (steal_after - steal_before) as f64 * 100.0 / (total_after - total_before).max(1) as f64;
