@@ -3,6 +3,7 @@
 //! event streams passed through as they are written, and answers cut short counted.
 
 use super::*;
+use sluice_testkit::redis::RedisServer;
 use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::cluster;
@@ -205,6 +206,38 @@ fn a_check_mode_answer_below_the_estimate_is_credited_back_at_the_service() {
         envoy.metric("tokens", "cost.credited") == ESTIMATE - 8
     });
     assert_eq!(service.metric("sluice_counter_credited_tokens_total"), ESTIMATE - 8);
+    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+}
+
+#[test]
+fn a_check_mode_settlement_the_service_cannot_take_is_sent_again_until_it_is_applied_once() {
+    let redis = RedisServer::start();
+    let mut service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
+    let upstream = LlmUpstream::start();
+    let envoy = fleet_envoy(CHECKED_TOKENS, &upstream, &service);
+    let mut body = Vec::new();
+
+    // The check admits the estimate; the service dies while the answer streams, so the
+    // settlement at its end finds nobody.
+    let response = envoy
+        .connect()
+        .send_streaming(&completion("tokens=300&stream=1&lockstep=1"), |chunk| {
+            if body.is_empty() {
+                service.kill();
+            }
+            body.extend_from_slice(chunk);
+            upstream.acknowledge(body.windows(2).filter(|w| w == b"\n\n").count());
+        })
+        .unwrap();
+    assert_eq!(response.status, 200);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(envoy.metric("tokens", "cost.charged"), 0, "nothing could be charged while the service was down");
+    service.restart();
+
+    wait::until(Duration::from_secs(20), "the settlement to reach the restarted service", || {
+        envoy.metric("tokens", "cost.charged") == 300 - ESTIMATE
+    });
+    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), 300 - ESTIMATE, "applied once");
     assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
 }
 
