@@ -34,6 +34,9 @@ pub struct Settlement {
     pub(crate) id: u64,
     /// When it was first queued: one not applied within `DEBT_LIFE` is forgiven.
     pub(crate) since: Nanos,
+    /// A refund: the whole spend of a check whose request a later stage rejected (not
+    /// a response's cost), counted as `unrefunded` when it cannot be applied.
+    pub(crate) refund: bool,
 }
 
 /// Which way a settlement moves the counter.

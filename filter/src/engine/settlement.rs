@@ -1,7 +1,8 @@
 //! Settling what a check-mode policy spent on an estimate, at the counter service, once
 //! the response has said what the request really cost: the excess is charged
 //! (`POST /v1/charge`, into debt up to the policy's debt bound) or the unused part
-//! credited (`POST /v1/credit`, in the window the check spent it in).
+//! credited (`POST /v1/credit`, in the window the check spent it in). The same path
+//! refunds a check's whole spend when a later stage rejects its request ([`refund`]).
 //!
 //! The request that spent the estimate may be gone by then (its stream ends with its
 //! response), so its settlement goes to the worker's outbox and the root context sends
@@ -43,8 +44,37 @@ pub(crate) fn hold(setup: &Setup, owed: &Owed, (key, tag, at_ns): (u128, &str, u
         std::cmp::Ordering::Greater => Change::Charge(actual - owed.estimate),
         std::cmp::Ordering::Less => Change::Credit { units: owed.estimate - actual, spent_at_ns: at_ns },
     };
+    let settlement = Settlement {
+        policy: owed.policy,
+        key,
+        tag: tag.to_owned(),
+        change,
+        id: setup.next_id(),
+        since: now,
+        refund: false,
+    };
+    setup.send_later(Outgoing::Settle(settlement));
+}
+
+/// Puts the refund of what a check spent for `policy` (`cost`, at `at_ns` for the caller
+/// `key` under `tag`) in the outbox: a later stage rejected the request, so the service
+/// is asked to credit it all back. A policy whose algorithm cannot be credited (a
+/// leaky bucket, a sliding log) keeps the spend, counted as `unrefunded`.
+pub(crate) fn refund(
+    setup: &Setup,
+    policy: usize,
+    (key, tag, at_ns): (u128, &str, u64),
+    cost: u64,
+    now: Nanos,
+    metrics: &mut (impl Metrics + ?Sized),
+) {
+    if !setup.compiled(policy).is_some_and(|c| c.policy.limit.can_credit()) {
+        metrics.add(policy, Counter::Unrefunded, 1);
+        return;
+    }
+    let change = Change::Credit { units: cost, spent_at_ns: at_ns };
     let settlement =
-        Settlement { policy: owed.policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now };
+        Settlement { policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now, refund: true };
     setup.send_later(Outgoing::Settle(settlement));
 }
 
@@ -64,7 +94,7 @@ pub(crate) fn take(setup: &Setup, reachable: bool, now: Nanos) -> Vec<Settlement
 }
 
 /// The call that applies `settlement`: its path and body. `None` (and it is forgiven)
-/// when it is past its life or its policy no longer settles at the service.
+/// when it is past its life or its policy is no longer a check-mode one.
 pub(crate) fn call(
     setup: &Setup,
     settlement: &Settlement,
@@ -77,14 +107,13 @@ pub(crate) fn call(
         }
         let compiled = setup.compiled(settlement.policy)?;
         let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
-        let rule = compiled.policy.cost.settled()?;
         let (tag, key, id) =
             (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
         let policy_version = compiled.policy.version;
         Some(match settlement.change {
             Change::Charge(cost) => {
                 // The service bounds debt by the capacity; the filter by its own rule.
-                let max_debt = debt_bound(rule).min(compiled.policy.limit.capacity());
+                let max_debt = debt_bound(compiled.policy.cost.settled()?).min(compiled.policy.limit.capacity());
                 let request =
                     ChargeRequest { tag, key, policy_version, limit: *spec, cost, max_debt, charge_id: Some(id) };
                 (wire::CHARGE_PATH, serde_json::to_vec(&request).ok()?)
@@ -97,7 +126,7 @@ pub(crate) fn call(
         })
     })();
     if made.is_none() {
-        forgive(settlement.policy, settlement.change.units(), metrics);
+        forgive(settlement, metrics);
     }
     made
 }
@@ -105,9 +134,10 @@ pub(crate) fn call(
 /// Holds a settlement that was not applied to be sent again with its id, or forgives it
 /// when it is past its life or no more can be held.
 pub(crate) fn retry(setup: &Setup, settlement: Settlement, now: Nanos, metrics: &mut (impl Metrics + ?Sized)) {
-    let (policy, units) = (settlement.policy, settlement.change.units());
-    if now >= settlement.since.saturating_add(DEBT_LIFE) || !setup.hold_settlement(settlement) {
-        forgive(policy, units, metrics);
+    if now >= settlement.since.saturating_add(DEBT_LIFE) {
+        forgive(&settlement, metrics);
+    } else if let Err(settlement) = setup.hold_settlement(settlement) {
+        forgive(&settlement, metrics);
     }
 }
 
@@ -122,20 +152,23 @@ pub(crate) fn answered(
     metrics: &mut (impl Metrics + ?Sized),
 ) -> Result<(), Failure> {
     let policy = settlement.policy;
+    let counted = !settlement.refund;
     let applied = match settlement.change {
         Change::Charge(_) => wire::classify_charge(answer).map(|a| (Counter::CostCharged, a.charged, a.forgiven)),
         Change::Credit { .. } => wire::classify_credit(answer).map(|a| (Counter::CostCredited, a.credited, a.forgiven)),
     };
     match applied {
-        Ok((counter, moved, forgiven)) => {
+        // A refund's units are not a response's cost: nothing to count once applied.
+        Ok((counter, moved, forgiven)) if counted => {
             add(metrics, policy, counter, moved);
             add(metrics, policy, Counter::CostForgiven, forgiven);
             Ok(())
         }
+        Ok(_) => Ok(()),
         Err(failure) => {
             if matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408)
             {
-                forgive(policy, settlement.change.units(), metrics);
+                forgive(&settlement, metrics);
             } else {
                 retry(setup, settlement, now, metrics);
             }
@@ -167,12 +200,18 @@ pub(crate) fn retire(
         })
         .unwrap_or_default();
     for settlement in held.into_iter().chain(queued).chain(in_flight) {
-        forgive(settlement.policy, settlement.change.units(), metrics);
+        forgive(&settlement, metrics);
     }
 }
 
-fn forgive(policy: usize, units: u64, metrics: &mut (impl Metrics + ?Sized)) {
-    add(metrics, policy, Counter::CostForgiven, units);
+/// Counts a settlement that will not be applied: a response cost's units as
+/// `cost.forgiven`, a refund as one `unrefunded` spend.
+fn forgive(settlement: &Settlement, metrics: &mut (impl Metrics + ?Sized)) {
+    if settlement.refund {
+        metrics.add(settlement.policy, Counter::Unrefunded, 1);
+    } else {
+        add(metrics, settlement.policy, Counter::CostForgiven, settlement.change.units());
+    }
 }
 
 fn add(metrics: &mut (impl Metrics + ?Sized), policy: usize, counter: Counter, n: u64) {

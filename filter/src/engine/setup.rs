@@ -132,15 +132,15 @@ impl Setup {
         }
     }
 
-    /// Holds a settlement for the root context to send; `false` (and it is not held) when
-    /// [`MAX_PENDING_SETTLEMENTS`] are held already.
-    pub(crate) fn hold_settlement(&self, settlement: Settlement) -> bool {
+    /// Holds a settlement for the root context to send again; it comes back as `Err`
+    /// when [`MAX_PENDING_SETTLEMENTS`] are held already.
+    pub(crate) fn hold_settlement(&self, settlement: Settlement) -> Result<(), Settlement> {
         match self.settlements.try_borrow_mut() {
             Ok(mut held) if held.len() < MAX_PENDING_SETTLEMENTS => {
                 held.push_back(settlement);
-                true
+                Ok(())
             }
-            _ => false,
+            _ => Err(settlement),
         }
     }
 

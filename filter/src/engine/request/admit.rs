@@ -9,6 +9,7 @@ use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::resolved::{Place, Resolved};
+use crate::engine::settlement;
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
@@ -52,7 +53,7 @@ pub(crate) fn admit<S: Store, C: Clock>(
 }
 
 /// Rejects a request after some of it was spent: gives back its lease spends and its
-/// local reservation (check spends stay spent: the service has no refund).
+/// local reservation, and has its check spends credited back at the service.
 pub(crate) fn reject<S: Store, C: Clock>(
     setup: &Setup,
     granted: Granted,
@@ -67,6 +68,9 @@ pub(crate) fn reject<S: Store, C: Clock>(
         let _ = leases.give_back(slot, *cost, now);
     }
     give_back(granted.reservation, &granted.local, limiter, metrics);
+    for spent in &granted.checked_spent {
+        settlement::refund(setup, spent.policy, (spent.key, &spent.tag, spent.at_ns), spent.cost, now, metrics);
+    }
     let note = granted.fallback.as_ref().map(|note| note.render(&setup.policies));
     let outcome = Outcome::Reject(rejection(setup, strictest, status, note.as_deref()));
     Decided::new(outcome, granted.tally)

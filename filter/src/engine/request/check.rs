@@ -3,18 +3,19 @@
 //! every request with global policies gets its partition tag, which its refills and
 //! charges carry too. When the service cannot decide (no service, the circuit open, the
 //! call refused, failed or late), the check policies take their failure rule and the
-//! request goes on to its lease policies.
+//! request goes on to its lease policies. What an admitting check spent is credited back
+//! at the service if a later stage rejects the request.
 
 use super::admit::{check_estimate_owed, due_after, reject};
 use super::fallback::apply_failure_rule;
 use super::local::Admitted;
-use super::state::{CheckWait, Global, Granted, Next, Pending, ToLease};
+use super::state::{CheckSpent, CheckWait, Global, Granted, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
 use crate::engine::cause::Cause;
 use crate::engine::compiled::Home;
 use crate::engine::headers;
 use crate::engine::namespace;
-use crate::engine::resolved::{Few, Resolved};
+use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::{Service, Setup};
 use crate::engine::wire::{self, Reason};
 use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
@@ -134,8 +135,15 @@ pub(crate) fn answered<S: Store, C: Clock>(
     }
     let delay = decisions.iter().map(|(_, d)| d.delay()).max().unwrap_or(Nanos::ZERO);
     granted.delay_until(due_after(now, delay));
-    // What the service spent on an estimate is settled there once the response says.
+    // What the service spent on an estimate is settled there once the response says;
+    // what it spent is credited back if a later stage rejects the request.
     granted.owed.extend(checked.iter().filter_map(|r| check_estimate_owed(setup, r, &tag, response.at_ns, now)));
+    granted.checked_spent.extend(checked.iter().filter_map(|r| match r.at {
+        Place::Global { key, .. } => {
+            Some(CheckSpent { policy: r.policy, key, tag: tag.clone(), cost: r.cost, at_ns: response.at_ns })
+        }
+        Place::Local(_) => None,
+    }));
     granted.checked = decisions;
     after_check(granted, leased, tag)
 }

@@ -25,6 +25,9 @@ pub(crate) struct Granted {
     pub(crate) owed: Vec<Owed>,
     /// Lease spends made, to give back if the request is rejected after all.
     pub(crate) spent: Few<(usize, Placement, u64)>,
+    /// What the counter service spent for the check-mode policies, to credit back if
+    /// the request is rejected after all.
+    pub(crate) checked_spent: Few<CheckSpent>,
     /// Set when a fallback decided part of the request: what the fallback header says.
     pub(crate) fallback: Option<Note>,
     /// Shadow policies, decided when it is admitted.
@@ -39,6 +42,19 @@ impl Granted {
             (a, b) => a.or(b),
         };
     }
+}
+
+/// What a check spent at the service for one policy.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckSpent {
+    pub(crate) policy: usize,
+    /// The caller's global fingerprint.
+    pub(crate) key: u128,
+    /// The hash tag its counter lives under.
+    pub(crate) tag: String,
+    pub(crate) cost: u64,
+    /// When the service spent it, on its own clock.
+    pub(crate) at_ns: u64,
 }
 
 /// A request whose global policies are left, once its local ones admitted it.

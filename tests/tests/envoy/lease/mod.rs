@@ -7,6 +7,7 @@
 use super::*;
 use sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
 use sluice_testkit::redis::RedisServer;
+use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use sluice_tests::http::Connection;
@@ -259,6 +260,35 @@ fn steady(addr: SocketAddr, duration: Duration, mut during: impl FnMut(Duration)
         std::thread::sleep(Duration::from_millis(10));
     }
     seen
+}
+
+#[test]
+fn a_request_its_check_admitted_and_its_lease_rejected_has_the_check_spend_credited_back() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    // A roomy check-mode budget and a lease-mode one of 3 per hour, on one request.
+    let config = format!(
+        r#"{{"counter_service": {{"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "{HEALTHY_TIMEOUT}"}},
+            "policies": [
+              {{"name": "checked", "key": [{{"header": "x-tenant"}}], "rate": "1000/hour", "burst": 1000,
+                "global": {{"strategy": "check"}}}},
+              {{"name": "tenant", "key": [{{"header": "x-tenant"}}], "rate": "3/hour", "burst": 3,
+                "global": {{"strategy": "lease", "lease": {{"size": 1}}}}}}]}}"#
+    );
+    let envoy = envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM);
+    let mut connection = envoy.connect();
+
+    let statuses: Vec<u16> =
+        (0..8).map(|_| connection.send(&Request::get("/").header("x-tenant", "acme")).unwrap().status).collect();
+
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429], "the lease budget binds");
+    // The five rejections each had 1 spent by their check: all of it comes back.
+    wait::until(Duration::from_secs(10), "the check spends to be credited back", || {
+        service.metric("sluice_counter_credited_tokens_total") == 5
+    });
+    assert_eq!(service.metric("sluice_counter_credits_total"), 5);
+    assert_eq!(envoy.metric("checked", "unrefunded"), 0);
+    assert_eq!(envoy.metric("checked", "allowed"), 3);
 }
 
 const OUTAGE_LEASES: &str = r#"{"size": 40, "duration": "10s", "low_water": 5, "max_debt": 1000}"#;

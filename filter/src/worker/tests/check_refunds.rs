@@ -1,0 +1,84 @@
+//! A request a check admitted and a later stage rejected: what the service spent for it
+//! is credited back (`POST /v1/credit`), so a request spends all or nothing across its
+//! check and lease policies; a policy whose spend cannot be credited keeps it, counted.
+
+use super::*;
+
+fn config(check_algorithm: &str) -> String {
+    format!(
+        r#"{{"counter_service": {{"cluster": "counter", "hash_key_env": "K", "timeout": "40ms"}},
+        "policies": [
+          {{"name": "checked", "key": [{{"header": "x-user"}}], {check_algorithm}, "global": {{"strategy": "check"}}}},
+          {{"name": "leased", "key": [{{"header": "x-user"}}], "rate": "5/second", "burst": 5,
+            "global": {{"strategy": "lease", "lease": {{"size": 5}}}}}}]}}"#
+    )
+}
+
+const BUCKET: &str = r#""rate": "100/second", "burst": 100"#;
+const LOG: &str = r#""algorithm": "sliding_log", "limit": 100, "window": "1s""#;
+const SPENT_AT_NS: u64 = 1_750_000_000_987_654_321;
+
+fn ok(body: String) -> CalloutAnswer {
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
+}
+
+/// Stream 1: its check admits, then its lease finds the global budget empty. Returns
+/// what the worker sent after the refill's answer, as (path, body), and the last
+/// call's token.
+fn checked_then_rejected_by_the_lease(w: &TestWorker) -> (Vec<(String, serde_json::Value)>, u32) {
+    let mut port = FakePort::default();
+    assert_eq!(w.on_request_headers(1, &user("a"), &mut port), Flow::Pause);
+    let entry =
+        r#"{"verdict":"allowed","limit":100,"remaining":99,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}"#;
+    w.on_check_answer(1, &ok(format!(r#"{{"admitted":true,"at_ns":{SPENT_AT_NS},"entries":[{entry}]}}"#)), &mut port);
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+    assert_eq!(root.sent, ["/v1/lease"], "the lease is empty: a refill");
+    let nothing = r#"{"granted":0,"expires_in_ms":0,"at_ns":1,"entry":{"verdict":"rejected","limit":5,"remaining":0,
+        "reset_after_ns":1,"retry_after_ns":2000000000,"delay_ns":0}}"#;
+    let mut answered = FakePort::default();
+    w.on_root_answer(root.next_token, &ok(nothing.to_owned()), &mut answered);
+    assert!(answered.actions.iter().any(|a| a.starts_with("reply 429")), "{:?}", answered.actions);
+    let sent = answered
+        .sent
+        .iter()
+        .zip(&answered.bodies)
+        .map(|(p, b)| (p.clone(), serde_json::from_str(b).unwrap()))
+        .collect();
+    (sent, answered.next_token)
+}
+
+#[test]
+fn a_check_spend_is_credited_back_when_a_lease_policy_rejects_the_request() {
+    let w = worker(&config(BUCKET));
+
+    let (sent, _) = checked_then_rejected_by_the_lease(&w);
+
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let (path, body) = &sent[0];
+    assert_eq!(path, "/v1/credit");
+    assert_eq!((body["units"].as_u64(), body["spent_at_ns"].as_u64()), (Some(1), Some(SPENT_AT_NS)));
+    assert_eq!(body["limit"]["algorithm"], "token_bucket");
+    assert_eq!(w.metrics().unwrap().get(0, Counter::Unrefunded), 0);
+}
+
+#[test]
+fn a_check_spend_that_cannot_be_credited_stays_spent_and_is_counted() {
+    let w = worker(&config(LOG));
+
+    let (sent, _) = checked_then_rejected_by_the_lease(&w);
+
+    assert!(sent.is_empty(), "a sliding log cannot be credited: {sent:?}");
+    assert_eq!(w.metrics().unwrap().get(0, Counter::Unrefunded), 1);
+}
+
+#[test]
+fn a_refund_the_service_refuses_is_counted_as_unrefunded() {
+    let w = worker(&config(BUCKET));
+    let (_, credit) = checked_then_rejected_by_the_lease(&w);
+
+    let refused = br#"{"error":{"code":"invalid_limit","message":"limit: no"}}"#.to_vec();
+    w.on_root_answer(credit, &CalloutAnswer::Response { status: 400, body: refused }, &mut FakePort::default());
+
+    assert_eq!(w.metrics().unwrap().get(0, Counter::Unrefunded), 1);
+}
