@@ -405,11 +405,11 @@ local function spent_window(spent_us, wms)
   return fdiv(fdiv(spent_us, 1000), wms)
 end
 
--- Units fewer counted, if the stored window is the one the spend counted in (the
--- stored window, not now's: shared-store compares with the state as stored).
+-- Units fewer counted, if the spend counted in the stored window and that is now's.
 local function credit_fixed(st, now, units, spent_us, wms)
   if not st or not st[4] then return nil, 0 end
-  if st[2] ~= spent_window(spent_us, wms) or st[3] == 0 or units == 0 then return nil, 0 end
+  local spent_in = spent_window(spent_us, wms)
+  if st[2] ~= spent_in or spent_in ~= spent_window(now, wms) or st[3] == 0 or units == 0 then return nil, 0 end
   local now_ms = fdiv(now, 1000)
   local until_end = ((st[2] + 1) * wms - now_ms) * 1000000 - (now - now_ms * 1000) * 1000
   if until_end < 0 then until_end = 0 end
@@ -417,12 +417,16 @@ local function credit_fixed(st, now, units, spent_us, wms)
 end
 
 -- Units fewer counted in the stored window if the spend counted in it, or in the one
--- before it (previous) if the spend counted in that one.
+-- before it (previous) if the spend counted in that one; only while the spend's window
+-- is now's or the one before it (the trailing window reaches no further).
 local function credit_sliding(st, now, units, spent_us, wms)
   if not st or not st[4] or units == 0 then return nil, 0 end
   local index, count, previous = st[2], st[3], st[4]
   local spent_in = spent_window(spent_us, wms)
-  if index == spent_in and count > 0 then
+  local current = spent_window(now, wms)
+  if spent_in ~= current and spent_in + 1 ~= current then
+    return nil, 0
+  elseif index == spent_in and count > 0 then
     count = math.max(count - units, 0)
   elseif index == spent_in + 1 and previous > 0 then
     previous = math.max(previous - units, 0)

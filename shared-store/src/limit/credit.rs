@@ -28,24 +28,29 @@ impl Limit {
     /// | algorithm | after the credit |
     /// |---|---|
     /// | token bucket | `units` more tokens, never more than the burst |
-    /// | fixed window | `units` fewer counted, if `spent_at` is in the current window |
-    /// | sliding window | `units` fewer counted in the window `spent_at` fell in, if that is the current or the previous one |
+    /// | fixed window | `units` fewer counted, if `spent_at` is in the window of `now` (and of the state) |
+    /// | sliding window | `units` fewer counted in the window `spent_at` fell in, if that is the window of `now` or the one before it |
     pub fn credit(&self, state: &State, spent_at: Nanos, now: Nanos, units: u64) -> Option<State> {
         match (*self, state) {
             (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => {
                 Some(State::Gcra { tat: Gcra::new(rate, burst).credit(*tat, now, units) })
             }
             (Self::FixedWindow { window, .. }, State::Window { index, count, previous }) => {
-                let spent_in = spent_at.0 / window.0.max(1);
-                Some(if *index == spent_in {
+                let (spent_in, current) = (spent_at.0 / window.0.max(1), now.0 / window.0.max(1));
+                Some(if *index == spent_in && spent_in == current {
                     State::Window { index: *index, count: count.saturating_sub(units), previous: *previous }
                 } else {
                     state.clone()
                 })
             }
             (Self::SlidingWindow { window, .. }, State::Window { index, count, previous }) => {
-                let spent_in = spent_at.0 / window.0.max(1);
-                Some(if *index == spent_in {
+                let (spent_in, current) = (spent_at.0 / window.0.max(1), now.0 / window.0.max(1));
+                // The trailing window at `now` reaches back into the previous window, no
+                // further.
+                let counts = spent_in == current || spent_in.checked_add(1) == Some(current);
+                Some(if !counts {
+                    state.clone()
+                } else if *index == spent_in {
                     State::Window { index: *index, count: count.saturating_sub(units), previous: *previous }
                 } else if spent_in.checked_add(1) == Some(*index) {
                     State::Window { index: *index, count: *count, previous: previous.saturating_sub(units) }
@@ -103,9 +108,11 @@ mod tests {
         let same = fixed.credit(&spent, start, Nanos(start.0 + 500 * MS), 4).unwrap();
         let later = fixed.decide(Some(&spent), Nanos(start.0 + S), 1).1.unwrap();
         let next = fixed.credit(&later, start, Nanos(start.0 + S), 4).unwrap();
+        let unwritten = fixed.credit(&spent, start, Nanos(start.0 + S), 4).unwrap();
 
         assert_eq!(fixed.status(Some(&same), Nanos(start.0 + 500 * MS)).remaining, 8);
         assert_eq!(next, later, "the window that counted the spend is gone: nothing to give back");
+        assert_eq!(unwritten, spent, "gone too when nothing was written since");
     }
 
     #[test]
@@ -118,6 +125,10 @@ mod tests {
         let credited = sliding.credit(&moved, start, Nanos(start.0 + S), 4).unwrap();
 
         assert_eq!(credited, State::Window { index: 2001, count: 1, previous: 2 });
+        let unwritten = sliding.credit(&spent.clone().unwrap(), start, Nanos(start.0 + S), 4).unwrap();
+        assert_eq!(unwritten, State::Window { index: 2000, count: 2, previous: 0 }, "still in the trailing window");
+        let gone = sliding.credit(&spent.unwrap(), start, Nanos(start.0 + 2 * S), 4).unwrap();
+        assert_eq!(gone, State::Window { index: 2000, count: 6, previous: 0 }, "two windows on: nothing to give back");
     }
 
     #[test]

@@ -23,7 +23,8 @@ pub struct Settlement {
     /// Units given back.
     pub credited: u64,
     /// Units that were not settled: a charge beyond the debt bound, or a credit that
-    /// could not be given (an algorithm without credit, a slot that changed hands).
+    /// could not be given (an algorithm without credit, a slot that changed hands, a
+    /// full bucket, a window the spend no longer counts in).
     pub forgiven: u64,
     /// Writes that lost a CAS race and were retried.
     pub conflicts: u32,
@@ -77,8 +78,9 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                     _ => None,
                 };
                 match credited {
-                    Some(next) => (next, 0, units),
-                    None => {
+                    // A credit that changes nothing (a full bucket, a window gone) gives nothing.
+                    Some(next) if plan.state.as_ref() != Some(&next) => (next, 0, units),
+                    _ => {
                         settlement.forgiven = units;
                         return Ok(settlement);
                     }
