@@ -42,7 +42,7 @@ pub(crate) fn decide<S: Store, C: Clock>(
         due: None,
         owed: Vec::new(),
         spent: Few::new(),
-        checked_spent: Few::new(),
+        checked_spent: Vec::new(),
         fallback: None,
         shadows,
     };

@@ -26,8 +26,9 @@ pub(crate) struct Granted {
     /// Lease spends made, to give back if the request is rejected after all.
     pub(crate) spent: Few<(usize, Placement, u64)>,
     /// What the counter service spent for the check-mode policies, to credit back if
-    /// the request is rejected after all.
-    pub(crate) checked_spent: Few<CheckSpent>,
+    /// the request is rejected after all (a `Vec`: empty, it costs a local request three
+    /// words, where an inline array would be copied between every stage).
+    pub(crate) checked_spent: Vec<CheckSpent>,
     /// Set when a fallback decided part of the request: what the fallback header says.
     pub(crate) fallback: Option<Note>,
     /// Shadow policies, decided when it is admitted.
