@@ -27,7 +27,7 @@ mod url;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
-use shared_store::Nanos;
+use shared_store::{Decision, Nanos};
 use sluice_protocol::CHARGE_ID_TTL_MS;
 
 use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome};
@@ -165,23 +165,10 @@ impl RedisCounters {
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
-        let mut keys = vec![plan.entry.storage_key.as_str()];
-        keys.extend(plan.charge_key.as_deref());
-        let mut args = Self::script_args("charge", plan.max_debt, &[(&plan.entry, plan.entry.cost)], at);
-        args.push(CHARGE_ID_TTL_MS.to_string());
-        let reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
-        let decision = reply
-            .decisions
-            .into_iter()
-            .next()
-            .ok_or_else(|| CounterStoreError::Protocol("charge reply without a decision".into()))?;
-        Ok(ChargeOutcome {
-            charged: reply.granted,
-            forgiven: reply.forgiven,
-            duplicate: reply.duplicate,
-            at: reply.at,
-            decision,
-        })
+        let (reply, decision) =
+            self.remembered("charge", plan.max_debt, &plan.entry, plan.charge_key.as_deref(), at).await?;
+        let (charged, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
+        Ok(ChargeOutcome { charged, forgiven, duplicate, at: reply.at, decision })
     }
 
     /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, in one script (see
@@ -192,24 +179,33 @@ impl RedisCounters {
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
-        let mut keys = vec![plan.entry.storage_key.as_str()];
-        keys.extend(plan.credit_key.as_deref());
         let spent_us = spent_at_us(plan.spent_at);
-        let mut args = Self::script_args("credit", spent_us, &[(&plan.entry, plan.entry.cost)], at);
+        let (reply, decision) =
+            self.remembered("credit", spent_us, &plan.entry, plan.credit_key.as_deref(), at).await?;
+        let (credited, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
+        Ok(CreditOutcome { credited, forgiven, duplicate, at: reply.at, decision })
+    }
+
+    /// Runs `op` (a charge or a credit: one entry, `param` its script argument) with its
+    /// id's key, remembered for `CHARGE_ID_TTL_MS`; the reply and the entry's decision.
+    async fn remembered(
+        &self,
+        op: &'static str,
+        param: u64,
+        entry: &PlannedEntry,
+        id_key: Option<&str>,
+        at: Option<Nanos>,
+    ) -> Result<(Reply, Decision), CounterStoreError> {
+        let mut keys = vec![entry.storage_key.as_str()];
+        keys.extend(id_key);
+        let mut args = Self::script_args(op, param, &[(entry, entry.cost)], at);
         args.push(CHARGE_ID_TTL_MS.to_string());
-        let reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
+        let mut reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
         let decision = reply
             .decisions
-            .into_iter()
-            .next()
-            .ok_or_else(|| CounterStoreError::Protocol("credit reply without a decision".into()))?;
-        Ok(CreditOutcome {
-            credited: reply.granted,
-            forgiven: reply.forgiven,
-            duplicate: reply.duplicate,
-            at: reply.at,
-            decision,
-        })
+            .pop()
+            .ok_or_else(|| CounterStoreError::Protocol(format!("{op} reply without a decision")))?;
+        Ok((reply, decision))
     }
 
     /// `PING` within the deadline.
