@@ -7,6 +7,10 @@ use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{Envoy, cluster, sluice};
 use std::collections::BTreeMap;
 
+/// The check-mode variant whose cost the response reports (42 against an estimate of
+/// 10): each response is settled at the service with a charge, one more callout.
+const CHECK_SETTLED: &str = "check, cost from the response";
+
 /// The global group's policy on `x-tenant`, by mode: `local`, `check` (either
 /// protocol) or `lease`, on a budget that never runs out; and `lease, over the limit`: a
 /// budget of 200 per second, leased 20 at a time, under a demand far above it (the
@@ -17,6 +21,10 @@ fn global_policy(mode: &str) -> String {
         "check" | "check over HTTP/1.1" => {
             (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
         }
+        CHECK_SETTLED => (
+            r#","global":{"strategy":"check"},"cost":{"response_header":"x-usage","estimate":10,"max":1000}"#,
+            r#""1000000000/second","burst":1000000000"#,
+        ),
         "lease" => (
             r#","global":{"strategy":"lease","lease":{"size":10000,"duration":"10s","low_water":2000}}"#,
             r#""1000000000/second","burst":1000000000"#,
@@ -39,6 +47,7 @@ fn global_policy(mode: &str) -> String {
 /// variant that shows what the protocol adds to a check's latency.
 pub(crate) fn global_envoy(mode: &str, service: &Counter) -> Envoy {
     let builder = base(1).cluster(cluster("sluice-counter", service.addr(), !mode.ends_with("HTTP/1.1")));
+    let builder = if mode == CHECK_SETTLED { builder.answer("{}", &[("x-usage", "42")]) } else { builder };
     let builder = if mode == "none" {
         builder
     } else {
@@ -66,7 +75,8 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     )
     .unwrap();
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
-    let mut modes = vec!["none", "local", "check", "check over HTTP/1.1", "lease", "lease, over the limit"];
+    let mut modes =
+        vec!["none", "local", "check", "check over HTTP/1.1", CHECK_SETTLED, "lease", "lease, over the limit"];
     if baseline_wasm().is_some() {
         modes.extend(["before: local", "before: check", "before: lease", "before: lease, over the limit"]);
     }
@@ -164,6 +174,12 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     println!(
         "check mode over HTTP/1.1 to the service: p50 +{added_p50_http1:.0} µs = {:.2} × one round trip",
         added_p50_http1 / rtt
+    );
+    println!(
+        "check mode with a cost the response reports, over the same check with a known cost: {:.0} ns of Envoy CPU per \
+         request, {:.0} callouts per 1000 requests (the check and the settlement's charge)",
+        cpu(CHECK_SETTLED) - cpu("check"),
+        med(&format!("{CHECK_SETTLED}, callouts per 1000 requests"), |s| s.rps)
     );
     let over_none = |mode: &str| cpu(mode) - cpu("none");
     println!(
