@@ -580,21 +580,19 @@ for i = 1, n do
     granted, forgiven = seen[1] or 0, seen[2] or 0
     reply[5] = 1
     v, limit, remaining, reset, wait = status(code, st, now, p1, p2, p3, p4)
-  elseif op == 'credit' then
-    local credited_st, credited_idle = credit(code, st, now, cost, tokens, p1, p2, p3)
-    local after = st
-    if credited_st then
-      after, granted, idle = credited_st, cost, credited_idle
-      state = serialize(credited_st)
+  elseif op == 'charge' or op == 'credit' then
+    -- What it moved: a charge some of cost (max_debt bounds it), a credit all or none.
+    local moved_st, moved, moved_idle
+    if op == 'charge' then
+      moved_st, moved, moved_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
+    else
+      moved_st, moved_idle = credit(code, st, now, cost, tokens, p1, p2, p3)
+      moved = cost
     end
-    forgiven = cost - granted
-    v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
-  elseif op == 'charge' then
-    local charged_st, c, charged_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
     local after = st
-    if charged_st then
-      after, granted, idle = charged_st, c, charged_idle
-      state = serialize(charged_st)
+    if moved_st then
+      after, granted, idle = moved_st, moved, moved_idle
+      state = serialize(moved_st)
     end
     forgiven = cost - granted
     v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
