@@ -465,6 +465,7 @@ mod tests {
             units,
             spent_at_ns: 7,
             credit_id: credit_id.map(str::to_owned),
+            id_ttl_ms: None,
         }
     }
 

@@ -61,5 +61,5 @@ pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecE
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
     EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, VerdictName,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName,
 };

@@ -22,10 +22,13 @@ pub const MAX_TAG_BYTES: usize = 128;
 pub const MAX_LEASE_TTL_MS: u64 = 300_000;
 /// Longest `charge_id`, in bytes (visible ASCII: at least one byte, no spaces).
 pub const MAX_CHARGE_ID_BYTES: usize = 64;
-/// How long the service remembers a charge id, in milliseconds: the same charge sent
-/// again within this time is not applied again (its first answer is repeated, with
-/// `duplicate: true`); after it, the id is new again.
+/// How long the service remembers a charge or credit id, in milliseconds, unless the
+/// request asks for less (`id_ttl_ms`): the same charge sent again within this time is
+/// not applied again (its first answer is repeated, with `duplicate: true`); after it,
+/// the id is new again. Also the longest `id_ttl_ms` a request may ask for.
 pub const CHARGE_ID_TTL_MS: u64 = 600_000;
+/// The shortest `id_ttl_ms` a charge or credit may ask for, in milliseconds.
+pub const MIN_ID_TTL_MS: u64 = 1_000;
 
 /// `POST /v1/check`: one all-or-nothing decision over one or several entries.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -109,6 +112,12 @@ pub struct ChargeRequest {
     /// within [`CHARGE_ID_TTL_MS`] is applied once. Without an id, every charge is applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge_id: Option<String>,
+    /// How long the id is to be remembered, in milliseconds ([`MIN_ID_TTL_MS`] to
+    /// [`CHARGE_ID_TTL_MS`], the default): the sender's promise that it never sends the
+    /// id again later than this after its first send. A sender that settles often keeps
+    /// the service's memory of ids small this way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_ttl_ms: Option<u64>,
 }
 
 /// `POST /v1/credit`: give back `units` that a check spent at `spent_at_ns` on an
@@ -143,6 +152,9 @@ pub struct CreditRequest {
     /// own): sent again with the same id within [`CHARGE_ID_TTL_MS`], it is applied once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credit_id: Option<String>,
+    /// How long the id is to be remembered, like a charge's `id_ttl_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_ttl_ms: Option<u64>,
 }
 
 /// One entry's answer.

@@ -184,6 +184,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
                 cost: charge.units,
                 max_debt: leased.config.max_debt,
                 charge_id: Some(charge_id(charge.id)),
+                id_ttl_ms: None,
             };
             let body = serde_json::to_vec(&request).unwrap_or_default();
             (Sent::Charge(target, charge), wire::CHARGE_PATH, body)

@@ -32,6 +32,14 @@ use crate::host::{CalloutAnswer, Counter, Metrics};
 use shared_store::Nanos;
 use sluice_protocol::{ChargeRequest, CreditRequest};
 
+/// How long the service is asked to remember a settlement's id, in milliseconds: a
+/// settlement is never sent later than `DEBT_LIFE` after it was queued (before its first
+/// send), and this leaves half as long again for a copy still on its way. Far below the
+/// service's default (10 minutes), so that a caller settled often does not fill the
+/// service's memory of ids.
+pub(crate) const ID_TTL_MS: u64 = DEBT_LIFE.as_u64() / 1_000_000 + 30_000;
+const _: () = assert!(ID_TTL_MS >= sluice_protocol::MIN_ID_TTL_MS && ID_TTL_MS <= sluice_protocol::CHARGE_ID_TTL_MS);
+
 /// The most settlements one call of the root context sends.
 pub(crate) const MAX_SETTLEMENTS_PER_CALL: usize = 64;
 const _: () = assert!(MAX_SETTLEMENTS_PER_CALL <= MAX_PENDING_SETTLEMENTS);
@@ -114,13 +122,23 @@ pub(crate) fn call(
             Change::Charge(cost) => {
                 // The service bounds debt by the capacity; the filter by its own rule.
                 let max_debt = debt_bound(compiled.policy.cost.settled()?).min(compiled.policy.limit.capacity());
-                let request =
-                    ChargeRequest { tag, key, policy_version, limit: *spec, cost, max_debt, charge_id: Some(id) };
+                let id_ttl_ms = Some(ID_TTL_MS);
+                let request = ChargeRequest {
+                    tag,
+                    key,
+                    policy_version,
+                    limit: *spec,
+                    cost,
+                    max_debt,
+                    charge_id: Some(id),
+                    id_ttl_ms,
+                };
                 (wire::CHARGE_PATH, serde_json::to_vec(&request).ok()?)
             }
             Change::Credit { units, spent_at_ns } => {
+                let (credit_id, id_ttl_ms) = (Some(id), Some(ID_TTL_MS));
                 let request =
-                    CreditRequest { tag, key, policy_version, limit: *spec, units, spent_at_ns, credit_id: Some(id) };
+                    CreditRequest { tag, key, policy_version, limit: *spec, units, spent_at_ns, credit_id, id_ttl_ms };
                 (wire::CREDIT_PATH, serde_json::to_vec(&request).ok()?)
             }
         })

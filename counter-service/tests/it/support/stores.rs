@@ -89,6 +89,7 @@ pub fn charge_request(
         cost,
         max_debt,
         charge_id: charge_id.map(str::to_owned),
+        id_ttl_ms: None,
     }
 }
 
@@ -123,5 +124,6 @@ pub fn credit_request(
         units,
         spent_at_ns: spent_at.as_u64(),
         credit_id: credit_id.map(str::to_owned),
+        id_ttl_ms: None,
     }
 }
