@@ -10,8 +10,8 @@
 
 use shared_store::Nanos;
 use sluice_protocol::{
-    ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, SpecError,
+    CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
+    MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
 };
 
 use crate::spec::StoreLimit;
@@ -105,6 +105,9 @@ pub struct ChargePlan {
     pub max_debt: u64,
     /// Where the charge's id is remembered ([`charge_key`]), when it has one.
     pub charge_key: Option<String>,
+    /// How long the id is remembered, in milliseconds ([`MIN_ID_TTL_MS`] to
+    /// [`CHARGE_ID_TTL_MS`], the default); unused without an id.
+    pub id_ttl_ms: u64,
 }
 
 /// A validated credit.
@@ -118,6 +121,8 @@ pub struct CreditPlan {
     pub spent_at: Nanos,
     /// Where the credit's id is remembered ([`credit_key`]), when it has one.
     pub credit_key: Option<String>,
+    /// How long the id is remembered, as a charge's ([`ChargePlan::id_ttl_ms`]).
+    pub id_ttl_ms: u64,
 }
 
 /// The storage key of one counter: its tag, policy version and key, and not the limit's
@@ -156,6 +161,28 @@ fn check_id(field: &str, code: &'static str, id: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// How long the id of a charge or a credit is remembered: `id_ttl_ms` when given
+/// ([`MIN_ID_TTL_MS`] to [`CHARGE_ID_TTL_MS`], and only beside an id, `id_field`), else
+/// [`CHARGE_ID_TTL_MS`]. Refused with `invalid_id_ttl` otherwise: a shorter time could
+/// not outlast a retry, a longer one is more than the service promises to hold, and
+/// a time for no id would mean nothing.
+fn check_id_ttl(id_field: &str, has_id: bool, id_ttl_ms: Option<u64>) -> Result<u64, ApiError> {
+    let Some(ttl) = id_ttl_ms else { return Ok(CHARGE_ID_TTL_MS) };
+    if !has_id {
+        return Err(ApiError::bad_request(
+            "invalid_id_ttl",
+            format!("id_ttl_ms: given without a {id_field} (it says how long the id is remembered)"),
+        ));
+    }
+    if !(MIN_ID_TTL_MS..=CHARGE_ID_TTL_MS).contains(&ttl) {
+        return Err(ApiError::bad_request(
+            "invalid_id_ttl",
+            format!("id_ttl_ms: {ttl} is not between {MIN_ID_TTL_MS} and {CHARGE_ID_TTL_MS}"),
+        ));
+    }
+    Ok(ttl)
 }
 
 /// `field` (a charge's `cost`, a credit's `units`) within the largest amount a charge or a
@@ -339,16 +366,18 @@ impl ChargePlan {
             }
             None => None,
         };
+        let id_ttl_ms = check_id_ttl("charge_id", charge_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.cost;
-        Ok(Self { entry, max_debt: request.max_debt, charge_key })
+        Ok(Self { entry, max_debt: request.max_debt, charge_key, id_ttl_ms })
     }
 }
 
 impl CreditPlan {
     /// Validates `request` into a plan: the tag and key, the limit (which must be one
     /// that can be credited: `400 not_creditable` naming `limit.algorithm` otherwise),
-    /// `units` within 2^40 (`outside_envelope`) and the `credit_id`, as a charge's
-    /// `charge_id` is (`invalid_credit_id`).
+    /// `units` within 2^40 (`outside_envelope`), the `credit_id`, as a charge's
+    /// `charge_id` is (`invalid_credit_id`), and its `id_ttl_ms`, as a charge's is
+    /// (`invalid_id_ttl`).
     ///
     /// # Errors
     /// A 400 [`ApiError`] naming the first problem found.
@@ -367,8 +396,9 @@ impl CreditPlan {
             }
             None => None,
         };
+        let id_ttl_ms = check_id_ttl("credit_id", credit_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.units;
-        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key })
+        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key, id_ttl_ms })
     }
 }
 
@@ -499,6 +529,42 @@ mod tests {
         assert_eq!((longest.entry.cost, longest.spent_at), (1 << 40, Nanos(7)));
         assert_eq!(too_many.code, "outside_envelope");
         assert!(too_many.message.starts_with("units: "), "{too_many:?}");
+    }
+
+    #[test]
+    fn an_id_is_remembered_for_the_ttl_asked_from_a_second_to_ten_minutes_and_ten_minutes_unless_asked() {
+        let bucket = LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 5 };
+        let with_ttl =
+            |id: Option<&str>, id_ttl_ms| CreditPlan::new(&CreditRequest { id_ttl_ms, ..credit(bucket, 1, id) });
+        let charge = |id_ttl_ms| {
+            let request = ChargeRequest {
+                tag: None,
+                key: "k".to_owned(),
+                policy_version: 0,
+                limit: bucket,
+                cost: 1,
+                max_debt: 0,
+                charge_id: Some("c".to_owned()),
+                id_ttl_ms,
+            };
+            ChargePlan::new(&request).map(|plan| plan.id_ttl_ms)
+        };
+
+        assert_eq!(with_ttl(Some("c"), None).map(|p| p.id_ttl_ms), Ok(CHARGE_ID_TTL_MS));
+        assert_eq!(with_ttl(None, None).map(|p| p.id_ttl_ms), Ok(CHARGE_ID_TTL_MS));
+        assert_eq!(with_ttl(Some("c"), Some(MIN_ID_TTL_MS)).map(|p| p.id_ttl_ms), Ok(1_000));
+        assert_eq!((charge(None), charge(Some(90_000)), charge(Some(600_000))), (Ok(600_000), Ok(90_000), Ok(600_000)));
+        for ttl in [0, 999, 600_001, u64::MAX] {
+            let err = charge(Some(ttl)).unwrap_err();
+
+            assert_eq!((err.status, err.code), (400, "invalid_id_ttl"));
+            assert_eq!(err.message, format!("id_ttl_ms: {ttl} is not between 1000 and 600000"));
+        }
+        let without_id = with_ttl(None, Some(90_000)).unwrap_err();
+        assert_eq!(
+            (without_id.code, without_id.message.as_str()),
+            ("invalid_id_ttl", "id_ttl_ms: given without a credit_id (it says how long the id is remembered)")
+        );
     }
 
     #[test]

@@ -20,7 +20,8 @@
 --          spent in us (credit: spent_at_ns / 1000, floored), else 0
 -- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost (for a lease: min_tokens,
 --          the fewest worth granting; for a credit: the units to give back)
--- ARGV[10] a charge or a credit: how long its id is remembered, in ms (CHARGE_ID_TTL_MS)
+-- ARGV[10] a charge or a credit: how long its id is remembered, in ms (the plan's
+--          id_ttl_ms: MIN_ID_TTL_MS to CHARGE_ID_TTL_MS, validated by the service)
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
 --   fw  fixed window  p1 = limit, p2 = window_ms

@@ -18,22 +18,50 @@
 //!   [`CounterStoreError::Full`] (HTTP 503 `store_full`); existing keys keep working, and no
 //!   active key is ever evicted, since evicting one would silently reset a client.
 //! * **Charge and credit ids.** A charge or a credit with an id is remembered with its
-//!   answer for [`CHARGE_ID_TTL_MS`], in the shard of its counter, so that the same
-//!   charge or credit sent again is answered again instead of applied again (a credit id
-//!   under its [`crate::api::credit_key`], so it never meets a charge id). At most
-//!   `max_charge_ids` ids of both kinds together are remembered (split evenly over the
-//!   shards); expired ones are dropped by the sweep and by a full shard, and when a shard
+//!   answer for the plan's `id_ttl_ms` (at most [`sluice_protocol::CHARGE_ID_TTL_MS`]),
+//!   so that the same charge or credit sent again is answered again instead of applied
+//!   again (a credit id under its [`crate::api::credit_key`], so it never meets a charge
+//!   id). Ids live in a table of their own, apart from the counters: as many id shards
+//!   as counter shards, an id's shard chosen by a hash of its id key, so the ids of one
+//!   counter (one hot caller settling every request) spread over all of them instead of
+//!   crowding its counter's shard. At most `max_charge_ids` ids of both kinds together
+//!   are remembered, split evenly over the id shards (ids spread uniformly, so the first
+//!   id shard fills up when the table as a whole is nearly full); expired ones are
+//!   dropped by the sweep and by a full id shard before it refuses, and when an id shard
 //!   still holds only live ones, charges and credits with a new id there are refused
 //!   ([`CounterStoreError::ChargeIdsFull`], 503 `store_full`) rather than forget an id.
+//! * **Ids are remembered by a 128-bit hash.** The table holds no id key, only two
+//!   64-bit hashes of it under the store's `RandomState` (std's SipHash, keyed with 128
+//!   random bits drawn at start; each hash behind its own prefix), with the answer and the
+//!   expiry. A new id is taken for a live one only if both hashes match: with n live ids
+//!   a chance of n / 2^128 per new id, so a year of 11 000 new ids a second against a
+//!   full table of a million makes one mix-up (a charge answered as the duplicate of
+//!   another) less likely than 1 in 10^20. The key never leaves the process, so a caller
+//!   cannot choose ids that collide, nor ones that crowd one id shard: it can only guess,
+//!   at those odds.
+//! * **Memory per id.** An entry is 40 bytes (the two hashes; the answer's two amounts
+//!   and the expiry) and the hash map adds a control byte a slot, its slots a power of
+//!   two at most 7/8 full: 47 to 94 bytes a remembered id, depending on where the id
+//!   shards stand between two powers of two (a map keeps the slots of its fullest
+//!   moment). At the default bound ([`DEFAULT_MAX_CHARGE_IDS`]: 1 000 000 ids over 64
+//!   shards, 15 625 a shard in 32 768 slots) a full table takes 86 MB, 86 bytes an id
+//!   (measured with a counting allocator: 85 986 304 bytes). Ids kept for 90 s (the
+//!   filter's settlements) fill it at about 11 000 new ids a second; ids kept the
+//!   default 10 minutes, at about 1 600.
+//! * **Lock order.** Counter shards first (a check's in ascending order), then at most
+//!   one id shard (a charge's or a credit's with an id). An id shard is never held while
+//!   a counter shard is taken, so the two kinds cannot wait on each other in a cycle. A
+//!   charge or a credit holds its id shard from looking the id up to remembering it, so
+//!   the bound is never exceeded; two sends of one id are applied once because both hold
+//!   their counter's shard (an id key names its counter).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shared_store::{Clock, Decision, Limit, Nanos, State};
-use sluice_protocol::CHARGE_ID_TTL_MS;
 
 use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome, decide_lease, lease_life};
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
@@ -48,13 +76,14 @@ pub struct MemoryConfig {
     pub shards: usize,
     /// Most keys held at once.
     pub max_keys: usize,
-    /// Most charge and credit ids remembered at once, together (each for
-    /// [`CHARGE_ID_TTL_MS`]).
+    /// Most charge and credit ids remembered at once, together (each for its
+    /// `id_ttl_ms`, at most [`sluice_protocol::CHARGE_ID_TTL_MS`]).
     pub max_charge_ids: usize,
 }
 
-/// The default bound on remembered charge ids.
-pub const DEFAULT_MAX_CHARGE_IDS: usize = 100_000;
+/// The default bound on remembered charge and credit ids: 86 MB when full (see the
+/// module docs).
+pub const DEFAULT_MAX_CHARGE_IDS: usize = 1_000_000;
 
 impl Default for MemoryConfig {
     fn default() -> Self {
@@ -143,44 +172,14 @@ struct Shard {
     map: HashMap<String, Slot>,
     /// Until then, the shard is known to be full of active keys.
     full_until: Nanos,
-    /// Charge and credit ids applied to this shard's counters, by
-    /// [`crate::api::charge_key`] and [`crate::api::credit_key`].
-    charges: HashMap<String, Remembered>,
 }
 
 impl Shard {
-    /// Drops idle keys and expired charge ids; returns how many keys were dropped.
+    /// Drops idle keys; returns how many were dropped.
     fn sweep(&mut self, now: Nanos) -> usize {
         let before = self.map.len();
         self.map.retain(|_, slot| !slot.is_idle(now));
-        self.forget_expired(now);
         before - self.map.len()
-    }
-
-    fn forget_expired(&mut self, now: Nanos) {
-        self.charges.retain(|_, remembered| remembered.until > now);
-    }
-
-    /// The first answer of a charge or credit id still remembered at `now`.
-    fn remembered(&self, id_key: &str, now: Nanos) -> Option<Remembered> {
-        self.charges.get(id_key).copied().filter(|r| r.until > now)
-    }
-
-    /// Whether the id under `id_key` can be remembered at `now` by a shard that holds at
-    /// most `max` ids: it is there already, or there is room (once expired ids are
-    /// dropped, when the shard holds `max`).
-    fn has_room(&mut self, id_key: &str, now: Nanos, max: usize) -> bool {
-        if self.charges.len() < max || self.charges.contains_key(id_key) {
-            return true;
-        }
-        self.forget_expired(now);
-        self.charges.len() < max
-    }
-
-    /// Remembers the answer (`applied`, `forgiven`) of the id under `id_key`, from `now`.
-    fn remember(&mut self, id_key: &str, (applied, forgiven): (u64, u64), now: Nanos) {
-        let until = now.saturating_add(Nanos::from_millis(CHARGE_ID_TTL_MS));
-        self.charges.insert(id_key.to_owned(), Remembered { applied, forgiven, until });
     }
 
     /// The time a decision on `entry` is made at, `now` or the key's latest time if later,
@@ -192,12 +191,108 @@ impl Shard {
     }
 }
 
+/// An id key ([`crate::api::charge_key`], [`crate::api::credit_key`]) as the id table
+/// holds it: two 64-bit keyed hashes of it (see the module docs). `shard` picks the id
+/// shard; `bucket` alone is what the shard's map hashes, so that the bits which chose the
+/// shard (the same in all of its ids) do not choose the map's buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IdHash {
+    shard: u64,
+    bucket: u64,
+}
+
+impl Hash for IdHash {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.bucket);
+    }
+}
+
+/// The hasher of an id shard's map: [`IdHash::bucket`] is already a keyed hash, so it is
+/// used as it is.
+#[derive(Clone, Copy, Debug, Default)]
+struct Given(u64);
+
+impl Hasher for Given {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called (`IdHash::hash`); fold anything else anyway.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// One shard of the id table.
+#[derive(Debug, Default)]
+struct IdShard {
+    ids: HashMap<IdHash, Remembered, std::hash::BuildHasherDefault<Given>>,
+    /// No id here expires before this time (it is at most the earliest expiry): until
+    /// then a sweep would drop nothing, so a full shard refuses without scanning.
+    no_expiry_before: Nanos,
+}
+
+impl IdShard {
+    /// Drops the ids expired at `now`, unless none can be.
+    fn forget_expired(&mut self, now: Nanos) {
+        if now < self.no_expiry_before {
+            return;
+        }
+        let mut earliest = Nanos::MAX;
+        self.ids.retain(|_, remembered| {
+            let live = remembered.until > now;
+            if live {
+                earliest = earliest.min(remembered.until);
+            }
+            live
+        });
+        self.no_expiry_before = earliest;
+    }
+
+    /// The first answer of `id` if it is still remembered at `now`.
+    fn remembered(&self, id: IdHash, now: Nanos) -> Option<Remembered> {
+        self.ids.get(&id).copied().filter(|r| r.until > now)
+    }
+
+    /// Whether `id` can be remembered at `now` by a shard that holds at most `max` ids:
+    /// it is there already (expired), or there is room (once expired ids are dropped,
+    /// when the shard holds `max`).
+    fn has_room(&mut self, id: IdHash, now: Nanos, max: usize) -> bool {
+        if self.ids.len() < max || self.ids.contains_key(&id) {
+            return true;
+        }
+        self.forget_expired(now);
+        self.ids.len() < max
+    }
+
+    /// Remembers the answer (`applied`, `forgiven`) of `id` from `now` for `ttl_ms`.
+    fn remember(&mut self, id: IdHash, (applied, forgiven): (u64, u64), now: Nanos, ttl_ms: u64) {
+        let until = now.saturating_add(Nanos::from_millis(ttl_ms));
+        self.no_expiry_before = self.no_expiry_before.min(until);
+        self.ids.insert(id, Remembered { applied, forgiven, until });
+    }
+}
+
+/// A charge's or a credit's id, looked up in its locked id shard.
+struct IdGuard<'a> {
+    id: IdHash,
+    shard: MutexGuard<'a, IdShard>,
+}
+
 /// `shared-store`'s algorithms behind a sharded, bounded map.
 #[derive(Debug)]
 pub struct MemoryCounters {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     max_keys: usize,
+    /// The id table, apart from the counters (see the module docs).
+    id_shards: Box<[Mutex<IdShard>]>,
     ids_per_shard: usize,
     max_charge_ids: usize,
     hasher: std::hash::RandomState,
@@ -212,9 +307,9 @@ struct Pending {
     at: Nanos,
 }
 
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding a shard cannot leave a half-written slot (every write is one
-    // insert), so a poisoned lock is safe to use.
+fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard cannot leave a half-written slot or id (every write
+    // is one insert), so a poisoned lock is safe to use.
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -240,6 +335,7 @@ impl MemoryCounters {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: max_keys.div_ceil(shards),
             max_keys,
+            id_shards: (0..shards).map(|_| Mutex::new(IdShard::default())).collect(),
             ids_per_shard: max_charge_ids.div_ceil(shards),
             max_charge_ids,
             hasher: std::hash::RandomState::new(),
@@ -258,6 +354,21 @@ impl MemoryCounters {
         (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
     }
 
+    /// The id key `id_key` as the id table holds it: two hashes under the store's secret
+    /// key, each behind its own prefix (so they are two independent 64-bit hashes).
+    fn id_hash(&self, id_key: &str) -> IdHash {
+        IdHash { shard: self.hasher.hash_one(("id shard", id_key)), bucket: self.hasher.hash_one(("id", id_key)) }
+    }
+
+    /// Locks the id shard of `id_key`, when there is one. The caller holds its counter's
+    /// shard already (the lock order: counter shards, then one id shard).
+    fn lock_id(&self, id_key: Option<&str>) -> Option<IdGuard<'_>> {
+        let id = self.id_hash(id_key?);
+        // As in `shard_of`: the remainder is below the number of id shards.
+        let shard = self.id_shards.get((id.shard % self.id_shards.len() as u64) as usize)?;
+        Some(IdGuard { id, shard: lock(shard) })
+    }
+
     /// Number of keys held.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
@@ -266,7 +377,7 @@ impl MemoryCounters {
     /// Number of charge and credit ids remembered (expired ones included until the next
     /// sweep).
     pub fn charge_ids(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).charges.len()).sum()
+        self.id_shards.iter().map(|s| lock(s).ids.len()).sum()
     }
 
     /// Whether no key is held.
@@ -278,7 +389,11 @@ impl MemoryCounters {
     /// were dropped.
     pub fn sweep(&self, at: Option<Nanos>) -> usize {
         let now = at.unwrap_or_else(|| self.now());
-        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
+        let dropped = self.shards.iter().map(|s| lock(s).sweep(now)).sum();
+        for shard in &self.id_shards {
+            lock(shard).forget_expired(now);
+        }
+        dropped
     }
 
     /// Locks the shards of `shard_ids` in ascending order.
@@ -407,18 +522,19 @@ impl MemoryCounters {
     /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the
     /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]). A charge
     /// whose id is remembered is not applied again: its first answer is repeated, with
-    /// the limit's status now.
+    /// the limit's status now. A new id is remembered for `plan.id_ttl_ms`.
     ///
     /// # Errors
     /// [`CounterStoreError::Full`] when the key is new and does not fit;
-    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its shard remembers as many
-    /// live ids as it may.
+    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its id shard remembers
+    /// as many live ids as it may.
     pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
         let entry = &plan.entry;
         let shard = self.shard_of(&entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        if let Some(first) = self.recall(&mut guards, plan.charge_key.as_deref(), now)? {
+        let mut id = self.lock_id(plan.charge_key.as_deref());
+        if let Some(first) = self.recall(id.as_mut(), now)? {
             let decision = Self::status_now(&guards, entry, now);
             let (charged, forgiven) = (first.applied, first.forgiven);
             return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
@@ -430,7 +546,7 @@ impl MemoryCounters {
         self.reserve(&mut guards, &[entry], &pending, now)?;
         Self::apply(&mut guards, &[entry], pending);
         let forgiven = entry.cost.saturating_sub(charged);
-        Self::remember(&mut guards, plan.charge_key.as_deref(), (charged, forgiven), now);
+        Self::remember(id, (charged, forgiven), now, plan.id_ttl_ms);
         Ok(ChargeOutcome { charged, forgiven, duplicate: false, at: now, decision })
     }
 
@@ -440,17 +556,19 @@ impl MemoryCounters {
     /// All of them are credited when that changes the state, which is then written; none
     /// when it does not (a full bucket, a window the spend no longer counts in, a count
     /// at zero, a key not held), and nothing is written. A credit whose id is remembered
-    /// is not applied again: its first answer is repeated, with the limit's status now.
+    /// is not applied again: its first answer is repeated, with the limit's status now. A
+    /// new id is remembered for `plan.id_ttl_ms`.
     ///
     /// # Errors
-    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its shard remembers as
-    /// many live ids as it may.
+    /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its id shard remembers
+    /// as many live ids as it may.
     pub fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
         let entry = &plan.entry;
         let shard = self.shard_of(&entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
-        if let Some(first) = self.recall(&mut guards, plan.credit_key.as_deref(), now)? {
+        let mut id = self.lock_id(plan.credit_key.as_deref());
+        if let Some(first) = self.recall(id.as_mut(), now)? {
             let decision = Self::status_now(&guards, entry, now);
             let (credited, forgiven) = (first.applied, first.forgiven);
             return Ok(CreditOutcome { credited, forgiven, duplicate: true, at: now, decision });
@@ -466,33 +584,29 @@ impl MemoryCounters {
         // A credit writes only a key that exists: no new key, nothing to reserve.
         Self::apply(&mut guards, &[entry], vec![Pending { shard, decision, next, at: decided_at }]);
         let forgiven = entry.cost - credited;
-        Self::remember(&mut guards, plan.credit_key.as_deref(), (credited, forgiven), now);
+        Self::remember(id, (credited, forgiven), now, plan.id_ttl_ms);
         Ok(CreditOutcome { credited, forgiven, duplicate: false, at: now, decision })
     }
 
-    /// The first answer of the id under `id_key` (charge or credit), when it is
-    /// remembered in the locked shard; `None` when there is no id or it is new (and
-    /// there is room to remember it).
-    fn recall(
-        &self,
-        guards: &mut [(usize, MutexGuard<'_, Shard>)],
-        id_key: Option<&str>,
-        now: Nanos,
-    ) -> Result<Option<Remembered>, CounterStoreError> {
-        let (Some(id_key), Some((_, guard))) = (id_key, guards.first_mut()) else { return Ok(None) };
-        if let Some(first) = guard.remembered(id_key, now) {
+    /// The first answer of the id in `id` (charge or credit), when its locked id shard
+    /// remembers it; `None` when there is no id or it is new (and there is room to
+    /// remember it).
+    fn recall(&self, id: Option<&mut IdGuard<'_>>, now: Nanos) -> Result<Option<Remembered>, CounterStoreError> {
+        let Some(IdGuard { id, shard }) = id else { return Ok(None) };
+        if let Some(first) = shard.remembered(*id, now) {
             return Ok(Some(first));
         }
-        if !guard.has_room(id_key, now, self.ids_per_shard) {
+        if !shard.has_room(*id, now, self.ids_per_shard) {
             return Err(CounterStoreError::ChargeIdsFull { max_ids: self.max_charge_ids });
         }
         Ok(None)
     }
 
-    /// Remembers the answer of the id under `id_key`, if there is one, in the locked shard.
-    fn remember(guards: &mut [(usize, MutexGuard<'_, Shard>)], id_key: Option<&str>, answer: (u64, u64), now: Nanos) {
-        if let (Some(id_key), Some((_, guard))) = (id_key, guards.first_mut()) {
-            guard.remember(id_key, answer, now);
+    /// Remembers the answer of the id in `id`, if there is one, for `ttl_ms` from `now`,
+    /// and lets its id shard go.
+    fn remember(id: Option<IdGuard<'_>>, answer: (u64, u64), now: Nanos, ttl_ms: u64) {
+        if let Some(IdGuard { id, mut shard }) = id {
+            shard.remember(id, answer, now, ttl_ms);
         }
     }
 

@@ -28,7 +28,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use shared_store::{Decision, Nanos};
-use sluice_protocol::CHARGE_ID_TTL_MS;
 
 use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome};
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
@@ -160,13 +159,14 @@ impl RedisCounters {
 
     /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script; a
     /// charge with an id is remembered (with its answer) in the same script, under its
-    /// charge key with a TTL of `CHARGE_ID_TTL_MS`, and not applied again while it is.
+    /// charge key with a TTL of `plan.id_ttl_ms`, and not applied again while it is.
     ///
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
-        let (reply, decision) =
-            self.remembered("charge", plan.max_debt, &plan.entry, plan.charge_key.as_deref(), at).await?;
+        let (reply, decision) = self
+            .remembered("charge", plan.max_debt, &plan.entry, (plan.charge_key.as_deref(), plan.id_ttl_ms), at)
+            .await?;
         let (charged, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
         Ok(ChargeOutcome { charged, forgiven, duplicate, at: reply.at, decision })
     }
@@ -174,32 +174,33 @@ impl RedisCounters {
     /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, in one script (see
     /// [`super::MemoryCounters::credit`] for what is credited); a credit with an id is
     /// remembered (with its answer) in the same script, under its credit key with a TTL
-    /// of `CHARGE_ID_TTL_MS`, and not applied again while it is.
+    /// of `plan.id_ttl_ms`, and not applied again while it is.
     ///
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
         let spent_us = spent_at_us(plan.spent_at);
         let (reply, decision) =
-            self.remembered("credit", spent_us, &plan.entry, plan.credit_key.as_deref(), at).await?;
+            self.remembered("credit", spent_us, &plan.entry, (plan.credit_key.as_deref(), plan.id_ttl_ms), at).await?;
         let (credited, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
         Ok(CreditOutcome { credited, forgiven, duplicate, at: reply.at, decision })
     }
 
     /// Runs `op` (a charge or a credit: one entry, `param` its script argument) with its
-    /// id's key, remembered for `CHARGE_ID_TTL_MS`; the reply and the entry's decision.
+    /// id's key, remembered for `id_ttl_ms` (unused without an id); the reply and the
+    /// entry's decision.
     async fn remembered(
         &self,
         op: &'static str,
         param: u64,
         entry: &PlannedEntry,
-        id_key: Option<&str>,
+        (id_key, id_ttl_ms): (Option<&str>, u64),
         at: Option<Nanos>,
     ) -> Result<(Reply, Decision), CounterStoreError> {
         let mut keys = vec![entry.storage_key.as_str()];
         keys.extend(id_key);
         let mut args = Self::script_args(op, param, &[(entry, entry.cost)], at);
-        args.push(CHARGE_ID_TTL_MS.to_string());
+        args.push(id_ttl_ms.to_string());
         let mut reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
         let decision = reply
             .decisions

@@ -185,6 +185,28 @@ async fn a_credit_answers_what_it_gave_back_what_it_forgave_and_the_limit_after_
 }
 
 #[tokio::test]
+async fn a_charge_or_a_credit_may_ask_for_its_id_to_be_remembered_from_a_second_to_ten_minutes() {
+    let _shared = crate::support::HEAVY.read().await;
+    let (running, http) = start(Config::defaults()).await;
+    let charge = |id: &str, ttl: u64| json!({"key": "route", "cost": 1, "max_debt": 0, "charge_id": id, "id_ttl_ms": ttl, "limit": probe_limit()});
+    let credit = json!({"key": "route", "units": 1, "spent_at_ns": 0, "credit_id": "r", "id_ttl_ms": 90_000,
+                        "limit": probe_limit()});
+
+    let (shortest, _) = http.post("/v1/charge", &charge("a", 1_000)).await;
+    let (filters, _) = http.post("/v1/charge", &charge("b", 90_000)).await;
+    let (longest, _) = http.post("/v1/charge", &charge("c", 600_000)).await;
+    let (_, again) = http.post("/v1/charge", &charge("b", 90_000)).await;
+    let (credited, _) = http.post("/v1/credit", &credit).await;
+    let (_, metrics) = http.get("/metrics").await;
+
+    assert_eq!((shortest, filters, longest, credited), (200, 200, 200, 200));
+    assert_eq!((again["charged"].as_u64(), again["duplicate"].as_bool()), (Some(1), Some(true)), "{again}");
+    let ids = "sluice_counter_memory_charge_ids 4";
+    assert!(metrics.lines().any(|l| l == ids), "missing {ids:?} in\n{metrics}");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn health_readiness_and_metrics_are_served() {
     let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;

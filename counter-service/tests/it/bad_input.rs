@@ -234,6 +234,38 @@ pub fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static st
             "invalid_charge_id",
         ),
         (
+            "charge with its id remembered for no time",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "a", "id_ttl_ms": 0, "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "charge with its id remembered for less than a second",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "a", "id_ttl_ms": 999, "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "charge with its id remembered for more than ten minutes",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "charge_id": "a", "id_ttl_ms": 600_001,
+                   "limit": probe_limit()})
+            .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "charge with an id ttl and no id",
+            "/v1/charge",
+            json!({"key": "probe", "cost": 1, "max_debt": 1, "id_ttl_ms": 90_000, "limit": probe_limit()}).to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
             "charge with a lease's fields",
             "/v1/charge",
             json!({"key": "probe", "cost": 1, "max_debt": 1, "tokens": 1, "limit": probe_limit()}).to_string(),
@@ -289,6 +321,40 @@ pub fn bad_inputs() -> Vec<(&'static str, &'static str, String, u16, &'static st
             "invalid_credit_id",
         ),
         (
+            "credit with its id remembered for no time",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "credit_id": "a", "id_ttl_ms": 0, "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "credit with its id remembered for less than a second",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "credit_id": "a", "id_ttl_ms": 999,
+                   "limit": probe_limit()})
+            .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "credit with its id remembered for more than ten minutes",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "credit_id": "a", "id_ttl_ms": 600_001,
+                   "limit": probe_limit()})
+            .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
+            "credit with an id ttl and no id",
+            "/v1/credit",
+            json!({"key": "probe", "units": 1, "spent_at_ns": 0, "id_ttl_ms": 1_000, "limit": probe_limit()})
+                .to_string(),
+            400,
+            "invalid_id_ttl",
+        ),
+        (
             "credit with a charge's fields",
             "/v1/credit",
             json!({"key": "probe", "units": 1, "spent_at_ns": 0, "charge_id": "a", "limit": probe_limit()})
@@ -325,6 +391,9 @@ async fn every_class_of_bad_input_gets_its_4xx(addr: std::net::SocketAddr, keys:
             assert!(message.len() > 10, "{what}: the message says what is wrong: {got}");
             if code == "not_creditable" {
                 assert!(message.starts_with("limit.algorithm: "), "{what}: the message names the field: {got}");
+            }
+            if code == "invalid_id_ttl" {
+                assert!(message.starts_with("id_ttl_ms: "), "{what}: the message names the field: {got}");
             }
             assert_eq!(probe_remaining(http).await, remaining, "{what} changed a counter");
             assert_eq!(keys(), key_count, "{what} created a key");

@@ -5,16 +5,17 @@
 //! leases (with minimums) and charges (which push counters below empty, so checks and
 //! leases also run on states in debt; with charge ids, sent again), credits (of units
 //! spent at an earlier step's time, the current or a past window's, or at no time the
-//! counter holds; with credit ids, sent again, some with the text of a charge id), and
-//! policies whose numbers or algorithm change mid-sequence on one key (carried over by
-//! `Limit::adopt` in both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
+//! counter holds; with credit ids, sent again, some with the text of a charge id), ids
+//! remembered for the default time or one they ask for (`id_ttl_ms`, whose TTL on the id's
+//! key is checked), and policies whose numbers or algorithm change mid-sequence on one key
+//! (carried over by `Limit::adopt` in both). A lease's answer includes its `refill_after`: when the grant leaves fewer than
 //! its minimum, the wait until the minimum could be granted again.
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::StoreLimit;
-use sluice_protocol::{LimitSpec, MAX_PERIOD_MS};
+use sluice_protocol::{CHARGE_ID_TTL_MS, ChargeRequest, CreditRequest, LimitSpec, MAX_PERIOD_MS};
 
-use sluice_counter::api::{ChargePlan, CreditPlan};
+use sluice_counter::api::{ChargePlan, CreditPlan, charge_key, credit_key};
 use sluice_counter::store::lease_life;
 use sluice_testkit::rng::Rng;
 
@@ -214,6 +215,25 @@ impl Reference {
     }
 }
 
+/// How long an id asks to be remembered: the default, the longest, or anything from a
+/// minute up. Never shorter: Redis expires an id in real time, which the test's time
+/// override does not move, so an id must outlive its case (what a short ttl forgets is
+/// checked in `stores.rs`).
+fn random_id_ttl(rng: &mut Rng) -> Option<u64> {
+    match rng.below(4) {
+        0 => None,
+        1 => Some(CHARGE_ID_TTL_MS),
+        _ => Some(60_000 + rng.below(CHARGE_ID_TTL_MS - 60_000 + 1)),
+    }
+}
+
+/// The TTL of a newly remembered id's key: more than 0, at most the time it asked for.
+fn assert_id_ttl(redis: &RedisServer, id_key: &str, id_ttl_ms: Option<u64>, context: &str) {
+    let ttl: i64 = redis.cmd(&["PTTL", id_key]);
+    let asked = id_ttl_ms.unwrap_or(CHARGE_ID_TTL_MS);
+    assert!(ttl > 0 && ttl as u64 <= asked, "{id_key}: PTTL {ttl}, asked for {asked}: {context}");
+}
+
 /// When a credit's units were spent: an earlier step's time (often the last), give or
 /// take less than a microsecond or a window; now; or a time no counter holds.
 fn spent_at(rng: &mut Rng, times: &[u64], now_us: i64, period_us: u64) -> Nanos {
@@ -284,8 +304,10 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     2 => Some(format!("c{}", reference.charge_ids.len())),
                     _ => None,
                 };
+                let id_ttl_ms = id.as_ref().and_then(|_| random_id_ttl(&mut rng));
                 let expected = reference.credit(&policy.limit, now, (units, spent), id.as_deref());
-                let request = credit_request(&tag, "k", spec, (units, spent), id.as_deref());
+                let request =
+                    CreditRequest { id_ttl_ms, ..credit_request(&tag, "k", spec, (units, spent), id.as_deref()) };
                 let got = store
                     .credit(&CreditPlan::new(&request).expect("a valid credit"), Some(now))
                     .await
@@ -296,6 +318,9 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "credit of {units} spent at {spent}, id {id:?}: {}",
                     context()
                 );
+                if let (Some(id), false) = (&id, expected.2) {
+                    assert_id_ttl(&redis, &credit_key(&tag, 0, "k", id), id_ttl_ms, &context());
+                }
                 credits += 1;
                 credited += u64::from(expected.0 > 0 && !expected.2);
                 credit_duplicates += u64::from(expected.2);
@@ -311,9 +336,11 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     1 | 2 => Some(format!("c{ids_so_far}")),
                     _ => None,
                 };
+                let id_ttl_ms = id.as_ref().and_then(|_| random_id_ttl(&mut rng));
                 let (charged, forgave, duplicate, expected) =
                     reference.charge(&policy.limit, now, (cost, max_debt), id.as_deref());
-                let request = charge_request(&tag, "k", spec, (cost, max_debt), id.as_deref());
+                let request =
+                    ChargeRequest { id_ttl_ms, ..charge_request(&tag, "k", spec, (cost, max_debt), id.as_deref()) };
                 let plan = ChargePlan::new(&request).expect("a valid charge");
                 let got = store.charge(&plan, Some(now)).await.expect("redis answers");
                 assert_eq!(
@@ -322,6 +349,9 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "charge of {cost}, debt {max_debt}, id {id:?}: {}",
                     context()
                 );
+                if let (Some(id), false) = (&id, duplicate) {
+                    assert_id_ttl(&redis, &charge_key(&tag, 0, "k", id), id_ttl_ms, &context());
+                }
                 charges += 1;
                 forgiven += u64::from(charged < cost && !duplicate);
                 duplicates += u64::from(duplicate);

@@ -7,13 +7,26 @@ use shared_store::Verdict;
 use sluice_counter::api::{ChargePlan, CreditPlan};
 use sluice_counter::config::Config;
 use sluice_counter::store::{CounterStore, CounterStoreError, MemoryConfig, MemoryCounters, Topology};
-use sluice_protocol::{CHARGE_ID_TTL_MS, LimitSpec};
+use sluice_protocol::{CHARGE_ID_TTL_MS, ChargeRequest, CreditRequest, LimitSpec, MIN_ID_TTL_MS};
 
 use crate::api::{redis_config, start};
 use crate::support::*;
 
 fn bucket() -> LimitSpec {
     LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 4 }
+}
+
+/// A charge of one unit of `key` with the id `id`, remembered for `id_ttl_ms`.
+fn charge_for(key: &str, id: &str, id_ttl_ms: u64) -> ChargePlan {
+    let request = ChargeRequest { id_ttl_ms: Some(id_ttl_ms), ..charge_request("t", key, bucket(), (1, 0), Some(id)) };
+    ChargePlan::new(&request).expect("a valid charge")
+}
+
+/// A credit of one unit of `key` spent at 0, with the id `id`, remembered for `id_ttl_ms`.
+fn credit_for(key: &str, id: &str, id_ttl_ms: u64) -> CreditPlan {
+    let request =
+        CreditRequest { id_ttl_ms: Some(id_ttl_ms), ..credit_request("t", key, bucket(), (1, t_us(0)), Some(id)) };
+    CreditPlan::new(&request).expect("a valid credit")
 }
 
 #[tokio::test]
@@ -74,6 +87,101 @@ async fn a_memory_store_full_of_charge_ids_refuses_charges_with_a_new_id_rather_
     assert!(first_again.duplicate, "a remembered id is still answered as a duplicate");
     assert_eq!((without_id.charged, without_id.duplicate), (1, false), "a charge without an id needs no room");
     assert_eq!(once_the_first_two_expired.map(|o| (o.charged, o.duplicate)), Ok((1, false)));
+}
+
+#[tokio::test]
+async fn one_counter_may_have_as_many_charge_ids_remembered_as_the_whole_memory_store_has_room_for() {
+    let _shared = crate::support::HEAVY.read().await;
+    // 6 400 ids over 64 shards: 100 a shard, which one hot counter's ids used to share.
+    let memory = MemoryCounters::new(MemoryConfig { shards: 64, max_keys: 100, max_charge_ids: 6_400 });
+    let charge = |id: &str| ChargePlan::new(&charge_request("t", "hot", bucket(), (1, 0), Some(id))).expect("valid");
+    let ids: Vec<String> = (0..3_000).map(|i| format!("settlement-{i}")).collect();
+
+    let first_sends: Vec<_> = ids.iter().map(|id| memory.charge(&charge(id), Some(t_us(0)))).collect();
+    let remembered = memory.charge_ids();
+    let sent_again: Vec<_> = ids.iter().map(|id| memory.charge(&charge(id), Some(t_us(1)))).collect();
+
+    let refused: Vec<_> = first_sends.iter().filter(|o| o.is_err()).collect();
+    assert!(refused.is_empty(), "{} of 3000 refused, the first {:?}", refused.len(), refused.first());
+    assert_eq!(remembered, 3_000);
+    assert!(sent_again.iter().all(|o| o.as_ref().is_ok_and(|o| o.duplicate)), "every id is remembered");
+    assert_eq!(memory.len(), 1, "one counter");
+}
+
+#[tokio::test]
+async fn the_memory_stores_ids_are_bounded_as_a_whole_and_a_full_table_takes_new_ids_once_old_ones_expire() {
+    let _shared = crate::support::HEAVY.read().await;
+    // 400 ids over 4 id shards; 1 000 new ids of one counter fill every shard to its 100.
+    let memory = MemoryCounters::new(MemoryConfig { shards: 4, max_keys: 100, max_charge_ids: 400 });
+    let ids: Vec<String> = (0..1_000).map(|i| format!("a{i}")).collect();
+
+    let answers: Vec<_> =
+        ids.iter().map(|id| memory.charge(&charge_for("hot", id, MIN_ID_TTL_MS), Some(t_us(0)))).collect();
+    let remembered = memory.charge_ids();
+    let accepted = ids.iter().zip(&answers).find(|(_, a)| a.is_ok()).map(|(id, _)| id).expect("some accepted");
+    let accepted_again = memory.charge(&charge_for("hot", accepted, MIN_ID_TTL_MS), Some(t_us(999_999)));
+    let new_while_they_live = memory.charge(&charge_for("hot", "b", MIN_ID_TTL_MS), Some(t_us(999_999)));
+    let new_once_they_expired = memory.charge(&charge_for("hot", "b", MIN_ID_TTL_MS), Some(t_us(1_000_000)));
+
+    assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), 400, "every id shard took its share");
+    assert!(answers.iter().all(|a| matches!(a, Ok(_) | Err(CounterStoreError::ChargeIdsFull { max_ids: 400 }))));
+    assert_eq!(remembered, 400);
+    assert_eq!(accepted_again.map(|o| o.duplicate), Ok(true), "a remembered id is still answered");
+    assert_eq!(new_while_they_live, Err(CounterStoreError::ChargeIdsFull { max_ids: 400 }));
+    assert_eq!(
+        new_once_they_expired.map(|o| o.duplicate),
+        Ok(false),
+        "a full id shard drops its expired ids before refusing"
+    );
+}
+
+#[tokio::test]
+async fn an_id_is_remembered_in_memory_for_the_ttl_its_charge_or_credit_asks_for_and_no_longer() {
+    let _shared = crate::support::HEAVY.read().await;
+    let memory = MemoryCounters::new(MemoryConfig { shards: 2, max_keys: 100, ..MemoryConfig::default() });
+    let (charge, credit) = (charge_for("k", "x", 90_000), credit_for("k", "x", MIN_ID_TTL_MS));
+    memory.charge(&charge, Some(t_us(0))).expect("applied");
+    memory.credit(&credit, Some(t_us(0))).expect("applied");
+
+    let credit_just_before = memory.credit(&credit, Some(t_us(999_999))).expect("answered");
+    let credit_at_its_ttl = memory.credit(&credit, Some(t_us(1_000_000))).expect("answered");
+    let charge_just_before = memory.charge(&charge, Some(t_us(89_999_999))).expect("answered");
+    let remembered_before_the_sweep = memory.charge_ids();
+    memory.sweep(Some(t_us(90_000_000)));
+    let remembered_after_the_sweep = memory.charge_ids();
+    let charge_at_its_ttl = memory.charge(&charge, Some(t_us(90_000_000))).expect("answered");
+
+    assert!(credit_just_before.duplicate);
+    assert!(!credit_at_its_ttl.duplicate, "a second on, the credit id is new again");
+    assert!(charge_just_before.duplicate);
+    assert_eq!((remembered_before_the_sweep, remembered_after_the_sweep), (2, 0));
+    assert_eq!((charge_at_its_ttl.charged, charge_at_its_ttl.duplicate), (1, false), "90 s on, the charge id is new");
+}
+
+#[tokio::test]
+async fn an_id_is_remembered_on_redis_for_the_ttl_its_charge_or_credit_asks_for_and_no_longer() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let store = redis_store(&redis);
+    let (charge, credit) = (charge_for("k", "x", 90_000), credit_for("k", "x", MIN_ID_TTL_MS));
+    let credit_key = "sluice:{t}:credit:1:x:v0:k";
+    store.charge(&charge, None).await.expect("applied");
+    store.credit(&credit, None).await.expect("applied");
+
+    let ttls: std::collections::HashMap<String, i64> = redis.limiter_keys().into_iter().collect();
+    wait_until(std::time::Duration::from_secs(10), "the credit id to expire", || {
+        redis.cmd::<i64>(&["EXISTS", credit_key]) == 0
+    });
+    let charge_again = store.charge(&charge, None).await.expect("answered");
+    let credit_again = store.credit(&credit, None).await.expect("answered");
+
+    let charge_ttl = ttls.get("sluice:{t}:charge:1:x:v0:k").copied().expect("the charge id");
+    let credit_ttl = ttls.get(credit_key).copied().expect("the credit id, read within its second");
+    assert!(charge_ttl > 0 && charge_ttl <= 90_000, "PTTL {charge_ttl}");
+    assert!(credit_ttl > 0 && credit_ttl <= 1_000, "PTTL {credit_ttl}");
+    assert!(charge_again.duplicate, "the charge id lives for 90 s");
+    assert!(!credit_again.duplicate, "the credit id lived for a second");
+    redis.assert_every_key_has_a_ttl();
 }
 
 #[tokio::test]
