@@ -47,6 +47,7 @@ const ENGINE: &[Layer] = &[
             "lease_record",
             "cause",
             "calls",
+            "settle_queue",
             "evidence",
             "secrets",
         ],

@@ -37,6 +37,9 @@ pub struct Settlement {
     /// A refund: the whole spend of a check whose request a later stage rejected (not
     /// a response's cost), counted as `unrefunded` when it cannot be applied.
     pub(crate) refund: bool,
+    /// A credit's window (its `spent_at_ns` ÷ the limit's period): credits are summed
+    /// only within one. 0 for a charge.
+    pub(crate) window: u64,
 }
 
 /// Which way a settlement moves the counter.
@@ -54,6 +57,14 @@ impl Change {
     pub(crate) const fn units(self) -> u64 {
         match self {
             Self::Charge(units) | Self::Credit { units, .. } => units,
+        }
+    }
+
+    /// The same change, moving `more` units more.
+    pub(crate) const fn plus(self, more: u64) -> Self {
+        match self {
+            Self::Charge(units) => Self::Charge(units.saturating_add(more)),
+            Self::Credit { units, spent_at_ns } => Self::Credit { units: units.saturating_add(more), spent_at_ns },
         }
     }
 }

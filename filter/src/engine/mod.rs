@@ -52,6 +52,7 @@ mod outgoing;
 mod request;
 mod resolved;
 mod secrets;
+mod settle_queue;
 mod settlement;
 mod setup;
 pub mod wire;
@@ -142,7 +143,7 @@ impl Engine {
             anchor: anchor_key(prefix),
             outbox: RefCell::new(Vec::new()),
             charges: RefCell::new(PendingCharges::new()),
-            settlements: RefCell::new(std::collections::VecDeque::new()),
+            settlements: RefCell::new(settle_queue::SettleQueue::new(setup::MAX_PENDING_SETTLEMENTS)),
             instance,
             ids: Cell::new(0),
             sweep: Cell::new(0),

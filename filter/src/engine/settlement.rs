@@ -26,6 +26,7 @@ use super::compiled::{Home, debt_bound};
 use super::decision::Owed;
 use super::lease_record::DEBT_LIFE;
 use super::namespace;
+use super::settle_queue::Added;
 use super::setup::{MAX_PENDING_SETTLEMENTS, Setup};
 use super::wire::{self, Failure};
 use crate::host::{CalloutAnswer, Counter, Metrics};
@@ -44,30 +45,28 @@ const _: () = assert!(ID_TTL_MS >= sluice_protocol::MIN_ID_TTL_MS && ID_TTL_MS <
 pub(crate) const MAX_SETTLEMENTS_PER_CALL: usize = 64;
 const _: () = assert!(MAX_SETTLEMENTS_PER_CALL <= MAX_PENDING_SETTLEMENTS);
 
-/// Puts the settlement of `owed`, which the service spent at `at_ns` for the caller
-/// `key` under `tag`, to the `actual` cost in the outbox (nothing when they are equal).
-pub(crate) fn hold(setup: &Setup, owed: &Owed, (key, tag, at_ns): (u128, &str, u64), actual: u64, now: Nanos) {
+/// Queues the settlement of `owed`, which the service spent at `at_ns` for the caller
+/// `key` under `tag`, to the `actual` cost (nothing when they are equal).
+pub(crate) fn hold(
+    setup: &Setup,
+    owed: &Owed,
+    (key, tag, at_ns): (u128, &str, u64),
+    actual: u64,
+    now: Nanos,
+    metrics: &mut (impl Metrics + ?Sized),
+) {
     let change = match actual.cmp(&owed.estimate) {
         std::cmp::Ordering::Equal => return,
         std::cmp::Ordering::Greater => Change::Charge(actual - owed.estimate),
         std::cmp::Ordering::Less => Change::Credit { units: owed.estimate - actual, spent_at_ns: at_ns },
     };
-    let settlement = Settlement {
-        policy: owed.policy,
-        key,
-        tag: tag.to_owned(),
-        change,
-        id: setup.next_id(),
-        since: now,
-        refund: false,
-    };
-    setup.send_later(Outgoing::Settle(settlement));
+    queue(setup, settlement(setup, owed.policy, (key, tag), change, now, false), metrics);
 }
 
-/// Puts the refund of what a check spent for `policy` (`cost`, at `at_ns` for the caller
-/// `key` under `tag`) in the outbox: a later stage rejected the request, so the service
-/// is asked to credit it all back. A policy whose algorithm cannot be credited (a
-/// leaky bucket, a sliding log) keeps the spend, counted as `unrefunded`.
+/// Queues the refund of what a check spent for `policy` (`cost`, at `at_ns` for the
+/// caller `key` under `tag`): a later stage rejected the request, so the service is
+/// asked to credit it all back. A policy whose algorithm cannot be credited (a leaky
+/// bucket, a sliding log) keeps the spend, counted as `unrefunded`.
 pub(crate) fn refund(
     setup: &Setup,
     policy: usize,
@@ -81,24 +80,54 @@ pub(crate) fn refund(
         return;
     }
     let change = Change::Credit { units: cost, spent_at_ns: at_ns };
-    let settlement =
-        Settlement { policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now, refund: true };
-    setup.send_later(Outgoing::Settle(settlement));
+    queue(setup, settlement(setup, policy, (key, tag), change, now, true), metrics);
 }
 
-/// The settlements to send again now (on the tick), oldest first: a few while the
-/// service is `reachable`; while it is not, only those past their life (to be forgiven
-/// when dispatched).
-pub(crate) fn take(setup: &Setup, reachable: bool, now: Nanos) -> Vec<Settlement> {
-    let Ok(mut held) = setup.settlements.try_borrow_mut() else { return Vec::new() };
-    if reachable {
-        let n = held.len().min(MAX_SETTLEMENTS_PER_CALL);
-        return held.drain(..n).collect();
+fn settlement(
+    setup: &Setup,
+    policy: usize,
+    (key, tag): (u128, &str),
+    change: Change,
+    now: Nanos,
+    refund: bool,
+) -> Settlement {
+    let window = match (change, setup.compiled(policy)) {
+        (Change::Credit { spent_at_ns, .. }, Some(compiled)) => {
+            spent_at_ns / compiled.policy.limit.period().as_u64().max(1)
+        }
+        _ => 0,
+    };
+    Settlement { policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now, refund, window }
+}
+
+/// Sends `settlement` now (through the outbox) when nothing of its aim is out, or
+/// leaves it waiting (summed with what waits for its aim); forgives it when the queue
+/// is full.
+fn queue(setup: &Setup, settlement: Settlement, metrics: &mut (impl Metrics + ?Sized)) {
+    let Ok(mut queue) = setup.settlements.try_borrow_mut() else { return forgive(&settlement, metrics) };
+    match queue.add(settlement) {
+        Ok(Added::SendNow(settlement)) => setup.send_later(Outgoing::Settle(settlement)),
+        Ok(Added::Waiting) => {}
+        Err(settlement) => forgive(&settlement, metrics),
     }
-    let (expired, kept): (Vec<Settlement>, Vec<Settlement>) =
-        held.drain(..).partition(|s| now >= s.since.saturating_add(DEBT_LIFE));
-    held.extend(kept);
-    expired
+}
+
+/// The settlements to send again now (on the tick): a few, one per aim with nothing
+/// out, while the service is `reachable`; while it is not, only those past their life
+/// (to be forgiven when dispatched).
+pub(crate) fn take(setup: &Setup, reachable: bool, now: Nanos) -> Vec<Settlement> {
+    let Ok(mut queue) = setup.settlements.try_borrow_mut() else { return Vec::new() };
+    if reachable { queue.take(MAX_SETTLEMENTS_PER_CALL) } else { queue.take_expired(now.saturating_sub(DEBT_LIFE)) }
+}
+
+/// The call taken out for `settlement` ended, `answered` by the service or not
+/// (`SettleQueue::release`); when it was, the next settlement of its aim goes to the
+/// outbox at once.
+fn release(setup: &Setup, settlement: &Settlement, answered: bool) {
+    let next = setup.settlements.try_borrow_mut().ok().and_then(|mut q| q.release(settlement, answered));
+    if let Some(next) = next {
+        setup.send_later(Outgoing::Settle(next));
+    }
 }
 
 /// The call that applies `settlement`: its path and body. `None` (and it is forgiven)
@@ -144,17 +173,25 @@ pub(crate) fn call(
         })
     })();
     if made.is_none() {
+        release(setup, settlement, true);
         forgive(settlement, metrics);
     }
     made
 }
 
-/// Holds a settlement that was not applied to be sent again with its id, or forgives it
-/// when it is past its life or no more can be held.
+/// Holds a settlement whose call was taken out and not applied, to be sent again with
+/// its id on a tick (its aim is released), or forgives it when it is past its life or
+/// no more can be held.
 pub(crate) fn retry(setup: &Setup, settlement: Settlement, now: Nanos, metrics: &mut (impl Metrics + ?Sized)) {
+    release(setup, &settlement, false);
     if now >= settlement.since.saturating_add(DEBT_LIFE) {
-        forgive(&settlement, metrics);
-    } else if let Err(settlement) = setup.hold_settlement(settlement) {
+        return forgive(&settlement, metrics);
+    }
+    let held = match setup.settlements.try_borrow_mut() {
+        Ok(mut queue) => queue.hold(settlement),
+        Err(_) => Err(settlement),
+    };
+    if let Err(settlement) = held {
         forgive(&settlement, metrics);
     }
 }
@@ -175,6 +212,11 @@ pub(crate) fn answered(
         Change::Charge(_) => wire::classify_charge(answer).map(|a| (Counter::CostCharged, a.charged, a.forgiven)),
         Change::Credit { .. } => wire::classify_credit(answer).map(|a| (Counter::CostCredited, a.credited, a.forgiven)),
     };
+    let refused =
+        matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408);
+    if applied.is_ok() || refused {
+        release(setup, &settlement, true);
+    }
     match applied {
         // A refund's units are not a response's cost: nothing to count once applied.
         Ok((counter, moved, forgiven)) if counted => {
@@ -184,8 +226,7 @@ pub(crate) fn answered(
         }
         Ok(_) => Ok(()),
         Err(failure) => {
-            if matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408)
-            {
+            if refused {
                 forgive(&settlement, metrics);
             } else {
                 retry(setup, settlement, now, metrics);
@@ -202,8 +243,7 @@ pub(crate) fn retire(
     in_flight: impl IntoIterator<Item = Settlement>,
     metrics: &mut (impl Metrics + ?Sized),
 ) {
-    let held: Vec<Settlement> =
-        setup.settlements.try_borrow_mut().map(|mut h| h.drain(..).collect()).unwrap_or_default();
+    let held: Vec<Settlement> = setup.settlements.try_borrow_mut().map(|mut q| q.drain()).unwrap_or_default();
     let queued: Vec<Settlement> = setup
         .outbox
         .try_borrow_mut()

@@ -4,15 +4,15 @@
 //! configuration by `Engine::new`; the stages take it by reference.
 
 use super::breaker::CircuitBreaker;
-use super::calls::{Outgoing, PendingCharges, Settlement, Target};
+use super::calls::{Outgoing, PendingCharges, Target};
 use super::cause::LogLimiter;
 use super::compiled::{Compiled, Home, Leased};
 use super::lease_record::Leases;
+use super::settle_queue::SettleQueue;
 use crate::config::{KeyPart, Response, Secret, Shaping};
 use crate::host::{Call, Callouts};
 use shared_store::{HashKey, Nanos, Store};
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 
 /// How long an elected refill holds beyond the callout's deadline: the time until the
 /// root sends it (a wake, or at worst the next tick), with room to spare.
@@ -80,8 +80,8 @@ pub(crate) struct Setup {
     pub(crate) outbox: RefCell<Vec<Outgoing>>,
     /// Keys this worker owes charges for.
     pub(crate) charges: RefCell<PendingCharges>,
-    /// Check-mode settlements to send, oldest first.
-    pub(crate) settlements: RefCell<VecDeque<Settlement>>,
+    /// Check-mode settlements not yet applied.
+    pub(crate) settlements: RefCell<SettleQueue>,
     /// This worker's instance: ids it hands out (waiters, charges) start from it.
     pub(crate) instance: u64,
     pub(crate) ids: Cell<u64>,
@@ -129,18 +129,6 @@ impl Setup {
     pub(crate) fn send_later(&self, call: Outgoing) {
         if let Ok(mut outbox) = self.outbox.try_borrow_mut() {
             outbox.push(call);
-        }
-    }
-
-    /// Holds a settlement for the root context to send again; it comes back as `Err`
-    /// when [`MAX_PENDING_SETTLEMENTS`] are held already.
-    pub(crate) fn hold_settlement(&self, settlement: Settlement) -> Result<(), Settlement> {
-        match self.settlements.try_borrow_mut() {
-            Ok(mut held) if held.len() < MAX_PENDING_SETTLEMENTS => {
-                held.push_back(settlement);
-                Ok(())
-            }
-            _ => Err(settlement),
         }
     }
 

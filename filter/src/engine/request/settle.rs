@@ -61,7 +61,7 @@ pub(crate) fn settle<S: Store, C: Clock>(
         }
         SpentFrom::Check { key, tag, at_ns } => {
             let now = limiter.clock().now();
-            crate::engine::settlement::hold(setup, owed, (*key, tag, *at_ns), actual, now);
+            crate::engine::settlement::hold(setup, owed, (*key, tag, *at_ns), actual, now, metrics);
         }
         SpentFrom::Lease { slot, key, tag } => {
             let Some(leased) = setup.leased_home(policy) else { return };

@@ -91,6 +91,34 @@ fn a_cost_below_the_estimate_is_credited_in_the_window_the_check_spent_it_in() {
 }
 
 #[test]
+fn costs_that_end_while_a_callers_settlement_is_in_flight_go_out_summed_in_one_call_once_it_is_applied() {
+    let w = worker(CHECKED_TOKENS);
+    served(&w, 1, 60);
+    let (first, mut port) = tick(&w);
+    assert_eq!(first.len(), 1);
+    let first_token = port.next_token;
+
+    served(&w, 2, 30);
+    served(&w, 3, 110);
+    served(&w, 4, 4);
+    // One port throughout: its tokens tell the calls apart.
+    w.on_tick(&mut port);
+
+    // Only the credit, which moves the counter the other way, goes on its own.
+    assert_eq!(port.sent, ["/v1/charge", "/v1/credit"]);
+    let before = port.sent.len();
+    w.on_root_answer(first_token, &charged(50), &mut port);
+    assert_eq!(port.sent[before..], ["/v1/charge"], "the answer sends what waited, at once");
+    let body: serde_json::Value = serde_json::from_str(port.bodies.last().unwrap()).unwrap();
+    assert_eq!(body["cost"], 20 + 100, "summed");
+    assert_ne!(body["charge_id"], first[0].1["charge_id"], "a fresh id");
+    assert_eq!(body["id_ttl_ms"], 90_000, "the service forgets it once it can no longer come again");
+    w.on_root_answer(port.next_token, &charged(120), &mut port);
+    assert_eq!(counted(&w, Counter::CostCharged), 170);
+    assert!(tick(&w).0.is_empty(), "settled");
+}
+
+#[test]
 fn a_settlement_whose_answer_never_came_is_sent_again_with_the_same_id_and_counted_once() {
     let w = worker(CHECKED_TOKENS);
     served(&w, 1, 60);
