@@ -6,7 +6,9 @@
 //!
 //! The request that spent the estimate may be gone by then (its stream ends with its
 //! response), so its settlement goes to the worker's outbox and the root context sends
-//! it, like a lease refill. Each settlement carries an id: one whose answer did not come
+//! it, like a lease refill, at most one call at a time per caller and direction: what
+//! ends meanwhile is summed and sent when that call is answered (`settle_queue.rs`).
+//! Each settlement carries an id: one whose answer did not come
 //! (a timeout, a reset, an overloaded service, an open circuit) is held and sent again
 //! on a later tick, with the same id, and the service applies it once. A settlement the
 //! service cannot apply within `DEBT_LIFE`, one it refuses (a 4xx), or one beyond

@@ -193,6 +193,45 @@ fn a_global_token_budget_in_check_mode_holds_across_two_proxies_and_each_answer_
     assert_eq!(service.metric("sluice_counter_forgiven_tokens_total"), forgiven);
 }
 
+/// One caller with a budget that never binds, in check mode, whose answers all cost
+/// more than their estimate of 10.
+const BUSY_CALLER: &str = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+    "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"},
+  "policies": [{"name": "tokens", "key": [{"header": "x-user"}], "rate": "1000000000/second", "burst": 1000000000,
+    "cost": {"response_json": "usage.total_tokens", "estimate": 10, "max": 500, "on_unknown": 500},
+    "global": {"strategy": "check"}}]}"#;
+
+#[test]
+fn every_settlement_of_one_busy_caller_in_check_mode_is_applied_at_the_service_and_none_forgiven() {
+    // More settlements of one caller than the memory store once remembered ids for in
+    // one shard (1 563, then refused `503 store_full` and in the end forgiven).
+    const THREADS: usize = 16;
+    const REQUESTS: usize = 150;
+    let upstream = LlmUpstream::start();
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let envoy = Arc::new(fleet_envoy(BUSY_CALLER, &upstream, &service));
+
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let envoy = Arc::clone(&envoy);
+            thread::spawn(move || {
+                (0..REQUESTS).filter(|_| send(&envoy, &completion("tokens=42")).status == 200).count()
+            })
+        })
+        .collect();
+    let served: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+
+    assert_eq!(served, THREADS * REQUESTS, "a budget that never binds");
+    let excess = (42 - 10) * served as u64;
+    wait::until(Duration::from_secs(30), "every answer to be settled at the service", || {
+        envoy.metric("tokens", "cost.charged") + envoy.metric("tokens", "cost.forgiven") == excess
+    });
+    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), excess, "each applied once");
+    let callouts = envoy.metric("counter_service", "callouts");
+    eprintln!("one busy caller: {served} requests, {callouts} callouts (checks and settlements)");
+}
+
 #[test]
 fn a_check_mode_answer_below_the_estimate_is_credited_back_at_the_service() {
     let upstream = LlmUpstream::start();

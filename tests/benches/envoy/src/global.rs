@@ -47,7 +47,7 @@ fn global_policy(mode: &str) -> String {
 /// variant that shows what the protocol adds to a check's latency.
 pub(crate) fn global_envoy(mode: &str, service: &Counter) -> Envoy {
     let builder = base(1).cluster(cluster("sluice-counter", service.addr(), !mode.ends_with("HTTP/1.1")));
-    let builder = if mode == CHECK_SETTLED { builder.answer("{}", &[("x-usage", "42")]) } else { builder };
+    let builder = if mode.ends_with(CHECK_SETTLED) { builder.answer("{}", &[("x-usage", "42")]) } else { builder };
     let builder = if mode == "none" {
         builder
     } else {
@@ -78,7 +78,13 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     let mut modes =
         vec!["none", "local", "check", "check over HTTP/1.1", CHECK_SETTLED, "lease", "lease, over the limit"];
     if baseline_wasm().is_some() {
-        modes.extend(["before: local", "before: check", "before: lease", "before: lease, over the limit"]);
+        modes.extend([
+            "before: local",
+            "before: check",
+            "before: check, cost from the response",
+            "before: lease",
+            "before: lease, over the limit",
+        ]);
     }
     for round in 1..=rounds {
         for &mode in &modes {
@@ -123,13 +129,27 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
                     .collect();
                 eprintln!("note: {mode} rejected {rejected} on a budget that never runs out; counted: {changed:?}");
             }
+            // A cost the response reports: what the service charged, and what it could
+            // not (forgiven: counted, but admitted beyond the budget).
+            let charged = count(&after, "wasmcustom.sluice.tenant.cost.charged")
+                - count(&before, "wasmcustom.sluice.tenant.cost.charged");
+            let forgiven = count(&after, "wasmcustom.sluice.tenant.cost.forgiven")
+                - count(&before, "wasmcustom.sluice.tenant.cost.forgiven");
             let one = wrk(&url, &[tenant], 1, seconds, None);
             let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(
                 "round {round}: {mode:21} {:>8.0} req/s saturated (p50 {:.0} µs, p99 {:.0} µs), {per_thousand:.2} callouts \
-                 per 1000, {rejected} rejected, {degraded} degraded, {abandoned} abandoned; 1 connection p50 {:.0} µs",
+                 per 1000, {rejected} rejected, {degraded} degraded, {abandoned} abandoned, cost charged {charged} \
+                 forgiven {forgiven} over {requests} requests; 1 connection p50 {:.0} µs",
                 saturated.rps, saturated.p50_us, saturated.p99_us, one.p50_us
             );
+            if mode.ends_with(CHECK_SETTLED) {
+                let forgiven_share =
+                    if charged + forgiven > 0 { forgiven as f64 / (charged + forgiven) as f64 } else { 0.0 };
+                rows.entry(format!("{mode}, share of the excess forgiven"))
+                    .or_default()
+                    .push(Sample { rps: forgiven_share, ..Sample::default() });
+            }
             rows.entry(format!("{mode}, saturated")).or_default().push(saturated);
             rows.entry(format!("{mode}, 1 connection")).or_default().push(one);
             rows.entry(format!("{mode}, callouts per 1000 requests"))
@@ -177,9 +197,11 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     );
     println!(
         "check mode with a cost the response reports, over the same check with a known cost: {:.0} ns of Envoy CPU per \
-         request, {:.0} callouts per 1000 requests (the check and the settlement's charge)",
+         request, {:.0} callouts per 1000 requests (the checks and the settlements' charges), {:.4} of the excess \
+         forgiven",
         cpu(CHECK_SETTLED) - cpu("check"),
-        med(&format!("{CHECK_SETTLED}, callouts per 1000 requests"), |s| s.rps)
+        med(&format!("{CHECK_SETTLED}, callouts per 1000 requests"), |s| s.rps),
+        med(&format!("{CHECK_SETTLED}, share of the excess forgiven"), |s| s.rps)
     );
     let over_none = |mode: &str| cpu(mode) - cpu("none");
     println!(
