@@ -3,7 +3,7 @@
 //! and as they wait for their answers. Sending them and applying the answers is
 //! `outgoing.rs` (and `settlement.rs` for settlements).
 
-use super::lease_record::Charge;
+use super::lease_record::{Charge, DEBT_LIFE};
 use super::namespace;
 use shared_store::{Nanos, Placement};
 use std::collections::BTreeMap;
@@ -126,6 +126,14 @@ pub(crate) type PendingCharges = BTreeMap<String, Target>;
 pub(crate) fn tag_bits(tag: &str) -> Option<u128> {
     (tag != "none").then(|| u128::from_str_radix(tag, 16).unwrap_or(0))
 }
+
+/// How long the service is asked to remember the id of a charge or a settlement, in
+/// milliseconds: neither is sent again later than `DEBT_LIFE` after it was first claimed
+/// or queued (before its first send), and this leaves half as long again for a copy
+/// still on its way. Far below the service's default (10 minutes), so that a caller
+/// settled often does not fill the service's memory of ids.
+pub(crate) const ID_TTL_MS: u64 = DEBT_LIFE.as_u64() / 1_000_000 + 30_000;
+const _: () = assert!(ID_TTL_MS >= sluice_protocol::MIN_ID_TTL_MS && ID_TTL_MS <= sluice_protocol::CHARGE_ID_TTL_MS);
 
 /// A charge id as the service receives it: the worker's instance and a sequence number.
 pub(crate) fn charge_id(id: u64) -> String {

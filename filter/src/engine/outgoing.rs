@@ -24,7 +24,7 @@
 //! slots.
 
 use super::breaker::Admit;
-use super::calls::{Asker, Outgoing, Sent, SentOutgoing, Target, charge_id, units};
+use super::calls::{Asker, ID_TTL_MS, Outgoing, Sent, SentOutgoing, Target, charge_id, units};
 use super::compiled::{Home, Leased};
 use super::evidence::counted;
 use super::lease_record::Updated;
@@ -184,7 +184,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
                 cost: charge.units,
                 max_debt: leased.config.max_debt,
                 charge_id: Some(charge_id(charge.id)),
-                id_ttl_ms: None,
+                id_ttl_ms: Some(ID_TTL_MS),
             };
             let body = serde_json::to_vec(&request).unwrap_or_default();
             (Sent::Charge(target, charge), wire::CHARGE_PATH, body)

@@ -23,7 +23,7 @@
 //! retires ([`retire`]): a settlement in flight may have been applied, so the count
 //! errs towards forgiving.
 
-use super::calls::{Change, Outgoing, Settlement, charge_id, units};
+use super::calls::{Change, ID_TTL_MS, Outgoing, Settlement, charge_id, units};
 use super::compiled::{Home, debt_bound};
 use super::decision::Owed;
 use super::lease_record::DEBT_LIFE;
@@ -34,14 +34,6 @@ use super::wire::{self, Failure};
 use crate::host::{CalloutAnswer, Counter, Metrics};
 use shared_store::Nanos;
 use sluice_protocol::{ChargeRequest, CreditRequest};
-
-/// How long the service is asked to remember a settlement's id, in milliseconds: a
-/// settlement is never sent later than `DEBT_LIFE` after it was queued (before its first
-/// send), and this leaves half as long again for a copy still on its way. Far below the
-/// service's default (10 minutes), so that a caller settled often does not fill the
-/// service's memory of ids.
-pub(crate) const ID_TTL_MS: u64 = DEBT_LIFE.as_u64() / 1_000_000 + 30_000;
-const _: () = assert!(ID_TTL_MS >= sluice_protocol::MIN_ID_TTL_MS && ID_TTL_MS <= sluice_protocol::CHARGE_ID_TTL_MS);
 
 /// The most settlements one call of the root context sends.
 pub(crate) const MAX_SETTLEMENTS_PER_CALL: usize = 64;

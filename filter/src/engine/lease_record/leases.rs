@@ -319,9 +319,10 @@ impl<S: Store> Leases<'_, S> {
 
     /// Claims the record's debt for a charge: a fresh charge of what is owed under a new
     /// `id`, or, when an earlier charge's answer never came (`charge_until` passed), that
-    /// same charge again (same units, same id: the service applies an id once). `None`
-    /// when nothing is owed or a charge is in flight. Debt older than [`DEBT_LIFE`] is
-    /// forgiven instead (returned as the second value, to be counted).
+    /// same charge again (same units, same id: the service applies an id once) while it
+    /// was first claimed less than [`DEBT_LIFE`] ago. `None` when nothing is owed or a
+    /// charge is in flight. Debt older than [`DEBT_LIFE`], and a charge claimed that long
+    /// ago, are forgiven instead (returned as the second value, to be counted).
     pub(crate) fn claim_charge(
         &self,
         place: &Placement,
@@ -342,12 +343,25 @@ impl<S: Store> Leases<'_, S> {
             if now < record.charge_until {
                 return (false, (None, 0));
             }
+            // A charge first claimed `DEBT_LIFE` ago is not sent again: the service may
+            // have forgotten its id, and would apply it twice. Forgiven (it may have been
+            // applied); the rest of the debt gets a charge of its own.
+            let mut stale = 0;
+            if record.charging > 0 && now >= record.charge_since.saturating_add(DEBT_LIFE) {
+                stale = std::mem::take(&mut record.charging);
+                record.debt = record.debt.saturating_sub(stale);
+                if record.debt == 0 {
+                    record.charge_until = Nanos::ZERO;
+                    return (true, (None, stale));
+                }
+            }
             if record.charging == 0 {
                 record.charging = record.debt;
                 record.charge_id = id;
+                record.charge_since = now;
             }
             record.charge_until = now.saturating_add(window);
-            (true, (Some(Charge { units: record.charging, id: record.charge_id }), 0))
+            (true, (Some(Charge { units: record.charging, id: record.charge_id }), stale))
         })?;
         let (charge, aged) = updated.result.unwrap_or((None, 0));
         Ok((charge, aged.saturating_add(updated.forgiven)))

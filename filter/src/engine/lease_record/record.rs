@@ -10,9 +10,12 @@ pub(crate) const MAX_ATTEMPTS: u32 = 16;
 /// the debt is forgiven (counted as `lease.forgiven`). Charges are retried meanwhile.
 pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
-pub(crate) const VERSION: u8 = 2;
+pub(crate) const VERSION: u8 = 3;
 /// Encoded fields, each a little-endian u64.
-pub(crate) const FIELDS: usize = 22;
+pub(crate) const FIELDS: usize = 23;
+/// Version 2, a record without `charge_since` (written by an earlier build: shared data
+/// outlives a VM), is still read.
+const VERSION_2: u8 = 2;
 /// Encoded size: version, then the fields.
 pub(crate) const SIZE: usize = words::width(FIELDS);
 
@@ -59,6 +62,9 @@ pub(crate) struct Record {
     pub(crate) charging: u64,
     pub(crate) charge_id: u64,
     pub(crate) charge_until: Nanos,
+    /// When the charge in flight (`charge_id`) was first claimed: it is sent again with
+    /// its id only within `DEBT_LIFE` of this, while the service still remembers the id.
+    pub(crate) charge_since: Nanos,
     /// Whose debt it is, for a charge sent without its caller: the global counter's key
     /// and the check tag it lives under (kept once debt is owed).
     pub(crate) counter: u128,
@@ -90,6 +96,7 @@ impl Record {
             u64::from(self.tag.is_some()),
             self.tag.unwrap_or(0) as u64,
             (self.tag.unwrap_or(0) >> 64) as u64,
+            self.charge_since.0,
         ]
     }
 
@@ -97,9 +104,23 @@ impl Record {
         words::encode(VERSION, &self.fields())
     }
 
-    /// `None` for bytes that are not a record of this version.
+    /// `None` for bytes that are not a record of this version (or of version 2, whose
+    /// charge in flight is taken as first claimed when its last send's window ended).
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
-        let (VERSION, fields) = words::decode::<FIELDS>(bytes)? else { return None };
+        if let Some((VERSION, fields)) = words::decode::<FIELDS>(bytes) {
+            return Some(Self::from_fields(fields));
+        }
+        let (VERSION_2, old) = words::decode::<{ FIELDS - 1 }>(bytes)? else { return None };
+        let mut fields = [0; FIELDS];
+        for (field, value) in fields.iter_mut().zip(old) {
+            *field = value;
+        }
+        // charge_until, the 17th field.
+        fields[FIELDS - 1] = old[16];
+        Some(Self::from_fields(fields))
+    }
+
+    fn from_fields(fields: [u64; FIELDS]) -> Self {
         let [
             owner,
             first_tokens,
@@ -123,9 +144,10 @@ impl Record {
             has_tag,
             tag_low,
             tag_high,
+            charge_since,
         ] = fields;
         let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
-        Some(Self {
+        Self {
             owner,
             first: Pool { tokens: first_tokens, expires_at: Nanos(first_expires_at) },
             second: Pool { tokens: second_tokens, expires_at: Nanos(second_expires_at) },
@@ -140,9 +162,10 @@ impl Record {
             charging,
             charge_id,
             charge_until: Nanos(charge_until),
+            charge_since: Nanos(charge_since),
             counter: wide(counter_low, counter_high),
             tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
-        })
+        }
     }
 
     /// The tokens any request may spend at `now` (not the held ones).

@@ -255,6 +255,36 @@ fn debt_that_cannot_be_charged_within_its_life_is_forgiven_by_the_next_claim() {
 }
 
 #[test]
+fn a_charge_first_claimed_a_debt_life_ago_is_forgiven_rather_than_sent_again_with_an_id_the_service_may_forget() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    leases.owe(&place(), 3, 10, (0, None), T).unwrap();
+    let first = leases.claim_charge(&place(), 1, Nanos(100), T).unwrap();
+    assert_eq!(first, (Some(Charge { units: 3, id: 1 }), 0));
+    // Its answer never comes; new debt keeps the record's debt young.
+    leases.owe(&place(), 2, 10, (0, None), at(DEBT_LIFE.0 - 10)).unwrap();
+    let again = leases.claim_charge(&place(), 2, Nanos(100), at(DEBT_LIFE.0 - 5)).unwrap();
+    assert_eq!(again, (Some(Charge { units: 3, id: 1 }), 0), "sent again as it was, within its life");
+
+    let later = leases.claim_charge(&place(), 3, Nanos(100), at(DEBT_LIFE.0 + 100)).unwrap();
+
+    assert_eq!(later, (Some(Charge { units: 2, id: 3 }), 3), "the old charge forgiven, the rest charged afresh");
+    assert_eq!(record(&store).debt, 2);
+}
+
+#[test]
+fn a_record_of_the_previous_version_is_still_read() {
+    let mut record = Record { debt: 7, charging: 7, charge_id: 9, charge_until: Nanos(500), ..Record::default() };
+    let fields = record.fields();
+    let previous: [u8; shared_store::words::width(22)] =
+        shared_store::words::encode(2, &<[u64; 22]>::try_from(&fields[..22]).unwrap());
+
+    record.charge_since = Nanos(500);
+    assert_eq!(Record::decode(&previous), Some(record));
+    assert_eq!(Record::decode(&record.encode()), Some(record));
+}
+
+#[test]
 fn a_slot_held_by_another_keys_active_lease_is_never_shared() {
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
@@ -329,6 +359,7 @@ fn a_record_survives_its_encoding() {
         charging: 15,
         charge_id: 16,
         charge_until: Nanos(17),
+        charge_since: Nanos(22),
         counter: (18 << 64) | 19,
         tag: Some((20 << 64) | 21),
     };
