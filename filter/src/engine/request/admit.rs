@@ -15,7 +15,8 @@ use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
 
 /// The admitted path: keep the spend, decide shadows, build the headers, and hold the
-/// request if a policy shapes it (rejecting it when no more can be held).
+/// request if a policy shapes it (rejecting it, with its spends given back, when no
+/// more can be held).
 pub(crate) fn admit<S: Store, C: Clock>(
     setup: &Setup,
     granted: Granted,
@@ -23,6 +24,12 @@ pub(crate) fn admit<S: Store, C: Clock>(
     room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Decided {
+    if granted.due.is_some() && !room_to_pause {
+        // A policy shapes it and no more can be held: never forwarded, so it gets back
+        // what can be given back, like any rejection after a spend.
+        let status = setup.response.status;
+        return reject(setup, granted, None, status, limiter, metrics);
+    }
     limiter.commit(granted.reservation);
     let mut owed = granted.owed;
     decide_shadows(setup, &granted.shadows, limiter, metrics, &mut owed);
@@ -36,11 +43,6 @@ pub(crate) fn admit<S: Store, C: Clock>(
     }
     let outcome = match granted.due {
         None => Outcome::Continue { headers },
-        Some(_) if !room_to_pause => {
-            // Never forwarded: what it spent stands, and there is no response to read.
-            owed.clear();
-            Outcome::Reject(rejection(setup, None, setup.response.status, None))
-        }
         Some(due) => {
             let now = limiter.clock().now();
             Outcome::Delay { delay: due.saturating_sub(now), due, headers }

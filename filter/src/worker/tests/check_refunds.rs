@@ -82,3 +82,33 @@ fn a_refund_the_service_refuses_is_counted_as_unrefunded() {
 
     assert_eq!(w.metrics().unwrap().get(0, Counter::Unrefunded), 1);
 }
+
+#[test]
+fn a_check_spend_is_credited_back_when_no_room_is_left_to_hold_a_shaped_request() {
+    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "K", "timeout": "40ms"},
+        "policies": [
+          {"name": "checked", "key": [{"header": "x-user"}], "rate": "100/second", "burst": 100,
+            "global": {"strategy": "check"}},
+          {"name": "shaped", "key": [{"constant": "x"}], "algorithm": "leaky_bucket", "rate": "1/second",
+            "queue": 3, "max_wait": "5s"}],
+        "shaping": {"max_paused": 1}}"#;
+    let w = worker(config);
+    let entry =
+        r#"{"verdict":"allowed","limit":100,"remaining":99,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}"#;
+    let admitted = ok(format!(r#"{{"admitted":true,"at_ns":{SPENT_AT_NS},"entries":[{entry}]}}"#));
+    let mut actions = Vec::new();
+    for id in 1..=3 {
+        let mut port = FakePort::default();
+        assert_eq!(w.on_request_headers(id, &user("a"), &mut port), Flow::Pause);
+        w.on_check_answer(id, &admitted, &mut port);
+        actions.push(port.actions);
+    }
+    assert!(actions[2].iter().any(|a| a.starts_with("reply 429")), "the third finds no room: {actions:?}");
+
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+
+    assert_eq!(root.sent, ["/v1/credit"], "the check spend of the request never forwarded");
+    let body: serde_json::Value = serde_json::from_str(&root.bodies[0]).unwrap();
+    assert_eq!((body["units"].as_u64(), body["spent_at_ns"].as_u64()), (Some(1), Some(SPENT_AT_NS)));
+}
