@@ -192,6 +192,8 @@ counters! {
         DegradedLeaseQueueFull = "degraded.lease_queue_full",
         /// Lease: the caller's lease slot was held by another key's lease.
         DegradedLeaseSlotTaken = "degraded.lease_slot_taken",
+        /// Lease: a wait ran out while refills were granted and spent by others.
+        DegradedLeaseContended = "degraded.lease_contended",
         /// Global: admitted by the emergency cap while the service could not decide.
         EmergencyAllowed = "emergency.allowed",
         /// Global: rejected by the emergency cap while the service could not decide.

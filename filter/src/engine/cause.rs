@@ -56,6 +56,7 @@ impl Cause {
             Self::Service(Reason::DispatchFailed) => Counter::DegradedDispatchFailed,
             Self::Service(Reason::LeaseQueueFull) => Counter::DegradedLeaseQueueFull,
             Self::Service(Reason::LeaseSlotTaken) => Counter::DegradedLeaseSlotTaken,
+            Self::Service(Reason::LeaseContended) => Counter::DegradedLeaseContended,
             Self::CasExhausted => Counter::CasExhausted,
             Self::StoreError => Counter::StoreErrors,
         }

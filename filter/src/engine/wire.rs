@@ -48,11 +48,14 @@ pub enum Reason {
     /// Lease mode: the caller's slot in the lease table is held by another key's lease
     /// (give the policy more `slots`).
     LeaseSlotTaken,
+    /// Lease mode: the wait ran out while refills were granted, and other requests
+    /// spent them first (demand above what refills bring: a larger `size`).
+    LeaseContended,
 }
 
 impl Reason {
     /// Every reason, in a fixed order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Timeout,
         Self::Refused,
         Self::Reset,
@@ -63,6 +66,7 @@ impl Reason {
         Self::DispatchFailed,
         Self::LeaseQueueFull,
         Self::LeaseSlotTaken,
+        Self::LeaseContended,
     ];
 
     /// The name in metrics, logs and the fallback header.
@@ -78,6 +82,7 @@ impl Reason {
             Self::DispatchFailed => "dispatch_failed",
             Self::LeaseQueueFull => "lease_queue_full",
             Self::LeaseSlotTaken => "lease_slot_taken",
+            Self::LeaseContended => "lease_contended",
         }
     }
 

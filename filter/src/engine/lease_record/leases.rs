@@ -286,6 +286,7 @@ impl<S: Store> Leases<'_, S> {
                 return (true, Granted { expired, repaid: 0 });
             }
             record.empty_until = if empty_after > Nanos::ZERO { now.saturating_add(empty_after) } else { Nanos::ZERO };
+            record.granted_at = now;
             let repaid = granted.min(record.debt.saturating_sub(record.charging));
             record.debt -= repaid;
             let mut pool = Pool { tokens: granted - repaid, expires_at };

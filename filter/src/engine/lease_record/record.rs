@@ -12,10 +12,12 @@ pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
 pub(crate) const VERSION: u8 = 3;
 /// Encoded fields, each a little-endian u64.
-pub(crate) const FIELDS: usize = 23;
-/// Version 2, a record without `charge_since` (written by an earlier build: shared data
+pub(crate) const FIELDS: usize = 24;
+/// Version 2, a record without `charge_since` and `granted_at` (written by an earlier build: shared data
 /// outlives a VM), is still read.
 const VERSION_2: u8 = 2;
+/// The fields of a version-2 record.
+const FIELDS_V2: usize = 22;
 /// Encoded size: version, then the fields.
 pub(crate) const SIZE: usize = words::width(FIELDS);
 
@@ -65,6 +67,9 @@ pub(crate) struct Record {
     /// When the charge in flight (`charge_id`) was first claimed: it is sent again with
     /// its id only within `DEBT_LIFE` of this, while the service still remembers the id.
     pub(crate) charge_since: Nanos,
+    /// When tokens were last granted (0: never): a request that waited past its deadline
+    /// while grants arrived was outrun by others, not failed by the service.
+    pub(crate) granted_at: Nanos,
     /// Whose debt it is, for a charge sent without its caller: the global counter's key
     /// and the check tag it lives under (kept once debt is owed).
     pub(crate) counter: u128,
@@ -97,6 +102,7 @@ impl Record {
             self.tag.unwrap_or(0) as u64,
             (self.tag.unwrap_or(0) >> 64) as u64,
             self.charge_since.0,
+            self.granted_at.0,
         ]
     }
 
@@ -110,13 +116,13 @@ impl Record {
         if let Some((VERSION, fields)) = words::decode::<FIELDS>(bytes) {
             return Some(Self::from_fields(fields));
         }
-        let (VERSION_2, old) = words::decode::<{ FIELDS - 1 }>(bytes)? else { return None };
+        let (VERSION_2, old) = words::decode::<FIELDS_V2>(bytes)? else { return None };
         let mut fields = [0; FIELDS];
         for (field, value) in fields.iter_mut().zip(old) {
             *field = value;
         }
-        // charge_until, the 17th field.
-        fields[FIELDS - 1] = old[16];
+        // charge_since: charge_until, the 17th field; granted_at: unknown (0).
+        fields[FIELDS - 2] = old[16];
         Some(Self::from_fields(fields))
     }
 
@@ -145,6 +151,7 @@ impl Record {
             tag_low,
             tag_high,
             charge_since,
+            granted_at,
         ] = fields;
         let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
         Self {
@@ -163,6 +170,7 @@ impl Record {
             charge_id,
             charge_until: Nanos(charge_until),
             charge_since: Nanos(charge_since),
+            granted_at: Nanos(granted_at),
             counter: wide(counter_low, counter_high),
             tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
         }

@@ -360,6 +360,7 @@ fn a_record_survives_its_encoding() {
         charge_id: 16,
         charge_until: Nanos(17),
         charge_since: Nanos(22),
+        granted_at: Nanos(23),
         counter: (18 << 64) | 19,
         tag: Some((20 << 64) | 21),
     };

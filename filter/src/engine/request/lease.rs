@@ -134,7 +134,10 @@ pub(crate) fn retry<S: Store, C: Clock>(
             }
             Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
             Spent::Done(Spend::Wait { .. }) if now >= deadline => {
-                failed.push((resolved, Cause::Service(Reason::Timeout)));
+                // Outrun, when grants came while it waited; otherwise no answer came.
+                let outrun = leases.peek(slot, now).ok().flatten().is_some_and(|r| r.granted_at >= since);
+                let reason = if outrun { Reason::LeaseContended } else { Reason::Timeout };
+                failed.push((resolved, Cause::Service(reason)));
             }
             Spent::Done(Spend::Wait { elected }) => {
                 if elected {

@@ -218,6 +218,29 @@ fn a_wait_that_outlives_its_window_takes_the_failure_rule() {
 }
 
 #[test]
+fn a_wait_outrun_by_other_requests_while_refills_were_granted_is_counted_as_contended_not_as_a_timeout() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    // The refill is granted to no waiter here (as another worker's would be), and other
+    // requests spend all of it before the waiter tries again.
+    for call in w.engine.take_outgoing(&w.limiter, true) {
+        if let Some(sent) = w.engine.dispatch_outgoing(call, &mut w.callouts, &w.limiter, &mut w.metrics) {
+            w.engine.outgoing_answered(sent, &granted(10), &w.limiter, &mut w.metrics, |_| false);
+        }
+    }
+    for _ in 0..10 {
+        assert_eq!(status(&w.begin()), Some(200));
+    }
+    w.limiter.clock().advance(Nanos::from_millis(150));
+
+    let decided = w.retry(pending);
+
+    assert_eq!(status(&decided), Some(200), "the emergency cap admits");
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseContended), 1);
+    assert_eq!(w.metrics.get(0, Counter::DegradedTimeout), 0, "the service answered");
+}
+
+#[test]
 fn a_request_that_cannot_be_held_takes_the_failure_rule() {
     let mut w = world();
     let pending = waiting(w.begin());

@@ -413,6 +413,7 @@ impl Oracle {
                 "degraded.dispatch_failed",
                 "degraded.lease_queue_full",
                 "degraded.lease_slot_taken",
+                "degraded.lease_contended",
                 "cas_exhausted",
                 "store_errors",
             ]
