@@ -15,21 +15,13 @@ use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
 
 /// The admitted path: keep the spend, decide shadows, build the headers, and hold the
-/// request if a policy shapes it (rejecting it, with its spends given back, when no
-/// more can be held).
+/// request if a policy shapes it.
 pub(crate) fn admit<S: Store, C: Clock>(
     setup: &Setup,
     granted: Granted,
     limiter: &Limiter<S, C>,
-    room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Decided {
-    if granted.due.is_some() && !room_to_pause {
-        // A policy shapes it and no more can be held: never forwarded, so it gets back
-        // what can be given back, like any rejection after a spend.
-        let status = setup.response.status;
-        return reject(setup, granted, None, status, limiter, metrics);
-    }
     limiter.commit(granted.reservation);
     let mut owed = granted.owed;
     decide_shadows(setup, &granted.shadows, limiter, metrics, &mut owed);
@@ -52,6 +44,23 @@ pub(crate) fn admit<S: Store, C: Clock>(
         metrics.add(o.policy, Counter::CostEstimated, i64::try_from(o.estimate).unwrap_or(i64::MAX));
     }
     Decided { outcome, tally: granted.tally, owed }
+}
+
+/// A request every policy admitted: [`admit`]ted, or, when a policy shapes it and no
+/// more requests can be held (`room_to_pause` is false), never forwarded and so
+/// [`reject`]ed with its spends given back, like any rejection after a spend.
+pub(crate) fn conclude<S: Store, C: Clock>(
+    setup: &Setup,
+    granted: Granted,
+    limiter: &Limiter<S, C>,
+    room_to_pause: bool,
+    metrics: &mut impl Metrics,
+) -> Decided {
+    if granted.due.is_some() && !room_to_pause {
+        let status = setup.response.status;
+        return reject(setup, granted, None, status, limiter, metrics);
+    }
+    admit(setup, granted, limiter, metrics)
 }
 
 /// Rejects a request after some of it was spent: gives back its lease spends and its

@@ -117,7 +117,7 @@ pub(crate) fn decide_now<S: Store, C: Clock>(
                 check::answered(setup, wait, &CalloutAnswer::TimedOut, limiter, metrics)
             }
             Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, metrics),
-            Next::Admit(granted) => return admit::admit(setup, granted, limiter, room_to_pause, metrics),
+            Next::Admit(granted) => return admit::conclude(setup, granted, limiter, room_to_pause, metrics),
         };
     }
 }
@@ -172,7 +172,7 @@ fn run<S: Store, C: Clock>(
             Next::Wait(pending) => return Begun::Waiting(Box::new(pending)),
             Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, metrics),
             Next::Admit(granted) => {
-                return Begun::Decided(admit::admit(setup, granted, limiter, room_to_pause, metrics));
+                return Begun::Decided(admit::conclude(setup, granted, limiter, room_to_pause, metrics));
             }
         };
     }
