@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 
 use crate::api::ApiError;
 use crate::auth::Auth;
-use crate::config::{Config, StoreKind};
+use crate::config::{AdminAccess, Config, StoreKind};
 use crate::metrics::Metrics;
 use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
 
@@ -20,6 +20,13 @@ pub struct App {
     store: CounterStore,
     metrics: Metrics,
     auth: Auth,
+    /// Who may call the admin API; `None`: it is not served.
+    admin: Option<Auth>,
+    /// The filters' global hash key, for keyed overrides.
+    hash_key: Option<shared_store::HashKey>,
+    /// Whether this instance has seen an override (its sweeper then looks for expired
+    /// ones on Redis).
+    pub(crate) overrides_seen: std::sync::atomic::AtomicBool,
     max_entries: usize,
     max_body: usize,
     request_timeout: Duration,
@@ -39,6 +46,9 @@ impl App {
             metrics: Metrics::new(store.name()),
             store,
             auth,
+            admin: None,
+            hash_key: None,
+            overrides_seen: std::sync::atomic::AtomicBool::new(false),
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
             request_timeout: Duration::from_millis(config.request_timeout_ms),
@@ -47,6 +57,25 @@ impl App {
             last_error_log: AtomicU64::new(u64::MAX),
             started: Instant::now(),
         }
+    }
+
+    /// The same app, serving the admin API with `access` ([`Config::admin`] reads it):
+    /// without an admin token, the admin API answers `404 admin_disabled`.
+    #[must_use]
+    pub fn with_admin(mut self, access: AdminAccess) -> Self {
+        self.admin = access.token.map(Auth::Bearer);
+        self.hash_key = access.hash_key;
+        self
+    }
+
+    /// The filters' global hash key, when configured.
+    pub(crate) fn hash_key(&self) -> Option<&shared_store::HashKey> {
+        self.hash_key.as_ref()
+    }
+
+    /// Whether the admin API is served, for the startup log line.
+    pub const fn admin_enabled(&self) -> bool {
+        self.admin.is_some()
     }
 
     /// The store.
@@ -89,6 +118,31 @@ impl App {
             tracing::debug!(%refusal, "caller refused");
             self.metrics.unauthorized();
             ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }
+        })
+    }
+
+    /// Whether a request to the admin API with these `authorization` header values may
+    /// proceed: only with the admin token (never the proxies' one, which must differ).
+    /// A refusal is logged (at `debug`) and counted; without an admin token configured,
+    /// the admin API is `404 admin_disabled`.
+    pub(crate) fn authenticate_admin<'a>(&self, values: impl Iterator<Item = &'a [u8]>) -> Result<(), ApiError> {
+        let Some(admin) = &self.admin else {
+            return Err(ApiError {
+                status: 404,
+                code: "admin_disabled",
+                message: "the admin API is not enabled: start the service with --admin-token-env".to_owned(),
+            });
+        };
+        admin.check_values(values).map_err(|refusal| {
+            tracing::debug!(%refusal, "admin caller refused");
+            self.metrics.unauthorized();
+            ApiError {
+                status: 401,
+                code: "admin_unauthorized",
+                message: format!(
+                    "{refusal} (the admin API takes the admin token, --admin-token-env, never the proxies' token)"
+                ),
+            }
         })
     }
 

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use shared_store::HashKey;
 use sluice_protocol::{DEFAULT_MAX_ENTRIES, MAX_ENTRIES_LIMIT};
 
 use crate::auth::{Auth, Token};
+use crate::overrides::global_hash_key;
 use crate::store::{MemoryConfig, RedisConfig, RedisUrl, Topology};
 
 /// The default listen address: loopback only, port 8710.
@@ -32,6 +34,21 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// The shortest hash key, as the filter requires of its `hash_key`.
+pub const MIN_HASH_KEY_BYTES: usize = 16;
+/// The longest hash key, as the filter allows.
+pub const MAX_HASH_KEY_BYTES: usize = 4096;
+
+/// What the admin API is served with ([`Config::admin`]).
+#[derive(Clone, Debug, Default)]
+pub struct AdminAccess {
+    /// The admin token; `None`: the admin API is not served.
+    pub token: Option<Token>,
+    /// The filters' global hash key (derived from `--hash-key-env` as the filter derives
+    /// it); `None`: overrides cannot be keyed.
+    pub hash_key: Option<HashKey>,
 }
 
 /// A secret as given on the command line or in the environment: kept as is until
@@ -150,6 +167,18 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<Secret>,
 
+    /// The environment variable holding the admin token: the bearer token of the admin
+    /// API (`/admin/v1/overrides`), which must differ from the proxies' token. Without
+    /// it, the admin API is not served (`404 admin_disabled`).
+    #[arg(long, env = "SLUICE_COUNTER_ADMIN_TOKEN_ENV", value_name = "NAME")]
+    pub admin_token_env: Option<String>,
+
+    /// The environment variable holding the hash key the filters hash global keys with
+    /// (their `counter_service.hash_key_env`): the admin API hashes an override's key
+    /// values with it, as the filters do. Without it, overrides cannot be keyed.
+    #[arg(long, env = "SLUICE_COUNTER_HASH_KEY_ENV", value_name = "NAME")]
+    pub hash_key_env: Option<String>,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
     pub log: String,
@@ -180,6 +209,8 @@ impl fmt::Debug for Config {
             shutdown_grace_ms,
             token_file,
             token,
+            admin_token_env,
+            hash_key_env,
             log,
             log_format,
         } = self;
@@ -202,6 +233,8 @@ impl fmt::Debug for Config {
             .field("shutdown_grace_ms", shutdown_grace_ms)
             .field("token_file", token_file)
             .field("token", token)
+            .field("admin_token_env", admin_token_env)
+            .field("hash_key_env", hash_key_env)
             .field("log", log)
             .field("log_format", log_format)
             .finish()
@@ -229,6 +262,8 @@ impl Config {
             shutdown_grace_ms: 5000,
             token_file: None,
             token: None,
+            admin_token_env: None,
+            hash_key_env: None,
             log: "info".to_owned(),
             log_format: LogFormat::Text,
         }
@@ -245,6 +280,54 @@ impl Config {
             (None, Some(Secret(text))) => Token::new(text, "--token").map(Auth::Bearer),
             (None, None) => Ok(Auth::Open),
         }
+    }
+
+    /// What the admin API is served with: the admin token and the filters' hash key,
+    /// read from the environment variables `--admin-token-env` and `--hash-key-env` name
+    /// (looked up with `env`); `proxies` is the proxies' auth ([`Config::auth`]), which the
+    /// admin token must differ from.
+    ///
+    /// # Errors
+    /// A message naming the flag and the variable when one is missing or malformed, or
+    /// the admin token is the proxies' token. It never includes a secret.
+    pub fn admin(&self, proxies: &Auth, env: impl Fn(&str) -> Option<String>) -> Result<AdminAccess, String> {
+        let read = |flag: &str, name: &str| {
+            let source = format!("{flag} {name}");
+            env(name)
+                .filter(|v| !v.is_empty())
+                .map(|v| (v, source.clone()))
+                .ok_or_else(|| format!("{source}: the environment variable is not set or empty"))
+        };
+        let token = match &self.admin_token_env {
+            Some(name) => {
+                let (text, source) = read("--admin-token-env", name)?;
+                let token = Token::new(text.trim_end_matches(['\n', '\r']), &source)?;
+                if *proxies == Auth::Bearer(token.clone()) {
+                    return Err(format!(
+                        "{source}: the admin token must differ from the proxies' token (a proxy must not set overrides)"
+                    ));
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let hash_key = match &self.hash_key_env {
+            Some(name) => {
+                let (text, source) = read("--hash-key-env", name)?;
+                if !(MIN_HASH_KEY_BYTES..=MAX_HASH_KEY_BYTES).contains(&text.len()) {
+                    return Err(format!(
+                        "{source}: the hash key must be {MIN_HASH_KEY_BYTES} to {MAX_HASH_KEY_BYTES} bytes, as the \
+                         filters' hash_key"
+                    ));
+                }
+                if !text.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(format!("{source}: the hash key must be visible ASCII characters, without spaces"));
+                }
+                Some(global_hash_key(text.as_bytes()))
+            }
+            None => None,
+        };
+        Ok(AdminAccess { token, hash_key })
     }
 
     /// The memory store's settings.

@@ -20,7 +20,7 @@
 //!
 //! * [`spec`] holds validated limits with what the Redis script runs.
 //! * [`api`] holds strict parsing and the validation of requests into plans, and the
-//!   API's errors.
+//!   API's errors; [`overrides`] holds operators' overrides and their validation.
 //! * [`store`] holds [`store::MemoryCounters`] (shared-store's algorithms behind a
 //!   sharded map) and [`store::RedisCounters`] (the same algorithms as one Lua script).
 //! * [`auth`] checks callers' bearer token, [`config`] reads flags and environment
@@ -28,11 +28,13 @@
 //! * [`app`] holds [`App`], what every request is served with, and builds the
 //!   configured store.
 //! * [`handle`] holds one decision request, shared by the HTTP routes and by
-//!   [`App::handle_now`], the synchronous entry for deterministic simulations.
+//!   [`App::handle_now`], the synchronous entry for deterministic simulations;
+//!   [`admin`] holds the admin API's changes to overrides, audited and counted.
 //! * [`routes`] holds the routes, bounds (body size, requests in flight) and error
 //!   responses; [`conn`] holds one connection: HTTP/1.1 or h2c on the same port,
 //!   timeouts, drain.
 //! * [`server`] accepts connections and shuts down, gracefully or at once.
+//! * [`cli`] is the binary's `override` subcommand: a client of the admin API.
 //!
 //! # Embedding and tests
 //!
@@ -49,13 +51,16 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod handle;
 pub mod metrics;
+pub mod overrides;
 pub mod routes;
 pub mod server;
 pub mod spec;
@@ -82,6 +87,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let auth = config.auth().map_err(anyhow::Error::msg)?;
+    let admin = config.admin(&auth, |name| std::env::var(name).ok()).map_err(anyhow::Error::msg)?;
     let store = app::build_store(&config).await?;
     let local = listener.local_addr().ok();
     if !auth.is_required() && local.is_some_and(|a| !a.ip().is_loopback()) {
@@ -91,8 +97,14 @@ pub async fn run(
              set --token-file"
         );
     }
-    let app = Arc::new(App::new(store, &config, auth));
-    tracing::info!(addr = ?local, store = app.store().name(), auth = app.auth_name(), "sluice-counter serving");
+    let app = Arc::new(App::new(store, &config, auth).with_admin(admin));
+    tracing::info!(
+        addr = ?local,
+        store = app.store().name(),
+        auth = app.auth_name(),
+        admin = app.admin_enabled(),
+        "sluice-counter serving"
+    );
     server::serve(
         listener,
         app,
@@ -121,9 +133,23 @@ impl Running {
     /// When the token cannot be read, the store cannot be built or the listener has no
     /// address.
     pub async fn start(listener: TcpListener, config: Config) -> anyhow::Result<Self> {
-        config.auth().map_err(anyhow::Error::msg)?;
+        Self::start_with_env(listener, config, |name| std::env::var(name).ok()).await
+    }
+
+    /// [`Running::start`], reading the environment variables the configuration names
+    /// (`--admin-token-env`, `--hash-key-env`) through `env` (tests give their own).
+    ///
+    /// # Errors
+    /// As [`Running::start`], and when a variable named is missing or malformed.
+    pub async fn start_with_env(
+        listener: TcpListener,
+        config: Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Self> {
+        let auth = config.auth().map_err(anyhow::Error::msg)?;
+        let admin = config.admin(&auth, env).map_err(anyhow::Error::msg)?;
         let store = app::build_store(&config).await?;
-        Self::start_with_store(listener, config, store)
+        Self::serve_app(listener, &config, App::new(store, &config, auth).with_admin(admin))
     }
 
     /// Starts a service on `listener` with `config`, serving `store` (built by the
@@ -133,7 +159,16 @@ impl Running {
     /// When the token cannot be read or the listener has no address.
     pub fn start_with_store(listener: TcpListener, config: Config, store: store::CounterStore) -> anyhow::Result<Self> {
         let auth = config.auth().map_err(anyhow::Error::msg)?;
-        let app = Arc::new(App::new(store, &config, auth));
+        Self::serve_app(listener, &config, App::new(store, &config, auth))
+    }
+
+    /// Serves `app` (built by the caller: with a test clock and an admin token, say) on
+    /// `listener`, with `config`'s timings.
+    ///
+    /// # Errors
+    /// When the listener has no address.
+    pub fn serve_app(listener: TcpListener, config: &Config, app: App) -> anyhow::Result<Self> {
+        let app = Arc::new(app);
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<server::Stop>();
         let task = tokio::spawn(server::serve_until(

@@ -1,12 +1,38 @@
-//! The `sluice-counter` binary: flags and environment in, [`sluice_counter::run`] out.
+//! The `sluice-counter` binary: flags and environment in, [`sluice_counter::run`] out;
+//! or, with the `override` subcommand, a call to a running service's admin API
+//! ([`sluice_counter::cli`]).
 
 use clap::Parser;
+use sluice_counter::cli::Command;
 use sluice_counter::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// sluice-counter: the central counter service for Sluice's global rate-limit policies.
+///
+/// Every flag can also be set from the environment variable named beside it.
+#[derive(Parser)]
+#[command(name = "sluice-counter", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(flatten)]
+    config: Config,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::parse();
+    let Cli { config, command } = Cli::parse();
+    if let Some(Command::Override(command)) = command {
+        match command.run(|name| std::env::var(name).ok()).await {
+            Ok(answer) => println!("{answer}"),
+            Err(error) => {
+                eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     let filter = EnvFilter::try_new(&config.log).map_err(|e| anyhow::anyhow!("--log {:?}: {e}", config.log))?;
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log_format {

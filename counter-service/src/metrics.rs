@@ -23,6 +23,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use crate::overrides::OverrideKind;
 use crate::store::{CounterStore, CounterStoreError};
 
 /// The prefix of every metric's name.
@@ -32,7 +33,7 @@ const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
 /// The statuses counted by value; any other is counted as `0`, the last.
-const STATUSES: [u16; 11] = [200, 400, 401, 404, 405, 408, 413, 500, 503, 429, 0];
+const STATUSES: [u16; 14] = [200, 400, 401, 404, 405, 408, 413, 500, 503, 429, 201, 204, 409, 0];
 
 /// All metrics of one service instance.
 #[derive(Debug)]
@@ -60,6 +61,10 @@ pub struct Metrics {
     refused_connections: Counter,
     open_connections: Gauge,
     responses: [Counter; STATUSES.len()],
+    overrides_set: [Counter; OverrideKind::ALL.len()],
+    overrides_removed: Counter,
+    overrides_expired: Counter,
+    overrides_active: Gauge,
 }
 
 /// A family whose label values are fixed: its series exist from the start and are
@@ -153,6 +158,16 @@ impl Metrics {
             counter(&mut registry, "refused_connections", "Connections closed because too many were open");
         let (statuses, responses) = fixed("status", STATUSES);
         registry.register("responses", "Responses by HTTP status (0 = other)", statuses);
+        let (set, overrides_set) = fixed("kind", OverrideKind::ALL.map(OverrideKind::name));
+        registry.register("overrides_set", "Operator overrides set, by kind", set);
+        let overrides_removed = counter(&mut registry, "overrides_removed", "Operator overrides removed before expiry");
+        let overrides_expired =
+            counter(&mut registry, "overrides_expired", "Operator overrides that expired (found by a sweep)");
+        let overrides_active = gauge(
+            &mut registry,
+            "overrides_active",
+            "Operator overrides live, as this instance last saw (set, removal, list or sweep)",
+        );
 
         Self {
             registry,
@@ -178,7 +193,40 @@ impl Metrics {
             refused_connections,
             open_connections,
             responses,
+            overrides_set,
+            overrides_removed,
+            overrides_expired,
+            overrides_active,
         }
+    }
+
+    /// Counts an override set, with the live overrides after it.
+    pub fn override_set(&self, kind: OverrideKind, active: usize) {
+        if let Some(i) = OverrideKind::ALL.iter().position(|k| *k == kind)
+            && let Some(counter) = self.overrides_set.get(i)
+        {
+            counter.inc();
+        }
+        self.overrides_active(active);
+    }
+
+    /// Counts an override removed.
+    pub fn override_removed(&self) {
+        self.overrides_removed.inc();
+        if self.overrides_active.get() > 0 {
+            self.overrides_active.dec();
+        }
+    }
+
+    /// Counts `expired` overrides found expired, with the live ones left.
+    pub fn overrides_expired(&self, expired: usize, active: usize) {
+        self.overrides_expired.inc_by(expired as u64);
+        self.overrides_active(active);
+    }
+
+    /// Sets the gauge of live overrides.
+    pub fn overrides_active(&self, active: usize) {
+        self.overrides_active.set(i64::try_from(active).unwrap_or(i64::MAX));
     }
 
     /// Counts one check's outcome.

@@ -6,17 +6,18 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use crate::api::ApiError;
 use crate::app::App;
 use crate::handle::Route;
+use crate::overrides::OverrideList;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -35,6 +36,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/admin/v1/overrides", post(set_override).get(list_overrides))
+        .route("/admin/v1/overrides/{id}", delete(remove_override))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), bound))
@@ -44,7 +47,8 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// Refuses callers without the configured token (except on the probes, which
-/// orchestrators and scrapers call without one), reads the whole body within
+/// orchestrators and scrapers call without one; the admin API takes the admin token
+/// instead, and only it), reads the whole body within
 /// `max_body` bytes and `request_timeout`, then sheds requests beyond `max_in_flight`
 /// (except liveness and metrics, which must answer under overload), keeps the in-flight
 /// gauge and counts statuses.
@@ -59,11 +63,19 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
         return next.run(request).await;
     }
     // Before anything else: a refused caller costs a header comparison, no read.
-    if path != "/readyz"
-        && let Err(refused) =
-            app.authenticate(request.headers().get_all(header::AUTHORIZATION).iter().map(|v| v.as_bytes()))
-    {
-        app.metrics().response(401);
+    let refused = {
+        let presented = request.headers().get_all(header::AUTHORIZATION);
+        let presented = presented.iter().map(|v| v.as_bytes());
+        if path.starts_with("/admin/") {
+            app.authenticate_admin(presented).err()
+        } else if path != "/readyz" {
+            app.authenticate(presented).err()
+        } else {
+            None
+        }
+    };
+    if let Some(refused) = refused {
+        app.metrics().response(refused.status);
         return unauthorized(refused);
     }
     let (parts, body) = request.into_parts();
@@ -100,9 +112,14 @@ async fn bound(State(app): State<Arc<App>>, request: Request, next: Next) -> Res
 }
 
 /// `401 unauthorized` with `WWW-Authenticate: Bearer` (RFC 6750 §3). The message says
-/// which rule failed, never what was sent.
+/// which rule failed, never what was sent. (The admin API's `404 admin_disabled` has no
+/// such header.)
 fn unauthorized(refused: ApiError) -> Response {
+    let challenge = refused.status == 401;
     let mut response = refused.into_response();
+    if !challenge {
+        return response;
+    }
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"sluice-counter\""));
@@ -193,6 +210,22 @@ async fn charge(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, Ap
 
 async fn credit(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     decide(&app, Route::Credit, &body).await
+}
+
+async fn set_override(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let stored = app.set_override(&body).await?;
+    let mut response = json(&stored);
+    *response.status_mut() = StatusCode::CREATED;
+    Ok(response)
+}
+
+async fn list_overrides(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    Ok(json(&OverrideList { overrides: app.list_overrides().await? }))
+}
+
+async fn remove_override(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    app.remove_override(&id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn healthz() -> Response {

@@ -83,7 +83,7 @@ pub async fn serve_until(
     sweep_every: Duration,
     stop: impl Future<Output = Stop> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let _sweeper = matches!(app.store(), CounterStore::Memory(_)).then(|| {
+    let _sweeper = {
         let weak = Arc::downgrade(&app);
         AbortOnDrop(tokio::spawn(async move {
             let mut ticks = tokio::time::interval(sweep_every);
@@ -95,9 +95,10 @@ pub async fn serve_until(
                     let dropped = memory.sweep(None);
                     tracing::trace!(dropped, "swept idle keys");
                 }
+                app.expire_overrides().await;
             }
         }))
-    });
+    };
     let routes = router(app.clone());
     // Connections watch `drain`; HTTP/2 streams live while `alive` does.
     let (drain, draining) = tokio::sync::watch::channel(false);

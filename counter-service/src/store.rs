@@ -3,14 +3,17 @@
 //! shared behavioural suite in `tests/` holds them to it. Each serves the decision routes
 //! alike: [`CounterStore::check`] (`/v1/check`), [`CounterStore::lease`] (`/v1/lease`),
 //! [`CounterStore::charge`] (`/v1/charge`) and [`CounterStore::credit`] (`/v1/credit`).
+//! Each also keeps the operators' overrides ([`overrides`]).
 
 pub mod memory;
+pub mod overrides;
 pub mod redis;
 
 use shared_store::{Decision, Limit, Nanos};
 
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryCounters};
+pub use overrides::{Expired, MemoryOverrides, Stored};
 pub use redis::{RedisConfig, RedisCounters, RedisUrl, Topology};
 
 /// The outcome of a check.

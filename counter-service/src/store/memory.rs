@@ -297,6 +297,7 @@ pub struct MemoryCounters {
     max_charge_ids: usize,
     hasher: std::hash::RandomState,
     clock: StoreClock,
+    overrides: super::MemoryOverrides,
 }
 
 /// What the decide phase found for one entry.
@@ -340,7 +341,13 @@ impl MemoryCounters {
             max_charge_ids,
             hasher: std::hash::RandomState::new(),
             clock,
+            overrides: super::MemoryOverrides::default(),
         }
+    }
+
+    /// The operators' overrides (kept in this process only: gone on a restart).
+    pub fn overrides(&self) -> &super::MemoryOverrides {
+        &self.overrides
     }
 
     /// The store's current time (Unix ns).

@@ -20,6 +20,7 @@
 //!   deadline. A paused Redis therefore costs at most `pool_size` connections and the
 //!   requests in flight, each answered when its deadline expires.
 
+mod overrides;
 mod pool;
 mod script;
 mod url;
@@ -31,6 +32,7 @@ use shared_store::{Decision, Nanos};
 
 use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome};
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
+pub use overrides::{INDEX_KEY, override_key};
 use pool::{Client, Conn, Slot};
 pub use script::SCRIPT;
 use script::{Reply, parse_reply};

@@ -13,13 +13,14 @@ use sluice_testkit::layers::{Layers, ROOT, assert_found, assert_library_keeps, f
 /// The layers, from the bottom; a module may import from its own layer and those below.
 const LAYERS: Layers = Layers::new(&[
     ("limits", &["spec"]),
-    ("requests and plans", &["api"]),
+    ("requests and plans", &["api", "overrides"]),
     ("stores", &["store"]),
     ("settings, callers and metrics", &["auth", "config", "metrics"]),
     ("what a request is served with", &["app"]),
-    ("decisions", &["handle"]),
+    ("decisions", &["handle", "admin"]),
     ("HTTP", &["routes", "conn"]),
     ("serving", &["server"]),
+    ("the admin CLI", &["cli"]),
     ("crate root", &[ROOT]),
 ]);
 

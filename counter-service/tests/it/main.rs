@@ -14,6 +14,7 @@ mod faults;
 mod handle_now;
 mod layers;
 mod load;
+mod overrides;
 mod protocols;
 mod stores;
 mod support;

@@ -1,0 +1,144 @@
+//! What the admin API does with operator overrides: set, list, remove, and the sweep that
+//! finds expired ones, each change audited and counted.
+//!
+//! **Audit.** Every change is one `info` log line on the target `sluice_counter::audit`
+//! (one JSON object under `--log-format json`), with `event` (`override_set`,
+//! `override_removed`, `override_expired`), the override's `id`, `kind`, `policy`,
+//! `keyed`, `key_hash` (the key's hash, or `none`; never a raw value), `expires_at_ms`,
+//! `reason` and `operator`. An expiry is logged once, by the sweep that claims it.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::api::{self, ApiError};
+use crate::app::App;
+use crate::overrides::{MAX_OVERRIDES, Override, OverrideRequest, is_override_id, override_id};
+use crate::store::{CounterStore, Stored};
+
+/// The target of the audit lines.
+pub const AUDIT_TARGET: &str = "sluice_counter::audit";
+
+/// Attempts at a fresh id before giving up (a collision of 64 random bits is unheard of).
+const ID_ATTEMPTS: usize = 3;
+
+/// One audit line for `event` on `item`.
+fn audit(event: &'static str, item: &Override) {
+    tracing::info!(
+        target: AUDIT_TARGET,
+        event,
+        id = %item.id,
+        kind = item.kind.name(),
+        policy = %item.policy,
+        keyed = item.key.is_some(),
+        key_hash = item.key_hash(),
+        expires_at_ms = item.expires_at_ms,
+        reason = %item.reason,
+        operator = %item.operator,
+        "{event}"
+    );
+}
+
+/// 64 bits no one can guess: std's randomly keyed SipHash of a counter and the time.
+fn random_u64() -> u64 {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    std::hash::RandomState::new().hash_one((SEQUENCE.fetch_add(1, Ordering::Relaxed), now))
+}
+
+impl App {
+    /// `POST /admin/v1/overrides`: validates `body` and stores the override.
+    ///
+    /// # Errors
+    /// `400` naming the field, `409 too_many_overrides` at the bound, `503` when the
+    /// store fails. Nothing is stored on an error.
+    pub async fn set_override(&self, body: &[u8]) -> Result<Override, ApiError> {
+        let request: OverrideRequest = api::parse(body)?;
+        let store = self.store();
+        let now_ms = store.now_ms();
+        for _ in 0..ID_ATTEMPTS {
+            let item = Override::new(request.clone(), override_id(random_u64()), now_ms, self.hash_key())?;
+            match self.timed(store.set_override(&item, now_ms, MAX_OVERRIDES)).await? {
+                Stored::Set { active } => {
+                    self.overrides_seen.store(true, Ordering::Relaxed);
+                    audit("override_set", &item);
+                    self.metrics().override_set(item.kind, active);
+                    return Ok(item);
+                }
+                Stored::Full { active } => {
+                    self.metrics().overrides_active(active);
+                    return Err(ApiError {
+                        status: 409,
+                        code: "too_many_overrides",
+                        message: format!(
+                            "{active} overrides are live, the most this service keeps ({MAX_OVERRIDES}); remove one \
+                             or wait for one to expire"
+                        ),
+                    });
+                }
+                Stored::Exists => {}
+            }
+        }
+        Err(ApiError { status: 500, code: "internal", message: "could not make a fresh override id".to_owned() })
+    }
+
+    /// `GET /admin/v1/overrides`: the live overrides, by expiry.
+    ///
+    /// # Errors
+    /// `503` when the store fails.
+    pub async fn list_overrides(&self) -> Result<Vec<Override>, ApiError> {
+        let live = self.timed(self.store().list_overrides(self.store().now_ms())).await?;
+        if !live.is_empty() {
+            self.overrides_seen.store(true, Ordering::Relaxed);
+        }
+        self.metrics().overrides_active(live.len());
+        Ok(live)
+    }
+
+    /// `DELETE /admin/v1/overrides/{id}`: removes a live override.
+    ///
+    /// # Errors
+    /// `404 override_not_found` when no live override has this id; `503` when the store
+    /// fails.
+    pub async fn remove_override(&self, id: &str) -> Result<Override, ApiError> {
+        let not_found = || ApiError {
+            status: 404,
+            code: "override_not_found",
+            message: "id: no live override has this id (it may have expired)".to_owned(),
+        };
+        if !is_override_id(id) {
+            return Err(not_found());
+        }
+        let store = self.store();
+        let removed = self.timed(store.remove_override(id, store.now_ms())).await?.ok_or_else(not_found)?;
+        self.overrides_seen.store(true, Ordering::Relaxed);
+        audit("override_removed", &removed);
+        self.metrics().override_removed();
+        Ok(removed)
+    }
+
+    /// Claims the overrides that expired, audits and counts each; returns how many. The
+    /// server's sweeper calls it every `--sweep-interval-ms`: always on the memory store;
+    /// on Redis once this instance has seen an override (set, listed or removed one), so
+    /// that a service without overrides sends Redis nothing more than it did.
+    ///
+    /// Unlike a request, a sweep is not counted in the store's latency or error metrics;
+    /// a failure is logged at `debug` and the next sweep tries again.
+    pub async fn expire_overrides(&self) -> usize {
+        let store = self.store();
+        if matches!(store, CounterStore::Redis(_)) && !self.overrides_seen.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let expired = match store.expire_overrides(store.now_ms()).await {
+            Ok(expired) => expired,
+            Err(error) => {
+                tracing::debug!(%error, "override sweep failed; retrying at the next sweep");
+                return 0;
+            }
+        };
+        for item in &expired.overrides {
+            audit("override_expired", item);
+        }
+        self.metrics().overrides_expired(expired.overrides.len(), expired.active);
+        expired.overrides.len()
+    }
+}
