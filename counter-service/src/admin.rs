@@ -5,14 +5,16 @@
 //! (one JSON object under `--log-format json`), with `event` (`override_set`,
 //! `override_removed`, `override_expired`), the override's `id`, `kind`, `policy`,
 //! `keyed`, `key_hash` (the key's hash, or `none`; never a raw value), `expires_at_ms`,
-//! `reason` and `operator`. An expiry is logged once, by the sweep that claims it.
+//! `reason` and `operator` (who set it); a removal adds `removed_by` and
+//! `removal_reason` (`unknown` and `none` when the request did not say). An expiry is
+//! logged once, by the sweep that claims it.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::api::{self, ApiError};
 use crate::app::App;
-use crate::overrides::{MAX_OVERRIDES, Override, OverrideRequest, is_override_id, override_id};
+use crate::overrides::{MAX_OVERRIDES, Override, OverrideRequest, RemovalRequest, is_override_id, override_id};
 use crate::store::{CounterStore, Stored};
 
 /// The target of the audit lines.
@@ -94,12 +96,20 @@ impl App {
         Ok(live)
     }
 
-    /// `DELETE /admin/v1/overrides/{id}`: removes a live override.
+    /// `DELETE /admin/v1/overrides/{id}`: removes a live override. `body` is empty or a
+    /// [`RemovalRequest`] (who removes it and why, for the audit line).
     ///
     /// # Errors
-    /// `404 override_not_found` when no live override has this id; `503` when the store
-    /// fails.
-    pub async fn remove_override(&self, id: &str) -> Result<Override, ApiError> {
+    /// `400` naming the field of a bad body; `404 override_not_found` when no live
+    /// override has this id; `503` when the store fails.
+    pub async fn remove_override(&self, id: &str, body: &[u8]) -> Result<Override, ApiError> {
+        let removal = if body.trim_ascii().is_empty() {
+            None
+        } else {
+            let removal: RemovalRequest = api::parse(body)?;
+            removal.validate()?;
+            Some(removal)
+        };
         let not_found = || ApiError {
             status: 404,
             code: "override_not_found",
@@ -111,7 +121,24 @@ impl App {
         let store = self.store();
         let removed = self.timed(store.remove_override(id, store.now_ms())).await?.ok_or_else(not_found)?;
         self.overrides_seen.store(true, Ordering::Relaxed);
-        audit("override_removed", &removed);
+        let (by, why) = removal
+            .as_ref()
+            .map_or(("unknown", "none"), |r| (r.operator.as_str(), r.reason.as_deref().unwrap_or("none")));
+        tracing::info!(
+            target: AUDIT_TARGET,
+            event = "override_removed",
+            id = %removed.id,
+            kind = removed.kind.name(),
+            policy = %removed.policy,
+            keyed = removed.key.is_some(),
+            key_hash = removed.key_hash(),
+            expires_at_ms = removed.expires_at_ms,
+            reason = %removed.reason,
+            operator = %removed.operator,
+            removed_by = by,
+            removal_reason = why,
+            "override_removed"
+        );
         self.metrics().override_removed();
         Ok(removed)
     }

@@ -96,6 +96,14 @@ pub struct RmArgs {
 
     /// The override's id (`ovr-...`).
     id: String,
+
+    /// Who removes it (required: the audit line names them).
+    #[arg(long)]
+    operator: String,
+
+    /// Why.
+    #[arg(long)]
+    reason: Option<String>,
 }
 
 impl OverrideCommand {
@@ -134,7 +142,12 @@ impl OverrideCommand {
             }
             Self::List(target) => call(target, &env, Method::GET, "", None).await,
             Self::Rm(args) => {
-                call(&args.target, &env, Method::DELETE, &format!("/{}", args.id), None).await?;
+                let mut body = serde_json::json!({ "operator": args.operator });
+                if let Some(reason) = &args.reason {
+                    body["reason"] = serde_json::json!(reason);
+                }
+                let path = format!("/{}", args.id);
+                call(&args.target, &env, Method::DELETE, &path, Some(body.to_string())).await?;
                 Ok(serde_json::json!({ "removed": args.id }).to_string())
             }
         }

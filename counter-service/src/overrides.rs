@@ -123,6 +123,32 @@ pub struct Override {
     pub operator: String,
 }
 
+/// The optional body of `DELETE /admin/v1/overrides/{id}`: who removes it, and why, for
+/// the audit line. Unknown fields are refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovalRequest {
+    /// Who removes it (1 to [`MAX_OPERATOR_BYTES`] bytes).
+    pub operator: String,
+    /// Why (optional, 1 to [`MAX_REASON_BYTES`] bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl RemovalRequest {
+    /// Validates the removal's operator and reason.
+    ///
+    /// # Errors
+    /// A 400 [`ApiError`] naming `operator` or `reason`.
+    pub fn validate(&self) -> Result<(), ApiError> {
+        check_text("operator", "invalid_operator", &self.operator, MAX_OPERATOR_BYTES)?;
+        if let Some(reason) = &self.reason {
+            check_text("reason", "invalid_reason", reason, MAX_REASON_BYTES)?;
+        }
+        Ok(())
+    }
+}
+
 /// `GET /admin/v1/overrides`: the live overrides, by expiry then id.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverrideList {

@@ -223,8 +223,12 @@ async fn list_overrides(State(app): State<Arc<App>>) -> Result<Response, ApiErro
     Ok(json(&OverrideList { overrides: app.list_overrides().await? }))
 }
 
-async fn remove_override(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    app.remove_override(&id).await?;
+async fn remove_override(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    app.remove_override(&id, &body).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

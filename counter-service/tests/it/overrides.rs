@@ -155,8 +155,13 @@ async fn set_list_and_remove_round_trip(running: &Running) {
     assert_eq!(metric(&http, "sluice_counter_overrides_set_total{kind=\"clamp\"}").await, 1.0);
     assert_eq!(metric(&http, "sluice_counter_overrides_active").await, 2.0);
 
-    let (removed, body) = http.send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
-    let (again, gone) = http.send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
+    let path = format!("{OVERRIDES}/{id}");
+    let (refused, bad) = http.send("DELETE", &path, r#"{"operator": "", "reason": "over"}"#).await;
+    assert_eq!(refused, 400, "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad).contains("operator:"), "{bad:?}");
+    assert_eq!(list(&http).await.len(), 2, "a bad removal removes nothing");
+    let (removed, body) = http.send("DELETE", &path, r#"{"operator": "carol", "reason": "recovered"}"#).await;
+    let (again, gone) = http.send("DELETE", &path, "").await;
 
     assert_eq!((removed, body.len()), (204, 0));
     assert_eq!(again, 404, "{gone:?}");
@@ -184,6 +189,8 @@ async fn an_override_is_set_listed_and_removed_on_the_memory_store_and_each_chan
     assert_eq!(set["reason"], "downstream degraded (INC-42)");
     assert!(set["expires_at_ms"].as_u64().is_some() && set["id"].as_str().is_some_and(|id| id.starts_with("ovr-")));
     assert_eq!(audit[2]["id"], audit[0]["id"], "the removal names the override removed");
+    assert_eq!((&audit[2]["removed_by"], &audit[2]["removal_reason"]), (&json!("carol"), &json!("recovered")));
+    assert_eq!(audit[2]["operator"], "alice", "and who set it");
     running.stop().await.expect("clean stop");
 }
 
@@ -199,6 +206,31 @@ async fn an_override_is_set_listed_and_removed_on_redis_and_every_key_it_writes_
     assert_eq!(keys.len(), 2, "one override key and the index: {keys:?}");
     assert!(keys.iter().any(|(k, _)| k == "sluice:{overrides}:index"), "{keys:?}");
     redis.assert_every_key_has_a_ttl();
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn an_override_is_set_listed_and_removed_on_a_redis_cluster() {
+    let _shared = HEAVY.read().await;
+    let cluster = crate::support::shared_cluster();
+    let config = Config { store: StoreKind::RedisCluster, redis_url: cluster.urls(), ..Config::defaults() };
+    let running = start(admin_config(config)).await;
+    let http = admin(&running);
+    // The cluster is shared by the whole test binary: start from no overrides.
+    for left in list(&http).await {
+        let id = left["id"].as_str().expect("an id").to_owned();
+        http.send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
+    }
+
+    let (status, set) = http.post(OVERRIDES, &clamp("per-tenant")).await;
+    let listed = list(&http).await;
+    let id = set["id"].as_str().expect("an id").to_owned();
+    let (removed, _) = http.send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
+
+    assert_eq!((status, removed), (201, 204), "{set}");
+    assert_eq!(listed, vec![set]);
+    assert!(list(&http).await.is_empty());
+    cluster.assert_every_key_has_a_ttl();
     running.stop().await.expect("clean stop");
 }
 
@@ -498,8 +530,8 @@ async fn the_cli_sets_lists_and_removes_overrides_on_a_running_service() {
     let set: Value = serde_json::from_str(&set).expect("the stored override");
     let id = set["id"].as_str().expect("an id").to_owned();
     let (_, listed, _) = cli(args(&["list"])).await.expect("list");
-    let (rm_code, removed, _) = cli(args(&["rm", &id])).await.expect("rm");
-    let (again_code, _, again) = cli(args(&["rm", &id])).await.expect("rm again");
+    let (rm_code, removed, _) = cli(args(&["rm", &id, "--operator", "carol"])).await.expect("rm");
+    let (again_code, _, again) = cli(args(&["rm", &id, "--operator", "carol"])).await.expect("rm again");
     let (bad_code, _, bad) =
         cli(args(&["set", "--kind", "bypass", "--policy", "p", "--ttl-ms", "5", "--reason", "r", "--operator", "o"]))
             .await
