@@ -75,6 +75,11 @@ fn help_lists_every_setting_with_its_environment_variable() {
         "--token-file",
         "SLUICE_COUNTER_TOKEN_FILE",
         "SLUICE_COUNTER_TOKEN",
+        "--admin-token-env",
+        "SLUICE_COUNTER_ADMIN_TOKEN_ENV",
+        "--hash-key-env",
+        "SLUICE_COUNTER_HASH_KEY_ENV",
+        "override",
     ] {
         assert!(help.contains(flag), "--help does not mention {flag}:\n{help}");
     }
@@ -277,4 +282,17 @@ fn an_empty_token_file_refuses_to_start_and_names_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--token-file") && err.contains("empty"), "{err}");
+}
+
+#[test]
+fn an_admin_token_variable_that_is_not_set_refuses_to_start_naming_the_flag() {
+    let out = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--admin-token-env", "SLUICE_TEST_UNSET_ADMIN_TOKEN"])
+        .env_remove("SLUICE_TEST_UNSET_ADMIN_TOKEN")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+
+    assert!(!out.status.success());
+    assert!(stderr.contains("--admin-token-env SLUICE_TEST_UNSET_ADMIN_TOKEN: "), "{stderr}");
 }
