@@ -337,6 +337,96 @@ mod tests {
         assert_eq!(q.hold(charge(3, 1, 1)), Err(charge(3, 1, 1)));
     }
 
+    /// What a driver of the queue does, as the root context would.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A response ends with a settlement for caller `key` (a credit of `window`, or a
+        /// charge when `None`).
+        Add { key: u8, window: Option<u8>, units: u8 },
+        /// The call in flight at `index` (modulo) is answered: applied, or not (then held
+        /// to go again).
+        Answer { index: u8, applied: bool },
+        /// The tick sends up to `n`.
+        Take { n: u8 },
+        /// The tick, with the service unreachable, takes out what was queued before `at`.
+        Expire { at: u8 },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..3u8, proptest::option::of(0..2u8), 1..100u8)
+                .prop_map(|(key, window, units)| Op::Add { key, window, units }),
+            3 => (any::<u8>(), any::<bool>()).prop_map(|(index, applied)| Op::Answer { index, applied }),
+            1 => (0..4u8).prop_map(|n| Op::Take { n }),
+            1 => any::<u8>().prop_map(|at| Op::Expire { at }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Under any interleaving of new settlements, answers, failures, ticks and
+        /// expiry: every unit is sent, waiting, applied, refused or expired (none lost or
+        /// made up), no aim ever has two calls out, and a settlement sent again after a
+        /// failure is sent as it was (same id, same units).
+        #[test]
+        fn every_unit_is_accounted_for_and_no_aim_has_two_calls_out(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut q = SettleQueue::new(MAX);
+            let (mut added, mut applied, mut refused, mut expired) = (0u64, 0u64, 0u64, 0u64);
+            let mut out: Vec<Settlement> = Vec::new();
+            let mut tried: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                let since = u64::try_from(n).unwrap();
+                match op {
+                    Op::Add { key, window, units } => {
+                        let s = match window {
+                            Some(w) => credit(u128::from(key), u64::from(units), u64::from(w), since),
+                            None => charge(u128::from(key), u64::from(units), since),
+                        };
+                        added += s.change.units();
+                        match q.add(s) {
+                            Ok(Added::SendNow(s)) => out.push(s),
+                            Ok(Added::Waiting) => {}
+                            Err(s) => refused += s.change.units(),
+                        }
+                    }
+                    Op::Answer { index, applied: ok } if !out.is_empty() => {
+                        let s = out.remove(usize::from(index) % out.len());
+                        if ok {
+                            applied += s.change.units();
+                            out.extend(q.release(&s, true));
+                        } else {
+                            proptest::prop_assert_eq!(q.release(&s, false), None);
+                            tried.insert(s.id, s.change.units());
+                            if let Err(s) = q.hold(s) {
+                                refused += s.change.units();
+                            }
+                        }
+                    }
+                    Op::Answer { .. } => {}
+                    Op::Take { n } => {
+                        for s in q.take(usize::from(n)) {
+                            if let Some(units) = tried.get(&s.id) {
+                                proptest::prop_assert_eq!(*units, s.change.units(), "sent again as it was");
+                            }
+                            out.push(s);
+                        }
+                    }
+                    Op::Expire { at } => {
+                        expired += q.take_expired(Nanos(u64::from(at))).iter().map(|s| s.change.units()).sum::<u64>();
+                    }
+                }
+                let mut aims: Vec<Aim> = out.iter().map(Aim::of).collect();
+                aims.sort();
+                let before = aims.len();
+                aims.dedup();
+                proptest::prop_assert_eq!(before, aims.len(), "two calls out for one aim: {:?}", out);
+            }
+            let waiting: u64 = q.drain().iter().map(|s| s.change.units()).sum();
+            let in_flight: u64 = out.iter().map(|s| s.change.units()).sum();
+            proptest::prop_assert_eq!(added, applied + refused + expired + waiting + in_flight);
+        }
+    }
+
     #[test]
     fn expired_settlements_are_taken_out_and_the_rest_kept() {
         let mut q = SettleQueue::new(MAX);
