@@ -10,7 +10,6 @@ use shared_store::HashKey;
 use sluice_protocol::{DEFAULT_MAX_ENTRIES, MAX_ENTRIES_LIMIT};
 
 use crate::auth::{Auth, Token};
-use crate::overrides::global_hash_key;
 use crate::store::{MemoryConfig, RedisConfig, RedisUrl, Topology};
 
 /// The default listen address: loopback only, port 8710.
@@ -323,7 +322,7 @@ impl Config {
                 if !text.bytes().all(|b| b.is_ascii_graphic()) {
                     return Err(format!("{source}: the hash key must be visible ASCII characters, without spaces"));
                 }
-                Some(global_hash_key(text.as_bytes()))
+                Some(shared_store::HashKey::global(text.as_bytes()))
             }
             None => None,
         };

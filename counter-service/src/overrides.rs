@@ -265,15 +265,6 @@ pub fn key_hash(hash_key: &HashKey, policy: &str, policy_version: u64, values: &
     format!("{:032x}", hasher.finish())
 }
 
-/// The key every filter given the operator's `secret` (`hash_key_env`) hashes global
-/// keys with: derived from it exactly as the filter derives it, so that the service and
-/// every proxy agree on a caller's key.
-pub fn global_hash_key(secret: &[u8]) -> HashKey {
-    let mut input = b"sluice/global-hash-key/v1\0".to_vec();
-    input.extend_from_slice(secret);
-    HashKey::new(HashKey::new([0; 16]).fingerprint(&input).to_le_bytes())
-}
-
 fn key_scope(policy: &str, version: u64, values: &[String], hash_key: Option<&HashKey>) -> Result<String, ApiError> {
     let bad = |message: String| ApiError::bad_request("invalid_key", message);
     if values.is_empty() || values.len() > MAX_KEY_VALUES {
@@ -347,7 +338,7 @@ mod tests {
 
     #[test]
     fn a_key_is_hashed_as_the_filter_hashes_it_and_needs_a_hash_key() {
-        let secret = global_hash_key(b"0123456789abcdef");
+        let secret = HashKey::global(b"0123456789abcdef");
         let keyed = OverrideRequest { key: Some(vec!["tenant-a".to_owned()]), policy_version: Some(3), ..request() };
         let mut expected = secret.fingerprinter("per-tenant", 3);
         expected.part(b"tenant-a");

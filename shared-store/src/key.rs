@@ -91,6 +91,19 @@ impl HashKey {
         hasher.0.write(&version.to_le_bytes());
         hasher
     }
+
+    /// The key global counters' keys are hashed with, derived from the operator's
+    /// `secret` (the filter's `hash_key_env`): the same on every proxy and counter service
+    /// given the same secret, and unrelated to it for anyone who is not. A change here
+    /// would give every caller a new global counter: the derivation is fixed.
+    pub fn global(secret: &[u8]) -> Self {
+        // SipHash keyed with zeros is a fixed public function here: what makes the result
+        // secret is the operator's input (at least 128 bits, enforced by the filter's
+        // configuration).
+        let mut input = b"sluice/global-hash-key/v1\0".to_vec();
+        input.extend_from_slice(secret);
+        Self::new(Self::new([0; 16]).fingerprint(&input).to_le_bytes())
+    }
 }
 
 /// Hashes a [`descriptor`] part by part, without building it: the result equals
@@ -206,6 +219,14 @@ pub fn push_decimal(out: &mut String, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_global_hash_key_is_a_fixed_derivation_of_the_operators_secret() {
+        let key = HashKey::global(b"0123456789abcdef-operator-key");
+        // Pinned: proxies and services of different builds must agree on every key.
+        assert_eq!(key.fingerprint(b"probe"), 0xa9b7_3649_4516_c2eb_fc04_2201_c3e0_132a);
+        assert_ne!(HashKey::global(b"another secret").fingerprint(b"probe"), key.fingerprint(b"probe"));
+    }
 
     #[test]
     fn descriptors_that_differ_only_in_where_a_value_splits_encode_differently() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shared_store::ManualClock;
 use sluice_counter::config::{Config, Secret, StoreKind};
-use sluice_counter::overrides::{MAX_OVERRIDES, global_hash_key};
+use sluice_counter::overrides::MAX_OVERRIDES;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_counter::{App, Running};
 
@@ -445,7 +445,7 @@ async fn a_keyed_override_holds_the_hash_the_filters_compute_and_never_the_raw_v
 
     let (status, set) = admin(&running).post(OVERRIDES, &Value::Object(body)).await;
 
-    let mut expected = global_hash_key(HASH_KEY.as_bytes()).fingerprinter("per-tenant", 7);
+    let mut expected = shared_store::HashKey::global(HASH_KEY.as_bytes()).fingerprinter("per-tenant", 7);
     expected.part(b"tenant-a-raw");
     expected.part(b"eu-west");
     assert_eq!(status, 201, "{set}");
@@ -458,19 +458,6 @@ async fn a_keyed_override_holds_the_hash_the_filters_compute_and_never_the_raw_v
     assert_eq!(captured.audit()[0]["key_hash"], set["key"]["hash"]);
     assert_eq!(captured.audit()[0]["keyed"], true);
     running.stop().await.expect("clean stop");
-}
-
-#[tokio::test]
-async fn the_filters_global_hash_key_is_derived_from_the_operators_secret_as_the_filter_derives_it() {
-    // The filter's `engine::namespace::global_hash_key`: SipHash-1-3 keyed with zeros of
-    // a fixed label and the secret, little-endian.
-    let mut input = b"sluice/global-hash-key/v1\0".to_vec();
-    input.extend_from_slice(HASH_KEY.as_bytes());
-    let expected = shared_store::HashKey::new(shared_store::HashKey::new([0; 16]).fingerprint(&input).to_le_bytes());
-
-    let derived = global_hash_key(HASH_KEY.as_bytes());
-
-    assert_eq!(derived.fingerprint(b"probe"), expected.fingerprint(b"probe"));
 }
 
 #[tokio::test]

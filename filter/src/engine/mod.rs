@@ -124,7 +124,7 @@ impl Engine {
                     timeout,
                     authorization,
                     partition: service.partition,
-                    secret: namespace::global_hash_key(hash_key.as_bytes()),
+                    secret: HashKey::global(hash_key.as_bytes()),
                 })
             }
         };

@@ -88,16 +88,6 @@ pub fn establish_secret(store: &impl Store, prefix: &str, candidate: [u8; 16]) -
     Ok(HashKey::new(landed.result))
 }
 
-/// The key global keys are hashed with, derived from the operator's secret: the same on
-/// every proxy that is given the same secret, and unrelated to it for anyone who is not.
-pub fn global_hash_key(secret: &[u8]) -> HashKey {
-    // SipHash keyed with zeros is a fixed public function here: what makes the result
-    // secret is the operator's input (at least 128 bits, enforced by the configuration).
-    let mut input = b"sluice/global-hash-key/v1\0".to_vec();
-    input.extend_from_slice(secret);
-    HashKey::new(HashKey::new([0; 16]).fingerprint(&input).to_le_bytes())
-}
-
 /// A 128-bit fingerprint as 32 lower-case hex digits: how global keys and tags reach the
 /// counter service.
 pub fn hex128(value: u128) -> String {

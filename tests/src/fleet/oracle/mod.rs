@@ -148,7 +148,7 @@ impl Oracle {
                 .map_or(scenario.max_pause().as_nanos() as u64, |ms| ms * 1_000_000),
             linger: Duration::from_millis(2 * window + scenario.cooldown_ms + 50).as_nanos() as u64,
             healthy_since: vec![Some(start); scenario.proxies],
-            hash_key: sluice::engine::namespace::global_hash_key(super::HASH_KEY.as_bytes()),
+            hash_key: shared_store::HashKey::global(super::HASH_KEY.as_bytes()),
             streams: BTreeMap::new(),
             lease_spends: BTreeMap::new(),
             spend_notes: BTreeMap::new(),
