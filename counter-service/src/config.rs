@@ -10,6 +10,7 @@ use shared_store::HashKey;
 use sluice_protocol::{DEFAULT_MAX_ENTRIES, MAX_ENTRIES_LIMIT};
 
 use crate::auth::{Auth, Token};
+use crate::store::memory::DEFAULT_MAX_CHARGE_IDS;
 use crate::store::{MemoryConfig, RedisConfig, RedisUrl, Topology};
 
 /// The default listen address: loopback only, port 8710.
@@ -143,6 +144,10 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_MEMORY_MAX_KEYS", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub memory_max_keys: u64,
 
+    /// Memory store: most charge and credit ids remembered at once (47 to 94 bytes each).
+    #[arg(long, env = "SLUICE_COUNTER_MEMORY_MAX_CHARGE_IDS", default_value_t = DEFAULT_MAX_CHARGE_IDS as u64, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub memory_max_charge_ids: u64,
+
     /// Memory store: number of shards.
     #[arg(long, env = "SLUICE_COUNTER_MEMORY_SHARDS", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub memory_shards: u16,
@@ -203,6 +208,7 @@ impl fmt::Debug for Config {
             max_body_bytes,
             max_entries,
             memory_max_keys,
+            memory_max_charge_ids,
             memory_shards,
             sweep_interval_ms,
             shutdown_grace_ms,
@@ -227,6 +233,7 @@ impl fmt::Debug for Config {
             .field("max_body_bytes", max_body_bytes)
             .field("max_entries", max_entries)
             .field("memory_max_keys", memory_max_keys)
+            .field("memory_max_charge_ids", memory_max_charge_ids)
             .field("memory_shards", memory_shards)
             .field("sweep_interval_ms", sweep_interval_ms)
             .field("shutdown_grace_ms", shutdown_grace_ms)
@@ -256,6 +263,7 @@ impl Config {
             max_body_bytes: 65_536,
             max_entries: DEFAULT_MAX_ENTRIES,
             memory_max_keys: 1_000_000,
+            memory_max_charge_ids: DEFAULT_MAX_CHARGE_IDS as u64,
             memory_shards: 64,
             sweep_interval_ms: 1000,
             shutdown_grace_ms: 5000,
@@ -334,7 +342,7 @@ impl Config {
         MemoryConfig {
             shards: usize::from(self.memory_shards),
             max_keys: usize::try_from(self.memory_max_keys).unwrap_or(usize::MAX),
-            ..MemoryConfig::default()
+            max_charge_ids: usize::try_from(self.memory_max_charge_ids).unwrap_or(usize::MAX),
         }
     }
 

@@ -71,6 +71,7 @@ fn help_lists_every_setting_with_its_environment_variable() {
         "--max-body-bytes",
         "--max-entries",
         "--memory-max-keys",
+        "--memory-max-charge-ids",
         "--log-format",
         "--token-file",
         "SLUICE_COUNTER_TOKEN_FILE",

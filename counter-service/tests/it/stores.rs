@@ -282,6 +282,27 @@ async fn a_full_memory_store_answers_503_store_full_over_http() {
 }
 
 #[tokio::test]
+async fn a_memory_store_given_room_for_two_charge_ids_refuses_a_third_live_one_over_http() {
+    let _shared = crate::support::HEAVY.read().await;
+    let config = Config { memory_max_charge_ids: 2, memory_shards: 1, ..Config::defaults() };
+    let (running, http) = start(config).await;
+    let charge = |id: &str| {
+        json!({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 5, "window_ms": 60_000},
+               "cost": 1, "max_debt": 5, "charge_id": id})
+    };
+
+    let mut statuses = Vec::new();
+    for id in ["a", "b", "c", "a"] {
+        statuses.push(http.post("/v1/charge", &charge(id)).await.0);
+    }
+    let (_, error) = http.post("/v1/charge", &charge("c")).await;
+
+    assert_eq!(statuses, [200, 200, 503, 200], "the third id finds no room; a known one is answered again");
+    assert_eq!(error["error"]["code"], "store_full", "{error}");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
 async fn every_key_redis_writes_expires_shortly_after_its_state_goes_idle() {
     let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
