@@ -77,3 +77,36 @@ fn a_client_that_leaves_while_held_is_counted_as_abandoned_and_its_stream_is_fre
     let (status, _) = burst(&envoy, 1)[0];
     assert_eq!(status, 200);
 }
+
+#[test]
+fn a_request_rejected_for_want_of_room_to_hold_it_has_its_check_spend_credited_back() {
+    const TOKEN: &str = "shaping-token-42";
+    let service = sluice_tests::counter::Counter::start(sluice_tests::counter::with_token(
+        sluice_tests::counter::memory(),
+        TOKEN,
+    ));
+    let config = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "H", "token_env": "T",
+        "timeout": "1s"},
+      "policies": [
+        {"name": "checked", "key": [{"constant": "x"}], "rate": "100/second", "burst": 100,
+         "global": {"strategy": "check"}},
+        {"name": "shaper", "key": [{"constant": "x"}], "algorithm": "leaky_bucket", "rate": "2/second",
+         "queue": 3, "max_wait": "2s"}],
+      "shaping": {"tick_ms": 10, "max_paused": 1}}"#;
+    let filter = sluice(config).env("H", "shaping-hash-key-0123456789abcdef").env("T", TOKEN);
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(sluice_tests::envoy::cluster("sluice-counter", service.addr(), true))
+        .sluice(filter)
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let statuses: Vec<u16> = burst(&envoy, 3).into_iter().map(|(s, _)| s).collect();
+
+    assert_eq!(statuses, [200, 200, 429], "one held, the next rejected");
+    sluice_testkit::wait::until(Duration::from_secs(10), "the rejected request's check spend to be credited", || {
+        service.metric("sluice_counter_credited_tokens_total") == 1
+    });
+    assert_eq!(envoy.metric("checked", "unrefunded"), 0);
+}
