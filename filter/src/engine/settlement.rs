@@ -100,7 +100,15 @@ fn settlement(
 fn queue(setup: &Setup, settlement: Settlement, metrics: &mut (impl Metrics + ?Sized)) {
     let Ok(mut queue) = setup.settlements.try_borrow_mut() else { return forgive(&settlement, metrics) };
     match queue.add(settlement) {
-        Ok(Added::SendNow(settlement)) => setup.send_later(Outgoing::Settle(settlement)),
+        Ok(Added::SendNow(settlement)) => {
+            if let Err(Outgoing::Settle(settlement)) = setup.send_later(Outgoing::Settle(settlement)) {
+                // Never left: its aim is free again, and it waits for the tick.
+                let _ = queue.release(&settlement, false);
+                if let Err(settlement) = queue.hold(settlement) {
+                    forgive(&settlement, metrics);
+                }
+            }
+        }
         Ok(Added::Waiting) => {}
         Err(settlement) => forgive(&settlement, metrics),
     }
@@ -117,10 +125,22 @@ pub(crate) fn take(setup: &Setup, reachable: bool, now: Nanos) -> Vec<Settlement
 /// The call taken out for `settlement` ended, `answered` by the service or not
 /// (`SettleQueue::release`); when it was, the next settlement of its aim goes to the
 /// outbox at once.
-fn release(setup: &Setup, settlement: &Settlement, answered: bool) {
+fn release(setup: &Setup, settlement: &Settlement, answered: bool, metrics: &mut (impl Metrics + ?Sized)) {
     let next = setup.settlements.try_borrow_mut().ok().and_then(|mut q| q.release(settlement, answered));
-    if let Some(next) = next {
-        setup.send_later(Outgoing::Settle(next));
+    if let Some(next) = next
+        && let Err(Outgoing::Settle(next)) = setup.send_later(Outgoing::Settle(next))
+    {
+        // Never left: its aim is free again, and it waits for the tick.
+        let held = match setup.settlements.try_borrow_mut() {
+            Ok(mut queue) => {
+                let _ = queue.release(&next, false);
+                queue.hold(next)
+            }
+            Err(_) => Err(next),
+        };
+        if let Err(next) = held {
+            forgive(&next, metrics);
+        }
     }
 }
 
@@ -167,7 +187,7 @@ pub(crate) fn call(
         })
     })();
     if made.is_none() {
-        release(setup, settlement, true);
+        release(setup, settlement, true, metrics);
         forgive(settlement, metrics);
     }
     made
@@ -177,7 +197,7 @@ pub(crate) fn call(
 /// its id on a tick (its aim is released), or forgives it when it is past its life or
 /// no more can be held.
 pub(crate) fn retry(setup: &Setup, settlement: Settlement, now: Nanos, metrics: &mut (impl Metrics + ?Sized)) {
-    release(setup, &settlement, false);
+    release(setup, &settlement, false, metrics);
     if now >= settlement.since.saturating_add(DEBT_LIFE) {
         return forgive(&settlement, metrics);
     }
@@ -209,7 +229,7 @@ pub(crate) fn answered(
     let refused =
         matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408);
     if applied.is_ok() || refused {
-        release(setup, &settlement, true);
+        release(setup, &settlement, true, metrics);
     }
     match applied {
         // A refund's units are not a response's cost: nothing to count once applied.

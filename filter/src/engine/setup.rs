@@ -125,10 +125,15 @@ impl Setup {
         }
     }
 
-    /// Puts a call in the outbox, for the root context to send.
-    pub(crate) fn send_later(&self, call: Outgoing) {
-        if let Ok(mut outbox) = self.outbox.try_borrow_mut() {
-            outbox.push(call);
+    /// Puts a call in the outbox, for the root context to send; gives it back when the
+    /// outbox is in use further up the stack.
+    pub(crate) fn send_later(&self, call: Outgoing) -> Result<(), Outgoing> {
+        match self.outbox.try_borrow_mut() {
+            Ok(mut outbox) => {
+                outbox.push(call);
+                Ok(())
+            }
+            Err(_) => Err(call),
         }
     }
 

@@ -210,7 +210,9 @@ fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<
 fn elect(setup: &Setup, tag: &str, resolved: &Resolved, asker: Asker) {
     let Place::Global { key, lease: Some(slot), .. } = &resolved.at else { return };
     let target = Target { policy: resolved.policy, slot: slot.clone(), key: *key, tag: tag.to_owned() };
-    setup.send_later(Outgoing::Refill(target, asker));
+    // Not in the outbox: the election expires after its window, and the next request
+    // elects again.
+    let _ = setup.send_later(Outgoing::Refill(target, asker));
 }
 
 /// While the circuit is open no refill can be sent: lease policies that would wait

@@ -347,3 +347,21 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
     // The rejected request gave its local spend back: client c has all 3 left.
     assert_eq!(metrics.get(0, Counter::Unrefunded), 0);
 }
+
+#[test]
+fn a_settlement_the_outbox_cannot_take_at_once_waits_for_the_tick_and_its_aim_is_not_left_taken() {
+    let engine = engine(LAYERED);
+    let mut metrics = RecordedMetrics::default();
+    let now = Nanos::from_secs(1000);
+
+    // The outbox is in use further up the stack when the refund is queued.
+    let busy = engine.0.outbox.borrow_mut();
+    crate::engine::settlement::refund(&engine.0, 1, (7, "t", 5), 3, now, &mut metrics);
+    drop(busy);
+
+    assert!(engine.0.outbox.borrow().is_empty());
+    let again = crate::engine::settlement::take(&engine.0, true, now);
+    assert_eq!(again.len(), 1, "it waits for the tick: {again:?}");
+    assert_eq!(again[0].change.units(), 3);
+    assert_eq!(metrics.get(1, Counter::Unrefunded), 0);
+}
