@@ -23,8 +23,9 @@ pub const AUDIT_TARGET: &str = "sluice_counter::audit";
 /// Attempts at a fresh id before giving up (a collision of 64 random bits is unheard of).
 const ID_ATTEMPTS: usize = 3;
 
-/// One audit line for `event` on `item`.
-fn audit(event: &'static str, item: &Override) {
+/// One audit line for `event` on `item`; a removal also says who removed it and why
+/// (`removal`: the operator and the reason).
+fn audit(event: &'static str, item: &Override, removal: Option<(&str, &str)>) {
     tracing::info!(
         target: AUDIT_TARGET,
         event,
@@ -36,6 +37,8 @@ fn audit(event: &'static str, item: &Override) {
         expires_at_ms = item.expires_at_ms,
         reason = %item.reason,
         operator = %item.operator,
+        removed_by = removal.map(|(by, _)| by),
+        removal_reason = removal.map(|(_, why)| why),
         "{event}"
     );
 }
@@ -62,7 +65,7 @@ impl App {
             match self.timed(store.set_override(&item, now_ms, MAX_OVERRIDES)).await? {
                 Stored::Set { active } => {
                     self.overrides_seen.store(true, Ordering::Relaxed);
-                    audit("override_set", &item);
+                    audit("override_set", &item, None);
                     self.metrics().override_set(item.kind, active);
                     return Ok(item);
                 }
@@ -124,21 +127,7 @@ impl App {
         let (by, why) = removal
             .as_ref()
             .map_or(("unknown", "none"), |r| (r.operator.as_str(), r.reason.as_deref().unwrap_or("none")));
-        tracing::info!(
-            target: AUDIT_TARGET,
-            event = "override_removed",
-            id = %removed.id,
-            kind = removed.kind.name(),
-            policy = %removed.policy,
-            keyed = removed.key.is_some(),
-            key_hash = removed.key_hash(),
-            expires_at_ms = removed.expires_at_ms,
-            reason = %removed.reason,
-            operator = %removed.operator,
-            removed_by = by,
-            removal_reason = why,
-            "override_removed"
-        );
+        audit("override_removed", &removed, Some((by, why)));
         self.metrics().override_removed();
         Ok(removed)
     }
@@ -163,7 +152,7 @@ impl App {
             }
         };
         for item in &expired.overrides {
-            audit("override_expired", item);
+            audit("override_expired", item, None);
         }
         self.metrics().overrides_expired(expired.overrides.len(), expired.active);
         expired.overrides.len()
