@@ -62,11 +62,13 @@ impl App {
         let now_ms = store.now_ms();
         for _ in 0..ID_ATTEMPTS {
             let item = Override::new(request.clone(), override_id(random_u64()), now_ms, self.hash_key())?;
+            self.known_policies().check(&item)?;
             match self.timed(store.set_override(&item, now_ms, MAX_OVERRIDES)).await? {
                 Stored::Set { active } => {
                     self.overrides_seen.store(true, Ordering::Relaxed);
                     audit("override_set", &item, None);
                     self.metrics().override_set(item.kind, active);
+                    self.refresh_overrides().await;
                     return Ok(item);
                 }
                 Stored::Full { active } => {
@@ -129,6 +131,7 @@ impl App {
             .map_or(("unknown", "none"), |r| (r.operator.as_str(), r.reason.as_deref().unwrap_or("none")));
         audit("override_removed", &removed, Some((by, why)));
         self.metrics().override_removed();
+        self.refresh_overrides().await;
         Ok(removed)
     }
 
@@ -156,5 +159,24 @@ impl App {
         }
         self.metrics().overrides_expired(expired.overrides.len(), expired.active);
         expired.overrides.len()
+    }
+
+    /// Reads the live overrides from the store and applies them from now on
+    /// ([`App::enforce`]). After each change made through this instance, and on every
+    /// sweep: on Redis, that is how an override another instance set reaches this one,
+    /// so `--sweep-interval-ms` bounds how late it is obeyed here. When the store fails,
+    /// the overrides read last stay (each still ends at its expiry), and the next sweep
+    /// tries again.
+    pub async fn refresh_overrides(&self) {
+        let store = self.store();
+        match store.list_overrides(store.now_ms()).await {
+            Ok(live) => {
+                if !live.is_empty() {
+                    self.overrides_seen.store(true, Ordering::Relaxed);
+                }
+                self.apply_overrides(live);
+            }
+            Err(error) => tracing::warn!(%error, "cannot read the overrides; applying the ones read last"),
+        }
     }
 }

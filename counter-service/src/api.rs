@@ -11,7 +11,7 @@
 use shared_store::Nanos;
 use sluice_protocol::{
     CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
-    MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
+    MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
 };
 
 use crate::spec::StoreLimit;
@@ -73,6 +73,20 @@ pub struct PlannedEntry {
     pub limit: StoreLimit,
     /// The cost.
     pub cost: u64,
+    /// Which policy and key it is, as the request named them: what operators' overrides
+    /// are matched against ([`crate::enforce`]).
+    pub scope: Scope,
+}
+
+/// An entry's policy and key, as its request named them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The filter policy's name, when the request gave it.
+    pub policy: Option<String>,
+    /// The policy version.
+    pub version: u64,
+    /// The key (the filter's 32-hex hash of the caller).
+    pub key: String,
 }
 
 /// A validated check: entries with distinct storage keys sharing one hash tag.
@@ -236,7 +250,30 @@ fn with_index(index: usize, e: ApiError) -> ApiError {
     ApiError { message: format!("entries[{index}].{}", e.message), ..e }
 }
 
-fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -> Result<PlannedEntry, ApiError> {
+/// A `policy` name: 1 to [`MAX_POLICY_BYTES`] bytes of `A-Z a-z 0-9 _ . -`.
+pub(crate) fn check_policy(policy: &str) -> Result<(), ApiError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
+    if policy.is_empty() || policy.len() > MAX_POLICY_BYTES || !policy.bytes().all(allowed) {
+        return Err(ApiError::bad_request(
+            "invalid_policy",
+            format!(
+                "policy: must be 1 to {MAX_POLICY_BYTES} characters among A-Z a-z 0-9 _ . - ({} bytes given)",
+                policy.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn plan_entry(
+    tag: &str,
+    (policy, key, version): (Option<&String>, &str, u64),
+    limit: LimitSpec,
+    cost: u64,
+) -> Result<PlannedEntry, ApiError> {
+    if let Some(policy) = policy {
+        check_policy(policy)?;
+    }
     check_key("key", key)?;
     let store_limit = StoreLimit::new(limit)?;
     if cost > store_limit.capacity() {
@@ -245,7 +282,8 @@ fn plan_entry(tag: &str, key: &str, version: u64, limit: LimitSpec, cost: u64) -
             format!("cost: {cost} is more than this limit can ever hold ({})", store_limit.capacity()),
         ));
     }
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost })
+    let scope = Scope { policy: policy.cloned(), version, key: key.to_owned() };
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost, scope })
 }
 
 impl CheckPlan {
@@ -276,8 +314,8 @@ impl CheckPlan {
         check_tag(tag)?;
         let mut entries = Vec::with_capacity(request.entries.len());
         for (index, e) in request.entries.iter().enumerate() {
-            let planned =
-                plan_entry(tag, &e.key, e.policy_version, e.limit, e.cost).map_err(|err| with_index(index, err))?;
+            let planned = plan_entry(tag, (e.policy.as_ref(), &e.key, e.policy_version), e.limit, e.cost)
+                .map_err(|err| with_index(index, err))?;
             if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
                 return Err(ApiError::bad_request(
                     "duplicate_entry",
@@ -298,7 +336,7 @@ impl LeasePlan {
     pub fn new(request: &LeaseRequest) -> Result<Self, ApiError> {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
-        let entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
+        let entry = plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "lease_unsupported",
@@ -344,7 +382,8 @@ impl ChargePlan {
     pub fn new(request: &ChargeRequest) -> Result<Self, ApiError> {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
-        let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
+        let mut entry =
+            plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "not_chargeable",
@@ -384,7 +423,8 @@ impl CreditPlan {
     pub fn new(request: &CreditRequest) -> Result<Self, ApiError> {
         let tag = request.tag.as_deref().unwrap_or(&request.key);
         check_tag(tag)?;
-        let mut entry = plan_entry(tag, &request.key, request.policy_version, request.limit, 0)?;
+        let mut entry =
+            plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.creditable() {
             return Err(ApiError::bad_request("not_creditable", not_creditable(&request.limit)));
         }
@@ -489,6 +529,7 @@ mod tests {
     fn credit(limit: LimitSpec, units: u64, credit_id: Option<&str>) -> CreditRequest {
         CreditRequest {
             tag: None,
+            policy: None,
             key: "k".to_owned(),
             policy_version: 0,
             limit,
@@ -539,6 +580,7 @@ mod tests {
         let charge = |id_ttl_ms| {
             let request = ChargeRequest {
                 tag: None,
+                policy: None,
                 key: "k".to_owned(),
                 policy_version: 0,
                 limit: bucket,
@@ -574,7 +616,13 @@ mod tests {
 
     #[test]
     fn one_counter_cannot_be_checked_twice_in_one_check_even_under_two_limits() {
-        let entry = |limit| sluice_protocol::EntryRequest { key: "k".to_owned(), policy_version: 1, limit, cost: 1 };
+        let entry = |limit| sluice_protocol::EntryRequest {
+            policy: None,
+            key: "k".to_owned(),
+            policy_version: 1,
+            limit,
+            cost: 1,
+        };
         let request = CheckRequest {
             tag: Some("t".to_owned()),
             entries: vec![

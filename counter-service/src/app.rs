@@ -10,8 +10,12 @@ use tokio::sync::Semaphore;
 
 use crate::api::ApiError;
 use crate::auth::Auth;
+use crate::call::Call;
 use crate::config::{AdminAccess, Config, StoreKind};
+use crate::enforce::{Enforced, OverrideSet};
 use crate::metrics::Metrics;
+use crate::overrides::Override;
+use crate::policies::KnownPolicies;
 use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
 
 /// Everything a request handler needs.
@@ -24,6 +28,10 @@ pub struct App {
     admin: Option<Auth>,
     /// The filters' global hash key, for keyed overrides.
     hash_key: Option<shared_store::HashKey>,
+    /// The live overrides, as this instance last read them ([`crate::enforce`]).
+    overrides: std::sync::RwLock<Arc<OverrideSet>>,
+    /// The policies requests have named, for validating overrides.
+    known: KnownPolicies,
     /// Whether this instance has seen an override (its sweeper then looks for expired
     /// ones on Redis).
     pub(crate) overrides_seen: std::sync::atomic::AtomicBool,
@@ -49,6 +57,8 @@ impl App {
             admin: None,
             hash_key: None,
             overrides_seen: std::sync::atomic::AtomicBool::new(false),
+            overrides: std::sync::RwLock::default(),
+            known: KnownPolicies::default(),
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
             request_timeout: Duration::from_millis(config.request_timeout_ms),
@@ -86,6 +96,34 @@ impl App {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The policies requests have named, with their limits.
+    pub fn known_policies(&self) -> &KnownPolicies {
+        &self.known
+    }
+
+    /// Learns the policies `call` names, and applies the live overrides to it.
+    pub fn enforce(&self, call: &Call) -> Enforced {
+        self.known.learn(call.entries());
+        let set = self.overrides.read().map_or_else(|poisoned| poisoned.into_inner().clone(), |set| set.clone());
+        if set.is_empty() {
+            return Enforced::default();
+        }
+        let enforced = Enforced::new(call, &set, self.store.now_ms());
+        for (_, applied) in enforced.all_applied() {
+            self.metrics.overridden(applied.kind);
+        }
+        enforced
+    }
+
+    /// Replaces the overrides this instance applies with `live`.
+    pub(crate) fn apply_overrides(&self, live: Vec<Override>) {
+        let set = Arc::new(OverrideSet::new(live));
+        match self.overrides.write() {
+            Ok(mut current) => *current = set,
+            Err(poisoned) => *poisoned.into_inner() = set,
+        }
     }
 
     /// How callers are authenticated, for the startup log line: `bearer` or `none`.

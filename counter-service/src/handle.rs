@@ -10,13 +10,14 @@
 use std::time::Instant;
 
 use sluice_protocol::{
-    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, EntryResponse,
-    LeaseRequest, LeaseResponse,
+    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, EntryOverride,
+    EntryResponse, LeaseRequest, LeaseResponse,
 };
 
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 use crate::app::App;
-use crate::store::{ChargeOutcome, CheckOutcome, CounterStore, CreditOutcome, LeaseOutcome};
+use crate::enforce::Enforced;
+use crate::store::CounterStore;
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,31 +45,7 @@ impl Route {
     }
 }
 
-/// A validated request, ready for the store.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Call {
-    /// A check.
-    Check(CheckPlan),
-    /// A lease.
-    Lease(LeasePlan),
-    /// A charge.
-    Charge(ChargePlan),
-    /// A credit.
-    Credit(CreditPlan),
-}
-
-/// What the store answered to a [`Call`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// To a check.
-    Check(CheckOutcome),
-    /// To a lease.
-    Lease(LeaseOutcome),
-    /// To a charge.
-    Charge(ChargeOutcome),
-    /// To a credit.
-    Credit(CreditOutcome),
-}
+pub use crate::call::{Call, Outcome};
 
 impl App {
     /// Parses `body` strictly and validates it for `route`: a request that gets a 4xx
@@ -82,6 +59,41 @@ impl App {
             Route::Lease => Call::Lease(LeasePlan::new(&api::parse::<LeaseRequest>(body)?)?),
             Route::Charge => Call::Charge(ChargePlan::new(&api::parse::<ChargeRequest>(body)?)?),
             Route::Credit => Call::Credit(CreditPlan::new(&api::parse::<CreditRequest>(body)?)?),
+        })
+    }
+
+    /// Decides `call` under the live overrides ([`App::enforce`]), on the store at its
+    /// time: the outcome, and which override decided which entry.
+    ///
+    /// # Errors
+    /// The 503 [`ApiError`] of a store that could not decide (counted and logged).
+    pub async fn decide(&self, call: &Call) -> Result<(Outcome, Enforced), ApiError> {
+        let enforced = self.enforce(call);
+        let decided = match enforced.store_call(call) {
+            Some(store_call) => Some(self.call_store(store_call).await?),
+            None => None,
+        };
+        Ok((self.complete(call, &enforced, decided)?, enforced))
+    }
+
+    /// [`App::decide`] without waiting, on the memory store ([`App::call_store_now`]).
+    ///
+    /// # Errors
+    /// As [`App::call_store_now`].
+    pub fn decide_now_on_memory(&self, call: &Call) -> Result<(Outcome, Enforced), ApiError> {
+        let enforced = self.enforce(call);
+        let decided = match enforced.store_call(call) {
+            Some(store_call) => Some(self.call_store_now(store_call)?),
+            None => None,
+        };
+        Ok((self.complete(call, &enforced, decided)?, enforced))
+    }
+
+    fn complete(&self, call: &Call, enforced: &Enforced, decided: Option<Outcome>) -> Result<Outcome, ApiError> {
+        enforced.complete(call, decided, self.store().now()).ok_or_else(|| ApiError {
+            status: 500,
+            code: "internal",
+            message: "the store answered another kind of request".to_owned(),
         })
     }
 
@@ -130,7 +142,7 @@ impl App {
     ///
     /// # Errors
     /// A 500 `internal` when the answer cannot be encoded (it always can).
-    pub fn answer(&self, call: &Call, outcome: &Outcome) -> Result<Vec<u8>, ApiError> {
+    pub fn answer(&self, call: &Call, outcome: &Outcome, enforced: &Enforced) -> Result<Vec<u8>, ApiError> {
         let metrics = self.metrics();
         let encoded = match (call, outcome) {
             (Call::Check(_), Outcome::Check(outcome)) => {
@@ -139,6 +151,10 @@ impl App {
                     admitted: outcome.admitted,
                     at_ns: outcome.at.as_u64(),
                     entries: outcome.decisions.iter().map(EntryResponse::from).collect(),
+                    overrides: enforced
+                        .all_applied()
+                        .map(|(entry, a)| EntryOverride { entry, id: a.id, kind: a.kind })
+                        .collect(),
                 })
             }
             (Call::Lease(_), Outcome::Lease(outcome)) => {
@@ -149,6 +165,7 @@ impl App {
                     at_ns: outcome.at.as_u64(),
                     entry: EntryResponse::from(&outcome.decision),
                     refill_after_ns: outcome.refill_after.as_u64(),
+                    applied: enforced.applied(0),
                 })
             }
             (Call::Charge(_), Outcome::Charge(outcome)) => {
@@ -163,6 +180,7 @@ impl App {
                     at_ns: outcome.at.as_u64(),
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
+                    applied: enforced.applied(0),
                 })
             }
             (Call::Credit(_), Outcome::Credit(outcome)) => {
@@ -177,6 +195,7 @@ impl App {
                     at_ns: outcome.at.as_u64(),
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
+                    applied: enforced.applied(0),
                 })
             }
             _ => {
@@ -244,7 +263,7 @@ impl App {
         let _permit = self.in_flight_permit()?;
         let _gauge = self.metrics().start();
         let call = self.prepare(route, body)?;
-        let outcome = self.call_store_now(&call)?;
-        self.answer(&call, &outcome)
+        let (outcome, enforced) = self.decide_now_on_memory(&call)?;
+        self.answer(&call, &outcome, &enforced)
     }
 }

@@ -23,6 +23,9 @@
 //!   API's errors; [`overrides`] holds operators' overrides and their validation.
 //! * [`store`] holds [`store::MemoryCounters`] (shared-store's algorithms behind a
 //!   sharded map) and [`store::RedisCounters`] (the same algorithms as one Lua script).
+//! * [`call`] holds a validated request and the store's outcome; [`policies`] the
+//!   policy names requests have given, which overrides are validated against.
+//! * [`enforce`] applies the live overrides to a request before the store decides it.
 //! * [`auth`] checks callers' bearer token, [`config`] reads flags and environment
 //!   variables, [`metrics`] keeps the Prometheus metrics and renders them.
 //! * [`app`] holds [`App`], what every request is served with, and builds the
@@ -55,12 +58,15 @@ pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod call;
 pub mod cli;
 pub mod config;
 pub mod conn;
+pub mod enforce;
 pub mod handle;
 pub mod metrics;
 pub mod overrides;
+pub mod policies;
 pub mod routes;
 pub mod server;
 pub mod spec;

@@ -65,6 +65,7 @@ pub struct Metrics {
     overrides_removed: Counter,
     overrides_expired: Counter,
     overrides_active: Gauge,
+    overridden: [Counter; OverrideKind::ALL.len()],
 }
 
 /// A family whose label values are fixed: its series exist from the start and are
@@ -163,6 +164,12 @@ impl Metrics {
         let overrides_removed = counter(&mut registry, "overrides_removed", "Operator overrides removed before expiry");
         let overrides_expired =
             counter(&mut registry, "overrides_expired", "Operator overrides that expired (found by a sweep)");
+        let (family, overridden) = fixed("kind", OverrideKind::ALL.map(OverrideKind::name));
+        registry.register(
+            "overridden_entries",
+            "Entries of checks, leases, charges and credits decided under an operator override, by kind",
+            family,
+        );
         let overrides_active = gauge(
             &mut registry,
             "overrides_active",
@@ -197,6 +204,16 @@ impl Metrics {
             overrides_removed,
             overrides_expired,
             overrides_active,
+            overridden,
+        }
+    }
+
+    /// Counts an entry decided under an override of `kind`.
+    pub fn overridden(&self, kind: OverrideKind) {
+        if let Some(i) = OverrideKind::ALL.iter().position(|k| *k == kind)
+            && let Some(counter) = self.overridden.get(i)
+        {
+            counter.inc();
         }
     }
 

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use shared_store::HashKey;
 use sluice_protocol::LimitSpec;
 
-use crate::api::ApiError;
+use crate::api::{ApiError, check_policy};
 use crate::spec::StoreLimit;
 
 /// The shortest override: one second.
@@ -24,7 +24,7 @@ pub const MIN_OVERRIDE_TTL_MS: u64 = 1_000;
 /// The longest override: 24 hours. No override is permanent.
 pub const MAX_OVERRIDE_TTL_MS: u64 = 86_400_000;
 /// The longest policy name (the filter's policy names are at most this long).
-pub const MAX_POLICY_BYTES: usize = 128;
+pub use sluice_protocol::MAX_POLICY_BYTES;
 /// The longest reason.
 pub const MAX_REASON_BYTES: usize = 512;
 /// The longest operator name.
@@ -36,28 +36,7 @@ pub const MAX_KEY_VALUE_BYTES: usize = 1024;
 /// The most overrides live at once; more are refused (`409 too_many_overrides`).
 pub const MAX_OVERRIDES: usize = 1_000;
 
-/// What an override does to its policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OverrideKind {
-    /// The policy admits the matching callers without spending.
-    Bypass,
-    /// The policy's numbers are lowered to the override's `limit`.
-    Clamp,
-}
-
-impl OverrideKind {
-    /// Both kinds, in the order metrics show them.
-    pub const ALL: [Self; 2] = [Self::Bypass, Self::Clamp];
-
-    /// Its name on the wire, in logs and in metric labels.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Bypass => "bypass",
-            Self::Clamp => "clamp",
-        }
-    }
-}
+pub use sluice_protocol::OverrideKind;
 
 /// `POST /admin/v1/overrides`: an override to set. Unknown fields are refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,20 +262,6 @@ fn key_scope(policy: &str, version: u64, values: &[String], hash_key: Option<&Ha
         ));
     };
     Ok(key_hash(hash_key, policy, version, values))
-}
-
-fn check_policy(policy: &str) -> Result<(), ApiError> {
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
-    if policy.is_empty() || policy.len() > MAX_POLICY_BYTES || !policy.bytes().all(allowed) {
-        return Err(ApiError::bad_request(
-            "invalid_policy",
-            format!(
-                "policy: must be 1 to {MAX_POLICY_BYTES} characters among A-Z a-z 0-9 _ . - ({} bytes given)",
-                policy.len()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Free text of 1 to `max` bytes without control characters (it goes into log lines).

@@ -192,8 +192,8 @@ fn json_bytes(bytes: Vec<u8>) -> Response {
 /// A decision route over HTTP: what [`App::handle_now`] does, with the store awaited.
 async fn decide(app: &App, route: Route, body: &[u8]) -> Result<Response, ApiError> {
     let call = app.prepare(route, body)?;
-    let outcome = app.call_store(&call).await?;
-    Ok(json_bytes(app.answer(&call, &outcome)?))
+    let (outcome, enforced) = app.decide(&call).await?;
+    Ok(json_bytes(app.answer(&call, &outcome, &enforced)?))
 }
 
 async fn check(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {

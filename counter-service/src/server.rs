@@ -96,6 +96,7 @@ pub async fn serve_until(
                     tracing::trace!(dropped, "swept idle keys");
                 }
                 app.expire_overrides().await;
+                app.refresh_overrides().await;
             }
         }))
     };

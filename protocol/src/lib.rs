@@ -38,7 +38,7 @@
 //!
 //! let check = CheckRequest {
 //!     tag: Some("c8f3a9e1".to_owned()),
-//!     entries: vec![EntryRequest { key: "per-client".to_owned(), policy_version: 3, limit, cost: 1 }],
+//!     entries: vec![EntryRequest { key: "per-client".to_owned(), policy: None, policy_version: 3, limit, cost: 1 }],
 //! };
 //! let json = serde_json::to_string(&check).unwrap();
 //! assert!(json.starts_with(r#"{"tag":"c8f3a9e1","entries":[{"key":"per-client""#));
@@ -48,6 +48,7 @@
 #![deny(missing_docs)]
 
 pub mod limit;
+pub mod overrides;
 pub mod wire;
 
 /// Entries one check carries at most, unless the service is started with another
@@ -58,8 +59,9 @@ pub const MAX_ENTRIES_LIMIT: u16 = 256;
 const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
 
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
+pub use overrides::{AppliedOverride, EntryOverride, OverrideId, OverrideKind};
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
     EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName,
 };

@@ -255,6 +255,32 @@ fn window_numbers(limit: u64, window_ms: u64) -> Result<(u64, u64), SpecError> {
 }
 
 impl LimitSpec {
+    /// Whether this limit never lets more through than `other`: the same algorithm, and
+    /// no number that admits more (a burst, a queue, a wait or a window's count no larger,
+    /// a rate no faster). What an operator's clamp must be to the policy it lowers.
+    pub fn admits_at_most(&self, other: &Self) -> bool {
+        // a/p ≤ b/q, exactly, for positive periods.
+        let slower = |a: u64, p: u64, b: u64, q: u64| u128::from(a) * u128::from(q) <= u128::from(b) * u128::from(p);
+        match (*self, *other) {
+            (
+                Self::TokenBucket { amount, per_ms, burst },
+                Self::TokenBucket { amount: their_amount, per_ms: their_per_ms, burst: their_burst },
+            ) => burst <= their_burst && slower(amount, per_ms, their_amount, their_per_ms),
+            (
+                Self::LeakyBucket { amount, per_ms, max_queue, max_wait_ms },
+                Self::LeakyBucket { amount: a, per_ms: p, max_queue: q, max_wait_ms: w },
+            ) => max_queue <= q && max_wait_ms <= w && slower(amount, per_ms, a, p),
+            (Self::FixedWindow { limit, window_ms }, Self::FixedWindow { limit: l, window_ms: w })
+            | (Self::SlidingWindow { limit, window_ms }, Self::SlidingWindow { limit: l, window_ms: w })
+            | (Self::SlidingLog { limit, window_ms }, Self::SlidingLog { limit: l, window_ms: w }) => {
+                limit <= l && slower(limit, window_ms, l, w)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl LimitSpec {
     /// Validates the limit: every number in range, every product inside the envelope.
     ///
     /// # Errors
@@ -352,6 +378,22 @@ mod tests {
         let valid = LimitSpec::TokenBucket { amount: 1000, per_ms: 60_000, burst: 50 }.validate().unwrap();
 
         assert_eq!(valid.reduced_rate(), Some((1, 60_000)));
+    }
+
+    #[test]
+    fn a_clamp_admits_at_most_its_policy_only_when_no_number_lets_more_through() {
+        let policy = LimitSpec::TokenBucket { amount: 100, per_ms: 1000, burst: 50 };
+        let bucket = |amount, per_ms, burst| LimitSpec::TokenBucket { amount, per_ms, burst };
+        let window = LimitSpec::FixedWindow { limit: 100, window_ms: 60_000 };
+
+        assert!(bucket(10, 1000, 5).admits_at_most(&policy));
+        assert!(bucket(6, 60, 50).admits_at_most(&policy), "100/s exactly is no faster");
+        assert!(policy.admits_at_most(&policy));
+        assert!(!bucket(7, 60, 50).admits_at_most(&policy), "a faster rate");
+        assert!(!bucket(10, 1000, 51).admits_at_most(&policy), "a larger burst");
+        assert!(!LimitSpec::FixedWindow { limit: 1, window_ms: 1000 }.admits_at_most(&policy), "another algorithm");
+        assert!(LimitSpec::FixedWindow { limit: 50, window_ms: 60_000 }.admits_at_most(&window));
+        assert!(!LimitSpec::FixedWindow { limit: 50, window_ms: 1000 }.admits_at_most(&window), "50/s beats 100/min");
     }
 
     #[test]

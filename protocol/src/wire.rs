@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use shared_store::{Decision, Nanos, Verdict};
 
 use crate::limit::LimitSpec;
+use crate::overrides::{AppliedOverride, EntryOverride};
 
 /// Longest `key`, in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
@@ -29,6 +30,8 @@ pub const MAX_CHARGE_ID_BYTES: usize = 64;
 pub const CHARGE_ID_TTL_MS: u64 = 600_000;
 /// The shortest `id_ttl_ms` a charge or credit may ask for, in milliseconds.
 pub const MIN_ID_TTL_MS: u64 = 1_000;
+/// Longest `policy` name, in bytes.
+pub const MAX_POLICY_BYTES: usize = 128;
 
 /// `POST /v1/check`: one all-or-nothing decision over one or several entries.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -48,6 +51,11 @@ pub struct CheckRequest {
 pub struct EntryRequest {
     /// The counter's name within its tag (callers hash identities before sending them).
     pub key: String,
+    /// The name of the filter policy this counter belongs to (1 to [`MAX_POLICY_BYTES`]
+    /// bytes): the service applies the operators' overrides for that policy. Absent, only
+    /// overrides scoped to this exact key apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// The policy version: a new version starts from fresh state.
     #[serde(default)]
     pub policy_version: u64,
@@ -71,6 +79,11 @@ pub struct LeaseRequest {
     pub tag: Option<String>,
     /// The counter's name.
     pub key: String,
+    /// The name of the filter policy this counter belongs to (1 to [`MAX_POLICY_BYTES`]
+    /// bytes): the service applies the operators' overrides for that policy. Absent, only
+    /// overrides scoped to this exact key apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// The policy version.
     #[serde(default)]
     pub policy_version: u64,
@@ -97,6 +110,11 @@ pub struct ChargeRequest {
     pub tag: Option<String>,
     /// The counter's name.
     pub key: String,
+    /// The name of the filter policy this counter belongs to (1 to [`MAX_POLICY_BYTES`]
+    /// bytes): the service applies the operators' overrides for that policy. Absent, only
+    /// overrides scoped to this exact key apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// The policy version.
     #[serde(default)]
     pub policy_version: u64,
@@ -137,6 +155,11 @@ pub struct CreditRequest {
     pub tag: Option<String>,
     /// The counter's name.
     pub key: String,
+    /// The name of the filter policy this counter belongs to (1 to [`MAX_POLICY_BYTES`]
+    /// bytes): the service applies the operators' overrides for that policy. Absent, only
+    /// overrides scoped to this exact key apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     /// The policy version.
     #[serde(default)]
     pub policy_version: u64,
@@ -238,6 +261,10 @@ pub struct CheckResponse {
     pub at_ns: u64,
     /// One answer per entry, in request order.
     pub entries: Vec<EntryResponse>,
+    /// The operator overrides that decided entries, each with its entry's position (none
+    /// for most checks; older services never send it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<EntryOverride>,
 }
 
 /// The answer to a lease.
@@ -264,6 +291,10 @@ pub struct LeaseResponse {
     /// Older services do not send it: it then reads as 0.
     #[serde(default)]
     pub refill_after_ns: u64,
+    /// The operator override that decided it, if one did (a bypass: nothing was spent; a
+    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedOverride>,
 }
 
 /// The answer to a charge.
@@ -286,6 +317,10 @@ pub struct ChargeResponse {
     /// it stands now.
     #[serde(default)]
     pub duplicate: bool,
+    /// The operator override that decided it, if one did (a bypass: nothing was spent; a
+    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedOverride>,
 }
 
 /// The answer to a credit.
@@ -307,6 +342,10 @@ pub struct CreditResponse {
     /// `forgiven` repeat that answer, and nothing was given back now.
     #[serde(default)]
     pub duplicate: bool,
+    /// The operator override that decided it, if one did (a bypass: nothing was spent; a
+    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedOverride>,
 }
 
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.

@@ -532,6 +532,7 @@ local reply = { 0, 0, 1, 0, 0, 0, 0 }
 reply[1] = fdiv(real_now, 1000000)
 reply[2] = real_now - reply[1] * 1000000
 local writes = {}
+local carried = {}
 local admitted = true
 local granted = 0
 local forgiven = 0
@@ -545,7 +546,18 @@ for i = 1, n do
   local osig, st = parse_state(redis.call('GET', KEYS[i]))
   local now = real_now
   if st and st[1] and st[1] > now then now = st[1] end
-  if st and osig ~= sig then st = adopt(code, p1, p2, p3, osig, st, now) end
+  if st and osig ~= sig then
+    st = adopt(code, p1, p2, p3, osig, st, now)
+    st[1] = now -- the time it was carried over at, as the key's latest (`last` in memory)
+    -- kept whatever the decision (MemoryCounters::carry_over): a key rejected under new
+    -- numbers refills at the new rate from now, not again from its old state
+    local _, _, _, until_full = run(code, st, now, 0, p1, p2, p3, p4)
+    local ttl = cdiv(until_full, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
+    local left = redis.call('PTTL', KEYS[i])
+    if left > ttl then ttl = left end
+    if override ~= '' and ttl < 600000 then ttl = 600000 end
+    carried[i] = { KEYS[i], sig .. ' ' .. serialize(st), ttl }
+  end
   local v, limit, remaining, reset, wait, state, idle
   if op == 'lease' then
     -- A window that ends within a millisecond of the reply's time grants nothing: the
@@ -606,7 +618,7 @@ for i = 1, n do
     -- with a test time override, keep keys for ten minutes of real time
     local ttl = cdiv(idle, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
     if override ~= '' and ttl < 600000 then ttl = 600000 end
-    writes[#writes + 1] = { KEYS[i], sig .. ' ' .. state, ttl }
+    writes[#writes + 1] = { KEYS[i], sig .. ' ' .. state, ttl, i }
   end
   local k = #reply
   reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait
@@ -625,8 +637,12 @@ end
 if admitted then
   for _, w in ipairs(writes) do
     redis.call('SET', w[1], w[2], 'PX', fmt(w[3]))
+    carried[w[4]] = nil
   end
 else
   reply[3] = 0
+end
+for _, c in pairs(carried) do
+  redis.call('SET', c[1], c[2], 'PX', fmt(c[3]))
 end
 return reply

@@ -5,7 +5,7 @@
 //!   every entry on the current states, and writes only if all admit.
 //! * **Numbers that change.** A key remembers the limit it was decided under; a
 //!   decision under other numbers (a policy changed without a version bump) first
-//!   carries its state over ([`Limit::adopt`]), and a write stores the new limit.
+//!   carries its state over ([`Limit::adopt`]) and keeps it, even when it then rejects.
 //! * **Time never runs backwards for a key.** Each key remembers the latest time it was
 //!   decided at, and a decision uses the later of that and the clock. The Redis script
 //!   does the same, so the two stores agree even on a clock step.
@@ -464,6 +464,30 @@ impl MemoryCounters {
         Ok(())
     }
 
+    /// Carries every key of `entries` decided under other numbers over to its entry's
+    /// ([`Limit::adopt`]) at `now`, and keeps that, whatever the decision that follows:
+    /// a key rejected under new numbers (a clamp lifted, a policy raised) then refills
+    /// at the new rate from now, rather than being carried over again later from its old
+    /// state, at the old rate.
+    fn carry_over(
+        guards: &mut [(usize, MutexGuard<'_, Shard>)],
+        entries: &[&PlannedEntry],
+        shards: &[usize],
+        now: Nanos,
+    ) {
+        for (entry, shard) in entries.iter().zip(shards) {
+            let Some((_, guard)) = guards.iter_mut().find(|(i, _)| i == shard) else { continue };
+            let Some(slot) = guard.map.get_mut(&entry.storage_key) else { continue };
+            let limit = entry.limit.limit;
+            if slot.limit != limit {
+                let at = slot.last.max(now);
+                slot.state = limit.adopt(&slot.limit, slot.state.clone(), at);
+                slot.limit = limit;
+                slot.last = at;
+            }
+        }
+    }
+
     fn apply(guards: &mut [(usize, MutexGuard<'_, Shard>)], entries: &[&PlannedEntry], pending: Vec<Pending>) {
         for (entry, p) in entries.iter().zip(pending) {
             let Some(state) = p.next else { continue };
@@ -496,6 +520,7 @@ impl MemoryCounters {
         // Read the clock under the locks, so that decisions on a key are timed in the
         // order they are made (the time in the answer is the time decided at).
         let now = at.unwrap_or_else(|| self.now());
+        Self::carry_over(&mut guards, &entries, &shard_ids, now);
         let pending: Vec<Pending> =
             entries.iter().zip(&shard_ids).map(|(e, &s)| Self::decide(&mut guards, s, e, now, None).0).collect();
         let admitted = pending.iter().all(|p| p.decision.is_admitted());
@@ -516,6 +541,7 @@ impl MemoryCounters {
         let shard = self.shard_of(&plan.entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
+        Self::carry_over(&mut guards, &entries, &[shard], now);
         let closing = lease_life(&plan.entry.limit.limit, now, plan.ttl_ms).err();
         let lease = Some((plan.tokens, plan.min_tokens, closing));
         let (pending, grant) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
@@ -540,6 +566,7 @@ impl MemoryCounters {
         let shard = self.shard_of(&entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
+        Self::carry_over(&mut guards, &[entry], &[shard], now);
         let mut id = self.lock_id(plan.charge_key.as_deref());
         if let Some(first) = self.recall(id.as_mut(), now)? {
             let decision = Self::status_now(&guards, entry, now);
@@ -574,6 +601,7 @@ impl MemoryCounters {
         let shard = self.shard_of(&entry.storage_key);
         let mut guards = self.lock_all(&[shard]);
         let now = at.unwrap_or_else(|| self.now());
+        Self::carry_over(&mut guards, &[entry], &[shard], now);
         let mut id = self.lock_id(plan.credit_key.as_deref());
         if let Some(first) = self.recall(id.as_mut(), now)? {
             let decision = Self::status_now(&guards, entry, now);

@@ -107,15 +107,23 @@ fn sort(overrides: &mut [Override]) {
 }
 
 impl CounterStore {
-    /// The store's time in Unix milliseconds: the memory store's clock (a test's, when
-    /// given), the service's wall clock for Redis.
-    pub fn now_ms(&self) -> u64 {
+    /// The store's time: the memory store's clock (a test's, when given), the service's
+    /// wall clock for Redis (whose own `TIME` decides counters; this one stamps overrides
+    /// and the answers no counter decided, those of bypassed entries).
+    pub fn now(&self) -> shared_store::Nanos {
         match self {
-            Self::Memory(m) => m.now().as_u64() / 1_000_000,
-            Self::Redis(_) => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            Self::Memory(m) => m.now(),
+            Self::Redis(_) => shared_store::Nanos(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            ),
         }
+    }
+
+    /// [`CounterStore::now`] in Unix milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        self.now().as_u64() / 1_000_000
     }
 
     /// Stores `item` unless `max` overrides are live at `now_ms` or its id is taken.

@@ -214,6 +214,24 @@ async fn a_policy_whose_numbers_change_without_a_version_bump_keeps_its_counter(
     assert_eq!(lowered_again.verdict, rejected(60_000));
 }
 
+async fn a_key_rejected_under_raised_numbers_refills_at_the_raised_rate_from_then(target: Target<'_>, tag: &str) {
+    for _ in 0..5 {
+        assert!(one(target, tag, entry("k", per_minute(5), 1), 0).await.is_admitted());
+    }
+    // Raised (an operator's clamp lifted): 10 a second, bursts of 10.
+    let raised = || LimitSpec::TokenBucket { amount: 10, per_ms: 1000, burst: 10 };
+
+    let at_once = one(target, tag, entry("k", raised(), 1), 0).await;
+    let later = one(target, tag, entry("k", raised(), 1), 500 * MS).await;
+
+    assert_eq!(at_once.verdict, rejected(100), "nothing fresh: empty, refilling at the raised rate");
+    assert_eq!(
+        (later.verdict, later.remaining),
+        (Verdict::Allowed, 4),
+        "half a second at 10 a second refills 5 (carried over again from the old state, it would be 0)"
+    );
+}
+
 async fn a_window_whose_numbers_change_keeps_what_it_counted(target: Target<'_>, tag: &str) {
     let window = |limit, window_ms| LimitSpec::FixedWindow { limit, window_ms };
     for _ in 0..3 {
@@ -296,6 +314,7 @@ on_every_store!(
     a_new_policy_version_starts_from_fresh_state,
     a_policy_whose_numbers_change_without_a_version_bump_keeps_its_counter,
     a_window_whose_numbers_change_keeps_what_it_counted,
+    a_key_rejected_under_raised_numbers_refills_at_the_raised_rate_from_then,
     a_cost_of_zero_queries_without_spending,
     time_that_steps_backwards_never_refills,
 );

@@ -102,11 +102,16 @@ struct Reference {
 
 impl Reference {
     /// The state under `limit` at `at`: carried over when it was written under another.
-    fn state_under(&self, limit: &Limit, at: Nanos) -> Option<State> {
-        match (&self.state, &self.limit) {
-            (Some(state), Some(old)) if old != limit => Some(limit.adopt(old, state.clone(), at)),
-            (state, _) => state.clone(),
+    /// The state under `limit` at `at`, carried over from the limit it was decided under
+    /// when that differs, and kept (whatever the decision that follows, as both stores do).
+    fn state_under(&mut self, limit: &Limit, at: Nanos) -> Option<State> {
+        if let (Some(state), Some(old)) = (&self.state, &self.limit)
+            && old != limit
+        {
+            let adopted = limit.adopt(old, state.clone(), at);
+            self.write(limit, adopted, at);
         }
+        self.state.clone()
     }
 
     fn write(&mut self, limit: &Limit, state: State, at: Nanos) {

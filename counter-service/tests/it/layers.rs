@@ -15,6 +15,8 @@ const LAYERS: Layers = Layers::new(&[
     ("limits", &["spec"]),
     ("requests and plans", &["api", "overrides"]),
     ("stores", &["store"]),
+    ("calls, and the policies they name", &["call", "policies"]),
+    ("overrides applied", &["enforce"]),
     ("settings, callers and metrics", &["auth", "config", "metrics"]),
     ("what a request is served with", &["app"]),
     ("decisions", &["handle", "admin"]),
@@ -26,7 +28,7 @@ const LAYERS: Layers = Layers::new(&[
 
 #[test]
 fn the_library_imports_only_downwards_and_in_no_circle() {
-    assert_library_keeps(&LAYERS, env!("CARGO_MANIFEST_DIR"), 15);
+    assert_library_keeps(&LAYERS, env!("CARGO_MANIFEST_DIR"), 18);
 }
 
 #[test]

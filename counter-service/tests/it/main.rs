@@ -10,6 +10,7 @@ mod behaviour;
 mod binary;
 mod concurrency;
 mod differential;
+mod enforced;
 mod faults;
 mod handle_now;
 mod layers;

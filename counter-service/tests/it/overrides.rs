@@ -14,10 +14,10 @@ use sluice_counter::{App, Running};
 
 use crate::support::{HEAVY, Http, RedisServer, t_us};
 
-const ADMIN: &str = "adm-7c1e9b2f4d6a8e03";
-const PROXY: &str = "prx-1f2e3d4c5b6a7988";
-const HASH_KEY: &str = "hk-0123456789abcdef-shared-by-the-filters";
-const OVERRIDES: &str = "/admin/v1/overrides";
+pub(crate) const ADMIN: &str = "adm-7c1e9b2f4d6a8e03";
+pub(crate) const PROXY: &str = "prx-1f2e3d4c5b6a7988";
+pub(crate) const HASH_KEY: &str = "hk-0123456789abcdef-shared-by-the-filters";
+pub(crate) const OVERRIDES: &str = "/admin/v1/overrides";
 
 /// The environment the service reads its admin token and hash key from.
 fn env(name: &str) -> Option<String> {
@@ -29,7 +29,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// `base` with a proxies' token, an admin token and the filters' hash key.
-fn admin_config(base: Config) -> Config {
+pub(crate) fn admin_config(base: Config) -> Config {
     Config {
         token: Some(Secret::from(PROXY.to_owned())),
         admin_token_env: Some("TEST_ADMIN_TOKEN".to_owned()),
@@ -39,17 +39,17 @@ fn admin_config(base: Config) -> Config {
     }
 }
 
-fn redis_config(redis: &RedisServer) -> Config {
+pub(crate) fn redis_config(redis: &RedisServer) -> Config {
     admin_config(Config { store: StoreKind::Redis, redis_url: vec![redis.url()], ..Config::defaults() })
 }
 
-async fn start(config: Config) -> Running {
+pub(crate) async fn start(config: Config) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     Running::start_with_env(listener, config, env).await.expect("the service starts")
 }
 
 /// A memory-store service whose time is `clock`.
-fn start_on_clock(clock: &ManualClock) -> Running {
+pub(crate) fn start_on_clock(clock: &ManualClock) -> Running {
     let config = admin_config(Config::defaults());
     let store = CounterStore::Memory(MemoryCounters::with_clock(
         MemoryConfig { shards: 4, max_keys: 1000, ..MemoryConfig::default() },
@@ -63,11 +63,11 @@ fn start_on_clock(clock: &ManualClock) -> Running {
     Running::serve_app(listener, &config, App::new(store, &config, auth).with_admin(admin)).expect("serves")
 }
 
-fn admin(running: &Running) -> Http {
+pub(crate) fn admin(running: &Running) -> Http {
     Http::new(running.addr).header("authorization", &format!("Bearer {ADMIN}"))
 }
 
-fn clamp(policy: &str) -> Value {
+pub(crate) fn clamp(policy: &str) -> Value {
     json!({
         "kind": "clamp",
         "policy": policy,
@@ -78,7 +78,29 @@ fn clamp(policy: &str) -> Value {
     })
 }
 
-async fn list(http: &Http) -> Vec<Value> {
+/// The limit proxies send for the tests' policies: 10 a second, bursts of 10 (every
+/// clamp here lowers it).
+pub(crate) fn policy_limit() -> Value {
+    json!({"algorithm": "token_bucket", "amount": 10, "per_ms": 1000, "burst": 10})
+}
+
+/// Makes `running` know `policies` the way a fleet does: a proxy's check names each (a
+/// service refuses overrides for policies no proxy has named).
+pub(crate) async fn teach(running: &Running, policies: &[&str]) {
+    teach_with(running, policies, policy_limit()).await;
+}
+
+pub(crate) async fn teach_with(running: &Running, policies: &[&str], limit: Value) {
+    let proxy = Http::new(running.addr).header("authorization", &format!("Bearer {PROXY}"));
+    for policy in policies {
+        let check =
+            json!({"entries": [{"key": format!("teach-{policy}"), "policy": policy, "limit": limit, "cost": 0}]});
+        let (status, body) = proxy.post("/v1/check", &check).await;
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+pub(crate) async fn list(http: &Http) -> Vec<Value> {
     let (status, body) = http.get(OVERRIDES).await;
     assert_eq!(status, 200, "{body}");
     let body: Value = serde_json::from_str(&body).expect("JSON");
@@ -86,7 +108,7 @@ async fn list(http: &Http) -> Vec<Value> {
 }
 
 /// The value of the metric line `series` (name and labels), or panics.
-async fn metric(http: &Http, series: &str) -> f64 {
+pub(crate) async fn metric(http: &Http, series: &str) -> f64 {
     let (_, text) = http.get("/metrics").await;
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -133,6 +155,7 @@ impl Captured {
 }
 
 async fn set_list_and_remove_round_trip(running: &Running) {
+    teach(running, &["per-tenant", "per-route"]).await;
     let http = admin(running);
     let (created, set) = http.post(OVERRIDES, &clamp("per-tenant")).await;
     let (bypassed, bypass) = http
@@ -221,6 +244,7 @@ async fn an_override_is_set_listed_and_removed_on_a_redis_cluster() {
         let id = left["id"].as_str().expect("an id").to_owned();
         http.send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
     }
+    teach(&running, &["per-tenant"]).await;
 
     let (status, set) = http.post(OVERRIDES, &clamp("per-tenant")).await;
     let listed = list(&http).await;
@@ -239,6 +263,7 @@ async fn overrides_on_redis_survive_a_restart_of_the_service() {
     let _shared = HEAVY.read().await;
     let redis = RedisServer::start();
     let first = start(redis_config(&redis)).await;
+    teach(&first, &["per-tenant"]).await;
     let (_, set) = admin(&first).post(OVERRIDES, &clamp("per-tenant")).await;
     first.kill().await.expect("killed");
 
@@ -253,6 +278,7 @@ async fn an_override_expires_by_itself_and_its_expiry_is_counted_and_audited_onc
     let (captured, _logs) = Captured::start();
     let clock = ManualClock::at(t_us(0));
     let running = start_on_clock(&clock);
+    teach(&running, &["per-tenant", "per-route"]).await;
     let http = admin(&running);
     let mut body = clamp_fields("per-tenant");
     body.insert("ttl_ms".to_owned(), json!(1_000));
@@ -284,7 +310,7 @@ async fn an_override_expires_by_itself_and_its_expiry_is_counted_and_audited_onc
     running.stop().await.expect("clean stop");
 }
 
-fn clamp_fields(policy: &str) -> serde_json::Map<String, Value> {
+pub(crate) fn clamp_fields(policy: &str) -> serde_json::Map<String, Value> {
     clamp(policy).as_object().expect("an object").clone()
 }
 
@@ -294,6 +320,7 @@ async fn an_override_on_redis_expires_by_itself_and_one_of_two_instances_counts_
     let redis = RedisServer::start();
     let one = start(redis_config(&redis)).await;
     let two = start(redis_config(&redis)).await;
+    teach(&one, &["per-tenant"]).await;
     let mut short = clamp_fields("per-tenant");
     short.insert("ttl_ms".to_owned(), json!(1_000));
     let (status, _) = admin(&one).post(OVERRIDES, &Value::Object(short)).await;
@@ -380,6 +407,8 @@ async fn an_admin_token_equal_to_the_proxies_token_or_a_missing_variable_refuses
 async fn every_bad_override_is_a_400_naming_its_field_and_stores_nothing() {
     let running = start(admin_config(Config::defaults())).await;
     let no_hash_key = start(Config { hash_key_env: None, ..admin_config(Config::defaults()) }).await;
+    teach(&running, &["per-tenant"]).await;
+    teach(&no_hash_key, &["per-tenant"]).await;
     let http = admin(&running);
     let (_, kept) = http.post(OVERRIDES, &clamp("per-tenant")).await;
     let with = |field: &str, value: Value| {
@@ -439,6 +468,7 @@ async fn every_bad_override_is_a_400_naming_its_field_and_stores_nothing() {
 async fn a_keyed_override_holds_the_hash_the_filters_compute_and_never_the_raw_value() {
     let (captured, _logs) = Captured::start();
     let running = start(admin_config(Config::defaults())).await;
+    teach(&running, &["per-tenant"]).await;
     let mut body = clamp_fields("per-tenant");
     body.insert("key".to_owned(), json!(["tenant-a-raw", "eu-west"]));
     body.insert("policy_version".to_owned(), json!(7));
@@ -464,6 +494,8 @@ async fn a_keyed_override_holds_the_hash_the_filters_compute_and_never_the_raw_v
 async fn live_overrides_are_bounded_and_one_more_is_a_409() {
     let running = start(admin_config(Config::defaults())).await;
     let http = admin(&running);
+    let names: Vec<String> = (0..MAX_OVERRIDES).map(|i| format!("p{i}")).chain(["one-more".to_owned()]).collect();
+    teach(&running, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
     for i in 0..MAX_OVERRIDES {
         let (status, body) = http.post(OVERRIDES, &clamp(&format!("p{i}"))).await;
         assert_eq!(status, 201, "{i}: {body}");
@@ -480,6 +512,8 @@ async fn live_overrides_are_bounded_and_one_more_is_a_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_sets_lists_and_removes_overrides_on_a_running_service() {
     let running = start(admin_config(Config::defaults())).await;
+    teach_with(&running, &["per-tenant", "p"], json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1000}))
+        .await;
     let url = format!("http://{}", running.addr);
     let cli = move |args: Vec<String>| {
         let url = url.clone();

@@ -146,6 +146,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             let request = LeaseRequest {
                 tag: Some(target.tag.clone()),
                 key: namespace::hex128(target.key),
+                policy: Some(compiled.policy.name.clone()),
                 policy_version: compiled.policy.version,
                 limit: *spec,
                 tokens: leased.config.size,
@@ -179,6 +180,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             let request = ChargeRequest {
                 tag: Some(target.tag.clone()),
                 key: namespace::hex128(target.key),
+                policy: Some(compiled.policy.name.clone()),
                 policy_version: compiled.policy.version,
                 limit: *spec,
                 cost: charge.units,

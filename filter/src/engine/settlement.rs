@@ -160,7 +160,7 @@ pub(crate) fn call(
         let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
         let (tag, key, id) =
             (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
-        let policy_version = compiled.policy.version;
+        let (policy, policy_version) = (Some(compiled.policy.name.clone()), compiled.policy.version);
         Some(match settlement.change {
             Change::Charge(cost) => {
                 // The service bounds debt by the capacity; the filter by its own rule.
@@ -169,6 +169,7 @@ pub(crate) fn call(
                 let request = ChargeRequest {
                     tag,
                     key,
+                    policy,
                     policy_version,
                     limit: *spec,
                     cost,
@@ -180,8 +181,17 @@ pub(crate) fn call(
             }
             Change::Credit { units, spent_at_ns } => {
                 let (credit_id, id_ttl_ms) = (Some(id), Some(ID_TTL_MS));
-                let request =
-                    CreditRequest { tag, key, policy_version, limit: *spec, units, spent_at_ns, credit_id, id_ttl_ms };
+                let request = CreditRequest {
+                    tag,
+                    key,
+                    policy,
+                    policy_version,
+                    limit: *spec,
+                    units,
+                    spent_at_ns,
+                    credit_id,
+                    id_ttl_ms,
+                };
                 (wire::CREDIT_PATH, serde_json::to_vec(&request).ok()?)
             }
         })

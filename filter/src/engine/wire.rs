@@ -97,19 +97,25 @@ impl Reason {
     }
 }
 
-/// The body of the check for `global` (whose specs are `specs[i]` for policy `i`), every
-/// counter under one hash `tag`.
-pub(crate) fn check_body(
+/// The body of the check for `global` (policy `i` named and specified by `spec_of(i)`:
+/// its name, limit and version), every counter under one hash `tag`.
+pub(crate) fn check_body<'a>(
     tag: &str,
     global: &[Resolved],
-    spec_of: impl Fn(usize) -> Option<(LimitSpec, u64)>,
+    spec_of: impl Fn(usize) -> Option<(&'a str, LimitSpec, u64)>,
 ) -> Vec<u8> {
     let entries = global
         .iter()
         .filter_map(|resolved| {
             let Place::Global { key, .. } = &resolved.at else { return None };
-            let (limit, policy_version) = spec_of(resolved.policy)?;
-            Some(EntryRequest { key: super::namespace::hex128(*key), policy_version, limit, cost: resolved.cost })
+            let (name, limit, policy_version) = spec_of(resolved.policy)?;
+            Some(EntryRequest {
+                key: super::namespace::hex128(*key),
+                policy: Some(name.to_owned()),
+                policy_version,
+                limit,
+                cost: resolved.cost,
+            })
         })
         .collect();
     let request = CheckRequest { tag: Some(tag.to_owned()), entries };

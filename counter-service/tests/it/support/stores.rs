@@ -30,7 +30,7 @@ pub fn t_us(us: u64) -> Nanos {
 }
 
 pub fn entry(key: &str, limit: LimitSpec, cost: u64) -> EntryRequest {
-    EntryRequest { key: key.to_owned(), policy_version: 0, limit, cost }
+    EntryRequest { policy: None, key: key.to_owned(), policy_version: 0, limit, cost }
 }
 
 pub fn plan(tag: &str, entries: Vec<EntryRequest>) -> CheckPlan {
@@ -45,6 +45,7 @@ pub async fn check(store: &CounterStore, tag: &str, entries: Vec<EntryRequest>, 
 pub fn lease_request(tag: &str, key: &str, limit: LimitSpec, (tokens, min_tokens): (u64, u64)) -> LeaseRequest {
     LeaseRequest {
         tag: Some(tag.to_owned()),
+        policy: None,
         key: key.to_owned(),
         policy_version: 0,
         limit,
@@ -83,6 +84,7 @@ pub fn charge_request(
 ) -> ChargeRequest {
     ChargeRequest {
         tag: Some(tag.to_owned()),
+        policy: None,
         key: key.to_owned(),
         policy_version: 0,
         limit,
@@ -118,6 +120,7 @@ pub fn credit_request(
 ) -> CreditRequest {
     CreditRequest {
         tag: Some(tag.to_owned()),
+        policy: None,
         key: key.to_owned(),
         policy_version: 0,
         limit,

@@ -69,9 +69,12 @@ fn send<S: Store, C: Clock>(
     if admit == Admit::Open {
         return degrade(setup, Cause::Service(Reason::CircuitOpen), global, false, limiter, metrics);
     }
-    let body = wire::check_body(&global.tag, &global.checked, |index| match &setup.compiled(index)?.home {
-        Home::Global { spec, .. } => Some((*spec, setup.compiled(index)?.policy.version)),
-        Home::Local(_) => None,
+    let body = wire::check_body(&global.tag, &global.checked, |index| {
+        let compiled = setup.compiled(index)?;
+        match &compiled.home {
+            Home::Global { spec, .. } => Some((compiled.policy.name.as_str(), *spec, compiled.policy.version)),
+            Home::Local(_) => None,
+        }
     });
     match service.dispatch(wire::CHECK_PATH, &body, callouts) {
         Ok(token) => {
