@@ -194,6 +194,12 @@ counters! {
         DegradedLeaseSlotTaken = "degraded.lease_slot_taken",
         /// Lease: a wait ran out while refills were granted and spent by others.
         DegradedLeaseContended = "degraded.lease_contended",
+        /// Global: requests the counter service decided under an operator's bypass
+        /// (admitted without spending).
+        OverrideBypassed = "override.bypassed",
+        /// Global: requests the counter service decided under an operator's clamp (the
+        /// policy's numbers lowered fleet-wide), admitted or rejected.
+        OverrideClamped = "override.clamped",
         /// Global: admitted by the emergency cap while the service could not decide.
         EmergencyAllowed = "emergency.allowed",
         /// Global: rejected by the emergency cap while the service could not decide.

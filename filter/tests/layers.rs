@@ -53,7 +53,7 @@ const ENGINE: &[Layer] = &[
         ],
     ),
     ("the compiled configuration and the worker's bookkeeping", &["setup"]),
-    ("check-mode costs settled at the service", &["settlement"]),
+    ("what the service's answers leave behind: settlements, overrides noted", &["settlement", "overridden"]),
     ("the request path, and the calls the root sends", &["request", "outgoing"]),
     ("the engine: the one place the glue calls", &[MOD]),
 ];

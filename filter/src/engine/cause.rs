@@ -7,6 +7,7 @@ use super::resolved::{Few, Resolved};
 use super::wire::Reason;
 use crate::host::Counter;
 use shared_store::Nanos;
+use std::collections::BTreeMap;
 
 /// The least time between two log lines about the same cause.
 pub(crate) const LOG_INTERVAL: Nanos = Nanos::from_secs(10);
@@ -146,5 +147,53 @@ impl LogLimiter {
                 Some(std::mem::take(suppressed))
             }
         }
+    }
+}
+
+/// The most overrides a worker remembers having logged; beyond it, the oldest is
+/// forgotten (and may be logged again sooner).
+pub(crate) const MAX_OVERRIDES_LOGGED: usize = 64;
+
+/// When each operator's override (by id) was last logged, on this worker: one line per
+/// override per interval.
+#[derive(Debug, Default)]
+pub(crate) struct OverrideLog {
+    last: BTreeMap<u64, Nanos>,
+}
+
+impl OverrideLog {
+    /// Whether to log `id` at `now`.
+    pub(crate) fn admit(&mut self, id: u64, now: Nanos) -> bool {
+        if self.last.get(&id).is_some_and(|at| now.saturating_sub(*at) < LOG_INTERVAL) {
+            return false;
+        }
+        if self.last.len() >= MAX_OVERRIDES_LOGGED && !self.last.contains_key(&id) {
+            let oldest = self.last.iter().min_by_key(|(_, at)| **at).map(|(id, _)| *id);
+            if let Some(oldest) = oldest {
+                self.last.remove(&oldest);
+            }
+        }
+        self.last.insert(id, now);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_override_is_logged_once_per_interval_and_the_log_stays_bounded() {
+        let mut log = OverrideLog::default();
+        let t = Nanos::from_secs(100);
+
+        assert!(log.admit(1, t));
+        assert!(!log.admit(1, t.saturating_add(Nanos::from_secs(9))));
+        assert!(log.admit(2, t), "another override is its own");
+        assert!(log.admit(1, t.saturating_add(LOG_INTERVAL)));
+        for id in 10..10 + MAX_OVERRIDES_LOGGED as u64 {
+            log.admit(id, t.saturating_add(Nanos::from_secs(id)));
+        }
+        assert_eq!(log.last.len(), MAX_OVERRIDES_LOGGED);
     }
 }

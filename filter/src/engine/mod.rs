@@ -36,7 +36,8 @@
 //! Inside the engine, modules import only downwards: data (`decision`, `resolved`,
 //! `cause`, `calls`, `compiled`, `wire`, `headers`, `namespace`, `breaker`,
 //! `lease_record`, `evidence`), then `setup` (what the stages read), then `settlement`
-//! (check-mode costs settled at the service), then the stages (`request/`) and
+//! (check-mode costs settled at the service) and `overridden` (requests decided under an
+//! operator's override: counted, named, logged), then the stages (`request/`) and
 //! `outgoing`, then this file. `filter/tests/layers.rs` holds it.
 
 mod breaker;
@@ -49,6 +50,7 @@ pub mod headers;
 pub mod lease_record;
 pub mod namespace;
 mod outgoing;
+mod overridden;
 mod request;
 mod resolved;
 mod secrets;
@@ -140,6 +142,7 @@ impl Engine {
             secret,
             service,
             degraded: RefCell::new(LogLimiter::default()),
+            overrides_logged: RefCell::default(),
             anchor: anchor_key(prefix),
             outbox: RefCell::new(Vec::new()),
             charges: RefCell::new(PendingCharges::new()),

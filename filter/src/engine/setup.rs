@@ -74,6 +74,8 @@ pub(crate) struct Setup {
     pub(crate) secret: HashKey,
     pub(crate) service: Option<Service>,
     pub(crate) degraded: RefCell<LogLimiter>,
+    /// When each operator's override was last logged.
+    pub(crate) overrides_logged: RefCell<super::cause::OverrideLog>,
     /// The key written to create keys atomically.
     pub(crate) anchor: String,
     /// Calls the root context is to send (lease refills and charges).

@@ -43,6 +43,8 @@ pub struct Response {
     pub on_allowed: HeaderSets,
     /// The header that names the fallback that decided, if configured.
     pub fallback_header: Option<String>,
+    /// The header that names the operators' overrides that decided, if configured.
+    pub override_header: Option<String>,
 }
 
 /// Pausing of shaped requests.

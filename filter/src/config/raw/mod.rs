@@ -395,6 +395,12 @@ pub struct RawResponse {
     /// policies=per-tenant`. Default none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_header: Option<String>,
+    /// A header (lower-case name) added to responses a global policy decided under an
+    /// operator's override set on the counter service: its kind, id and policy, such as
+    /// `clamp; id=ovr-1f2e3d4c5b6a7988; policy=per-tenant` (several joined by `, `).
+    /// Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub override_header: Option<String>,
 }
 
 /// A family of rate-limit headers.

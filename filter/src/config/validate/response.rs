@@ -92,7 +92,24 @@ pub(super) fn validate_response(issues: &mut Issues, raw: RawResponse) -> Respon
             issues.add("response.fallback_header", format!("{name:?} is already a header of the response"));
         }
     }
-    Response { status, body, headers, on_rejected, on_allowed, fallback_header: raw.fallback_header }
+    if let Some(name) = &raw.override_header {
+        header_name(issues, "response.override_header", name);
+        let taken = RESERVED_HEADERS.contains(&name.as_str())
+            || headers.iter().any(|(n, _)| n == name)
+            || raw.fallback_header.as_ref() == Some(name);
+        if taken {
+            issues.add("response.override_header", format!("{name:?} is already a header of the response"));
+        }
+    }
+    Response {
+        status,
+        body,
+        headers,
+        on_rejected,
+        on_allowed,
+        fallback_header: raw.fallback_header,
+        override_header: raw.override_header,
+    }
 }
 
 /// Validates the `shaping` block.

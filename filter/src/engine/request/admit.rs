@@ -8,6 +8,7 @@ use crate::engine::compiled::Home;
 use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
+use crate::engine::overridden;
 use crate::engine::resolved::{Place, Resolved};
 use crate::engine::settlement;
 use crate::engine::setup::Setup;
@@ -33,6 +34,7 @@ pub(crate) fn admit<S: Store, C: Clock>(
     {
         headers.push((name.clone(), value));
     }
+    overridden::add_header(setup, &granted.overrides, &mut headers);
     let outcome = match granted.due {
         None => Outcome::Continue { headers },
         Some(due) => {
@@ -83,8 +85,9 @@ pub(crate) fn reject<S: Store, C: Clock>(
         settlement::refund(setup, spent.policy, (spent.key, &spent.tag, spent.at_ns), spent.cost, now, metrics);
     }
     let note = granted.fallback.as_ref().map(|note| note.render(&setup.policies));
-    let outcome = Outcome::Reject(rejection(setup, strictest, status, note.as_deref()));
-    Decided::new(outcome, granted.tally)
+    let mut response = rejection(setup, strictest, status, note.as_deref());
+    overridden::add_header(setup, &granted.overrides, &mut response.headers);
+    Decided::new(Outcome::Reject(response), granted.tally)
 }
 
 /// Gives a local reservation back, counting what could not be (under the first local

@@ -15,11 +15,13 @@ use crate::engine::cause::Cause;
 use crate::engine::compiled::Home;
 use crate::engine::headers;
 use crate::engine::namespace;
+use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::{Service, Setup};
 use crate::engine::wire::{self, Reason};
 use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
 use shared_store::{Clock, Decision, Limiter, Nanos, Store};
+use sluice_protocol::OverrideKind;
 
 /// Tags a request that has global policies left and sends its check (or, with no check
 /// policy, passes it to the lease stage).
@@ -127,6 +129,17 @@ pub(crate) fn answered<S: Store, C: Clock>(
     let Global { mut granted, checked, leased, tag } = global;
     let decisions: Few<(usize, Decision)> =
         checked.iter().zip(&response.entries).map(|(r, e)| (r.policy, e.decision())).collect();
+    // Entries decided under an operator's override: counted, logged, named in the header;
+    // a bypassed one spent nothing, so nothing of it is settled or credited back.
+    let mut bypassed = Few::<usize>::new();
+    for entry in &response.overrides {
+        let Some(resolved) = checked.get(entry.entry) else { continue };
+        overridden::note(setup, resolved.policy, entry.applied(), now, metrics);
+        granted.overrides.push((resolved.policy, entry.applied()));
+        if entry.kind == OverrideKind::Bypass {
+            bypassed.push(entry.entry);
+        }
+    }
     if !response.admitted {
         for (policy, decision) in &decisions {
             if !decision.is_admitted() {
@@ -140,8 +153,9 @@ pub(crate) fn answered<S: Store, C: Clock>(
     granted.delay_until(due_after(now, delay));
     // What the service spent on an estimate is settled there once the response says;
     // what it spent is credited back if a later stage rejects the request.
-    granted.owed.extend(checked.iter().filter_map(|r| check_estimate_owed(setup, r, &tag, response.at_ns, now)));
-    granted.checked_spent.extend(checked.iter().filter_map(|r| match r.at {
+    let spent = || checked.iter().enumerate().filter(|(i, _)| !bypassed.contains(i)).map(|(_, r)| r);
+    granted.owed.extend(spent().filter_map(|r| check_estimate_owed(setup, r, &tag, response.at_ns, now)));
+    granted.checked_spent.extend(spent().filter_map(|r| match r.at {
         Place::Global { key, .. } => {
             Some(CheckSpent { policy: r.policy, key, tag: tag.clone(), cost: r.cost, at_ns: response.at_ns })
         }

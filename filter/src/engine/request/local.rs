@@ -44,6 +44,7 @@ pub(crate) fn decide<S: Store, C: Clock>(
         spent: Few::new(),
         checked_spent: Vec::new(),
         fallback: None,
+        overrides: Vec::new(),
         shadows,
     };
     if !local.is_empty() {

@@ -6,6 +6,7 @@ use crate::engine::cause::Note;
 use crate::engine::decision::{Decided, Owed, Tally};
 use crate::engine::resolved::{Few, Resolved};
 use shared_store::{Decision, Nanos, Placement, Reservation};
+use sluice_protocol::AppliedOverride;
 
 /// What a request has spent and been told so far: committed when it is admitted, given
 /// back when a later stage rejects it.
@@ -31,6 +32,9 @@ pub(crate) struct Granted {
     pub(crate) checked_spent: Vec<CheckSpent>,
     /// Set when a fallback decided part of the request: what the fallback header says.
     pub(crate) fallback: Option<Note>,
+    /// The operators' overrides the service decided its check policies under (policy,
+    /// override), for the override header (a `Vec`, as `checked_spent`).
+    pub(crate) overrides: Vec<(usize, AppliedOverride)>,
     /// Shadow policies, decided when it is admitted.
     pub(crate) shadows: Few<Resolved>,
 }

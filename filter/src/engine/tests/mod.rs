@@ -7,3 +7,4 @@ mod lease;
 mod lease_more;
 mod local;
 mod local_failures;
+mod overrides;

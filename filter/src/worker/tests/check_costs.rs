@@ -185,3 +185,24 @@ fn a_retiring_root_forgives_and_counts_what_it_would_still_have_sent() {
     assert_eq!(counted(&w, Counter::CostForgiven), 56);
     assert!(tick(&w).0.is_empty(), "nothing is left to send");
 }
+
+#[test]
+fn a_request_the_service_decided_under_a_bypass_settles_nothing_there_whatever_its_response_costs() {
+    let w = worker(CHECKED_TOKENS);
+    let mut port = FakePort::default();
+    assert_eq!(w.on_request_headers(1, &user("a"), &mut port), Flow::Pause);
+    let body = format!(
+        r#"{{"admitted":true,"at_ns":{SPENT_AT_NS},"entries":[{ENTRY}],
+            "overrides":[{{"entry":0,"id":"ovr-00000000000000b1","kind":"bypass"}}]}}"#
+    );
+    w.on_check_answer(1, &ok(body), &mut port);
+    assert!(port.actions.contains(&"resume".to_owned()), "{:?}", port.actions);
+    let _ = w.on_response_headers(1, &FakeResponse::default().with_header("x-usage", "60"), false);
+    w.on_stream_end(1);
+
+    let (sent, _) = tick(&w);
+
+    assert!(sent.is_empty(), "the bypass spent nothing, so there is nothing to charge or credit: {sent:?}");
+    assert_eq!(counted(&w, Counter::OverrideBypassed), 1);
+    assert_eq!(counted(&w, Counter::CostCharged), 0);
+}
