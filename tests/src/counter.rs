@@ -13,7 +13,11 @@ pub struct Counter {
     running: Option<Running>,
     addr: SocketAddr,
     config: Config,
+    /// Where it reads the variables its configuration names (also on a restart).
+    env: Env,
 }
+
+type Env = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl std::fmt::Debug for Counter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,12 +40,70 @@ pub fn with_token(config: Config, token: &str) -> Config {
     Config { token: Some(Secret::from(token.to_owned())), ..config }
 }
 
+/// The environment variables [`Counter::start_with_admin`]'s service reads its admin
+/// token and the filters' hash key from.
+pub const ADMIN_TOKEN_ENV: &str = "TEST_SLUICE_ADMIN_TOKEN";
+/// See [`ADMIN_TOKEN_ENV`].
+pub const HASH_KEY_ENV: &str = "TEST_SLUICE_HASH_KEY";
+
+/// `config` serving the admin API (its token and the filters' hash key read from
+/// [`ADMIN_TOKEN_ENV`] and [`HASH_KEY_ENV`]), sweeping every `sweep_ms`.
+pub fn with_admin(config: Config, sweep_ms: u64) -> Config {
+    Config {
+        admin_token_env: Some(ADMIN_TOKEN_ENV.to_owned()),
+        hash_key_env: Some(HASH_KEY_ENV.to_owned()),
+        sweep_interval_ms: sweep_ms,
+        ..config
+    }
+}
+
+/// `sluice-counter override ...`, parsed as the binary parses it.
+#[derive(Debug, clap::Parser)]
+struct OverrideCli {
+    #[command(subcommand)]
+    command: sluice_counter::cli::OverrideCommand,
+}
+
 impl Counter {
+    /// Starts a service with `config` ([`with_admin`]) whose admin token is `admin_token`
+    /// and whose filters hash keys with `hash_key`.
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_with_admin(config: Config, admin_token: &str, hash_key: &str) -> Self {
+        let (admin_token, hash_key) = (admin_token.to_owned(), hash_key.to_owned());
+        Self::start_with(config, move |name| match name {
+            ADMIN_TOKEN_ENV => Some(admin_token.clone()),
+            HASH_KEY_ENV => Some(hash_key.clone()),
+            _ => None,
+        })
+    }
+
+    /// Runs `sluice-counter override <args>` against this service, with `token` as the
+    /// admin token: what it prints, or its error.
+    ///
+    /// # Errors
+    /// What the CLI reports: the service's refusal (`401 admin_unauthorized: ...`), or a
+    /// connection failure.
+    pub fn override_cli(&self, args: &[&str], token: &str) -> anyhow::Result<String> {
+        let url = format!("http://{}", self.addr);
+        let argv = std::iter::once("override").chain(args.iter().copied()).chain(["--url", &url]);
+        let argv = argv.chain(["--admin-token-env", "CLI_ADMIN_TOKEN"]);
+        let cli = <OverrideCli as clap::Parser>::try_parse_from(argv)?;
+        let token = token.to_owned();
+        self.runtime.block_on(cli.command.run(move |name| (name == "CLI_ADMIN_TOKEN").then(|| token.clone())))
+    }
+
     /// Starts a service with `config` on a loopback port the OS picks.
     ///
     /// # Panics
     /// When it cannot start.
     pub fn start(config: Config) -> Self {
+        Self::start_with(config, |name| std::env::var(name).ok())
+    }
+
+    fn start_with(config: Config, env: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        let env: Env = std::sync::Arc::new(env);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -49,11 +111,14 @@ impl Counter {
             .expect("a tokio runtime for the counter service");
         let (running, addr) = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
-            let running = Running::start(listener, config.clone()).await.expect("sluice-counter starts");
+            let lookup = env.clone();
+            let running = Running::start_with_env(listener, config.clone(), move |name| lookup(name))
+                .await
+                .expect("sluice-counter starts");
             let addr = running.addr;
             (running, addr)
         });
-        Self { runtime, running: Some(running), addr, config }
+        Self { runtime, running: Some(running), addr, config, env }
     }
 
     /// Where it listens (also after a kill: a restart listens there again).
@@ -94,10 +159,10 @@ impl Counter {
     /// When the address cannot be bound again.
     pub fn restart(&mut self) {
         self.kill();
-        let (addr, config) = (self.addr, self.config.clone());
+        let (addr, config, env) = (self.addr, self.config.clone(), self.env.clone());
         let running = self.runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind(addr).await.expect("bind the counter's address again");
-            Running::start(listener, config).await.expect("sluice-counter restarts")
+            Running::start_with_env(listener, config, move |name| env(name)).await.expect("sluice-counter restarts")
         });
         self.running = Some(running);
     }

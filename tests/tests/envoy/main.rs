@@ -12,6 +12,7 @@ mod global;
 mod hostile;
 mod lease;
 mod memory;
+mod overrides;
 mod reconfigure;
 mod shaping;
 mod shared_data;
