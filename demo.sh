@@ -86,14 +86,18 @@ wait_for() { # URL, what, pid
 # keys with. Envoy passes both to the VM from its own environment (host_env_keys).
 export SLUICE_COUNTER_TOKEN="demo-token-$RANDOM$RANDOM"
 export SLUICE_HASH_KEY="demo-hash-key-0123456789abcdef"
+# The operators' token for sluice-counter's admin API (overrides): never the proxies' one.
+export SLUICE_ADMIN_TOKEN="demo-admin-$RANDOM$RANDOM"
 
-mkdir -p "$RUN/www/v1" && echo "hello from the upstream" > "$RUN/www/index.html"
+mkdir -p "$RUN/www/v1" "$RUN/www/api" && echo "hello from the upstream" > "$RUN/www/index.html"
+echo "hello from the API" > "$RUN/www/api/index.html"
 # A language model's answer: it reports the tokens it used, which the filter charges.
 echo '{"choices": [{"message": {"content": "hello"}}], "usage": {"total_tokens": 120}}' > "$RUN/www/v1/usage.json"
 python3 -m http.server --bind 127.0.0.1 --directory "$RUN/www" "$UPSTREAM" >"$RUN/upstream.log" 2>&1 &
 PIDS+=($!); wait_for "http://127.0.0.1:${UPSTREAM}/" "the upstream" "${PIDS[-1]}"
 
-target/debug/sluice-counter --listen "127.0.0.1:${COUNTER}" >"$RUN/sluice-counter.log" 2>&1 &
+target/debug/sluice-counter --listen "127.0.0.1:${COUNTER}" --admin-token-env SLUICE_ADMIN_TOKEN \
+  --hash-key-env SLUICE_HASH_KEY --log-format json >"$RUN/sluice-counter.log" 2>&1 &
 COUNTER_PID=$!; PIDS+=("$COUNTER_PID")
 wait_for "http://127.0.0.1:${COUNTER}/healthz" "sluice-counter" "$COUNTER_PID"
 
@@ -142,7 +146,18 @@ Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
    says RateLimit-Policy: "demo-tokens";q=200;w=60;qu="tokens" and when it is paid:
      ${STATS} | grep cost
 
-4. Stop the counter service and watch the emergency cap decide (2 per tenant):
+4. An operator clamps the global API budget (10, then 1 per second per tenant) to 1 a minute
+   from sluice-counter's CLI, for a minute, audited:
+     ${TENANT} 'x-tenant: umbrella' ${URL}api/; echo     # 200: the service learns the policy
+     target/debug/sluice-counter override set --url http://127.0.0.1:${COUNTER} \\
+       --admin-token-env SLUICE_ADMIN_TOKEN --kind clamp --policy demo-api \\
+       --limit '{"algorithm":"token_bucket","amount":1,"per_ms":60000,"burst":1}' \\
+       --ttl-ms 60000 --reason "downstream degraded" --operator you
+     curl -si -H 'x-tenant: umbrella' ${URL}api/ | grep -iE '^HTTP|sluice-override'   # twice
+   gives 200 then 429, named x-sluice-override: clamp; id=ovr-...; policy=demo-api; the
+   audit line is in ${RUN}/sluice-counter.log, and the clamp ends by itself after a minute.
+
+5. Stop the counter service and watch the emergency cap decide (2 per tenant):
      kill ${COUNTER_PID}; sleep 1; curl -si -H 'x-tenant: initech' ${URL} | grep -i sluice-fallback
    gives x-sluice-fallback: emergency; reason=refused; policies=demo-per-tenant, and its metric moves:
      ${STATS} | grep -E 'emergency|degraded'
@@ -185,15 +200,34 @@ if [[ "$HOST" == envoy ]]; then
   echo "   $charged"
   grep -q 'cost.charged: 140' <<<"$charged" || fail "step 3: two answers of 120 over estimates of 50 charge 140"
 fi
+sleep 2.2  # the client's local bucket refills two tokens
+before="$(curl -s -o /dev/null -w '%{http_code}' -H 'x-tenant: umbrella' "${URL}api/")"
+clamp="$(target/debug/sluice-counter override set --url "http://127.0.0.1:${COUNTER}" \
+  --admin-token-env SLUICE_ADMIN_TOKEN --kind clamp --policy demo-api \
+  --limit '{"algorithm":"token_bucket","amount":1,"per_ms":60000,"burst":1}' \
+  --ttl-ms 60000 --reason "downstream degraded" --operator demo)" || fail "step 4: override set failed"
+id="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' <<<"$clamp")"
+first="$(curl -s -o /dev/null -w '%{http_code}' -H 'x-tenant: umbrella' "${URL}api/")"
+clamped="$(curl -si -H 'x-tenant: umbrella' "${URL}api/")"
+echo "4. umbrella before the clamp: $before; under ${id}: $first $(head -1 <<<"$clamped" | tr -d '\r')"
+echo "   $(grep -i '^x-sluice-override' <<<"$clamped" | tr -d '\r')"
+[[ "$before $first" == "200 200" ]] || fail "step 4: expected 200, then 200 under the clamp's burst of 1"
+grep -qi '^HTTP/1.1 429' <<<"$clamped" || fail "step 4: the clamp should reject the third request"
+grep -qi "^x-sluice-override: clamp; id=${id}; policy=demo-api" <<<"$clamped" \
+  || fail "step 4: the 429 does not name the clamp"
+grep -q 'override_set' "$RUN/sluice-counter.log" && grep -q "$id" "$RUN/sluice-counter.log" \
+  || fail "step 4: the clamp is not in the audit log"
+echo "   audited: $(grep "$id" "$RUN/sluice-counter.log" | head -1 | python3 -c 'import json, sys
+f = json.load(sys.stdin)["fields"]; print(" ".join(f"{k}={f[k]}" for k in ("event", "id", "policy", "operator", "reason")))')"
 kill "$COUNTER_PID"; wait "$COUNTER_PID" 2>/dev/null || true
 sleep 2.2  # the client's local bucket refills two tokens
 fallback="$(curl -si -H 'x-tenant: initech' "$URL")"
-echo "4. after stopping sluice-counter: $(grep -i sluice-fallback <<<"$fallback" | tr -d '\r')"
-grep -qi '^HTTP/1.1 200' <<<"$fallback" || fail "step 4: the emergency cap should admit"
-grep -qi '^x-sluice-fallback: emergency; reason=refused' <<<"$fallback" || fail "step 4: no emergency fallback header"
+echo "5. after stopping sluice-counter: $(grep -i sluice-fallback <<<"$fallback" | tr -d '\r')"
+grep -qi '^HTTP/1.1 200' <<<"$fallback" || fail "step 5: the emergency cap should admit"
+grep -qi '^x-sluice-fallback: emergency; reason=refused' <<<"$fallback" || fail "step 5: no emergency fallback header"
 if [[ "$HOST" == envoy ]]; then
   metric="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-per-tenant.emergency.allowed")"
   echo "   $metric"
-  grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 4: the emergency metric did not move"
+  grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 5: the emergency metric did not move"
 fi
 echo "demo.sh: OK"
