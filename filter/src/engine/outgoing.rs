@@ -266,7 +266,9 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
                 if let Some(applied) = granted.applied {
                     super::overridden::log_once(setup, target.policy, applied, now);
                 }
-                let applied = leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, now);
+                let under = granted.applied;
+                let applied =
+                    leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, under, now);
                 if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
                     metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
                     if applied.expired > 0 {

@@ -145,8 +145,13 @@ fn a_clamp_set_from_the_cli_is_obeyed_in_check_and_lease_mode_audited_and_gone_a
     std::thread::sleep((LEASE_LIFE + Duration::from_millis(2 * SWEEP_MS)).saturating_sub(set_at.elapsed()));
     let drive_start = Instant::now();
     let mut leased_admitted = 0;
+    let mut named_leased = 0;
+    let leased_named = format!("clamp; id={leased_clamp}; policy=leased");
     while drive_start.elapsed() < Duration::from_secs(3) {
-        leased_admitted += admitted(&burst(&leased, "busy", 5));
+        let responses = burst(&leased, "busy", 5);
+        leased_admitted += admitted(&responses);
+        named_leased +=
+            responses.iter().filter(|r| r.header("x-sluice-override") == Some(leased_named.as_str())).count();
         std::thread::sleep(Duration::from_millis(20));
     }
     let drove = drive_start.elapsed().as_secs() + 1;
@@ -155,6 +160,8 @@ fn a_clamp_set_from_the_cli_is_obeyed_in_check_and_lease_mode_audited_and_gone_a
         "lease mode under the clamp: at most its burst and 1 a second, {leased_admitted} in {drove} s"
     );
     assert!(leased_admitted >= 1, "the clamp lowers the numbers, it does not stop the policy");
+    assert!(named_leased >= 1, "requests spending a lease granted under the clamp name it");
+    assert!(leased.metric("leased", "override.clamped") >= 1);
 
     // A bypass for one caller: it passes, the others stay clamped.
     let bypass = set(

@@ -4,6 +4,7 @@
 
 use super::record::{DEBT_LIFE, MAX_ATTEMPTS, Pool, Record};
 use shared_store::{Change, Nanos, Placement, Store, UpdateError};
+use sluice_protocol::AppliedOverride;
 
 /// The settings a spend needs.
 #[derive(Debug, Clone, Copy)]
@@ -17,13 +18,15 @@ pub(crate) struct Rules {
 /// What a spend found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spend {
-    /// Spent; `refill` when this request was elected to ask for more (low water).
-    Spent { refill: bool },
+    /// Spent; `refill` when this request was elected to ask for more (low water); `under`
+    /// the operator's override the lease's latest grant was decided under.
+    Spent { refill: bool, under: Option<AppliedOverride> },
     /// Not enough tokens; a refill is in flight (`elected`: this request started it, for
     /// itself: the grant will be held for it).
     Wait { elected: bool },
-    /// The service granted nothing until then (the global budget is spent).
-    Empty { until: Nanos },
+    /// The service granted nothing until then (the global budget is spent), `under` an
+    /// operator's override when its answer said so.
+    Empty { until: Nanos, under: Option<AppliedOverride> },
     /// The last refill failed (for this reason index) after the request began waiting:
     /// apply the failure rule.
     Failed { reason: u64 },
@@ -123,10 +126,10 @@ impl<S: Store> Leases<'_, S> {
                 if refill {
                     record.refill_until = now.saturating_add(rules.refill_window);
                 }
-                return (true, Spend::Spent { refill });
+                return (true, Spend::Spent { refill, under: record.under() });
             }
             if now < record.empty_until {
-                return (false, Spend::Empty { until: record.empty_until });
+                return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if !refill_free {
                 return (false, Spend::Wait { elected: false });
@@ -162,14 +165,14 @@ impl<S: Store> Leases<'_, S> {
                 if extra > 0 {
                     add_pool(record, Pool { tokens: extra, expires_at: held.expires_at }, now);
                 }
-                return (true, Spend::Spent { refill: false });
+                return (true, Spend::Spent { refill: false, under: record.under() });
             }
             if record.live_tokens(now) >= cost {
                 record.take(cost, now);
-                return (true, Spend::Spent { refill: false });
+                return (true, Spend::Spent { refill: false, under: record.under() });
             }
             if now < record.empty_until {
-                return (false, Spend::Empty { until: record.empty_until });
+                return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if record.failed_at >= since && record.failed_at > Nanos::ZERO {
                 return (false, Spend::Failed { reason: record.failed_reason });
@@ -273,10 +276,12 @@ impl<S: Store> Leases<'_, S> {
         sent_at: Nanos,
         expires_in: Nanos,
         (retry_after, empty_after): (Nanos, Nanos),
+        under: Option<AppliedOverride>,
         now: Nanos,
     ) -> Result<Updated<Granted>, UpdateError> {
         self.update(place, now, |record| {
             let expired = record.drop_expired(now);
+            record.set_under(under);
             record.refill_until = Nanos::ZERO;
             record.failed_at = Nanos::ZERO;
             let expires_at = sent_at.saturating_add(expires_in);

@@ -3,6 +3,7 @@
 //! carries it.
 
 use shared_store::{Nanos, words};
+use sluice_protocol::{AppliedOverride, OverrideId, OverrideKind};
 
 /// Attempts at one record update before giving up (the failure rule then decides).
 pub(crate) const MAX_ATTEMPTS: u32 = 16;
@@ -10,9 +11,14 @@ pub(crate) const MAX_ATTEMPTS: u32 = 16;
 /// the debt is forgiven (counted as `lease.forgiven`). Charges are retried meanwhile.
 pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
-pub(crate) const VERSION: u8 = 3;
+pub(crate) const VERSION: u8 = 4;
 /// Encoded fields, each a little-endian u64.
-pub(crate) const FIELDS: usize = 24;
+pub(crate) const FIELDS: usize = 26;
+/// Version 3, a record without the override of its latest grant (written by an earlier
+/// build), is still read.
+const VERSION_3: u8 = 3;
+/// The fields of a version-3 record.
+const FIELDS_V3: usize = 24;
 /// Version 2, a record without `charge_since` and `granted_at` (written by an earlier build: shared data
 /// outlives a VM), is still read.
 const VERSION_2: u8 = 2;
@@ -74,6 +80,11 @@ pub(crate) struct Record {
     /// and the check tag it lives under (kept once debt is owed).
     pub(crate) counter: u128,
     pub(crate) tag: Option<u128>,
+    /// The operator's override the latest grant was decided under (the counter
+    /// service's id, and its kind: 0 none, 1 bypass, 2 clamp): what the requests
+    /// spending this lease are decided under.
+    pub(crate) override_id: u64,
+    pub(crate) override_kind: u64,
 }
 
 impl Record {
@@ -103,6 +114,8 @@ impl Record {
             (self.tag.unwrap_or(0) >> 64) as u64,
             self.charge_since.0,
             self.granted_at.0,
+            self.override_id,
+            self.override_kind,
         ]
     }
 
@@ -116,13 +129,20 @@ impl Record {
         if let Some((VERSION, fields)) = words::decode::<FIELDS>(bytes) {
             return Some(Self::from_fields(fields));
         }
-        let (VERSION_2, old) = words::decode::<FIELDS_V2>(bytes)? else { return None };
         let mut fields = [0; FIELDS];
+        if let Some((VERSION_3, old)) = words::decode::<FIELDS_V3>(bytes) {
+            // No override known: none.
+            for (field, value) in fields.iter_mut().zip(old) {
+                *field = value;
+            }
+            return Some(Self::from_fields(fields));
+        }
+        let (VERSION_2, old) = words::decode::<FIELDS_V2>(bytes)? else { return None };
         for (field, value) in fields.iter_mut().zip(old) {
             *field = value;
         }
         // charge_since: charge_until, the 17th field; granted_at: unknown (0).
-        fields[FIELDS - 2] = old[16];
+        fields[FIELDS_V3 - 2] = old[16];
         Some(Self::from_fields(fields))
     }
 
@@ -152,6 +172,8 @@ impl Record {
             tag_high,
             charge_since,
             granted_at,
+            override_id,
+            override_kind,
         ] = fields;
         let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
         Self {
@@ -173,7 +195,28 @@ impl Record {
             granted_at: Nanos(granted_at),
             counter: wide(counter_low, counter_high),
             tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
+            override_id,
+            override_kind,
         }
+    }
+
+    /// The override its latest grant was decided under, if any.
+    pub(crate) fn under(&self) -> Option<AppliedOverride> {
+        let kind = match self.override_kind {
+            1 => OverrideKind::Bypass,
+            2 => OverrideKind::Clamp,
+            _ => return None,
+        };
+        Some(AppliedOverride { id: OverrideId(self.override_id), kind })
+    }
+
+    /// Remembers the override a grant was decided under (`None`: none).
+    pub(crate) fn set_under(&mut self, under: Option<AppliedOverride>) {
+        (self.override_id, self.override_kind) = match under {
+            None => (0, 0),
+            Some(AppliedOverride { id, kind: OverrideKind::Bypass }) => (id.0, 1),
+            Some(AppliedOverride { id, kind: OverrideKind::Clamp }) => (id.0, 2),
+        };
     }
 
     /// The tokens any request may spend at `now` (not the held ones).

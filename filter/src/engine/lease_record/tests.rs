@@ -23,7 +23,12 @@ fn retry(leases: &Leases<'_, MemoryStore>, cost: u64, now: Nanos, since: Nanos, 
 }
 
 fn grant(leases: &Leases<'_, MemoryStore>, n: u64, sent: Nanos, life: u64, now: Nanos) -> u64 {
-    leases.grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), now).unwrap().result.unwrap().expired
+    leases
+        .grant(&place(), n, None, sent, Nanos(life), (Nanos::ZERO, Nanos::ZERO), None, now)
+        .unwrap()
+        .result
+        .unwrap()
+        .expired
 }
 
 fn record(store: &MemoryStore) -> Record {
@@ -53,10 +58,10 @@ fn a_grant_is_spent_until_it_runs_low_then_one_refill_is_elected() {
     assert_eq!(
         spends,
         [
-            Spend::Spent { refill: false },
-            Spend::Spent { refill: false },
-            Spend::Spent { refill: true },
-            Spend::Spent { refill: false },
+            Spend::Spent { refill: false, under: None },
+            Spend::Spent { refill: false, under: None },
+            Spend::Spent { refill: true, under: None },
+            Spend::Spent { refill: false, under: None },
             Spend::Wait { elected: false },
         ]
     );
@@ -74,7 +79,7 @@ fn tokens_expire_at_the_anchor_plus_the_lease_and_are_counted_as_forfeited() {
 
     assert_eq!(retried, Spend::Wait { elected: true });
     assert_eq!(forfeited, 5);
-    assert_eq!(retry(&leases, 3, later, later, 1), Spend::Spent { refill: false });
+    assert_eq!(retry(&leases, 3, later, later, 1), Spend::Spent { refill: false, under: None });
 }
 
 #[test]
@@ -118,13 +123,13 @@ fn a_grant_a_waiter_elected_is_held_for_it_and_spent_by_no_one_else() {
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
     assert_eq!(spend(&leases, 3, T), Spend::Wait { elected: true });
-    leases.grant(&place(), 4, Some((42, 3)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), at(5)).unwrap();
+    leases.grant(&place(), 4, Some((42, 3)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), None, at(5)).unwrap();
 
     let newcomer = spend(&leases, 3, at(6));
     let waiter = retry(&leases, 3, at(7), T, 42);
 
     assert_eq!(newcomer, Spend::Wait { elected: true }, "only the unheld token was there");
-    assert_eq!(waiter, Spend::Spent { refill: false });
+    assert_eq!(waiter, Spend::Spent { refill: false, under: None });
     assert_eq!(record(&store).live_tokens(at(7)), 1);
 }
 
@@ -133,9 +138,9 @@ fn an_empty_global_budget_rejects_until_the_service_said_without_asking_again() 
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
     let _ = spend(&leases, 1, T);
-    leases.grant(&place(), 0, None, T, Nanos(1000), (Nanos(500), Nanos::ZERO), T).unwrap();
+    leases.grant(&place(), 0, None, T, Nanos(1000), (Nanos(500), Nanos::ZERO), None, T).unwrap();
 
-    assert_eq!(spend(&leases, 1, T), Spend::Empty { until: at(500) });
+    assert_eq!(spend(&leases, 1, T), Spend::Empty { until: at(500), under: None });
     assert_eq!(spend(&leases, 1, at(500)), Spend::Wait { elected: true });
 }
 
@@ -221,7 +226,7 @@ fn debt_no_charge_carries_is_paid_from_the_next_grant_before_any_of_it_is_spent(
     let _ = leases.claim_charge(&place(), 1, Nanos(100), T).unwrap();
     leases.owe(&place(), 2, 10, (0, None), T).unwrap();
 
-    let granted = leases.grant(&place(), 5, None, T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), T).unwrap();
+    let granted = leases.grant(&place(), 5, None, T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), None, T).unwrap();
 
     assert_eq!(granted.result.map(|g| g.repaid), Some(2), "only what no charge carries");
     assert_eq!((record(&store).debt, record(&store).live_tokens(T)), (7, 3));
@@ -235,7 +240,8 @@ fn a_grant_smaller_than_the_debt_pays_what_it_can_and_leaves_nothing_to_spend() 
     let leases = Leases { store: &store, anchor: "a" };
     leases.owe(&place(), 7, 10, (0, None), T).unwrap();
 
-    let granted = leases.grant(&place(), 5, Some((42, 1)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), T).unwrap();
+    let granted =
+        leases.grant(&place(), 5, Some((42, 1)), T, Nanos(1000), (Nanos::ZERO, Nanos::ZERO), None, T).unwrap();
 
     assert_eq!(granted.result.map(|g| g.repaid), Some(5));
     assert_eq!(record(&store).debt, 2);
@@ -306,7 +312,7 @@ fn a_given_back_spend_is_exact_while_the_lease_lives() {
     leases.give_back(&place(), 2, T).unwrap();
 
     // Spendable again; the refill the first spend elected is still in flight.
-    assert_eq!(spend(&leases, 2, T), Spend::Spent { refill: false });
+    assert_eq!(spend(&leases, 2, T), Spend::Spent { refill: false, under: None });
 }
 
 #[test]
@@ -363,8 +369,23 @@ fn a_record_survives_its_encoding() {
         granted_at: Nanos(23),
         counter: (18 << 64) | 19,
         tag: Some((20 << 64) | 21),
+        override_id: 24,
+        override_kind: 2,
     };
 
     assert_eq!(Record::decode(&r.encode()), Some(r));
     assert_eq!(Record::decode(&r.encode()[1..]), None);
+    assert_eq!(r.under().map(|u| (u.id.0, u.kind)), Some((24, sluice_protocol::OverrideKind::Clamp)));
+}
+
+#[test]
+fn a_version_3_record_left_by_an_earlier_build_reads_as_one_granted_under_no_override() {
+    let current = Record { owner: 7, debt: 3, override_id: 9, override_kind: 1, ..Record::default() };
+    let fields = current.fields();
+    let old: [u8; shared_store::words::width(24)] =
+        shared_store::words::encode(3, &<[u64; 24]>::try_from(&fields[..24]).unwrap());
+
+    let read = Record::decode(&old).expect("a version-3 record is read");
+
+    assert_eq!((read.owner, read.debt, read.under()), (7, 3, None));
 }

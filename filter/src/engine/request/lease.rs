@@ -22,11 +22,13 @@ use crate::engine::calls::{Asker, Outgoing, Target};
 use crate::engine::cause::Cause;
 use crate::engine::evidence::counted;
 use crate::engine::lease_record::{Rules, Spend, Updated};
+use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
 use crate::engine::wire::Reason;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
+use sluice_protocol::AppliedOverride;
 
 /// How one policy's spend went.
 enum Spent {
@@ -38,6 +40,22 @@ fn spent(policy: usize, updated: Result<Updated<Spend>, UpdateError>, metrics: &
     match counted(policy, updated, metrics) {
         Ok(spend) => Spent::Done(spend.unwrap_or(Spend::Taken)),
         Err(cause) => Spent::Failed(cause),
+    }
+}
+
+/// A lease spent (or found empty) under an operator's override: counted, logged, and
+/// named in the override header like a check decided under it.
+fn note_under(
+    setup: &Setup,
+    granted: &mut Granted,
+    policy: usize,
+    under: Option<AppliedOverride>,
+    now: Nanos,
+    metrics: &mut impl Metrics,
+) {
+    if let Some(under) = under {
+        overridden::note(setup, policy, under, now, metrics);
+        granted.overrides.push((policy, under));
     }
 }
 
@@ -58,10 +76,11 @@ pub(crate) fn spend<S: Store, C: Clock>(
     for resolved in leased {
         let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
         match spent(resolved.policy, leases.spend(slot, resolved.cost, now, rules), metrics) {
-            Spent::Done(Spend::Spent { refill }) => {
+            Spent::Done(Spend::Spent { refill, under }) => {
                 if refill {
                     elect(setup, &tag, &resolved, Asker::LowWater);
                 }
+                note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
@@ -71,10 +90,11 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 }
                 waiting.push(resolved);
             }
-            Spent::Done(Spend::Empty { until }) => {
+            Spent::Done(Spend::Empty { until, under }) => {
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
                 count_causes(&failed, metrics);
+                note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
             Spent::Done(Spend::Failed { reason }) => {
@@ -120,13 +140,15 @@ pub(crate) fn retry<S: Store, C: Clock>(
         let may_elect = now < deadline;
         let retried = leases.retry(slot, resolved.cost, now, since, waiter, may_elect, rules);
         match spent(resolved.policy, retried, metrics) {
-            Spent::Done(Spend::Spent { .. }) => {
+            Spent::Done(Spend::Spent { under, .. }) => {
+                note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
-            Spent::Done(Spend::Empty { until }) => {
+            Spent::Done(Spend::Empty { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 count_causes(&failed, metrics);
+                note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
             Spent::Done(Spend::Failed { reason }) => {

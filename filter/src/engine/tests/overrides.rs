@@ -57,3 +57,36 @@ fn a_request_no_override_decided_has_no_override_header() {
     assert_eq!(header(response_headers(&done), "x-sluice-override"), None);
     assert_eq!(metrics.get(0, Counter::OverrideClamped), 0);
 }
+
+fn granted_under(n: u64, kind: &str) -> CalloutAnswer {
+    let CalloutAnswer::Response { body, .. } = super::lease::granted(n) else { unreachable!() };
+    let body = String::from_utf8(body).unwrap();
+    let body = body.trim_end().strip_suffix('}').unwrap().to_owned()
+        + &format!(r#","override":{{"id":"ovr-00000000000000c1","kind":"{kind}"}}}}"#);
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
+}
+
+#[test]
+fn requests_spending_a_lease_granted_under_a_clamp_are_counted_under_it_until_a_grant_without_it() {
+    let mut w = super::lease::world();
+    let first = super::lease::waiting(w.begin());
+    let _ = w.tick(|_| granted_under(10, "clamp"));
+    let admitted = w.retry(first);
+    let _ = w.begin();
+
+    assert_eq!(super::lease::status(&admitted), Some(200));
+    assert_eq!(w.metrics.get(0, Counter::OverrideClamped), 2, "the waiter and the next request");
+
+    // The next refill (elected at the low-water mark) comes back without the clamp.
+    while w.engine.take_outgoing(&w.limiter, true).is_empty() {
+        let _ = w.begin();
+    }
+    let spent_before = w.metrics.get(0, Counter::OverrideClamped);
+    w.limiter.clock().advance(shared_store::Nanos::from_secs(3));
+    let again = super::lease::waiting(w.begin());
+    let _ = w.tick(|_| super::lease::granted(10));
+    let after = w.retry(again);
+
+    assert_eq!(super::lease::status(&after), Some(200));
+    assert_eq!(w.metrics.get(0, Counter::OverrideClamped), spent_before, "a grant without it ends it");
+}
