@@ -11,7 +11,7 @@
 //! by something else. Bytes that do not decode are never guessed at: the caller gets a
 //! [`DecodeError`] and replaces them with the limit's most conservative state.
 
-use crate::limit::{Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
+use crate::limit::{Holding, Limit, LogEntry, MAX_HOLDERS, MAX_LOG_ENTRIES, Rate, State};
 use crate::time::Nanos;
 
 /// The format version written by this code.
@@ -88,6 +88,7 @@ fn kind_and_params(limit: &Limit) -> (u8, [u64; 4]) {
         Limit::SlidingWindow { limit, window } => (3, [limit, window.0, 0, 0]),
         Limit::SlidingLog { limit, window } => (4, [limit, window.0, 0, 0]),
         Limit::LeakyBucket { rate, max_queue, max_wait } => (5, [rate.amount(), rate.per().0, max_queue, max_wait.0]),
+        Limit::Concurrency { limit } => (6, [limit, 0, 0, 0]),
     }
 }
 
@@ -98,6 +99,7 @@ fn limit_from(kind: u8, [a, b, c, d]: [u64; 4]) -> Option<Limit> {
         3 => Limit::sliding_window(a, Nanos(b)).ok(),
         4 => Limit::sliding_log(a, Nanos(b)).ok(),
         5 => Limit::leaky_bucket(Rate::new(a, Nanos(b))?, c, Nanos(d)).ok(),
+        6 if (b, c, d) == (0, 0, 0) => Limit::concurrency(a).ok(),
         _ => None,
     }
 }
@@ -116,6 +118,7 @@ impl Record {
             State::Gcra { .. } => 16,
             State::Window { .. } => 24,
             State::Log { entries } => 2 + 16 * entries.len().min(usize::from(u16::MAX)),
+            State::Holders { entries } => 2 + 24 * entries.len().min(usize::from(u16::MAX)),
         };
         let len = HEADER + payload + CHECKSUM;
         let mut inline = [0u8; INLINE];
@@ -153,6 +156,15 @@ impl Record {
                 for entry in entries.iter().take(usize::from(len)) {
                     writer.put(&entry.at.to_le_bytes());
                     writer.put(&entry.cost.to_le_bytes());
+                }
+            }
+            State::Holders { entries } => {
+                let len = u16::try_from(entries.len()).unwrap_or(u16::MAX);
+                writer.put(&len.to_le_bytes());
+                for entry in entries.iter().take(usize::from(len)) {
+                    for value in [entry.holder, entry.count, entry.renewed_at] {
+                        writer.put(&value.to_le_bytes());
+                    }
                 }
             }
         }
@@ -226,6 +238,20 @@ impl Record {
                     entries.push(LogEntry { at, cost });
                 }
                 State::Log { entries }
+            }
+            Limit::Concurrency { .. } => {
+                let len = reader.u16().ok_or(DecodeError::Length)?;
+                if usize::from(len) > MAX_HOLDERS {
+                    return Err(DecodeError::Payload);
+                }
+                let mut entries = Vec::with_capacity(usize::from(len));
+                for _ in 0..len {
+                    let holder = reader.u64().ok_or(DecodeError::Length)?;
+                    let count = reader.u64().ok_or(DecodeError::Length)?;
+                    let renewed_at = reader.u64().ok_or(DecodeError::Length)?;
+                    entries.push(Holding { holder, count, renewed_at });
+                }
+                State::Holders { entries }
             }
         };
         if !reader.0.is_empty() {
@@ -305,6 +331,16 @@ mod tests {
                 owner: 2,
                 limit: Limit::leaky_bucket(rate, 8, Nanos::from_millis(500)).unwrap(),
                 state: State::Gcra { tat: 12 },
+            },
+            Record {
+                owner: 3,
+                limit: Limit::concurrency(4).unwrap(),
+                state: State::Holders {
+                    entries: vec![
+                        Holding { holder: 9, count: 2, renewed_at: 77 },
+                        Holding { holder: u64::MAX, count: 1, renewed_at: 0 },
+                    ],
+                },
             },
         ]
     }

@@ -55,10 +55,13 @@ pub mod words;
 pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
 pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_decimal};
-pub use limit::{InvalidLimit, Limit, LogEntry, MAX_LOG_ENTRIES, Rate, State};
+pub use limit::{
+    ANONYMOUS_HOLDER, Holding, InvalidLimit, Limit, LogEntry, MAX_CONCURRENCY, MAX_HOLDERS, MAX_LOG_ENTRIES,
+    RENEW_EVERY, Rate, STALE_AFTER, State,
+};
 pub use limiter::{
-    Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Request,
-    Reservation, Settlement,
+    Admission, DEFAULT_ANCHOR_KEY, DEFAULT_MAX_ATTEMPTS, Decisions, LimitError, Limiter, MAX_INLINE_LIMITS, Renewal,
+    Request, Reservation, Settlement, Slot,
 };
 pub use store::{Cas, Entry, MemoryStore, Store, StoreError, Swap, create};
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]

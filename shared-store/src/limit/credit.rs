@@ -61,7 +61,7 @@ impl Limit {
             (Self::TokenBucket { .. } | Self::FixedWindow { .. } | Self::SlidingWindow { .. }, _) => {
                 Some(state.clone())
             }
-            (Self::LeakyBucket { .. } | Self::SlidingLog { .. }, _) => None,
+            (Self::LeakyBucket { .. } | Self::SlidingLog { .. } | Self::Concurrency { .. }, _) => None,
         }
     }
 

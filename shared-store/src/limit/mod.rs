@@ -12,6 +12,7 @@
 //! | [`Limit::sliding_window`] | window index, count, previous count | weighted estimate of the trailing window ≤ `limit` |
 //! | [`Limit::sliding_log`] | one entry per admitted request (≤ [`MAX_LOG_ENTRIES`]) | at most `limit` in any trailing window, exactly |
 //! | [`Limit::leaky_bucket`] | one `u128` (when the queue drains) | output spaced at `rate`; queue ≤ `max_queue`, wait ≤ `max_wait` |
+//! | [`Limit::concurrency`] | per holder: slots held, last renewal (≤ [`MAX_HOLDERS`]) | at most `limit` in flight, counting holders renewed within [`STALE_AFTER`] |
 //!
 //! The token bucket is GCRA: the state is the time at which the bucket would be full
 //! again, kept in units of `1 / rate.amount` nanoseconds so that every quantity is an
@@ -24,6 +25,7 @@
 //! Besides deciding, a limit can be **charged** ([`Limit::charge`]): spent without
 //! asking, for requests already admitted elsewhere, down to a bounded debt below empty.
 
+pub mod concurrency;
 mod credit;
 mod fixed_window;
 mod leaky_bucket;
@@ -35,6 +37,7 @@ mod token_bucket;
 
 use crate::decision::{Decision, Verdict};
 use crate::time::Nanos;
+pub use concurrency::{Holding, MAX_CONCURRENCY, MAX_HOLDERS, RENEW_EVERY, STALE_AFTER};
 pub use sliding_log::{LogEntry, MAX_LOG_ENTRIES};
 use token_bucket::Gcra;
 
@@ -143,7 +146,22 @@ pub enum Limit {
         /// Longest delay handed out.
         max_wait: Nanos,
     },
+    /// At most `limit` requests in flight at once, taken on admission and given back
+    /// when the request ends ([`concurrency`]).
+    Concurrency {
+        /// Requests in flight, at most [`MAX_CONCURRENCY`].
+        limit: u64,
+    },
 }
+
+/// The holder of a [`Limiter`](crate::Limiter) that was given none, and of decisions made
+/// without one ([`Limit::decide`]).
+pub const ANONYMOUS_HOLDER: u64 = 0;
+
+/// The holder of the slots an exhausted concurrency state holds (in place of state that
+/// could not be decoded): no limiter renews them, so they free themselves after
+/// [`STALE_AFTER`].
+pub const REPAIR_HOLDER: u64 = u64::MAX;
 
 /// The state one limit keeps per key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -167,6 +185,11 @@ pub enum State {
     Log {
         /// The entries still in (or newer than) the window.
         entries: Vec<LogEntry>,
+    },
+    /// Concurrency: the slots each holder holds.
+    Holders {
+        /// One entry per holder, at most [`MAX_HOLDERS`].
+        entries: Vec<Holding>,
     },
 }
 
@@ -212,6 +235,7 @@ impl Limit {
                 limit
             }
             Self::LeakyBucket { max_queue, .. } => max_queue,
+            Self::Concurrency { limit } => limit,
         }
     }
 
@@ -228,6 +252,8 @@ impl Limit {
             Self::LeakyBucket { rate, max_queue, .. } => {
                 ns(ceil_div(u128::from(max_queue) * u128::from(rate.per.0), u128::from(rate.amount)))
             }
+            // Slots are not granted over time: they come back when requests end.
+            Self::Concurrency { .. } => Nanos::ZERO,
         }
     }
 
@@ -237,6 +263,7 @@ impl Limit {
             Self::TokenBucket { .. } | Self::LeakyBucket { .. } => State::Gcra { tat: 0 },
             Self::FixedWindow { .. } | Self::SlidingWindow { .. } => State::Window { index: 0, count: 0, previous: 0 },
             Self::SlidingLog { .. } => State::Log { entries: Vec::new() },
+            Self::Concurrency { .. } => State::Holders { entries: Vec::new() },
         }
     }
 
@@ -250,6 +277,9 @@ impl Limit {
                 State::Window { index: now.0 / window.0.max(1), count: limit, previous: limit }
             }
             Self::SlidingLog { limit, .. } => State::Log { entries: vec![LogEntry { at: now.0, cost: limit }] },
+            Self::Concurrency { limit } => {
+                State::Holders { entries: vec![Holding { holder: REPAIR_HOLDER, count: limit, renewed_at: now.0 }] }
+            }
         }
     }
 
@@ -268,6 +298,7 @@ impl Limit {
                 sliding_window::is_idle(window, (*index, *count, *previous), now)
             }
             (Self::SlidingLog { window, .. }, State::Log { entries }) => sliding_log::is_idle(window, entries, now),
+            (Self::Concurrency { .. }, State::Holders { entries }) => concurrency::is_idle(entries, now),
             _ => false,
         }
     }
@@ -276,8 +307,16 @@ impl Limit {
     /// a key never seen). Returns the decision and, when the request is admitted, the
     /// state to store. Pure: no clock, no store.
     ///
-    /// A cost of zero is a query: it is admitted and changes nothing.
+    /// A cost of zero is a query: it is admitted and changes nothing. A concurrency
+    /// limit decides for [`ANONYMOUS_HOLDER`]; see [`Limit::decide_for`].
     pub fn decide(&self, state: Option<&State>, now: Nanos, cost: u64) -> (Decision, Option<State>) {
+        self.decide_for(state, now, cost, ANONYMOUS_HOLDER)
+    }
+
+    /// [`Limit::decide`] on behalf of `holder`: a concurrency limit records the slots it
+    /// grants under the holder that will give them back. Every other algorithm ignores
+    /// `holder`.
+    pub fn decide_for(&self, state: Option<&State>, now: Nanos, cost: u64, holder: u64) -> (Decision, Option<State>) {
         let owned;
         let state = match state {
             Some(s) if self.accepts(s) => s,
@@ -305,6 +344,9 @@ impl Limit {
             }
             (Self::SlidingLog { limit, window }, State::Log { entries }) => {
                 sliding_log::decide(limit, window, entries, now, cost)
+            }
+            (Self::Concurrency { limit }, State::Holders { entries }) => {
+                concurrency::decide(limit, entries, holder, now, cost)
             }
             // `accepts` guarantees the kinds match; this arm only satisfies the compiler.
             _ => (self.rejected_forever(), None),
@@ -381,6 +423,7 @@ impl Limit {
             (Self::TokenBucket { .. } | Self::LeakyBucket { .. }, State::Gcra { .. })
                 | (Self::FixedWindow { .. } | Self::SlidingWindow { .. }, State::Window { .. })
                 | (Self::SlidingLog { .. }, State::Log { .. })
+                | (Self::Concurrency { .. }, State::Holders { .. })
         )
     }
 
@@ -411,8 +454,17 @@ impl Limit {
     /// counters today; it stays in the signature so that a refund is always decided at a
     /// clock reading not earlier than the writes seen.
     pub fn refund(&self, current: &State, written: &State, now: Nanos, cost: u64) -> Option<State> {
-        let _ = now;
+        self.refund_for(current, written, now, cost, ANONYMOUS_HOLDER)
+    }
+
+    /// [`Limit::refund`] on behalf of `holder`: a concurrency limit gives back `cost` of
+    /// the slots `holder` holds (exact, whatever other holders did in between; `now`
+    /// prunes stale holders). Every other algorithm ignores `holder`.
+    pub fn refund_for(&self, current: &State, written: &State, now: Nanos, cost: u64, holder: u64) -> Option<State> {
         Some(match (*self, current, written) {
+            (Self::Concurrency { .. }, State::Holders { entries }, _) => {
+                concurrency::release(entries, holder, now, cost)
+            }
             (
                 Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. },
                 State::Gcra { tat: current },
@@ -489,6 +541,8 @@ impl Limit {
                 State::Window { index, count, previous },
             ) => sliding_window::adopt(window, old_window, (index, count, previous), now),
             (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => state,
+            // What is in flight stays in flight: a new limit applies to the next request.
+            (Self::Concurrency { .. }, Self::Concurrency { .. }, state @ State::Holders { .. }) => state,
             _ => self.exhausted(now),
         }
     }

@@ -41,6 +41,18 @@
 //! * **Dropping a reservation keeps the spend** (like `commit`): forgetting to decide
 //!   errs on the strict side.
 //!
+//! # Concurrency: slots held until the request ends
+//!
+//! A concurrency limit ([`Limit::Concurrency`]) is decided in the same step as the
+//! others, on behalf of this limiter's *holder* ([`Limiter::with_holder`], one per
+//! worker). What it grants is not spent but held: [`Reservation::take_slots`] takes the
+//! [`Slot`]s out of a reservation, [`Limiter::release`] gives one back when its request
+//! ends, and [`Limiter::renew`] (on the worker's tick, every
+//! [`RENEW_EVERY`](crate::RENEW_EVERY)) keeps the holder's entry alive and sets it to
+//! what the holder knows it holds, so a release whose write failed is made good there.
+//! A holder that stops renewing stops counting after
+//! [`STALE_AFTER`](crate::STALE_AFTER) (see [`concurrency`](crate::limit::concurrency)).
+//!
 //! # Creating a key without losing an update
 //!
 //! Envoy has no atomic create: a write to a missing key succeeds whatever CAS token it
@@ -73,15 +85,17 @@
 
 mod reservation;
 mod settle;
+mod slots;
 
 use crate::codec::Record;
 use crate::decision::Decision;
 use crate::key::{OVERFLOW_OWNER, Placement};
-use crate::limit::{Limit, State};
+use crate::limit::{ANONYMOUS_HOLDER, Limit, State};
 use crate::store::{Cas, Store, StoreError, Swap, create};
 use crate::time::{Clock, Nanos};
 pub use reservation::Reservation;
 pub use settle::Settlement;
+pub use slots::{Renewal, Slot};
 use smallvec::SmallVec;
 
 /// How many times a decision is retried when another worker wrote first. Every retry
@@ -180,6 +194,7 @@ pub struct Limiter<S, C> {
     clock: C,
     max_attempts: u32,
     anchor: String,
+    holder: u64,
 }
 
 /// What the read phase found for one request.
@@ -205,7 +220,27 @@ enum Read {
 impl<S: Store, C: Clock> Limiter<S, C> {
     /// A limiter with the default attempt bound and anchor key.
     pub fn new(store: S, clock: C) -> Self {
-        Self { store, clock, max_attempts: DEFAULT_MAX_ATTEMPTS, anchor: DEFAULT_ANCHOR_KEY.to_owned() }
+        Self {
+            store,
+            clock,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            anchor: DEFAULT_ANCHOR_KEY.to_owned(),
+            holder: ANONYMOUS_HOLDER,
+        }
+    }
+
+    /// Sets the holder under which concurrency slots are taken and given back: unique
+    /// among the limiters sharing the store (a random id per worker), so that one
+    /// worker's release or renewal never touches another's slots.
+    #[must_use]
+    pub const fn with_holder(mut self, holder: u64) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// The holder of the concurrency slots it takes.
+    pub const fn holder(&self) -> u64 {
+        self.holder
     }
 
     /// Sets how many conflicting attempts are made before [`LimitError::Contended`]
@@ -285,7 +320,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
             let mut decisions = Decisions::new();
             for (request, plan) in requests.iter().zip(&mut plans) {
-                let (decision, next) = request.limit.decide(plan.state.as_ref(), now, request.cost);
+                let (decision, next) = request.limit.decide_for(plan.state.as_ref(), now, request.cost, self.holder);
                 decisions.push(decision);
                 plan.next = next;
             }
@@ -295,7 +330,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 // still hold, not what they would have held after this request.
                 for ((decision, request), plan) in decisions.iter_mut().zip(requests).zip(&plans) {
                     if decision.is_admitted() {
-                        let (unspent, _) = request.limit.decide(plan.state.as_ref(), now, 0);
+                        let (unspent, _) = request.limit.decide_for(plan.state.as_ref(), now, 0, self.holder);
                         decision.remaining = unspent.remaining;
                         decision.reset_after = unspent.reset_after;
                     }

@@ -1,7 +1,7 @@
 //! Reservations and refunds: the record of what an admission wrote, and how a spend is
 //! given back, later for a reservation or at once after a partial all-or-nothing write.
 
-use super::{Admission, LimitError, Limiter, MAX_INLINE_LIMITS, Plan, Read, Request};
+use super::{Admission, LimitError, Limiter, MAX_INLINE_LIMITS, Plan, Read, Request, Slot};
 use crate::codec::Record;
 use crate::limit::{Limit, State};
 use crate::store::{Store, Swap};
@@ -32,6 +32,15 @@ impl Reservation {
     pub fn join(mut self, other: Self) -> Self {
         self.spends.extend(other.spends);
         self
+    }
+
+    /// Takes out the concurrency slots it holds ([`Slot`]), to be given back when the
+    /// request ends ([`Limiter::release`]) rather than with the rest of the reservation.
+    pub fn take_slots(&mut self) -> Vec<Slot> {
+        let (slots, rest): (SmallVec<[Spend; MAX_INLINE_LIMITS]>, _) =
+            std::mem::take(&mut self.spends).into_iter().partition(|s| matches!(s.limit, Limit::Concurrency { .. }));
+        self.spends = rest;
+        slots.into_iter().map(|s| Slot { key: s.key, owner: s.owner, limit: s.limit, count: s.cost }).collect()
     }
 
     /// Records the writes an admission made (`plans`, one per request).
@@ -103,7 +112,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         unrefunded
     }
 
-    fn refund_one(&self, key: &str, owner: u64, limit: &Limit, cost: u64, written: &State) -> bool {
+    pub(super) fn refund_one(&self, key: &str, owner: u64, limit: &Limit, cost: u64, written: &State) -> bool {
         for _ in 0..self.max_attempts {
             let Ok(Read::Found(cas, record)) = self.read(key, limit) else { return false };
             if record.owner != owner {
@@ -113,7 +122,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             // Read the clock after the store, so it is not earlier than any write seen.
             let now = self.clock.now();
             let current = limit.adopt(&record.limit, record.state, now);
-            let Some(state) = limit.refund(&current, written, now, cost) else { return false };
+            let Some(state) = limit.refund_for(&current, written, now, cost, self.holder) else { return false };
             if state == current {
                 return true;
             }
