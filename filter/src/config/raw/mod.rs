@@ -180,7 +180,8 @@ pub struct RawPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
     pub burst: Option<u64>,
-    /// Window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): units per window.
+    /// Window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): units per window;
+    /// `concurrency`: requests in flight at once (at most 1 000 000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
     /// Window algorithms: the window length, such as `"1s"`, `"1m"` or `"1h"`.
@@ -315,6 +316,10 @@ pub enum RawAlgorithm {
     SlidingLog,
     /// Shaping: requests leave at `rate`, waiting up to `max_wait` in a queue of `queue` units.
     LeakyBucket,
+    /// At most `limit` requests in flight at once per key, across the proxy's workers; a
+    /// slot is given back when the request's stream ends. Local only: no `global`,
+    /// `cost`, `unit` or `shadow`.
+    Concurrency,
 }
 
 /// What a `leaky_bucket` does with a request that would have to wait.

@@ -5,7 +5,7 @@ use super::fields::{amount, window_nanos};
 use super::issues::Issues;
 use crate::config::model::policy::MAX_WAIT_MS;
 use crate::config::raw::{RawAlgorithm, RawOverflow, RawPolicy};
-use shared_store::{Limit, MAX_LOG_ENTRIES, Nanos, Rate};
+use shared_store::{Limit, MAX_CONCURRENCY, MAX_LOG_ENTRIES, Nanos, Rate};
 
 /// The limit a policy's fields describe, if they make one.
 pub(super) fn validate_limit(issues: &mut Issues, path: &str, raw: &RawPolicy) -> Option<Limit> {
@@ -16,13 +16,15 @@ pub(super) fn validate_limit(issues: &mut Issues, path: &str, raw: &RawPolicy) -
         RawAlgorithm::SlidingWindow => "sliding_window",
         RawAlgorithm::SlidingLog => "sliding_log",
         RawAlgorithm::LeakyBucket => "leaky_bucket",
+        RawAlgorithm::Concurrency => "concurrency",
     };
+    let concurrency = algorithm == RawAlgorithm::Concurrency;
     let windowed =
         matches!(algorithm, RawAlgorithm::FixedWindow | RawAlgorithm::SlidingWindow | RawAlgorithm::SlidingLog);
     let fields: [(&str, bool, bool); 7] = [
-        ("rate", raw.rate.is_some(), !windowed),
+        ("rate", raw.rate.is_some(), !windowed && !concurrency),
         ("burst", raw.burst.is_some(), algorithm == RawAlgorithm::TokenBucket),
-        ("limit", raw.limit.is_some(), windowed),
+        ("limit", raw.limit.is_some(), windowed || concurrency),
         ("window", raw.window.is_some(), windowed),
         ("queue", raw.queue.is_some(), algorithm == RawAlgorithm::LeakyBucket),
         ("max_wait", raw.max_wait.is_some(), algorithm == RawAlgorithm::LeakyBucket),
@@ -41,7 +43,7 @@ pub(super) fn validate_limit(issues: &mut Issues, path: &str, raw: &RawPolicy) -
         }
         present
     };
-    let rate = if windowed {
+    let rate = if windowed || concurrency {
         None
     } else if required(issues, "rate", raw.rate.is_some()) {
         raw.rate.and_then(|spec| {
@@ -52,6 +54,20 @@ pub(super) fn validate_limit(issues: &mut Issues, path: &str, raw: &RawPolicy) -
         None
     };
     let limit = match algorithm {
+        RawAlgorithm::Concurrency => {
+            if !required(issues, "limit", raw.limit.is_some()) {
+                return None;
+            }
+            let limit = raw.limit.and_then(|l| amount(issues, &format!("{path}.limit"), l))?;
+            if limit > MAX_CONCURRENCY {
+                issues.add(
+                    format!("{path}.limit"),
+                    format!("must be at most {MAX_CONCURRENCY} for algorithm \"concurrency\", got {limit}"),
+                );
+                return None;
+            }
+            Limit::concurrency(limit).ok()
+        }
         RawAlgorithm::TokenBucket => {
             let rate = rate?;
             let burst = match raw.burst {

@@ -11,11 +11,35 @@ use super::matcher::validate_match;
 use crate::config::model::global::{Global, Strategy};
 use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
 use crate::config::model::request::MissingKey;
-use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
+use crate::config::raw::{RawAlgorithm, RawFailureAction, RawMissingKey, RawPolicy};
 use std::num::NonZeroU32;
 
 /// Longest quota unit name, in bytes.
 const MAX_UNIT_BYTES: usize = 32;
+
+/// What a concurrency policy refuses: it counts this proxy's requests in flight, one slot
+/// each, given back when they end, so nothing about it is global, costed or shadowed.
+fn local_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
+    if raw.global.is_some() {
+        issues.add(
+            format!("{path}.global"),
+            "is not supported by algorithm \"concurrency\": requests in flight are counted per proxy, \
+             in its shared data",
+        );
+    }
+    if raw.cost.is_some() {
+        issues.add(format!("{path}.cost"), "is not used by algorithm \"concurrency\": each request holds one slot");
+    }
+    if raw.unit.is_some() {
+        issues.add(format!("{path}.unit"), "is not used by algorithm \"concurrency\": it counts requests");
+    }
+    if raw.shadow {
+        issues.add(
+            format!("{path}.shadow"),
+            "is not supported by algorithm \"concurrency\": a shadow policy would hold slots it never enforces",
+        );
+    }
+}
 
 /// The validated policy at `path` (`policies[i]`), or `None` if it has any issue.
 pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Policy> {
@@ -27,6 +51,9 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
         );
     }
     let limit = validate_limit(issues, path, &raw);
+    if raw.algorithm == RawAlgorithm::Concurrency {
+        local_only(issues, path, &raw);
+    }
     let global = match (&raw.global, &limit) {
         (Some(global), Some(limit)) => validate_global(issues, path, &raw, global, limit),
         _ => None,
