@@ -232,6 +232,10 @@ counters! {
         /// Response cost: units not settled: charged beyond the debt bound, a credit the
         /// algorithm cannot give, or a settlement that failed.
         CostForgiven = "cost.forgiven",
+        /// Concurrency: renewals of this worker's slots that could not be written (every
+        /// CAS attempt lost, a store error, a key with no room for another holder). Slots
+        /// not renewed for `STALE_AFTER` stop counting while their requests are in flight.
+        ConcurrencyRenewFailures = "concurrency.renew_failures",
     }
 }
 
@@ -260,6 +264,11 @@ impl Counter {
     /// counters): a local policy does not define it.
     pub fn is_global_only(self) -> bool {
         matches!(self.name().split('.').next(), Some("degraded" | "emergency" | "lease"))
+    }
+
+    /// Whether only a concurrency policy can move it.
+    pub fn is_concurrency_only(self) -> bool {
+        self.name().starts_with("concurrency.")
     }
 
     /// Whether only a policy whose cost the response reports can move it.

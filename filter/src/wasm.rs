@@ -58,7 +58,8 @@ impl Root {
             abi::set_tick_period(tick_ms).map_err(|s| format!("cannot set the tick period (host status {})", s.0))?;
         }
         let metrics = HostMetrics::define(&engine);
-        let limiter = Limiter::new(HostStore, WasiClock).with_anchor_key(anchor_key(&prefix));
+        // The worker's random id also names it as the holder of its concurrency slots.
+        let limiter = Limiter::new(HostStore, WasiClock).with_anchor_key(anchor_key(&prefix)).with_holder(instance);
         Ok(Worker::new(engine, limiter, metrics, wake))
     }
 }

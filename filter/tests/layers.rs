@@ -50,10 +50,15 @@ const ENGINE: &[Layer] = &[
             "settle_queue",
             "evidence",
             "secrets",
+            "held",
         ],
     ),
     ("the compiled configuration and the worker's bookkeeping", &["setup"]),
-    ("what the service's answers leave behind: settlements, overrides noted", &["settlement", "overridden"]),
+    (
+        "what the service's answers leave behind (settlements, overrides noted); concurrency slots released and \
+         renewed",
+        &["settlement", "overridden", "slots"],
+    ),
     ("the request path, and the calls the root sends", &["request", "outgoing"]),
     ("the engine: the one place the glue calls", &[MOD]),
 ];

@@ -3,7 +3,7 @@
 
 use super::resolved::Few;
 use crate::host::{Counter, Metrics};
-use shared_store::{Nanos, Placement};
+use shared_store::{Nanos, Placement, Slot};
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,13 +101,25 @@ pub struct Decided {
     /// Spends on an estimate, to settle to the cost the response reports (empty unless
     /// the request is forwarded under a policy whose cost the response reports).
     pub owed: Vec<Owed>,
+    /// Concurrency slots the request holds while it is in flight, to give back when its
+    /// stream ends (or at once, if it is not forwarded after all).
+    pub slots: Vec<HeldSlot>,
 }
 
 impl Decided {
     /// A decision that leaves nothing to settle after the response.
     pub(crate) const fn new(outcome: Outcome, tally: Tally) -> Self {
-        Self { outcome, tally, owed: Vec::new() }
+        Self { outcome, tally, owed: Vec::new(), slots: Vec::new() }
     }
+}
+
+/// A concurrency slot a request holds: the policy it counts under, and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSlot {
+    /// The policy's index.
+    pub(crate) policy: usize,
+    /// The slot in shared data.
+    pub(crate) slot: Slot,
 }
 
 /// An estimate spent at admission under a policy whose cost the response reports: what

@@ -47,6 +47,7 @@ mod compiled;
 mod decision;
 mod evidence;
 pub mod headers;
+mod held;
 pub mod lease_record;
 pub mod namespace;
 mod outgoing;
@@ -57,6 +58,7 @@ mod secrets;
 mod settle_queue;
 mod settlement;
 mod setup;
+mod slots;
 pub mod wire;
 
 use crate::config::{Config, ConfigError, Issue, Policy, Secret, Shaping, Usage};
@@ -67,7 +69,7 @@ pub use calls::{Asker, Outgoing, SentOutgoing, Target};
 use cause::LogLimiter;
 pub use compiled::MAX_OWING_REQUESTS;
 use compiled::{Compiled, Home};
-pub use decision::{Decided, Disposition, LocalResponse, Outcome, Owed, Tally};
+pub use decision::{Decided, Disposition, HeldSlot, LocalResponse, Outcome, Owed, Tally};
 pub use headers::{private_cache_control, rate_limit_headers};
 pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
@@ -150,6 +152,7 @@ impl Engine {
             instance,
             ids: Cell::new(0),
             sweep: Cell::new(0),
+            held: RefCell::new(held::Held::default()),
         }))
     }
 
@@ -355,6 +358,32 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) {
         request::settle::settle(&self.0, owed, reported, limiter, metrics);
+    }
+
+    /// Whether any policy limits requests in flight (the root context then ticks at least
+    /// every [`RENEW_EVERY`](shared_store::RENEW_EVERY), to renew its slots).
+    pub fn has_concurrency(&self) -> bool {
+        self.0.policies.iter().any(|c| matches!(c.policy.limit, shared_store::Limit::Concurrency { .. }))
+    }
+
+    /// Gives back the concurrency slots of a request that ended (or was not forwarded).
+    pub fn release_slots<S: Store, C: Clock>(
+        &self,
+        slots: Vec<HeldSlot>,
+        limiter: &Limiter<S, C>,
+        metrics: &mut impl Metrics,
+    ) {
+        slots::release(&self.0, slots, limiter, metrics);
+    }
+
+    /// Renews this worker's concurrency slots, when due (on the tick).
+    pub fn renew_slots<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, metrics: &mut impl Metrics) {
+        slots::renew(&self.0, limiter, metrics);
+    }
+
+    /// Gives back every concurrency slot this worker still holds (its root is going away).
+    pub fn release_all_slots<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, metrics: &mut impl Metrics) {
+        slots::release_all(&self.0, limiter, metrics);
     }
 
     /// Counts a request's fate once the glue has carried it out.

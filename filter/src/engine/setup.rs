@@ -7,6 +7,7 @@ use super::breaker::CircuitBreaker;
 use super::calls::{Outgoing, PendingCharges, Target};
 use super::cause::LogLimiter;
 use super::compiled::{Compiled, Home, Leased};
+use super::held::Held;
 use super::lease_record::Leases;
 use super::settle_queue::SettleQueue;
 use crate::config::{KeyPart, Response, Secret, Shaping};
@@ -89,6 +90,8 @@ pub(crate) struct Setup {
     pub(crate) ids: Cell<u64>,
     /// Where the sweep for unknown debt goes on (see `outgoing::SWEEP_PER_TICK`).
     pub(crate) sweep: Cell<u64>,
+    /// The concurrency slots this worker holds.
+    pub(crate) held: RefCell<Held>,
 }
 
 impl Setup {

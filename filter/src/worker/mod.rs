@@ -37,7 +37,9 @@ mod setup;
 mod tests;
 
 use crate::due::DueQueue;
-use crate::engine::{Begun, Decided, Disposition, Engine, LocalResponse, Outcome, Pending, SentOutgoing, Tally};
+use crate::engine::{
+    Begun, Decided, Disposition, Engine, HeldSlot, LocalResponse, Outcome, Pending, SentOutgoing, Tally,
+};
 use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts, ResponseFacts};
 use batched::Batched;
 use costs::StreamCosts;
@@ -67,6 +69,9 @@ pub struct Worker<S, C, M> {
     /// What each forwarded request spent on estimates, until its response reports the
     /// costs, by context id.
     costs: RefCell<HashMap<u32, StreamCosts>>,
+    /// The concurrency slots each forwarded (or shaped) request holds until its stream
+    /// ends, by context id.
+    slots: RefCell<HashMap<u32, Vec<HeldSlot>>>,
     /// This worker's shared queue, through which a request wakes the root context to
     /// send what it put in the outbox (`None`: the host has no shared queues; the tick
     /// sends it).
@@ -131,6 +136,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             in_flight: RefCell::new(HashMap::new()),
             response_headers: RefCell::new(HashMap::new()),
             costs: RefCell::new(HashMap::new()),
+            slots: RefCell::new(HashMap::new()),
             wake,
         }
     }
@@ -152,6 +158,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         let in_flight: Vec<SentOutgoing> =
             self.in_flight.try_borrow_mut().map(|mut m| m.drain().map(|(_, s)| s).collect()).unwrap_or_default();
         self.engine.retire(in_flight, &mut self.counts());
+        self.engine.release_all_slots(&self.limiter, &mut self.counts());
         self.flush_metrics();
     }
 
@@ -254,9 +261,15 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         }
     }
 
-    /// Stream `id` ended: forget it wherever it is held, and count it; estimates its
-    /// response did not settle are settled with what it reported before it ended.
+    /// Stream `id` ended (its response done, reset, or its client gone): forget it
+    /// wherever it is held, and count it; estimates its response did not settle are
+    /// settled with what it reported before it ended; its concurrency slots are given
+    /// back.
     pub fn on_stream_end(&self, id: u32) {
+        let slots = self.slots.try_borrow_mut().ok().and_then(|mut map| map.remove(&id));
+        if let Some(slots) = slots {
+            self.engine.release_slots(slots, &self.limiter, &mut self.counts());
+        }
         if let Ok(mut map) = self.response_headers.try_borrow_mut() {
             map.remove(&id);
         }
@@ -300,6 +313,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             let _ = self.conclude(id, begun, Via::Root, Place::New, port);
         }
         self.retry_lease_waiters(port);
+        self.engine.renew_slots(&self.limiter, &mut self.counts());
         self.engine.sweep_debts(&self.limiter);
         self.send_outgoing(true, port);
         let expired: Vec<SentOutgoing> = self
@@ -424,11 +438,12 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             // The stream is gone: nothing is paused any more.
             let mut counts = self.counts();
             counts.add_plugin(PluginCounter::ResumeFailures, 1);
+            self.engine.release_slots(decided.slots, &self.limiter, &mut counts);
             self.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
             return Flow::Pause;
         }
         let in_headers = via == Via::Headers;
-        let Decided { outcome, tally, owed } = decided;
+        let Decided { outcome, tally, owed, slots } = decided;
         let (flow, disposition) = match outcome {
             Outcome::Continue { headers } => {
                 self.keep_headers(id, headers);
@@ -448,6 +463,14 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             }
             Outcome::Reject(response) => self.reject(&response, in_headers, port),
         };
+        if !slots.is_empty() {
+            if disposition == Disposition::Rejected {
+                self.engine.release_slots(slots, &self.limiter, &mut self.counts());
+            } else if let Ok(mut map) = self.slots.try_borrow_mut() {
+                // In flight, now or when due: its stream's end gives them back.
+                map.insert(id, slots);
+            }
+        }
         if disposition != Disposition::Rejected && !owed.is_empty() {
             // Forwarded, now or when due: its response settles what it spent.
             if let Ok(mut map) = self.costs.try_borrow_mut() {

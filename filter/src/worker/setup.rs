@@ -4,7 +4,7 @@
 
 use crate::engine::Engine;
 use crate::host::{Counter, PluginCounter};
-use shared_store::{Limit, Nanos};
+use shared_store::{Limit, Nanos, RENEW_EVERY};
 
 /// The longest tick while requests wait for the counter service: a wait outlives its
 /// deadline by at most this (or a quarter of the timeout, if shorter).
@@ -15,7 +15,8 @@ pub const LEASE_TICK_MS: u32 = 10;
 
 /// The tick period the configuration needs, in milliseconds: the shaping tick when a
 /// policy shapes, at most a quarter of the callout deadline with global policies, at
-/// most [`LEASE_TICK_MS`] with lease policies, at most `metrics_flush` when metrics are
+/// most [`LEASE_TICK_MS`] with lease policies, at most `RENEW_EVERY` (1 s) with concurrency
+/// policies (to renew their slots), at most `metrics_flush` when metrics are
 /// kept in the VM; `None` when nothing needs a tick.
 pub fn tick_period(engine: &Engine) -> Option<u32> {
     let shaping =
@@ -28,6 +29,10 @@ pub fn tick_period(engine: &Engine) -> Option<u32> {
     }
     if engine.has_lease() {
         tick_ms = Some(tick_ms.map_or(LEASE_TICK_MS, |t| t.min(LEASE_TICK_MS)));
+    }
+    if engine.has_concurrency() {
+        let renew = u32::try_from(RENEW_EVERY.as_u64() / 1_000_000).unwrap_or(u32::MAX);
+        tick_ms = Some(tick_ms.map_or(renew, |t| t.min(renew)));
     }
     if let Some(flush) = engine.metrics_flush_ms() {
         tick_ms = Some(tick_ms.map_or(flush, |t| t.min(flush)));
@@ -57,7 +62,8 @@ pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Optio
                 .iter()
                 .map(|c| {
                     ((!c.is_global_only() || p.is_global())
-                        && (!c.is_response_cost_only() || p.cost.settled().is_some()))
+                        && (!c.is_response_cost_only() || p.cost.settled().is_some())
+                        && (!c.is_concurrency_only() || matches!(p.limit, Limit::Concurrency { .. })))
                     .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
                 })
                 .collect()

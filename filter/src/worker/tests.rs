@@ -207,4 +207,5 @@ fn a_lease_configuration_ticks_every_ten_milliseconds_and_defines_its_global_cou
 
 mod check_costs;
 mod check_refunds;
+mod concurrency;
 mod costs;

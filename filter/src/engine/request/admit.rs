@@ -12,6 +12,7 @@ use crate::engine::overridden;
 use crate::engine::resolved::{Place, Resolved};
 use crate::engine::settlement;
 use crate::engine::setup::Setup;
+use crate::engine::slots;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
 
@@ -45,7 +46,7 @@ pub(crate) fn admit<S: Store, C: Clock>(
     for o in &owed {
         metrics.add(o.policy, Counter::CostEstimated, i64::try_from(o.estimate).unwrap_or(i64::MAX));
     }
-    Decided { outcome, tally: granted.tally, owed }
+    Decided { outcome, tally: granted.tally, owed, slots: granted.slots }
 }
 
 /// A request every policy admitted: [`admit`]ted, or, when a policy shapes it and no
@@ -65,8 +66,8 @@ pub(crate) fn conclude<S: Store, C: Clock>(
     admit(setup, granted, limiter, metrics)
 }
 
-/// Rejects a request after some of it was spent: gives back its lease spends and its
-/// local reservation, and has its check spends credited back at the service.
+/// Rejects a request after some of it was spent: gives back its lease spends, its
+/// local reservation and its concurrency slots, and has its check spends credited back at the service.
 pub(crate) fn reject<S: Store, C: Clock>(
     setup: &Setup,
     granted: Granted,
@@ -81,6 +82,7 @@ pub(crate) fn reject<S: Store, C: Clock>(
         let _ = leases.give_back(slot, *cost, now);
     }
     give_back(granted.reservation, &granted.local, limiter, metrics);
+    slots::release(setup, granted.slots, limiter, metrics);
     for spent in &granted.checked_spent {
         settlement::refund(setup, spent.policy, (spent.key, &spent.tag, spent.at_ns), spent.cost, now, metrics);
     }

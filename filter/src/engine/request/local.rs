@@ -2,18 +2,22 @@
 //! on this proxy's shared data. When a later stage (the counter service, a lease) may
 //! still reject the request, the spend is *reserved*, to be committed on admission or
 //! given back (`shared_store::limiter`, "Reservations"); otherwise it is final at once.
+//! Concurrency slots are taken out of the reservation: the request holds them until its
+//! stream ends.
 
 use super::admit::{due_after, estimates_owed, rejection};
 use super::resolve::Resolution;
 use super::state::Granted;
 use crate::config::FailureOutcome;
+use crate::engine::decision::HeldSlot;
 use crate::engine::decision::{Decided, Outcome, Tally};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
+use crate::engine::slots;
 use crate::host::{Counter, Metrics, PluginCounter};
-use shared_store::{Clock, Decision, LimitError, Limiter, Nanos, Request, Reservation, Store};
+use shared_store::{Clock, Decision, Limit, LimitError, Limiter, Nanos, Request, Reservation, Store};
 
 /// A request its local policies admitted (or let through on a failure that allows),
 /// with its global policies left to decide.
@@ -46,12 +50,18 @@ pub(crate) fn decide<S: Store, C: Clock>(
         fallback: None,
         overrides: Vec::new(),
         shadows,
+        slots: Vec::new(),
     };
     if !local.is_empty() {
-        // A reservation is only worth keeping when a later stage may give it back.
-        let keep = !(checked.is_empty() && leased.is_empty());
+        // A reservation is only worth keeping when a later stage may give it back, or when
+        // it holds concurrency slots, given back when the request ends.
+        let keep = !(checked.is_empty() && leased.is_empty()) || local.iter().any(|r| limits_concurrency(setup, r));
         match reserve(setup, &local, keep, limiter, metrics) {
-            Ok(Some((decisions, reservation, due, at))) => {
+            Ok(Some((decisions, mut reservation, due, at))) => {
+                let held = local.iter().filter(|r| limits_concurrency(setup, r)).map(|r| r.policy);
+                granted.slots =
+                    held.zip(reservation.take_slots()).map(|(policy, slot)| HeldSlot { policy, slot }).collect();
+                slots::take(setup, &granted.slots);
                 granted.local = decisions;
                 granted.reservation = reservation;
                 granted.due = due;
@@ -62,6 +72,11 @@ pub(crate) fn decide<S: Store, C: Clock>(
         }
     }
     Ok(Admitted { granted, checked, leased })
+}
+
+/// Whether `r`'s policy limits requests in flight.
+fn limits_concurrency(setup: &Setup, r: &Resolved) -> bool {
+    setup.compiled(r.policy).is_some_and(|c| matches!(c.policy.limit, Limit::Concurrency { .. }))
 }
 
 /// What the local policies decided: `Ok(Some)` admitted (decisions, spend, when due),

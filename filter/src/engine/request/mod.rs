@@ -122,8 +122,8 @@ pub(crate) fn decide_now<S: Store, C: Clock>(
     }
 }
 
-/// Forgets a waiting request whose stream ended: its local reservation is given back
-/// (it was never forwarded), it is counted as rejected and abandoned, and if its check
+/// Forgets a waiting request whose stream ended: its local reservation and concurrency
+/// slots are given back (it was never forwarded), it is counted as rejected and abandoned, and if its check
 /// was the probe of a half-open circuit, the next request probes instead.
 pub(crate) fn forget<S: Store, C: Clock>(
     setup: &Setup,
@@ -144,6 +144,7 @@ pub(crate) fn forget<S: Store, C: Clock>(
         Pending::Lease(wait) => wait.rest.granted,
     };
     admit::give_back(granted.reservation, &granted.local, limiter, metrics);
+    crate::engine::slots::release(setup, granted.slots, limiter, metrics);
     granted.tally.settle(Disposition::Rejected, metrics);
     granted.tally.abandon(metrics);
 }

@@ -3,7 +3,7 @@
 //! holds only what the stages after it read.
 
 use crate::engine::cause::Note;
-use crate::engine::decision::{Decided, Owed, Tally};
+use crate::engine::decision::{Decided, HeldSlot, Owed, Tally};
 use crate::engine::resolved::{Few, Resolved};
 use shared_store::{Decision, Nanos, Placement, Reservation};
 use sluice_protocol::AppliedOverride;
@@ -37,6 +37,9 @@ pub(crate) struct Granted {
     pub(crate) overrides: Vec<(usize, AppliedOverride)>,
     /// Shadow policies, decided when it is admitted.
     pub(crate) shadows: Few<Resolved>,
+    /// Concurrency slots taken: held while the request is in flight, given back if it
+    /// is rejected after all.
+    pub(crate) slots: Vec<HeldSlot>,
 }
 
 impl Granted {
