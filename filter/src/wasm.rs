@@ -150,6 +150,11 @@ impl Context for Filter {
 impl HttpContext for Filter {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let Some(worker) = &self.worker else { return Action::Continue };
+        #[cfg(feature = "test-crash-header")]
+        #[allow(clippy::panic)]
+        if abi::header(abi::REQUEST_HEADERS, "x-sluice-test-crash").ok().flatten().is_some() {
+            panic!("x-sluice-test-crash: the test asked this VM to die");
+        }
         match worker.on_request_headers(self.id, &HostRequest, &mut HostPort) {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,

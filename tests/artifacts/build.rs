@@ -91,6 +91,9 @@ fn main() {
     build(&["sluice-filter"], Some("mutant-lease-no-cas"));
     let lease_mutant = target_dir.join("sluice-mutant-lease-no-cas.wasm");
     std::fs::copy(release.join("sluice.wasm"), &lease_mutant).expect("could not copy the lease mutant aside");
+    build(&["sluice-filter"], Some("test-crash-header"));
+    let crashable = target_dir.join("sluice-crashable.wasm");
+    std::fs::copy(release.join("sluice.wasm"), &crashable).expect("could not copy the crashable build aside");
     let packages: Vec<&str> = GUESTS.iter().map(|(package, _, _)| *package).collect();
     build(&packages, None);
     // A feature cargo did not apply (a `pkg/feature` name that names a dependency) would
@@ -98,8 +101,11 @@ fn main() {
     // prove nothing: each mutant must differ from the real filter and from the other.
     let bytes = |path: &Path| std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let real = bytes(&release.join("sluice.wasm"));
-    let (blind, lease) = (bytes(&mutant), bytes(&lease_mutant));
-    assert!(blind != real && lease != real && blind != lease, "a mutant of sluice.wasm was built without its feature");
+    let (blind, lease, crash) = (bytes(&mutant), bytes(&lease_mutant), bytes(&crashable));
+    assert!(
+        blind != real && lease != real && blind != lease && crash != real,
+        "a mutant of sluice.wasm was built without its feature"
+    );
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let mut generated = String::new();
@@ -121,6 +127,12 @@ fn main() {
          `mutant-lease-no-cas`; every other write keeps it): the fleet simulation shows it catches \
          it.\npub const SLUICE_MUTANT_LEASE_NO_CAS_WASM: &str = {:?};\n",
         lease_mutant.display().to_string()
+    ));
+    generated.push_str(&format!(
+        "/// Path of a TEST-ONLY build of `sluice.wasm` whose VM panics on a request carrying \
+         `x-sluice-test-crash` (feature `test-crash-header`; otherwise the real filter): Envoy \
+         tests kill a VM with it.\npub const SLUICE_CRASHABLE_WASM: &str = {:?};\n",
+        crashable.display().to_string()
     ));
     std::fs::write(out_dir.join("artifacts.rs"), generated).expect("could not write artifacts.rs");
 }

@@ -1,6 +1,7 @@
 //! Support for the end-to-end tests in `tests/tests/`: a real Envoy per test
 //! ([`envoy`]), an HTTP/1.1 client that sends exact bytes ([`http`]), a small upstream
-//! ([`upstream`]), an upstream that echoes the request head ([`echo`]), a language-model-like
+//! ([`upstream`]), an upstream that holds requests and counts how many it holds at once
+//! ([`slow`]), an upstream that echoes the request head ([`echo`]), a language-model-like
 //! upstream that reports token usage in JSON or an event stream ([`llm`]), a real
 //! `sluice-counter` ([`counter`]), and the deterministic simulation of a fleet of proxies
 //! and the counter service under faults ([`fleet`]). What other crates' tests also use
@@ -14,4 +15,5 @@ pub mod envoy;
 pub mod fleet;
 pub mod http;
 pub mod llm;
+pub mod slow;
 pub mod upstream;

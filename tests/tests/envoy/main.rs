@@ -4,6 +4,7 @@
 
 mod accuracy;
 mod callouts;
+mod concurrency;
 mod configs;
 mod contract;
 mod costs;
