@@ -110,10 +110,8 @@ fn serve(stream: TcpStream, hold: Duration, counts: &Counts, stop: &AtomicBool) 
         }
         counts.served.fetch_add(1, Ordering::SeqCst);
         let body = format!("upstream saw {path}\n");
-        let response = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let response =
+            format!("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}", body.len());
         if writer.write_all(response.as_bytes()).is_err() {
             return;
         }

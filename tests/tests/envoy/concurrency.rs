@@ -131,7 +131,8 @@ fn a_killed_vms_slots_come_back_within_the_stale_bound() {
 
     // The VM dies with its two streams in flight: it will never release or renew them.
     let killed = Instant::now();
-    let crash = Connection::connect(envoy.addr()).and_then(|mut c| c.send(&Request::get("/fast").header("x-sluice-test-crash", "1")));
+    let crash = Connection::connect(envoy.addr())
+        .and_then(|mut c| c.send(&Request::get("/fast").header("x-sluice-test-crash", "1")));
     let bound = Duration::from_nanos(shared_store::STALE_AFTER.as_u64());
     let margin = Duration::from_secs(3);
     let (admitted, before) = until_admitted(&envoy, bound + margin, Duration::from_millis(100));
@@ -147,4 +148,34 @@ fn a_killed_vms_slots_come_back_within_the_stale_bound() {
     let freed = freed.unwrap_or_else(|| panic!("not freed within {:?}: {before:?}", bound + margin));
     assert!(freed <= bound + margin, "freed after {freed:?}");
     assert_eq!(upstream.holding(), 2, "the dead VM's streams are still in flight upstream");
+}
+
+#[test]
+fn streams_left_on_a_replaced_vm_keep_their_slots_until_they_end_then_give_them_back() {
+    let upstream = SlowUpstream::start(Duration::from_secs(30));
+    let envoy = Envoy::builder()
+        .workers(2)
+        .xds()
+        .sluice(sluice(&config(2)))
+        .cluster(cluster("slow", upstream.addr(), false))
+        .route_to("slow")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _held = [hold(envoy.addr()), hold(envoy.addr())];
+    assert!(upstream.wait_holding(2, Duration::from_secs(5)), "held {}", upstream.holding());
+
+    // Another VM configuration: Envoy starts new VMs; the old ones keep the open streams.
+    let vms_created = || envoy.stats().get("wasm.envoy.wasm.runtime.v8.created").copied().unwrap_or(0);
+    let before_push = vms_created();
+    envoy.push_filter(&sluice(&config(2)).env("SLUICE_TEST_GENERATION", "2")).unwrap();
+    assert!(vms_created() > before_push, "the update made no new VM");
+    let at_once = send(&envoy, &Request::get("/fast")).status;
+    // Past the stale bound: the old VMs still renew what their open streams hold.
+    thread::sleep(Duration::from_nanos(shared_store::STALE_AFTER.as_u64()) + Duration::from_millis(1500));
+    let later = send(&envoy, &Request::get("/fast")).status;
+    upstream.release();
+    let (admitted, before) = until_admitted(&envoy, Duration::from_secs(3), Duration::from_millis(20));
+
+    assert_eq!((at_once, later), (429, 429), "the old VMs' streams still hold both slots");
+    assert!(admitted.is_some(), "still rejected 3 s after the old streams ended: {before:?}");
 }
