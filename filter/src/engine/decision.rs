@@ -4,6 +4,7 @@
 use super::resolved::Few;
 use crate::host::{Counter, Metrics};
 use shared_store::{Nanos, Placement, Slot};
+use smallvec::SmallVec;
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,6 +13,8 @@ pub enum Outcome {
     Continue {
         /// Response headers (rate-limit headers on allowed responses, the fallback header).
         headers: Vec<(String, String)>,
+        /// Concurrency slots it holds until its stream ends.
+        slots: HeldSlots,
     },
     /// Answer it locally.
     Reject(LocalResponse),
@@ -23,6 +26,8 @@ pub enum Outcome {
         due: Nanos,
         /// Response headers.
         headers: Vec<(String, String)>,
+        /// Concurrency slots it holds until its stream ends (while it waits, too).
+        slots: HeldSlots,
     },
 }
 
@@ -101,15 +106,36 @@ pub struct Decided {
     /// Spends on an estimate, to settle to the cost the response reports (empty unless
     /// the request is forwarded under a policy whose cost the response reports).
     pub owed: Vec<Owed>,
-    /// Concurrency slots the request holds while it is in flight, to give back when its
-    /// stream ends (or at once, if it is not forwarded after all).
-    pub slots: Vec<HeldSlot>,
 }
 
 impl Decided {
     /// A decision that leaves nothing to settle after the response.
     pub(crate) const fn new(outcome: Outcome, tally: Tally) -> Self {
-        Self { outcome, tally, owed: Vec::new(), slots: Vec::new() }
+        Self { outcome, tally, owed: Vec::new() }
+    }
+}
+
+/// The concurrency slots a request holds: none for nearly every request, so kept thin (a
+/// decision moves between every stage and is returned as an error by several). A request
+/// forwarded, now or when due, holds them until its stream ends, and gives them back at
+/// once if it is not forwarded after all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldSlots(Option<Box<SmallVec<[HeldSlot; 1]>>>);
+
+impl HeldSlots {
+    /// These slots.
+    pub(crate) fn new(slots: Vec<HeldSlot>) -> Self {
+        Self((!slots.is_empty()).then(|| Box::new(SmallVec::from_vec(slots))))
+    }
+
+    /// Whether there are none.
+    pub const fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The slots, one by one.
+    pub(crate) fn into_vec(self) -> Vec<HeldSlot> {
+        self.0.map_or_else(Vec::new, |slots| slots.into_vec())
     }
 }
 

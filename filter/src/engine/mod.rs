@@ -69,7 +69,7 @@ pub use calls::{Asker, Outgoing, SentOutgoing, Target};
 use cause::LogLimiter;
 pub use compiled::MAX_OWING_REQUESTS;
 use compiled::{Compiled, Home};
-pub use decision::{Decided, Disposition, HeldSlot, LocalResponse, Outcome, Owed, Tally};
+pub use decision::{Decided, Disposition, HeldSlots, LocalResponse, Outcome, Owed, Tally};
 pub use headers::{private_cache_control, rate_limit_headers};
 pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
@@ -369,11 +369,11 @@ impl Engine {
     /// Gives back the concurrency slots of a request that ended (or was not forwarded).
     pub fn release_slots<S: Store, C: Clock>(
         &self,
-        slots: Vec<HeldSlot>,
+        slots: HeldSlots,
         limiter: &Limiter<S, C>,
         metrics: &mut impl Metrics,
     ) {
-        slots::release(&self.0, slots, limiter, metrics);
+        slots::release(&self.0, slots.into_vec(), limiter, metrics);
     }
 
     /// Renews this worker's concurrency slots, when due (on the tick).

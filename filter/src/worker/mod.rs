@@ -38,7 +38,7 @@ mod tests;
 
 use crate::due::DueQueue;
 use crate::engine::{
-    Begun, Decided, Disposition, Engine, HeldSlot, LocalResponse, Outcome, Pending, SentOutgoing, Tally,
+    Begun, Decided, Disposition, Engine, HeldSlots, LocalResponse, Outcome, Pending, SentOutgoing, Tally,
 };
 use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts, ResponseFacts};
 use batched::Batched;
@@ -71,7 +71,7 @@ pub struct Worker<S, C, M> {
     costs: RefCell<HashMap<u32, StreamCosts>>,
     /// The concurrency slots each forwarded (or shaped) request holds until its stream
     /// ends, by context id.
-    slots: RefCell<HashMap<u32, Vec<HeldSlot>>>,
+    slots: RefCell<HashMap<u32, HeldSlots>>,
     /// This worker's shared queue, through which a request wakes the root context to
     /// send what it put in the outbox (`None`: the host has no shared queues; the tick
     /// sends it).
@@ -438,18 +438,23 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             // The stream is gone: nothing is paused any more.
             let mut counts = self.counts();
             counts.add_plugin(PluginCounter::ResumeFailures, 1);
-            self.engine.release_slots(decided.slots, &self.limiter, &mut counts);
+            if let Outcome::Continue { slots, .. } | Outcome::Delay { slots, .. } = decided.outcome {
+                self.engine.release_slots(slots, &self.limiter, &mut counts);
+            }
             self.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
             return Flow::Pause;
         }
         let in_headers = via == Via::Headers;
-        let Decided { outcome, tally, owed, slots } = decided;
+        let Decided { outcome, tally, owed } = decided;
+        let mut held = HeldSlots::default();
         let (flow, disposition) = match outcome {
-            Outcome::Continue { headers } => {
+            Outcome::Continue { headers, slots } => {
+                held = slots;
                 self.keep_headers(id, headers);
                 self.forward(in_headers, port)
             }
-            Outcome::Delay { due, headers, .. } => {
+            Outcome::Delay { due, headers, slots, .. } => {
+                held = slots;
                 self.keep_headers(id, headers);
                 match self.paused.try_borrow_mut() {
                     Ok(mut paused) => {
@@ -463,12 +468,12 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             }
             Outcome::Reject(response) => self.reject(&response, in_headers, port),
         };
-        if !slots.is_empty() {
+        if !held.is_empty() {
             if disposition == Disposition::Rejected {
-                self.engine.release_slots(slots, &self.limiter, &mut self.counts());
+                self.engine.release_slots(held, &self.limiter, &mut self.counts());
             } else if let Ok(mut map) = self.slots.try_borrow_mut() {
                 // In flight, now or when due: its stream's end gives them back.
-                map.insert(id, slots);
+                map.insert(id, held);
             }
         }
         if disposition != Disposition::Rejected && !owed.is_empty() {

@@ -87,8 +87,10 @@ mod tests {
     use crate::{RENEW_EVERY, STALE_AFTER};
     use std::sync::Arc as Rc;
 
+    type Worker = Limiter<Rc<MemoryStore>, ManualClock>;
+
     /// Two workers (holders) over one store and one clock.
-    fn workers() -> (Limiter<Rc<MemoryStore>, ManualClock>, Limiter<Rc<MemoryStore>, ManualClock>, ManualClock) {
+    fn workers() -> (Worker, Worker, ManualClock) {
         let store = Rc::new(MemoryStore::new());
         let clock = ManualClock::at(Nanos::from_secs(100));
         (
@@ -98,7 +100,7 @@ mod tests {
         )
     }
 
-    fn take(limiter: &Limiter<Rc<MemoryStore>, ManualClock>, place: &Placement, limit: &Limit) -> Option<Slot> {
+    fn take(limiter: &Worker, place: &Placement, limit: &Limit) -> Option<Slot> {
         let (admission, mut reservation) = limiter.reserve(&[Request { place, limit, cost: 1 }]).unwrap();
         admission.admitted.then(|| reservation.take_slots().pop()).flatten()
     }

@@ -5,7 +5,7 @@
 
 use super::state::Granted;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
+use crate::engine::decision::{Decided, HeldSlots, LocalResponse, Outcome, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::overridden;
@@ -36,17 +36,18 @@ pub(crate) fn admit<S: Store, C: Clock>(
         headers.push((name.clone(), value));
     }
     overridden::add_header(setup, &granted.overrides, &mut headers);
+    let slots = HeldSlots::new(granted.slots);
     let outcome = match granted.due {
-        None => Outcome::Continue { headers },
+        None => Outcome::Continue { headers, slots },
         Some(due) => {
             let now = limiter.clock().now();
-            Outcome::Delay { delay: due.saturating_sub(now), due, headers }
+            Outcome::Delay { delay: due.saturating_sub(now), due, headers, slots }
         }
     };
     for o in &owed {
         metrics.add(o.policy, Counter::CostEstimated, i64::try_from(o.estimate).unwrap_or(i64::MAX));
     }
-    Decided { outcome, tally: granted.tally, owed, slots: granted.slots }
+    Decided { outcome, tally: granted.tally, owed }
 }
 
 /// A request every policy admitted: [`admit`]ted, or, when a policy shapes it and no

@@ -30,6 +30,8 @@ pub(crate) struct Admitted {
 
 /// Decides the local policies of a resolved request: `Err` with the decision when they
 /// reject it (or their failure rule denies).
+// A decision is 128 bytes, moved once; boxing it would allocate on every rejection.
+#[allow(clippy::result_large_err)]
 pub(crate) fn decide<S: Store, C: Clock>(
     setup: &Setup,
     resolution: Resolution,

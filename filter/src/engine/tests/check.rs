@@ -107,7 +107,7 @@ pub(super) fn status(decided: &Decided) -> u16 {
 pub(super) fn response_headers(decided: &Decided) -> &[(String, String)] {
     match &decided.outcome {
         Outcome::Reject(response) => &response.headers,
-        Outcome::Continue { headers } | Outcome::Delay { headers, .. } => headers,
+        Outcome::Continue { headers, .. } | Outcome::Delay { headers, .. } => headers,
     }
 }
 

@@ -81,7 +81,7 @@ fn a_lease_policy_after_one_that_takes_its_failure_rule_still_spends_its_own_lea
 
     let decided = w.begin_with(&routed("b", "t"));
 
-    let Begun::Decided(Decided { outcome: Outcome::Continue { headers }, .. }) = decided else {
+    let Begun::Decided(Decided { outcome: Outcome::Continue { headers, .. }, .. }) = decided else {
         panic!("admitted by the route's failure rule and the tenant's lease")
     };
     assert!(

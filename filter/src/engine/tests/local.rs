@@ -87,7 +87,7 @@ fn a_token_bucket_admits_its_burst_then_rejects_with_exact_headers() {
     assert_eq!(header(&response.headers, "x-ratelimit-limit"), Some("3"));
     assert_eq!(header(&response.headers, "x-ratelimit-remaining"), Some("0"));
     assert_eq!(header(&response.headers, "cache-control"), Some("private"));
-    let Outcome::Continue { headers } = &outcomes[0] else { unreachable!() };
+    let Outcome::Continue { headers, .. } = &outcomes[0] else { unreachable!() };
     assert_eq!(header(headers, "ratelimit"), Some("\"per-key\";r=2;t=1"));
     assert_eq!(metrics.get(0, Counter::Offered), 4);
     assert_eq!(metrics.get(0, Counter::Allowed), 3);
@@ -269,7 +269,8 @@ fn the_strictest_policy_decides_the_allowed_headers() {
     let limiter = limiter();
     let mut metrics = RecordedMetrics::default();
 
-    let Outcome::Continue { headers } = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics) else {
+    let Outcome::Continue { headers, .. } = decide(&engine, &FakeRequest::get("/"), &limiter, true, &mut metrics)
+    else {
         panic!("expected an admission")
     };
 
