@@ -37,6 +37,10 @@ impl Reservation {
     /// Takes out the concurrency slots it holds ([`Slot`]), to be given back when the
     /// request ends ([`Limiter::release`]) rather than with the rest of the reservation.
     pub fn take_slots(&mut self) -> Vec<Slot> {
+        // Most reservations hold none: leave their spends where they are.
+        if !self.spends.iter().any(|s| matches!(s.limit, Limit::Concurrency { .. })) {
+            return Vec::new();
+        }
         let (slots, rest): (SmallVec<[Spend; MAX_INLINE_LIMITS]>, _) =
             std::mem::take(&mut self.spends).into_iter().partition(|s| matches!(s.limit, Limit::Concurrency { .. }));
         self.spends = rest;

@@ -5,7 +5,7 @@
 
 use super::state::Granted;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, HeldSlots, LocalResponse, Outcome, Owed, SpentFrom};
+use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::overridden;
@@ -36,7 +36,7 @@ pub(crate) fn admit<S: Store, C: Clock>(
         headers.push((name.clone(), value));
     }
     overridden::add_header(setup, &granted.overrides, &mut headers);
-    let slots = HeldSlots::new(granted.slots);
+    let slots = granted.slots;
     let outcome = match granted.due {
         None => Outcome::Continue { headers, slots },
         Some(due) => {
@@ -83,7 +83,7 @@ pub(crate) fn reject<S: Store, C: Clock>(
         let _ = leases.give_back(slot, *cost, now);
     }
     give_back(granted.reservation, &granted.local, limiter, metrics);
-    slots::release(setup, granted.slots, limiter, metrics);
+    slots::release(setup, granted.slots.into_vec(), limiter, metrics);
     for spent in &granted.checked_spent {
         settlement::refund(setup, spent.policy, (spent.key, &spent.tag, spent.at_ns), spent.cost, now, metrics);
     }

@@ -9,8 +9,8 @@ use super::admit::{due_after, estimates_owed, rejection};
 use super::resolve::Resolution;
 use super::state::Granted;
 use crate::config::FailureOutcome;
-use crate::engine::decision::HeldSlot;
 use crate::engine::decision::{Decided, Outcome, Tally};
+use crate::engine::decision::{HeldSlot, HeldSlots};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers;
 use crate::engine::resolved::{Few, Place, Resolved};
@@ -52,18 +52,22 @@ pub(crate) fn decide<S: Store, C: Clock>(
         fallback: None,
         overrides: Vec::new(),
         shadows,
-        slots: Vec::new(),
+        slots: HeldSlots::default(),
     };
     if !local.is_empty() {
         // A reservation is only worth keeping when a later stage may give it back, or when
         // it holds concurrency slots, given back when the request ends.
-        let keep = !(checked.is_empty() && leased.is_empty()) || local.iter().any(|r| limits_concurrency(setup, r));
+        let holds = local.iter().any(|r| limits_concurrency(setup, r));
+        let keep = !(checked.is_empty() && leased.is_empty()) || holds;
         match reserve(setup, &local, keep, limiter, metrics) {
             Ok(Some((decisions, mut reservation, due, at))) => {
-                let held = local.iter().filter(|r| limits_concurrency(setup, r)).map(|r| r.policy);
-                granted.slots =
-                    held.zip(reservation.take_slots()).map(|(policy, slot)| HeldSlot { policy, slot }).collect();
-                slots::take(setup, &granted.slots);
+                if holds {
+                    let held = local.iter().filter(|r| limits_concurrency(setup, r)).map(|r| r.policy);
+                    let taken: Vec<HeldSlot> =
+                        held.zip(reservation.take_slots()).map(|(policy, slot)| HeldSlot { policy, slot }).collect();
+                    slots::take(setup, &taken);
+                    granted.slots = HeldSlots::new(taken);
+                }
                 granted.local = decisions;
                 granted.reservation = reservation;
                 granted.due = due;

@@ -144,7 +144,7 @@ pub(crate) fn forget<S: Store, C: Clock>(
         Pending::Lease(wait) => wait.rest.granted,
     };
     admit::give_back(granted.reservation, &granted.local, limiter, metrics);
-    crate::engine::slots::release(setup, granted.slots, limiter, metrics);
+    crate::engine::slots::release(setup, granted.slots.into_vec(), limiter, metrics);
     granted.tally.settle(Disposition::Rejected, metrics);
     granted.tally.abandon(metrics);
 }

@@ -3,7 +3,7 @@
 //! holds only what the stages after it read.
 
 use crate::engine::cause::Note;
-use crate::engine::decision::{Decided, HeldSlot, Owed, Tally};
+use crate::engine::decision::{Decided, HeldSlots, Owed, Tally};
 use crate::engine::resolved::{Few, Resolved};
 use shared_store::{Decision, Nanos, Placement, Reservation};
 use sluice_protocol::AppliedOverride;
@@ -39,7 +39,7 @@ pub(crate) struct Granted {
     pub(crate) shadows: Few<Resolved>,
     /// Concurrency slots taken: held while the request is in flight, given back if it
     /// is rejected after all.
-    pub(crate) slots: Vec<HeldSlot>,
+    pub(crate) slots: HeldSlots,
 }
 
 impl Granted {
