@@ -19,7 +19,7 @@ pub enum Call {
 
 impl Call {
     /// Its entries, in order (one for a lease, a charge or a credit).
-    pub fn entries(&self) -> impl Iterator<Item = &PlannedEntry> {
+    pub fn entries(&self) -> impl Iterator<Item = &PlannedEntry> + Clone {
         let (many, one) = match self {
             Self::Check(plan) => (plan.entries.as_slice(), None),
             Self::Lease(plan) => (&[][..], Some(&plan.entry)),

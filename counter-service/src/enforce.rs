@@ -36,8 +36,9 @@ use crate::store::{ChargeOutcome, CheckOutcome, CreditOutcome, LeaseOutcome};
 pub struct OverrideSet {
     /// Policy-wide overrides, by policy name; each list in order of precedence.
     by_policy: HashMap<String, Vec<Override>>,
-    /// Keyed overrides, by (policy version, key hash); each list in order of precedence.
-    by_key: HashMap<(u64, String), Vec<Override>>,
+    /// Keyed overrides, by key hash (each for one policy version); each list in order
+    /// of precedence.
+    by_key: HashMap<String, Vec<Override>>,
 }
 
 impl OverrideSet {
@@ -46,7 +47,7 @@ impl OverrideSet {
         let mut set = Self::default();
         for item in overrides {
             match &item.key {
-                Some(key) => set.by_key.entry((key.policy_version, key.hash.clone())).or_default().push(item),
+                Some(key) => set.by_key.entry(key.hash.clone()).or_default().push(item),
                 None => set.by_policy.entry(item.policy.clone()).or_default().push(item),
             }
         }
@@ -66,12 +67,15 @@ impl OverrideSet {
 
     /// The override that applies to `scope` at `now_ms`, if any.
     pub fn find(&self, scope: &Scope, now_ms: u64) -> Option<&Override> {
-        fn live(list: Option<&Vec<Override>>, now_ms: u64) -> Option<&Override> {
-            list.and_then(|l| l.iter().find(|o| o.is_live(now_ms)))
-        }
-        // A keyed override's hash covers the policy's name, so the key alone identifies it.
-        let keyed = if self.by_key.is_empty() { None } else { self.by_key.get(&(scope.version, scope.key.clone())) };
-        live(keyed, now_ms).or_else(|| scope.policy.as_ref().and_then(|p| live(self.by_policy.get(p), now_ms)))
+        // A keyed override's hash covers the policy's name, so the key (and version)
+        // alone identifies it.
+        let keyed = self.by_key.get(&scope.key).and_then(|list| {
+            list.iter().find(|o| o.is_live(now_ms) && o.key.as_ref().is_some_and(|k| k.policy_version == scope.version))
+        });
+        keyed.or_else(|| {
+            let list = self.by_policy.get(scope.policy.as_ref()?)?;
+            list.iter().find(|o| o.is_live(now_ms))
+        })
     }
 }
 
@@ -302,6 +306,11 @@ mod tests {
         assert_eq!(kind_for(&set, &entry("c", Some("per-tenant"), bucket(10)), 0), Some((1, OverrideKind::Clamp)));
         assert_eq!(kind_for(&set, &entry("c", None, bucket(10)), 0), None, "a policy-wide override needs the name");
         assert_eq!(kind_for(&set, &entry("a", Some("per-tenant"), bucket(10)), 10_000), None, "expired");
+        let other_version = PlannedEntry {
+            scope: Scope { version: 1, ..entry("a", None, bucket(10)).scope },
+            ..entry("a", None, bucket(10))
+        };
+        assert_eq!(kind_for(&set, &other_version, 0), None, "a keyed override is for its policy version only");
     }
 
     #[test]

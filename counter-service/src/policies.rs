@@ -9,7 +9,7 @@
 //! are kept; more are not learned (overrides for them are refused, and say why).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{PoisonError, RwLock};
 
 use sluice_protocol::LimitSpec;
 
@@ -22,24 +22,30 @@ pub const MAX_KNOWN_POLICIES: usize = 10_000;
 /// Policy names and the limit each last came with.
 #[derive(Debug, Default)]
 pub struct KnownPolicies {
-    map: Mutex<HashMap<String, LimitSpec>>,
+    map: RwLock<HashMap<String, LimitSpec>>,
 }
 
 impl KnownPolicies {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, LimitSpec>> {
-        // Every change is one insert: a poisoned lock holds a whole map.
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    // Every change is one insert: a poisoned lock holds a whole map.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, LimitSpec>> {
+        self.map.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Learns the policies `entries` name.
-    pub fn learn<'a>(&self, entries: impl IntoIterator<Item = &'a PlannedEntry>) {
-        let mut named =
-            entries.into_iter().filter_map(|e| e.scope.policy.as_ref().map(|p| (p, e.limit.spec))).peekable();
-        if named.peek().is_none() {
+    /// Learns the policies `entries` name. Almost every request names policies already
+    /// known with the same limit: that is checked under the shared read lock, and only
+    /// a new name or a changed limit takes the write lock.
+    pub fn learn<'a>(&self, entries: impl IntoIterator<Item = &'a PlannedEntry> + Clone) {
+        let named = || entries.clone().into_iter().filter_map(|e| e.scope.policy.as_ref().map(|p| (p, e.limit.spec)));
+        let known = {
+            let map = self.read();
+            let full = map.len() >= MAX_KNOWN_POLICIES;
+            named().all(|(name, spec)| map.get(name).map_or(full, |known| *known == spec))
+        };
+        if known {
             return;
         }
-        let mut map = self.map();
-        for (name, spec) in named {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        for (name, spec) in named() {
             let room = map.len() < MAX_KNOWN_POLICIES;
             match map.get_mut(name) {
                 Some(known) => *known = spec,
@@ -53,7 +59,7 @@ impl KnownPolicies {
 
     /// The limit `name` last came with, if a request named it.
     pub fn get(&self, name: &str) -> Option<LimitSpec> {
-        self.map().get(name).copied()
+        self.read().get(name).copied()
     }
 }
 
@@ -91,4 +97,35 @@ impl KnownPolicies {
 /// A limit as its JSON, for an error message.
 fn describe(limit: &LimitSpec) -> String {
     serde_json::to_string(limit).unwrap_or_else(|_| format!("{limit:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Scope;
+    use crate::spec::StoreLimit;
+
+    fn named(policy: &str, burst: u64) -> PlannedEntry {
+        PlannedEntry {
+            storage_key: "sluice:{t}:v0:k".to_owned(),
+            limit: StoreLimit::new(LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst }).unwrap(),
+            cost: 1,
+            scope: Scope { policy: Some(policy.to_owned()), version: 0, key: "k".to_owned() },
+        }
+    }
+
+    #[test]
+    fn a_policy_is_known_with_the_limit_it_last_came_with_and_an_unnamed_entry_teaches_nothing() {
+        let known = KnownPolicies::default();
+        let unnamed = PlannedEntry { scope: Scope { policy: None, ..named("x", 1).scope }, ..named("x", 1) };
+
+        known.learn([&named("a", 5), &unnamed]);
+        known.learn([&named("a", 5)]);
+        let first = known.get("a");
+        known.learn([&named("a", 7), &named("b", 1)]);
+
+        assert_eq!(first, Some(LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 5 }));
+        assert_eq!(known.get("a"), Some(LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 7 }));
+        assert!(known.get("b").is_some() && known.get("x").is_none());
+    }
 }
