@@ -33,7 +33,7 @@
 pub mod interleave;
 pub mod oracle;
 pub mod scenario;
-pub mod service;
+pub use sluice_lab::service;
 mod timeline;
 mod traffic;
 

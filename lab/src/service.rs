@@ -1,4 +1,4 @@
-//! The counter service in the simulation: the real service (its [`router`]: every
+//! The counter service in a simulated fleet (the fleet tests' and sluice-lab's): the real service (its [`router`]: every
 //! route, the authentication and in-flight bounds, parsing, validation, the memory store
 //! and the response bodies) called without a socket, behind a scripted transport that
 //! can fail in every way the wire can, for all proxies or for one region.
@@ -145,6 +145,8 @@ pub struct Service {
     rtt: Duration,
     rng: Rng,
     decisions: Vec<Decision>,
+    /// Whether decisions are recorded (the oracles need them; a long lab run does not).
+    keep_decisions: bool,
     calls: u64,
     /// Prints every call (`SLUICE_FLEET_TRACE`).
     verbose: bool,
@@ -169,7 +171,12 @@ fn app(config: &Config, clock: &Arc<ServiceClock>) -> Arc<App> {
 impl Service {
     /// A healthy service for `proxies` proxies on the fleet's clock, answering after `rtt`.
     pub fn new(clock: &VirtualClock, proxies: usize, rtt: Duration, rng: Rng) -> Self {
-        let config = Config { token: Some(Secret::from(TOKEN.to_owned())), ..Config::defaults() };
+        Self::with_token(clock, proxies, rtt, rng, TOKEN)
+    }
+
+    /// The same, expecting `token` from the proxies (the one their configuration gives).
+    pub fn with_token(clock: &VirtualClock, proxies: usize, rtt: Duration, rng: Rng, token: &str) -> Self {
+        let config = Config { token: Some(Secret::from(token.to_owned())), ..Config::defaults() };
         let clock_ = Arc::new(ServiceClock { clock: clock.clone(), step_ns: AtomicI64::new(0) });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -185,9 +192,15 @@ impl Service {
             rtt,
             rng,
             decisions: Vec::new(),
+            keep_decisions: true,
             calls: 0,
             verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
         }
+    }
+
+    /// Stops (or resumes) recording decisions: a long run keeps no history.
+    pub fn keep_decisions(&mut self, keep: bool) {
+        self.keep_decisions = keep;
     }
 
     /// Sets how the service behaves for `proxy` (every proxy when `None`).
@@ -271,7 +284,7 @@ impl Service {
     fn decide(&mut self, path: &str, authorization: Option<&[u8]>, body: &[u8], after: Duration) -> Answer {
         let (status, answer) = self.call(path, authorization, body);
         let at = self.fleet_clock.monotonic_nanos();
-        if status == 200 {
+        if status == 200 && self.keep_decisions {
             let service_at = self.clock.now().0;
             self.record(path, body, &answer, at, service_at);
         }

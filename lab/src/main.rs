@@ -1,0 +1,260 @@
+//! `sluice-lab`: run a scenario against a filter configuration, compare two
+//! configurations, or replay an Envoy access log; each writes a report directory.
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_lab::access_log;
+use sluice_lab::report;
+use sluice_lab::run::{FilterConfig, Lab};
+use sluice_lab::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const SCENARIO_HELP: &str = r#"THE SCENARIO (YAML; every field below, defaults in brackets):
+
+  name: a title                      description: a sentence or two  [empty]
+  seed: 7          everything random comes from it: same seed, same report byte for byte  [1]
+  duration: 60s    virtual time the traffic runs (up to 24h)
+  interval: 1s     one report row per interval (at most 2000 rows)  [1s]
+  fleet:
+    regions:       - {name: eu, proxies: 2}   (proxies in all: at most 64)
+    workers: 2     Envoy worker threads per proxy, each its own VM  [2]
+    service_latency: 2ms    round trip to the counter service  [2ms]
+    upstream_latency: 20ms  how long the upstream takes to answer  [20ms]
+  callers:         one entry per class of callers
+    - name: app
+      legitimate: true      abuse is false: the verdict tells the two apart  [true]
+      method: GET           [GET]
+      path: /api/items      [/]
+      headers: {x-user: "{key}"}   {key} is the caller's identity, {region} its region
+      regions: [eu]         whose proxies it reaches  [all]
+      keys: {count: 1000, hot_share: 0.5, rotating: false}
+                            identities: uniform over count, hot_share of requests from
+                            one hot key, rotating = a new identity per request  [{count: 1}]
+      rate:                 requests per second over time, held until the next point
+        - {at: 0s, rps: 50}
+        - {at: 10s, rps: 500, ramp: 2s}   reached linearly over ramp
+      arrivals: poisson     poisson (independent callers) or even (a scheduler)  [poisson]
+      usage: 120            the upstream reports this usage (header x-usage)  [none]
+      retry: {attempts: 3, backoff: 1s, jitter: true, honor_retry_after: true}
+                            a refused call is sent again after backoff, doubled each time;
+                            jitter spreads it over [0, wait]  [no retries]
+  faults:          the timeline
+    - {kind: slow, at: 10s, for: 5s, latency: 300ms, region: eu}   region optional
+    - {kind: down, at: 20s, for: 5s}          connections refused
+    - {kind: errors, at: 20s, for: 5s}        the service answers 500
+    - {kind: partition, at: 30s, for: 10s, region: eu}   calls never answered
+    - {kind: restart, at: 40s}                the service loses every counter
+    - {kind: clock_step, at: 45s, by: -2s}    the service's clock steps
+    - {kind: config, at: 50s, file: other.json}   every proxy reloads (path relative
+                                                   to the scenario)
+
+Examples: lab/scenarios/*.yaml. The report directory gets index.html (open it in a
+browser: no network needed), summary.json, policies.csv, callers.csv and fleet.csv."#;
+
+/// Try a rate-limit configuration on traffic and faults before production: the real
+/// sluice.wasm in a simulated fleet on a virtual clock.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-lab", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct Common {
+    /// The compiled filter (`cargo build --release --target wasm32-wasip1 -p sluice-filter`).
+    #[arg(long, env = "SLUICE_WASM", default_value = "target/wasm32-wasip1/release/sluice.wasm")]
+    wasm: PathBuf,
+    /// Where the report goes (created; its files are replaced).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a scenario against a filter configuration.
+    #[command(after_long_help = SCENARIO_HELP)]
+    Run {
+        /// The scenario (YAML; see --help for every field).
+        scenario: PathBuf,
+        /// The filter configuration (the JSON Envoy or Istio would be given).
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Run one scenario under two configurations and show them side by side.
+    #[command(after_long_help = SCENARIO_HELP)]
+    Compare {
+        /// The first configuration.
+        a: PathBuf,
+        /// The second configuration.
+        b: PathBuf,
+        /// The scenario.
+        scenario: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Replay an Envoy access log (default text format or JSON lines) through a fleet.
+    Replay {
+        /// The access log.
+        log: PathBuf,
+        /// The filter configuration.
+        #[arg(long)]
+        config: PathBuf,
+        /// Play the log this many times faster than it was recorded (1: its own pace).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// Proxies the log's requests are spread over.
+        #[arg(long, default_value_t = 2)]
+        proxies: usize,
+        /// Workers per proxy.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// One report row per interval.
+        #[arg(long, default_value = "1s")]
+        interval: humantime::Duration,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn load_scenario(path: &Path) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Scenario::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn check_wasm(path: &Path) -> anyhow::Result<()> {
+    if !path.is_file() {
+        bail!(
+            "{} is not there: build it with `cargo build --release --target wasm32-wasip1 -p sluice-filter`, or give --wasm",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn progress(label: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total / 1_000_000);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} ms virtual ({elapsed} wall, {eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_owned());
+    bar
+}
+
+fn run_one(lab: &Lab, label: &str) -> anyhow::Result<sluice_lab::Outcome> {
+    let bar = progress(label, 1);
+    let outcome = lab.run(|done, total| {
+        bar.set_length(total / 1_000_000);
+        bar.set_position(done / 1_000_000);
+    })?;
+    bar.finish_and_clear();
+    Ok(outcome)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let started = Instant::now();
+    let (files, out, requests) = match cli.command {
+        Command::Run { scenario, config, common } => {
+            let parsed = load_scenario(&scenario)?;
+            let config = FilterConfig::load(&config)?;
+            check_wasm(&common.wasm)?;
+            let base = scenario.parent().unwrap_or(Path::new("."));
+            let lab = Lab::new(parsed, config, base, &common.wasm)?;
+            let outcome = run_one(&lab, "run")?;
+            (report::render(&outcome), common.out, outcome.requests)
+        }
+        Command::Compare { a, b, scenario, common } => {
+            let parsed = load_scenario(&scenario)?;
+            let (a, b) = (FilterConfig::load(&a)?, FilterConfig::load(&b)?);
+            check_wasm(&common.wasm)?;
+            let base = scenario.parent().unwrap_or(Path::new("."));
+            let first = run_one(&Lab::new(parsed.clone(), a, base, &common.wasm)?, "a")?;
+            let second = run_one(&Lab::new(parsed, b, base, &common.wasm)?, "b")?;
+            let mut files = vec![("index.html".to_owned(), report::html::compare(&first, &second).into_bytes())];
+            for (dir, outcome) in [("a", &first), ("b", &second)] {
+                for (name, bytes) in report::render(outcome) {
+                    files.push((format!("{dir}/{name}"), bytes));
+                }
+            }
+            (files, common.out, first.requests + second.requests)
+        }
+        Command::Replay { log, config, speed, proxies, workers, interval, common } => {
+            if !(speed.is_finite() && speed > 0.0) {
+                bail!("--speed must be above 0");
+            }
+            let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
+            let parsed = access_log::parse(&text);
+            for bad in &parsed.bad {
+                eprintln!("{}: line {}: {}", log.display(), bad.line, bad.message);
+            }
+            if !parsed.bad.is_empty() {
+                eprintln!("{}: {} lines could not be read (not replayed)", log.display(), parsed.bad.len());
+            }
+            if parsed.entries.is_empty() {
+                bail!("{}: no request could be read", log.display());
+            }
+            let config = FilterConfig::load(&config)?;
+            let wanted = sluice_lab::run::headers_read(&config.parsed);
+            for name in parsed.missing_headers(wanted.iter().map(String::as_str)) {
+                eprintln!(
+                    "{}: no line carries header {name}, which the configuration reads: those requests will miss it",
+                    log.display()
+                );
+            }
+            check_wasm(&common.wasm)?;
+            let first = parsed.entries.iter().map(|e| e.at).min().unwrap_or(0);
+            let last = parsed.entries.iter().map(|e| e.at).max().unwrap_or(0);
+            let length = Duration::from_nanos(((last - first) as f64 / speed) as u64) + Duration::from_secs(1);
+            let interval = sluice_lab::duration::Span(*interval);
+            let scenario = Scenario {
+                name: format!("replay of {}", log.display()),
+                description: format!(
+                    "{} requests from the log at {speed}× its pace over {proxies} proxies; {} lines could not be read.",
+                    parsed.entries.len(),
+                    parsed.bad.len()
+                ),
+                seed: 1,
+                duration: sluice_lab::duration::Span(length),
+                interval,
+                fleet: Fleet {
+                    regions: vec![Region { name: "all".to_owned(), proxies: proxies.clamp(1, 64) }],
+                    workers: workers.clamp(1, 16),
+                    service_latency: sluice_lab::duration::Span(Duration::from_millis(2)),
+                    upstream_latency: sluice_lab::duration::Span(Duration::from_millis(20)),
+                },
+                callers: vec![Caller {
+                    name: "log".to_owned(),
+                    legitimate: true,
+                    method: "GET".to_owned(),
+                    path: "/".to_owned(),
+                    headers: Default::default(),
+                    regions: Vec::new(),
+                    keys: Keys::default(),
+                    rate: Vec::new(),
+                    arrivals: Spacing::Even,
+                    usage: None,
+                    retry: None,
+                }],
+                faults: Vec::new(),
+            };
+            let lab = Lab::new(scenario, config, Path::new("."), &common.wasm)?.with_log(parsed.entries, speed);
+            let outcome = run_one(&lab, "replay")?;
+            (report::render(&outcome), common.out, outcome.requests)
+        }
+    };
+    report::write_files(&out, &files).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "{}: {requests} requests in {:.1} s of wall time; open {}",
+        out.display(),
+        started.elapsed().as_secs_f64(),
+        out.join("index.html").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Global overshoot: every request the fleet forwarded, per policy and caller (the
+//! filter's own key fingerprint), replayed in time order through an exact reference
+//! token bucket of the policy's numbers (`sluice-testkit`'s, written apart from the
+//! filter's). What the reference would have refused is what the fleet admitted above
+//! the budget. Each policy also gets the bound its documentation promises, and the
+//! admissions beyond that bound are counted apart.
+//!
+//! | policy | promised bound (per caller, on top of the budget) |
+//! |---|---|
+//! | local | none fleet-wide: each proxy keeps its own budget, so N proxies may admit N× |
+//! | global, check | the tokens that refill during the longest callout (decisions are replayed at forward time) |
+//! | global, lease | `rate × duration` of a grant, plus the same |
+//!
+//! Admissions made by a fallback (fail open, the emergency cap) are outside every bound:
+//! the filter counts them (`failure_allowed`, `emergency.allowed`) and the report shows
+//! them beside the overshoot. Only token buckets are replayed; other algorithms report
+//! their admissions without a reference.
+
+use shared_store::Limit;
+use sluice::config::{Policy, Strategy};
+use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
+use std::collections::BTreeMap;
+
+/// One forwarded request as a policy counted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Admit {
+    at: u64,
+    cost: u64,
+}
+
+/// What the fleet forwarded, per policy and caller.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    admits: BTreeMap<(String, u128), (Limit, Vec<Admit>)>,
+}
+
+/// The promise a policy is held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Promise {
+    /// A local policy: each proxy has its own budget.
+    PerProxy,
+    /// Global: at most `slack` tokens beyond the budget per caller.
+    Global {
+        /// Tokens allowed beyond the budget.
+        slack: u64,
+    },
+    /// Not a token bucket: no reference.
+    Unreplayed,
+}
+
+/// A policy's overshoot over the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyOvershoot {
+    /// The policy.
+    pub policy: String,
+    /// Admissions the reference bucket (the budget exactly) would have refused, per
+    /// report interval.
+    pub per_row: Vec<u64>,
+    /// All of them.
+    pub total: u64,
+    /// The promise.
+    pub promise: Promise,
+    /// Admissions beyond the promise (a reference bucket with the promise's slack).
+    pub beyond_promise: u64,
+    /// Distinct callers seen.
+    pub callers: usize,
+    /// The caller with the most overshoot, and how much.
+    pub worst: Option<(u128, u64)>,
+}
+
+impl Ledger {
+    /// Records that `policy` admitted `cost` for caller `fingerprint` at `at` ns.
+    pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64) {
+        let entry = self.admits.entry((policy.name.clone(), fingerprint)).or_insert_with(|| (policy.limit, Vec::new()));
+        entry.1.push(Admit { at, cost });
+    }
+
+    /// Replays every caller's admissions; `policies` are the configuration's (the last
+    /// one's, after a change), `max_callout` the longest callout round trip in ns.
+    pub fn overshoot(&self, policies: &[Policy], interval: u64, rows: usize, max_callout: u64) -> Vec<PolicyOvershoot> {
+        policies
+            .iter()
+            .filter(|p| !p.shadow)
+            .map(|policy| {
+                let mut per_row = vec![0; rows];
+                let mut beyond_promise = 0;
+                let mut callers = 0;
+                let mut worst: Option<(u128, u64)> = None;
+                let promise = promise(policy, max_callout);
+                for ((name, fingerprint), (limit, admits)) in &self.admits {
+                    if *name != policy.name {
+                        continue;
+                    }
+                    callers += 1;
+                    let Limit::TokenBucket { rate, burst } = limit else { continue };
+                    let (amount, per) = (rate.amount(), rate.per().0);
+                    let mut exact = ReferenceBucket::new(amount, per, *burst);
+                    let slack = match promise {
+                        Promise::Global { slack } => slack,
+                        Promise::PerProxy | Promise::Unreplayed => 0,
+                    };
+                    let mut promised = ReferenceBucket::new(amount, per, burst.saturating_add(slack));
+                    let mut sorted = admits.clone();
+                    sorted.sort_unstable();
+                    let mut over = 0;
+                    for admit in &sorted {
+                        if !exact.admit(admit.at, admit.cost) {
+                            exact.charge(admit.at, admit.cost);
+                            over += 1;
+                            let row = usize::try_from(admit.at / interval.max(1)).unwrap_or(usize::MAX);
+                            if let Some(slot) = per_row.get_mut(row.min(rows.saturating_sub(1))) {
+                                *slot += 1;
+                            }
+                        }
+                        if !promised.admit(admit.at, admit.cost) {
+                            promised.charge(admit.at, admit.cost);
+                            if matches!(promise, Promise::Global { .. }) {
+                                beyond_promise += 1;
+                            }
+                        }
+                    }
+                    if over > 0 && worst.is_none_or(|(_, w)| over > w) {
+                        worst = Some((*fingerprint, over));
+                    }
+                }
+                let total = per_row.iter().sum();
+                PolicyOvershoot { policy: policy.name.clone(), per_row, total, promise, beyond_promise, callers, worst }
+            })
+            .collect()
+    }
+}
+
+/// What the documentation promises `policy`.
+pub fn promise(policy: &Policy, max_callout: u64) -> Promise {
+    let Limit::TokenBucket { rate, .. } = policy.limit else { return Promise::Unreplayed };
+    let Some(global) = &policy.global else { return Promise::PerProxy };
+    let (amount, per) = (rate.amount(), rate.per().0);
+    let latency = latency_slack(amount, per, max_callout);
+    let slack = match global.strategy {
+        Strategy::Check => latency,
+        Strategy::Lease(lease) => latency.saturating_add(latency_slack(amount, per, lease.duration().0)),
+    };
+    Promise::Global { slack }
+}

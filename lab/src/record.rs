@@ -1,0 +1,131 @@
+//! What happened, per interval: the filter's own counters (summed over the fleet, read
+//! from each proxy's metrics at every interval's end, cumulative), and what each caller
+//! class saw (counted by the lab at the client, per interval).
+
+use std::collections::BTreeMap;
+use wasm_host::MetricValue;
+
+/// The filter's counters at one instant, fleet-wide: per policy, and per plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// `<policy>` → `<counter>` → value (`offered`, `allowed`, `degraded.timeout`, …).
+    pub policies: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per-plugin counters (`counter_service.callouts`, …).
+    pub plugin: BTreeMap<String, u64>,
+}
+
+impl Counters {
+    /// Adds one proxy's metrics, named `<prefix>.<policy>.<counter>` or
+    /// `<prefix>.<counter>`; `policies` are the configured names (a name may hold dots;
+    /// the longest that fits wins).
+    pub fn add(&mut self, metrics: &[(String, MetricValue)], prefix: &str, policies: &[String]) {
+        for (name, value) in metrics {
+            let value = match value {
+                MetricValue::Counter(v) | MetricValue::Gauge(v) => *v,
+                MetricValue::Histogram(_) => continue,
+            };
+            let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) else { continue };
+            let policy = policies
+                .iter()
+                .filter(|p| rest.len() > p.len() && rest.starts_with(p.as_str()) && rest.as_bytes()[p.len()] == b'.')
+                .max_by_key(|p| p.len());
+            match policy {
+                Some(policy) => {
+                    let counter = &rest[policy.len() + 1..];
+                    *self.policies.entry(policy.clone()).or_default().entry(counter.to_owned()).or_default() += value;
+                }
+                None => *self.plugin.entry(rest.to_owned()).or_default() += value,
+            }
+        }
+    }
+
+    /// One policy's counter (0 when never counted).
+    pub fn policy(&self, policy: &str, counter: &str) -> u64 {
+        self.policies.get(policy).and_then(|c| c.get(counter)).copied().unwrap_or(0)
+    }
+
+    /// The sum of a policy's counters whose names start with `prefix` (`degraded.`).
+    pub fn policy_prefixed(&self, policy: &str, prefix: &str) -> u64 {
+        self.policies.get(policy).map_or(0, |c| c.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum())
+    }
+}
+
+/// What one caller class saw in one interval, at the client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassRow {
+    /// Requests sent (retries included: the limiter cannot tell them apart).
+    pub offered: u64,
+    /// Of those, retries.
+    pub retries: u64,
+    /// Forwarded to the upstream (now or after a delay).
+    pub allowed: u64,
+    /// Answered 429.
+    pub rejected: u64,
+    /// Answered another local status (a fail-closed 503) or reset.
+    pub failed: u64,
+    /// Still waiting at the interval's end (held by shaping or for the counter service),
+    /// cumulative: the accounting line's last term.
+    pub pending: u64,
+    /// Calls (first attempts and their retries) that ended forwarded in this interval.
+    pub calls_served: u64,
+    /// Calls that ended refused for good (no retry left) in this interval.
+    pub calls_refused: u64,
+}
+
+/// One interval of the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    /// Its end, in ns from the start.
+    pub end: u64,
+    /// The filter's counters at its end (cumulative).
+    pub counters: Counters,
+    /// Per class, what it saw during the interval.
+    pub classes: Vec<ClassRow>,
+    /// Fault descriptions in force during the interval.
+    pub faults: Vec<String>,
+}
+
+/// Every interval.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Series {
+    /// The interval, ns.
+    pub interval: u64,
+    /// The rows in time order.
+    pub rows: Vec<Row>,
+}
+
+impl Series {
+    /// The counters at the end of row `i` (the zero counters before the first).
+    pub fn counters_before(&self, i: usize) -> Counters {
+        i.checked_sub(1).and_then(|j| self.rows.get(j)).map(|r| r.counters.clone()).unwrap_or_default()
+    }
+
+    /// The last row's counters.
+    pub fn last(&self) -> Counters {
+        self.rows.last().map(|r| r.counters.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_filed_under_the_longest_policy_name_it_starts_with() {
+        let mut counters = Counters::default();
+        let metrics = vec![
+            ("sluice.api.offered".to_owned(), MetricValue::Counter(3)),
+            ("sluice.api.v2.offered".to_owned(), MetricValue::Counter(5)),
+            ("sluice.api.v2.degraded.timeout".to_owned(), MetricValue::Counter(1)),
+            ("sluice.counter_service.callouts".to_owned(), MetricValue::Counter(7)),
+            ("other.api.offered".to_owned(), MetricValue::Counter(100)),
+        ];
+        let policies = ["api".to_owned(), "api.v2".to_owned()];
+        counters.add(&metrics, "sluice", &policies);
+        counters.add(&metrics, "sluice", &policies);
+        assert_eq!(counters.policy("api", "offered"), 6);
+        assert_eq!(counters.policy("api.v2", "offered"), 10);
+        assert_eq!(counters.policy_prefixed("api.v2", "degraded."), 2);
+        assert_eq!(counters.plugin.get("counter_service.callouts"), Some(&14));
+    }
+}

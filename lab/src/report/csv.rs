@@ -1,0 +1,110 @@
+//! The report's data as CSV: one row per interval (and per policy or class), counts for
+//! that interval (gauges and pending requests at its end).
+
+use crate::run::Outcome;
+use std::fmt::Write as _;
+
+/// Seconds with millisecond precision, as the CSV and the plots write time.
+pub fn seconds(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1_000_000_000, (ns / 1_000_000) % 1000)
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break.
+fn field(text: &str) -> String {
+    if text.contains([',', '"', '\n']) { format!("\"{}\"", text.replace('"', "\"\"")) } else { text.to_owned() }
+}
+
+/// Per interval and policy.
+pub fn policies(outcome: &Outcome) -> String {
+    let mut out = String::from(
+        "t_end_s,policy,offered,allowed,rejected,queued,accounting_holds,over_limit,degraded,emergency_allowed,emergency_rejected,failure_allowed,failure_denied,overshoot,lease_granted,lease_expired\n",
+    );
+    let series = &outcome.series;
+    for (i, row) in series.rows.iter().enumerate() {
+        let before = series.counters_before(i);
+        for policy in &outcome.policies {
+            let name = &policy.name;
+            let now = &row.counters;
+            let delta = |c: &str| now.policy(name, c).saturating_sub(before.policy(name, c));
+            let prefixed = |c: &str| now.policy_prefixed(name, c).saturating_sub(before.policy_prefixed(name, c));
+            let holds = now.policy(name, "offered")
+                == now.policy(name, "allowed") + now.policy(name, "rejected") + now.policy(name, "queued");
+            let overshoot = outcome
+                .overshoot
+                .iter()
+                .find(|o| o.policy == *name)
+                .and_then(|o| o.per_row.get(i))
+                .map_or(String::new(), u64::to_string);
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                seconds(row.end),
+                field(name),
+                delta("offered"),
+                delta("allowed"),
+                delta("rejected"),
+                now.policy(name, "queued"),
+                holds,
+                delta("over_limit"),
+                prefixed("degraded."),
+                delta("emergency.allowed"),
+                delta("emergency.rejected"),
+                delta("failure_allowed"),
+                delta("failure_denied"),
+                overshoot,
+                delta("lease.granted"),
+                delta("lease.expired"),
+            );
+        }
+    }
+    out
+}
+
+/// Per interval and caller class.
+pub fn callers(outcome: &Outcome) -> String {
+    let mut out =
+        String::from("t_end_s,class,legitimate,offered,retries,allowed,rejected,failed,pending,calls_served,calls_refused\n");
+    for row in &outcome.series.rows {
+        for (caller, r) in outcome.scenario.callers.iter().zip(&row.classes) {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{},{}",
+                seconds(row.end),
+                field(&caller.name),
+                caller.legitimate,
+                r.offered,
+                r.retries,
+                r.allowed,
+                r.rejected,
+                r.failed,
+                r.pending,
+                r.calls_served,
+                r.calls_refused
+            );
+        }
+    }
+    out
+}
+
+/// Per interval, the fleet: requests, callouts, faults in force.
+pub fn fleet(outcome: &Outcome) -> String {
+    let mut out = String::from("t_end_s,requests,callouts,circuit_opened,faults\n");
+    let series = &outcome.series;
+    for (i, row) in series.rows.iter().enumerate() {
+        let before = series.counters_before(i);
+        let delta = |c: &str| {
+            row.counters.plugin.get(c).copied().unwrap_or(0).saturating_sub(before.plugin.get(c).copied().unwrap_or(0))
+        };
+        let requests: u64 = row.classes.iter().map(|c| c.offered).sum();
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{}",
+            seconds(row.end),
+            requests,
+            delta("counter_service.callouts"),
+            delta("counter_service.circuit_opened"),
+            field(&row.faults.join("; "))
+        );
+    }
+    out
+}

@@ -1,0 +1,82 @@
+//! The verdict: one paragraph, in plain words, of what would happen.
+
+use super::Summary;
+
+fn percent(permille: u64) -> String {
+    format!("{}.{}%", permille / 10, permille % 10)
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The verdict of a run.
+pub fn verdict(summary: &Summary) -> String {
+    let mut out = format!(
+        "Over {} s of virtual time, {} ({} workers each) received {}. ",
+        summary.duration_ms / 1000,
+        plural(summary.proxies as u64, "proxy", "proxies"),
+        summary.workers,
+        plural(summary.requests, "request", "requests"),
+    );
+    let served = |legitimate: bool| {
+        summary
+            .classes
+            .iter()
+            .filter(|c| c.legitimate == legitimate)
+            .map(|c| format!("{} {}", c.name, percent(c.served_permille())))
+            .collect::<Vec<_>>()
+    };
+    let good = served(true);
+    let bad = served(false);
+    if !good.is_empty() {
+        out.push_str(&format!("Legitimate callers got their calls through: {}. ", good.join(", ")));
+    }
+    if !bad.is_empty() {
+        out.push_str(&format!("Abusive callers got through: {}. ", bad.join(", ")));
+    }
+    for p in &summary.policies {
+        out.push_str(&format!(
+            "Policy {} ({}) admitted {} and refused {} of {}",
+            p.name, p.mode, p.allowed, p.rejected, p.offered
+        ));
+        match (p.overshoot, p.promised_slack) {
+            (Some(0), _) => out.push_str(", never above its budget"),
+            (Some(over), Some(slack)) if p.beyond_promise == 0 => out.push_str(&format!(
+                ", {} above its budget, within the documented bound ({} per caller)",
+                plural(over, "admission", "admissions"),
+                plural(slack, "token", "tokens")
+            )),
+            (Some(over), Some(_)) => out.push_str(&format!(
+                ", {} above its budget, {} of them beyond the documented bound",
+                plural(over, "admission", "admissions"),
+                p.beyond_promise
+            )),
+            (Some(over), None) => out.push_str(&format!(
+                ", {} above one fleet-wide budget (a local policy: each proxy keeps its own)",
+                plural(over, "admission", "admissions")
+            )),
+            (None, _) => {}
+        }
+        let fallback = p.emergency_allowed + p.emergency_rejected + p.failure_allowed + p.failure_denied;
+        if fallback > 0 || p.degraded > 0 {
+            out.push_str(&format!(
+                "; for about {} s the counter service could not decide ({} requests), and fallbacks admitted {} (fail open {}, emergency cap {}) and refused {}",
+                p.fallback_ms / 1000,
+                p.degraded,
+                p.failure_allowed + p.emergency_allowed,
+                p.failure_allowed,
+                p.emergency_allowed,
+                p.failure_denied + p.emergency_rejected,
+            ));
+        }
+        out.push_str(". ");
+    }
+    let held = summary.policies.iter().all(|p| p.accounting_holds) && summary.classes.iter().all(|c| c.accounting_holds);
+    out.push_str(if held {
+        "The accounting line (offered = allowed + rejected + queued) held in every interval."
+    } else {
+        "The accounting line did NOT hold in every interval: see the tables."
+    });
+    out
+}
