@@ -249,6 +249,8 @@ struct Fleet<'a> {
     policies: Vec<Policy>,
     all_policies: Vec<Policy>,
     prefix: String,
+    /// Each proxy's region.
+    regions: Vec<String>,
     open: BTreeMap<u64, Open>,
     by_worker: BTreeMap<(usize, usize), BTreeSet<u64>>,
     responses: BTreeSet<(u64, u64)>,
@@ -336,6 +338,7 @@ impl<'a> Fleet<'a> {
             all_policies: policies.clone(),
             policies,
             prefix: config.stat_prefix.clone(),
+            regions: scenario.proxy_regions().into_iter().map(str::to_owned).collect(),
             open: BTreeMap::new(),
             by_worker: BTreeMap::new(),
             responses: BTreeSet::new(),
@@ -414,7 +417,7 @@ impl<'a> Fleet<'a> {
                 (entry.method.clone(), entry.path.clone(), entry.headers.clone(), source)
             }
             None => {
-                let region = scenario.proxy_regions().get(arrival.proxy).copied().unwrap_or_default();
+                let region = self.regions.get(arrival.proxy).map_or("", String::as_str);
                 let identity = format!("{}-{}", caller.name, arrival.key);
                 let headers: Vec<(String, String)> = caller
                     .headers
@@ -462,7 +465,9 @@ impl<'a> Fleet<'a> {
 
     /// What became of worker (p, w)'s requests.
     fn observe(&mut self, p: usize, w: usize, t: u64) {
-        let Some(keys) = self.by_worker.get(&(p, w)).cloned() else { return };
+        let Some(keys) = self.by_worker.get(&(p, w)).map(|set| set.iter().copied().collect::<Vec<u64>>()) else {
+            return;
+        };
         let upstream = self.lab.scenario.fleet.upstream_latency.nanos();
         for key in keys {
             let Some(open) = self.open.get_mut(&key) else { continue };

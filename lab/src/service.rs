@@ -136,7 +136,8 @@ impl shared_store::Clock for ServiceClock {
 
 /// The simulated service.
 pub struct Service {
-    app: Arc<App>,
+    /// The service's routes over its state (rebuilt when it restarts).
+    routes: axum::Router,
     runtime: tokio::runtime::Runtime,
     config: Config,
     clock: Arc<ServiceClock>,
@@ -183,7 +184,7 @@ impl Service {
             .build()
             .unwrap_or_else(|e| panic!("a runtime for the simulated service: {e}"));
         Self {
-            app: app(&config, &clock_),
+            routes: router(app(&config, &clock_)),
             runtime,
             config,
             clock: clock_,
@@ -222,7 +223,7 @@ impl Service {
 
     /// Restarts the service with nothing kept (its memory store lost every counter).
     pub fn restart(&mut self) {
-        self.app = app(&self.config, &self.clock);
+        self.routes = router(app(&self.config, &self.clock));
         let at = self.fleet_clock.monotonic_nanos();
         self.decisions.push(Decision::Restart { at });
     }
@@ -306,7 +307,7 @@ impl Service {
         let Ok(request) = request.body(axum::body::Body::from(body.to_vec())) else {
             return (400, b"unbuildable request".to_vec());
         };
-        let routes = router(self.app.clone());
+        let routes = self.routes.clone();
         self.runtime.block_on(async move {
             let Ok(response) = routes.oneshot(request).await;
             let status = response.status().as_u16();

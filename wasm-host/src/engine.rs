@@ -32,12 +32,46 @@ pub(crate) struct Compiled {
 /// be linked.
 pub(crate) fn compile(bytes: &[u8], origin: &str, interruptible: bool) -> Result<Compiled, HostError> {
     let engine = engine(interruptible);
-    let module = Module::new(&engine, bytes)
-        .map_err(|e| HostError::InvalidModule { origin: origin.to_owned(), reason: format!("{e:#}") })?;
+    let module = match cached(bytes, interruptible) {
+        Some(module) => module,
+        None => {
+            let module = Module::new(&engine, bytes)
+                .map_err(|e| HostError::InvalidModule { origin: origin.to_owned(), reason: format!("{e:#}") })?;
+            remember(bytes, interruptible, &module);
+            module
+        }
+    };
     check_abi(&module, origin)?;
     let (pre, unimplemented) = link(&engine, &module)
         .map_err(|e| HostError::NotProxyWasm { origin: origin.to_owned(), reason: format!("{e:#}") })?;
     Ok(Compiled { pre, unimplemented })
+}
+
+/// Most compiled modules kept for reuse (the oldest is dropped first).
+const MAX_CACHED_MODULES: usize = 8;
+
+/// Modules compiled in this process, by their exact bytes and engine: a fleet of hosts
+/// running one module compiles it once (compiling sluice.wasm takes about a second;
+/// instantiating it, milliseconds). A `Module` is immutable code, so sharing it shares
+/// no state a test could observe.
+type ModuleCache = std::sync::Mutex<Vec<(Vec<u8>, bool, Module)>>;
+
+fn module_cache() -> &'static ModuleCache {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
+    CACHE.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+fn cached(bytes: &[u8], interruptible: bool) -> Option<Module> {
+    let cache = module_cache().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    cache.iter().find(|(b, i, _)| *i == interruptible && b.as_slice() == bytes).map(|(_, _, m)| m.clone())
+}
+
+fn remember(bytes: &[u8], interruptible: bool, module: &Module) {
+    let mut cache = module_cache().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.len() >= MAX_CACHED_MODULES {
+        cache.remove(0);
+    }
+    cache.push((bytes.to_vec(), interruptible, module.clone()));
 }
 
 /// Epoch ticks in `limit` (at least 1); no limit is `u64::MAX`.
