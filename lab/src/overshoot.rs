@@ -22,16 +22,21 @@ use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use std::collections::BTreeMap;
 
 /// One forwarded request as a policy counted it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Admit {
     at: u64,
     cost: u64,
+    /// The policy's numbers when it was admitted (a configuration change may raise or
+    /// lower them mid-run).
+    limit: Limit,
+    /// Admitted by a fallback (fail open, the emergency cap): outside every promise.
+    fallback: bool,
 }
 
 /// What the fleet forwarded, per policy and caller.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    admits: BTreeMap<(String, u128), (Limit, Vec<Admit>)>,
+    admits: BTreeMap<(String, u128), Vec<Admit>>,
 }
 
 /// The promise a policy is held to.
@@ -60,8 +65,12 @@ pub struct PolicyOvershoot {
     pub total: u64,
     /// The promise.
     pub promise: Promise,
-    /// Admissions beyond the promise (a reference bucket with the promise's slack).
+    /// Admissions beyond the promise (a reference bucket with the promise's slack),
+    /// fallback admissions excepted.
     pub beyond_promise: u64,
+    /// Admissions a fallback made (outside the promise; they still spend the
+    /// reference's budget).
+    pub by_fallback: u64,
     /// Distinct callers seen.
     pub callers: usize,
     /// The caller with the most overshoot, and how much.
@@ -70,9 +79,11 @@ pub struct PolicyOvershoot {
 
 impl Ledger {
     /// Records that `policy` admitted `cost` for caller `fingerprint` at `at` ns.
-    pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64) {
-        let entry = self.admits.entry((policy.name.clone(), fingerprint)).or_insert_with(|| (policy.limit, Vec::new()));
-        entry.1.push(Admit { at, cost });
+    /// `fallback`: a fallback admitted it (the filter's fallback header named the
+    /// policy).
+    pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64, fallback: bool) {
+        let admits = self.admits.entry((policy.name.clone(), fingerprint)).or_default();
+        admits.push(Admit { at, cost, limit: policy.limit, fallback });
     }
 
     /// Replays every caller's admissions; `policies` are the configuration's (the last
@@ -84,26 +95,45 @@ impl Ledger {
             .map(|policy| {
                 let mut per_row = vec![0; rows];
                 let mut beyond_promise = 0;
+                let mut by_fallback = 0;
                 let mut callers = 0;
                 let mut worst: Option<(u128, u64)> = None;
                 let promise = promise(policy, max_callout);
-                for ((name, fingerprint), (limit, admits)) in &self.admits {
+                for ((name, fingerprint), admits) in &self.admits {
                     if *name != policy.name {
                         continue;
                     }
                     callers += 1;
-                    let Limit::TokenBucket { rate, burst } = limit else { continue };
-                    let (amount, per) = (rate.amount(), rate.per().0);
-                    let mut exact = ReferenceBucket::new(amount, per, *burst);
                     let slack = match promise {
                         Promise::Global { slack } => slack,
                         Promise::PerProxy | Promise::Unreplayed => 0,
                     };
-                    let mut promised = ReferenceBucket::new(amount, per, burst.saturating_add(slack));
                     let mut sorted = admits.clone();
-                    sorted.sort_unstable();
+                    sorted.sort_by_key(|a| a.at);
                     let mut over = 0;
+                    let mut references: Option<(Limit, ReferenceBucket, ReferenceBucket)> = None;
                     for admit in &sorted {
+                        let Limit::TokenBucket { rate, burst } = admit.limit else { continue };
+                        let (amount, per) = (rate.amount(), rate.per().0);
+                        // New numbers carry the allowance left over, capped, as the filter
+                        // and the service do.
+                        let carried = |old: Option<&ReferenceBucket>, capacity: u64| {
+                            let mut fresh = ReferenceBucket::new(amount, per, capacity);
+                            if let Some(old) = old {
+                                let left = old.remaining(admit.at).min(capacity);
+                                fresh.charge(admit.at, capacity - left);
+                            }
+                            fresh
+                        };
+                        let (exact, promised) = match &mut references {
+                            Some((limit, exact, promised)) if *limit == admit.limit => (exact, promised),
+                            slot => {
+                                let exact = carried(slot.as_ref().map(|r| &r.1), burst);
+                                let promised = carried(slot.as_ref().map(|r| &r.2), burst.saturating_add(slack));
+                                let (_, exact, promised) = slot.insert((admit.limit, exact, promised));
+                                (exact, promised)
+                            }
+                        };
                         if !exact.admit(admit.at, admit.cost) {
                             exact.charge(admit.at, admit.cost);
                             over += 1;
@@ -112,7 +142,11 @@ impl Ledger {
                                 *slot += 1;
                             }
                         }
-                        if !promised.admit(admit.at, admit.cost) {
+                        // A fallback's admission is outside the promise: it is counted
+                        // apart and does not spend the promise's allowance.
+                        if admit.fallback {
+                            by_fallback += 1;
+                        } else if !promised.admit(admit.at, admit.cost) {
                             promised.charge(admit.at, admit.cost);
                             if matches!(promise, Promise::Global { .. }) {
                                 beyond_promise += 1;
@@ -124,7 +158,16 @@ impl Ledger {
                     }
                 }
                 let total = per_row.iter().sum();
-                PolicyOvershoot { policy: policy.name.clone(), per_row, total, promise, beyond_promise, callers, worst }
+                PolicyOvershoot {
+                    policy: policy.name.clone(),
+                    per_row,
+                    total,
+                    promise,
+                    beyond_promise,
+                    by_fallback,
+                    callers,
+                    worst,
+                }
             })
             .collect()
     }

@@ -70,6 +70,11 @@ pub struct ClassRow {
     pub calls_served: u64,
     /// Calls that ended refused for good (no retry left) in this interval.
     pub calls_refused: u64,
+    /// Time the forwarded requests spent held before the filter let them through
+    /// (shaping, waits for the counter service), summed, ns.
+    pub waited_ns: u64,
+    /// The longest of those waits, ns.
+    pub waited_max_ns: u64,
 }
 
 /// One interval of the whole run.

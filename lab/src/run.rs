@@ -34,6 +34,10 @@ const HASH_KEY: &str = "sluice-lab-hash-key-0123456789ab";
 /// only equality matters).
 const LEDGER_KEY: HashKey = HashKey::new(*b"sluice-lab-ledgr");
 
+/// The header the lab asks the filter to name fallback decisions with, when the
+/// configuration does not name one itself (the report's footer says so).
+pub const LAB_FALLBACK_HEADER: &str = "x-sluice-lab-fallback";
+
 /// Why a run could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum LabError {
@@ -68,6 +72,11 @@ pub struct FilterConfig {
     pub bytes: Vec<u8>,
     /// As the filter validated it.
     pub parsed: Config,
+    /// What the proxies are given: the same, plus `response.fallback_header` when the
+    /// configuration names none (so that every fallback admission can be told apart).
+    pub run_bytes: Vec<u8>,
+    /// The header that names fallback decisions.
+    pub fallback_header: String,
 }
 
 impl FilterConfig {
@@ -86,9 +95,24 @@ impl FilterConfig {
     /// # Errors
     /// When the filter refuses it.
     pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, LabError> {
-        let parsed =
-            Config::from_json(&bytes).map_err(|e| LabError::Config { file: name.to_owned(), error: e.to_string() })?;
-        Ok(Self { name: name.to_owned(), bytes, parsed })
+        let refused = |error: String| LabError::Config { file: name.to_owned(), error };
+        let parsed = Config::from_json(&bytes).map_err(|e| refused(e.to_string()))?;
+        let (run_bytes, fallback_header) = match &parsed.response.fallback_header {
+            Some(header) => (bytes.clone(), header.clone()),
+            None => {
+                let mut json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| refused(e.to_string()))?;
+                if let Some(root) = json.as_object_mut() {
+                    let response = root.entry("response").or_insert_with(|| serde_json::json!({}));
+                    if let Some(response) = response.as_object_mut() {
+                        response.insert("fallback_header".to_owned(), LAB_FALLBACK_HEADER.into());
+                    }
+                }
+                let run_bytes = serde_json::to_vec(&json).map_err(|e| refused(e.to_string()))?;
+                Config::from_json(&run_bytes).map_err(|e| refused(format!("with the lab's fallback header: {e}")))?;
+                (run_bytes, LAB_FALLBACK_HEADER.to_owned())
+            }
+        };
+        Ok(Self { name: name.to_owned(), bytes, parsed, run_bytes, fallback_header })
     }
 }
 
@@ -132,7 +156,8 @@ pub struct Outcome {
 struct Open {
     arrival: Arrival,
     id: StreamId,
-    forwarded: bool,
+    /// When the filter let it through (ns from the start).
+    forwarded: Option<u64>,
     /// (policy index, caller fingerprint, cost) for every enforcing policy it matched.
     counted: Vec<(usize, u128, u64)>,
 }
@@ -217,6 +242,7 @@ impl Lab {
                 boundary = (boundary + interval).min(end);
             }
         }
+        fleet.flush_forwarded();
         let max_callout = fleet.max_callout();
         let policies = fleet.all_policies.clone();
         let rows = fleet.series.rows.len();
@@ -279,7 +305,7 @@ impl<'a> Fleet<'a> {
         for p in 0..proxies {
             let service = service.clone();
             let mut builder = Host::builder(Wasm::bytes(module.to_vec()))
-                .plugin_configuration(lab.config.bytes.clone())
+                .plugin_configuration(lab.config.run_bytes.clone())
                 .plugin_name("sluice")
                 .root_id("sluice")
                 .vm_id("sluice")
@@ -460,7 +486,7 @@ impl<'a> Fleet<'a> {
         }
         self.serial += 1;
         self.by_worker.entry((arrival.proxy, arrival.worker)).or_default().insert(self.serial);
-        self.open.insert(self.serial, Open { arrival, id, forwarded: false, counted });
+        self.open.insert(self.serial, Open { arrival, id, forwarded: None, counted });
     }
 
     /// What became of worker (p, w)'s requests.
@@ -469,6 +495,7 @@ impl<'a> Fleet<'a> {
             return;
         };
         let upstream = self.lab.scenario.fleet.upstream_latency.nanos();
+        let fallback_header = self.lab.config.fallback_header.clone();
         for key in keys {
             let Some(open) = self.open.get_mut(&key) else { continue };
             let Some(worker) = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get_mut(w)) else { return };
@@ -476,37 +503,52 @@ impl<'a> Fleet<'a> {
             enum Fate {
                 Keep,
                 Forwarded,
-                Done,
+                Done(Option<String>),
                 Refused { rejected: bool, retry_after: Option<u64> },
             }
             let fate = match worker.outcome(open.id) {
                 Ok(Seen::Paused | Seen::ResponsePaused) => Fate::Keep,
-                Ok(Seen::Forwarded(_)) if !open.forwarded => Fate::Forwarded,
+                Ok(Seen::Forwarded(_)) if open.forwarded.is_none() => Fate::Forwarded,
                 Ok(Seen::Forwarded(_)) => Fate::Keep,
-                Ok(Seen::Responded(_)) if open.forwarded => Fate::Done,
+                Ok(Seen::Responded(response)) if open.forwarded.is_some() => {
+                    Fate::Done(response.headers.get_str(&fallback_header).map(str::to_owned))
+                }
                 Ok(Seen::Responded(response)) => Fate::Refused {
                     rejected: response.status == 429,
                     retry_after: response.headers.get_str("retry-after").and_then(|v| v.trim().parse().ok()),
                 },
                 Ok(Seen::Reset) => Fate::Refused { rejected: false, retry_after: None },
-                Err(_) => Fate::Done,
+                Err(_) => Fate::Done(None),
             };
             match fate {
                 Fate::Keep => {}
                 Fate::Forwarded => {
-                    open.forwarded = true;
-                    for (policy, fingerprint, cost) in &open.counted {
-                        if let Some(policy) = self.policies.get(*policy) {
-                            self.ledger.admit(policy, *fingerprint, t, *cost);
-                        }
-                    }
+                    open.forwarded = Some(t);
                     if let Some(row) = self.rows.get_mut(class) {
                         row.allowed += 1;
                         row.calls_served += 1;
+                        let waited = t.saturating_sub(open.arrival.at);
+                        row.waited_ns += waited;
+                        row.waited_max_ns = row.waited_max_ns.max(waited);
                     }
                     self.responses.insert((t.saturating_add(upstream), key));
                 }
-                Fate::Done => {
+                Fate::Done(fallback) => {
+                    // Counted against each policy's budget at the moment it was let
+                    // through; a fallback names the policies it decided.
+                    if let Some(at) = open.forwarded {
+                        let decided_by_fallback = |name: &str| {
+                            fallback.as_deref().and_then(|v| v.split("policies=").nth(1)).is_some_and(|list| {
+                                list.split([',', ';']).any(|p| p.trim() == name)
+                            })
+                        };
+                        for (policy, fingerprint, cost) in &open.counted {
+                            if let Some(policy) = self.policies.get(*policy) {
+                                let by_fallback = decided_by_fallback(&policy.name);
+                                self.ledger.admit(policy, *fingerprint, at, *cost, by_fallback);
+                            }
+                        }
+                    }
                     let _ = worker.finish(open.id);
                     self.close(p, w, key);
                 }
@@ -522,6 +564,19 @@ impl<'a> Fleet<'a> {
                         row.calls_refused += u64::from(!retried);
                     }
                     self.close(p, w, key);
+                }
+            }
+        }
+    }
+
+    /// Requests let through whose upstream has not answered by the end: counted at the
+    /// moment they were let through (whether a fallback decided them is not known yet).
+    fn flush_forwarded(&mut self) {
+        for open in self.open.values() {
+            let Some(at) = open.forwarded else { continue };
+            for (policy, fingerprint, cost) in &open.counted {
+                if let Some(policy) = self.policies.get(*policy) {
+                    self.ledger.admit(policy, *fingerprint, at, *cost, false);
                 }
             }
         }
@@ -550,7 +605,7 @@ impl<'a> Fleet<'a> {
                     if let Some(config) = self.lab.changes.get(&i) {
                         for host in &mut self.hosts {
                             // A refused reload keeps the old configuration, as in Envoy.
-                            let _ = host.reconfigure(config.bytes.clone());
+                            let _ = host.reconfigure(config.run_bytes.clone());
                         }
                         self.policies = config.parsed.policies.clone();
                         for policy in &self.policies {
@@ -601,7 +656,7 @@ impl<'a> Fleet<'a> {
             counters.add(&host.metrics(), &self.prefix, &names);
         }
         let mut classes = std::mem::replace(&mut self.rows, vec![ClassRow::default(); self.lab.scenario.callers.len()]);
-        for open in self.open.values().filter(|o| !o.forwarded) {
+        for open in self.open.values().filter(|o| o.forwarded.is_none()) {
             if let Some(row) = classes.get_mut(open.arrival.class) {
                 row.pending += 1;
             }

@@ -55,7 +55,7 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
     let _ = write!(out, r#"<p class="verdict">{}</p>"#, escape(&verdict(summary)));
     let _ = write!(
         out,
-        "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound</th><th>lease tokens granted / stranded</th></tr>"
+        "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound (not by a fallback)</th><th>admitted by a fallback</th><th>lease tokens granted / stranded</th></tr>"
     );
     for p in &summary.policies {
         let holds = if p.accounting_holds { "holds".to_owned() } else { r#"<span class="bad">broken</span>"#.to_owned() };
@@ -72,7 +72,7 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         };
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{holds}</td><td>{}</td><td>{}</td><td>{} s</td><td>{} / {}</td><td>{} / {}</td><td>{overshoot}</td><td>{bound}</td><td>{beyond}</td><td>{} / {}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{holds}</td><td>{}</td><td>{}</td><td>{} s</td><td>{} / {}</td><td>{} / {}</td><td>{overshoot}</td><td>{bound}</td><td>{beyond}</td><td>{}</td><td>{} / {}</td></tr>",
             escape(&p.name),
             escape(&p.mode),
             p.offered,
@@ -86,6 +86,7 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
             p.emergency_allowed,
             p.failure_denied,
             p.emergency_rejected,
+            p.by_fallback,
             p.lease_granted,
             p.lease_expired,
         );
@@ -96,12 +97,12 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         "<p>Callouts to the counter service: {} ({} per 1 000 requests).</p>",
         summary.callouts, summary.callouts_per_1000
     );
-    out.push_str("<h2>Caller classes</h2><table><tr><th>class</th><th>legitimate</th><th>offered</th><th>of which retries</th><th>allowed</th><th>rejected (429)</th><th>failed (other status, reset)</th><th>pending at end</th><th>calls served</th><th>calls refused for good</th><th>got through</th><th>accounting line</th></tr>");
+    out.push_str("<h2>Caller classes</h2><table><tr><th>class</th><th>legitimate</th><th>offered</th><th>of which retries</th><th>allowed</th><th>rejected (429)</th><th>failed (other status, reset)</th><th>pending at end</th><th>calls served</th><th>calls refused for good</th><th>got through</th><th>held before let through: mean / max</th><th>accounting line</th></tr>");
     for c in &summary.classes {
         let holds = if c.accounting_holds { "holds" } else { r#"<span class="bad">broken</span>"# };
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}.{}%</td><td>{holds}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}.{}%</td><td>{} / {} ms</td><td>{holds}</td></tr>",
             escape(&c.name),
             if c.legitimate { "yes" } else { "no" },
             c.offered,
@@ -114,6 +115,8 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
             c.calls_refused,
             c.served_permille() / 10,
             c.served_permille() % 10,
+            c.mean_wait_us / 1000,
+            c.max_wait_us / 1000,
         );
     }
     out.push_str("</table>");
@@ -184,6 +187,16 @@ fn footer(outcomes: &[&Outcome]) -> String {
         "Made by sluice-lab {}. The filter is the compiled sluice.wasm, unchanged ",
         env!("CARGO_PKG_VERSION")
     );
+    for outcome in outcomes {
+        if outcome.config.run_bytes != outcome.config.bytes {
+            let _ = write!(
+                out,
+                "(its configuration {} was given <code>response.fallback_header: {}</code> so that fallback admissions can be told apart; nothing else changed) ",
+                escape(&outcome.config.name),
+                crate::run::LAB_FALLBACK_HEADER
+            );
+        }
+    }
     for outcome in outcomes {
         let _ = write!(out, "({} bytes, FNV-1a {:016x}) ", outcome.module.0, outcome.module.1);
     }

@@ -50,8 +50,11 @@ pub struct PolicySummary {
     pub overshoot: Option<u64>,
     /// The promised slack per caller (`None`: local, or not replayed).
     pub promised_slack: Option<u64>,
-    /// Admitted beyond the promise.
+    /// Admitted beyond the promise (fallback admissions excepted).
     pub beyond_promise: u64,
+    /// Admitted by a fallback (fail open, the emergency cap), as the filter's fallback
+    /// header named them.
+    pub by_fallback: u64,
     /// Lease tokens granted, and expired unspent (stranded).
     pub lease_granted: u64,
     /// Stranded lease tokens.
@@ -84,6 +87,10 @@ pub struct ClassSummary {
     /// Whether `offered = allowed + rejected + failed + pending` held at every
     /// interval's end.
     pub accounting_holds: bool,
+    /// Mean time a forwarded request was held before it was let through, µs.
+    pub mean_wait_us: u64,
+    /// The longest, µs.
+    pub max_wait_us: u64,
 }
 
 impl ClassSummary {
@@ -149,6 +156,7 @@ impl Summary {
                     })
                     .count() as u64;
                 let overshoot = outcome.overshoot.iter().find(|o| o.policy == *name);
+                let by_fallback = overshoot.map_or(0, |o| o.by_fallback);
                 let (overshoot_total, promised_slack, beyond) = match overshoot {
                     Some(PolicyOvershoot { total, promise: Promise::Global { slack }, beyond_promise, .. }) => {
                         (Some(*total), Some(*slack), *beyond_promise)
@@ -181,6 +189,7 @@ impl Summary {
                     overshoot: overshoot_total,
                     promised_slack,
                     beyond_promise: beyond,
+                    by_fallback,
                     lease_granted: get("lease.granted"),
                     lease_expired: get("lease.expired"),
                 }
@@ -204,7 +213,10 @@ impl Summary {
                     calls_served: 0,
                     calls_refused: 0,
                     accounting_holds: true,
+                    mean_wait_us: 0,
+                    max_wait_us: 0,
                 };
+                let mut waited = 0u64;
                 for row in &series.rows {
                     let Some(r) = row.classes.get(c) else { continue };
                     total.offered += r.offered;
@@ -215,9 +227,12 @@ impl Summary {
                     total.calls_served += r.calls_served;
                     total.calls_refused += r.calls_refused;
                     total.pending = r.pending;
+                    waited += r.waited_ns;
+                    total.max_wait_us = total.max_wait_us.max(r.waited_max_ns / 1000);
                     total.accounting_holds &=
                         total.offered == total.allowed + total.rejected + total.failed + total.pending;
                 }
+                total.mean_wait_us = (waited / 1000).checked_div(total.allowed).unwrap_or(0);
                 total
             })
             .collect();

@@ -48,7 +48,7 @@ pub fn verdict(summary: &Summary) -> String {
                 plural(slack, "token", "tokens")
             )),
             (Some(over), Some(_)) => out.push_str(&format!(
-                ", {} above its budget, {} of them beyond the documented bound",
+                ", {} above its budget, {} of them beyond the documented bound and not made by a fallback",
                 plural(over, "admission", "admissions"),
                 p.beyond_promise
             )),
@@ -71,6 +71,15 @@ pub fn verdict(summary: &Summary) -> String {
             ));
         }
         out.push_str(". ");
+    }
+    let waits: Vec<String> = summary
+        .classes
+        .iter()
+        .filter(|c| c.max_wait_us >= 100_000)
+        .map(|c| format!("{} up to {} ms (mean {} ms)", c.name, c.max_wait_us / 1000, c.mean_wait_us / 1000))
+        .collect();
+    if !waits.is_empty() {
+        out.push_str(&format!("Requests were held before being let through: {}. ", waits.join(", ")));
     }
     let held = summary.policies.iter().all(|p| p.accounting_holds) && summary.classes.iter().all(|c| c.accounting_holds);
     out.push_str(if held {
