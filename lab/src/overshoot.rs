@@ -1,8 +1,9 @@
 //! Global overshoot: every request the fleet forwarded, per policy and caller (the
 //! filter's own key fingerprint), replayed in time order through an exact reference
 //! token bucket of the policy's numbers (`sluice-testkit`'s, written apart from the
-//! filter's). What the reference would have refused is what the fleet admitted above
-//! the budget. Each policy also gets the bound its documentation promises, and the
+//! filter's). What the reference would have refused (spending nothing for it) is what
+//! the fleet admitted above the budget: for a local policy on N proxies under constant
+//! overload, (N − 1) × (burst + rate × T). Each policy also gets the bound its documentation promises, and the
 //! admissions beyond that bound are counted apart.
 //!
 //! | policy | promised bound (per caller, on top of the budget) |
@@ -134,8 +135,9 @@ impl Ledger {
                                 (exact, promised)
                             }
                         };
+                        // A refusal of the reference spends nothing: the overshoot is what
+                        // was admitted beyond what the budget allowed, not a debt.
                         if !exact.admit(admit.at, admit.cost) {
-                            exact.charge(admit.at, admit.cost);
                             over += 1;
                             let row = usize::try_from(admit.at / interval.max(1)).unwrap_or(usize::MAX);
                             if let Some(slot) = per_row.get_mut(row.min(rows.saturating_sub(1))) {
@@ -147,7 +149,6 @@ impl Ledger {
                         if admit.fallback {
                             by_fallback += 1;
                         } else if !promised.admit(admit.at, admit.cost) {
-                            promised.charge(admit.at, admit.cost);
                             if matches!(promise, Promise::Global { .. }) {
                                 beyond_promise += 1;
                             }

@@ -44,8 +44,11 @@ impl Scenario {
             let field = e.path().to_string();
             let field = if field == "." { String::new() } else { field };
             let inner = e.into_inner();
+            // The field's own place when it has one (serde's location of a custom error
+            // is the document's start), else where the parser stopped.
             let location = inner.location().map(|l| (l.line(), l.column()));
-            let (line, column) = location.or_else(|| locate(text, &field)).unzip();
+            let found = if field.is_empty() { None } else { locate(text, &field) };
+            let (line, column) = found.or(location).unzip();
             // serde_norway appends "at line L column C" to its message; the location is
             // said once, in front.
             let message = inner.to_string();

@@ -1,0 +1,39 @@
+//! sluice-lab's tests: the real sluice.wasm in the simulated fleet, through the library
+//! and through the binary.
+
+mod closed_form;
+mod errors;
+mod replay;
+mod reports;
+
+use sluice_lab::run::{FilterConfig, Lab};
+use sluice_lab::{Outcome, Scenario};
+use std::path::{Path, PathBuf};
+
+/// The filter under test (`SLUICE_WASM_UNDER_TEST` runs another build).
+pub fn wasm() -> PathBuf {
+    PathBuf::from(std::env::var("SLUICE_WASM_UNDER_TEST").unwrap_or_else(|_| sluice_artifacts::SLUICE_WASM.to_owned()))
+}
+
+/// The lab's directory (scenarios, configurations).
+pub fn lab_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// Runs scenario text against configuration text.
+pub fn run_text(scenario: &str, config: &str) -> Outcome {
+    let scenario = Scenario::parse(scenario).unwrap_or_else(|e| panic!("the scenario is refused: {e}"));
+    let config = FilterConfig::from_bytes("test.json", config.as_bytes().to_vec()).expect("the configuration is valid");
+    Lab::new(scenario, config, &lab_dir(), &wasm()).expect("the lab starts").run(|_, _| {}).expect("the run completes")
+}
+
+/// Runs a shipped scenario against a shipped configuration.
+pub fn run_shipped(scenario: &str, config: &str) -> Outcome {
+    let dir = lab_dir();
+    let path = dir.join("scenarios").join(scenario);
+    let text = std::fs::read_to_string(&path).expect("the scenario is shipped");
+    let parsed = Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let config = FilterConfig::load(&dir.join("configs").join(config)).expect("the configuration is valid");
+    let lab = Lab::new(parsed, config, &dir.join("scenarios"), &wasm()).expect("the lab starts");
+    lab.run(|_, _| {}).expect("the run completes")
+}
