@@ -51,7 +51,8 @@ pub struct Log {
 }
 
 fn time(text: &str) -> Result<u64, String> {
-    let at = humantime::parse_rfc3339_weak(text.trim()).map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
+    let at =
+        humantime::parse_rfc3339_weak(text.trim()).map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
     at.duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .map_err(|_| format!("{text:?} is before 1970"))

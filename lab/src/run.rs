@@ -475,7 +475,8 @@ impl<'a> Fleet<'a> {
                 Some((i, fingerprint, p.cost_of(&facts).unwrap_or(1)))
             })
             .collect();
-        let Some(worker) = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker)) else {
+        let Some(worker) = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker))
+        else {
             return;
         };
         let id = worker.request(request);
@@ -538,9 +539,10 @@ impl<'a> Fleet<'a> {
                     // through; a fallback names the policies it decided.
                     if let Some(at) = open.forwarded {
                         let decided_by_fallback = |name: &str| {
-                            fallback.as_deref().and_then(|v| v.split("policies=").nth(1)).is_some_and(|list| {
-                                list.split([',', ';']).any(|p| p.trim() == name)
-                            })
+                            fallback
+                                .as_deref()
+                                .and_then(|v| v.split("policies=").nth(1))
+                                .is_some_and(|list| list.split([',', ';']).any(|p| p.trim() == name))
                         };
                         for (policy, fingerprint, cost) in &open.counted {
                             if let Some(policy) = self.policies.get(*policy) {
@@ -634,9 +636,13 @@ impl<'a> Fleet<'a> {
             let mut mode = Mode::Healthy;
             for i in &self.active {
                 let (reaches, m) = match scenario.faults.get(*i) {
-                    Some(Fault::Slow { latency, region: r, .. }) => (r.as_deref().is_none_or(|r| r == *region), Mode::Slow(latency.0)),
+                    Some(Fault::Slow { latency, region: r, .. }) => {
+                        (r.as_deref().is_none_or(|r| r == *region), Mode::Slow(latency.0))
+                    }
                     Some(Fault::Down { region: r, .. }) => (r.as_deref().is_none_or(|r| r == *region), Mode::Refused),
-                    Some(Fault::Errors { region: r, .. }) => (r.as_deref().is_none_or(|r| r == *region), Mode::Error500),
+                    Some(Fault::Errors { region: r, .. }) => {
+                        (r.as_deref().is_none_or(|r| r == *region), Mode::Error500)
+                    }
                     Some(Fault::Partition { region: r, .. }) => (r == region, Mode::Silent),
                     _ => (false, Mode::Healthy),
                 };
@@ -670,13 +676,8 @@ impl<'a> Fleet<'a> {
     fn max_callout(&self) -> u64 {
         let scenario = &self.lab.scenario;
         let healthy = scenario.fleet.service_latency.nanos().saturating_mul(3) / 2;
-        let deadline = self
-            .lab
-            .config
-            .parsed
-            .counter_service
-            .as_ref()
-            .map_or(0, |c| u64::from(c.timeout_ms) * 1_250_000);
+        let deadline =
+            self.lab.config.parsed.counter_service.as_ref().map_or(0, |c| u64::from(c.timeout_ms) * 1_250_000);
         scenario
             .faults
             .iter()

@@ -87,7 +87,8 @@ impl Class {
             return None;
         }
         let mut t = from as f64 / 1e9;
-        let last_change = self.points.iter().map(|p| p.at.secs() + p.ramp.map_or(0.0, |r| r.secs())).fold(0.0, f64::max);
+        let last_change =
+            self.points.iter().map(|p| p.at.secs() + p.ramp.map_or(0.0, |r| r.secs())).fold(0.0, f64::max);
         loop {
             let rate = rate_at(&self.points, t);
             match self.spacing {
@@ -168,7 +169,8 @@ impl Traffic {
             self.calls += 1;
             let proxy = self.rng.below(proxies.max(1) as u64) as usize;
             let worker = self.rng.below(self.workers as u64) as usize;
-            let arrival = Arrival { at: *at, class, key: 0, attempt: 0, call: self.calls, proxy, worker, entry: Some(entry) };
+            let arrival =
+                Arrival { at: *at, class, key: 0, attempt: 0, call: self.calls, proxy, worker, entry: Some(entry) };
             self.replayed.push_back(arrival);
         }
     }

@@ -62,8 +62,9 @@ pub fn policies(outcome: &Outcome) -> String {
 
 /// Per interval and caller class.
 pub fn callers(outcome: &Outcome) -> String {
-    let mut out =
-        String::from("t_end_s,class,legitimate,offered,retries,allowed,rejected,failed,pending,calls_served,calls_refused\n");
+    let mut out = String::from(
+        "t_end_s,class,legitimate,offered,retries,allowed,rejected,failed,pending,calls_served,calls_refused\n",
+    );
     for row in &outcome.series.rows {
         for (caller, r) in outcome.scenario.callers.iter().zip(&row.classes) {
             let _ = writeln!(

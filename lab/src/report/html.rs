@@ -58,7 +58,8 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound (not by a fallback)</th><th>admitted by a fallback</th><th>lease tokens granted / stranded</th></tr>"
     );
     for p in &summary.policies {
-        let holds = if p.accounting_holds { "holds".to_owned() } else { r#"<span class="bad">broken</span>"#.to_owned() };
+        let holds =
+            if p.accounting_holds { "holds".to_owned() } else { r#"<span class="bad">broken</span>"#.to_owned() };
         let overshoot = p.overshoot.map_or("n/a (not a token bucket)".to_owned(), |o| o.to_string());
         let bound = match (&p.promised_slack, p.mode.starts_with("local")) {
             (Some(slack), _) => format!("{slack} tokens"),

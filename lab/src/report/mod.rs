@@ -59,6 +59,9 @@ pub struct PolicySummary {
     pub lease_granted: u64,
     /// Stranded lease tokens.
     pub lease_expired: u64,
+    /// Every counter the filter keeps for the policy, at the end, fleet-wide (each
+    /// `degraded.<reason>` among them).
+    pub counters: std::collections::BTreeMap<String, u64>,
 }
 
 /// A caller class's totals.
@@ -140,7 +143,8 @@ impl Summary {
                 let get = |c: &str| last.policy(name, c);
                 let accounting_holds = series.rows.iter().all(|row| {
                     let c = &row.counters;
-                    c.policy(name, "offered") == c.policy(name, "allowed") + c.policy(name, "rejected") + c.policy(name, "queued")
+                    c.policy(name, "offered")
+                        == c.policy(name, "allowed") + c.policy(name, "rejected") + c.policy(name, "queued")
                 });
                 let fallback_rows = (0..series.rows.len())
                     .filter(|i| {
@@ -192,6 +196,7 @@ impl Summary {
                     by_fallback,
                     lease_granted: get("lease.granted"),
                     lease_expired: get("lease.expired"),
+                    counters: last.policies.get(name).cloned().unwrap_or_default(),
                 }
             })
             .collect();

@@ -66,6 +66,7 @@ pub fn chart(title: &str, unit: &str, ends: &[f64], lines: &[Line<'_>], bands: &
         r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{}">"#,
         escape(title)
     );
+    out.push_str(r##"<rect width="100%" height="100%" fill="#fff"/>"##);
     for band in bands {
         let x0 = LEFT + plot_w * band.from as f64 / n as f64;
         let x1 = LEFT + plot_w * band.to.min(n) as f64 / n as f64;

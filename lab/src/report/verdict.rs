@@ -42,16 +42,27 @@ pub fn verdict(summary: &Summary) -> String {
         ));
         match (p.overshoot, p.promised_slack) {
             (Some(0), _) => out.push_str(", never above its budget"),
-            (Some(over), Some(slack)) if p.beyond_promise == 0 => out.push_str(&format!(
-                ", {} above its budget, within the documented bound ({} per caller)",
-                plural(over, "admission", "admissions"),
-                plural(slack, "token", "tokens")
-            )),
-            (Some(over), Some(_)) => out.push_str(&format!(
-                ", {} above its budget, {} of them beyond the documented bound and not made by a fallback",
-                plural(over, "admission", "admissions"),
-                p.beyond_promise
-            )),
+            (Some(over), Some(slack)) => {
+                out.push_str(&format!(", {} above its budget", plural(over, "admission", "admissions")));
+                if p.by_fallback > 0 {
+                    out.push_str(&format!(
+                        " (fallbacks let {} through on no budget: outside every bound)",
+                        plural(p.by_fallback, "request", "requests")
+                    ));
+                }
+                if p.beyond_promise == 0 {
+                    out.push_str(&format!(
+                        "; the rest stayed within the documented bound ({} per caller)",
+                        plural(slack, "token", "tokens")
+                    ));
+                } else {
+                    out.push_str(&format!(
+                        "; {} beyond the documented bound ({} per caller) that no fallback made",
+                        p.beyond_promise,
+                        plural(slack, "token", "tokens")
+                    ));
+                }
+            }
             (Some(over), None) => out.push_str(&format!(
                 ", {} above one fleet-wide budget (a local policy: each proxy keeps its own)",
                 plural(over, "admission", "admissions")
@@ -60,10 +71,16 @@ pub fn verdict(summary: &Summary) -> String {
         }
         let fallback = p.emergency_allowed + p.emergency_rejected + p.failure_allowed + p.failure_denied;
         if fallback > 0 || p.degraded > 0 {
+            let mut reasons: Vec<(&String, &u64)> =
+                p.counters.iter().filter(|(k, v)| k.starts_with("degraded.") && **v > 0).collect();
+            reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let reasons: Vec<String> =
+                reasons.iter().map(|(k, v)| format!("{} {v}", k.trim_start_matches("degraded."))).collect();
             out.push_str(&format!(
-                "; for about {} s the counter service could not decide ({} requests), and fallbacks admitted {} (fail open {}, emergency cap {}) and refused {}",
+                "; in {} s of intervals the counter service's answer was not had ({} requests: {}), and fallbacks admitted {} (fail open {}, emergency cap {}) and refused {}",
                 p.fallback_ms / 1000,
                 p.degraded,
+                if reasons.is_empty() { "none".to_owned() } else { reasons.join(", ") },
                 p.failure_allowed + p.emergency_allowed,
                 p.failure_allowed,
                 p.emergency_allowed,
@@ -81,7 +98,8 @@ pub fn verdict(summary: &Summary) -> String {
     if !waits.is_empty() {
         out.push_str(&format!("Requests were held before being let through: {}. ", waits.join(", ")));
     }
-    let held = summary.policies.iter().all(|p| p.accounting_holds) && summary.classes.iter().all(|c| c.accounting_holds);
+    let held =
+        summary.policies.iter().all(|p| p.accounting_holds) && summary.classes.iter().all(|c| c.accounting_holds);
     out.push_str(if held {
         "The accounting line (offered = allowed + rejected + queued) held in every interval."
     } else {

@@ -131,7 +131,8 @@ fn skip(events: &[(Event, Marker)], i: usize) -> usize {
 mod tests {
     use super::*;
 
-    const TEXT: &str = "name: x\ncallers:\n  - name: a\n    rate:\n      - at: 0s\n        rps: 5\n  - name: b\n    rate: []\n";
+    const TEXT: &str =
+        "name: x\ncallers:\n  - name: a\n    rate:\n      - at: 0s\n        rps: 5\n  - name: b\n    rate: []\n";
 
     #[test]
     fn a_nested_field_is_found_on_its_own_line() {

@@ -119,7 +119,10 @@ impl Scenario {
                 let valid = !name.is_empty()
                     && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
                 if !valid {
-                    issue(at(&format!("headers.{name}")), "header names are lower-case letters, digits, - and _".into());
+                    issue(
+                        at(&format!("headers.{name}")),
+                        "header names are lower-case letters, digits, - and _".into(),
+                    );
                 }
             }
             for (r, region) in caller.regions.iter().enumerate() {
@@ -161,9 +164,9 @@ impl Scenario {
                 issue(at("at"), "is after the scenario's end".into());
             }
             let (lasts, region) = match fault {
-                Fault::Slow { lasts, region, .. } | Fault::Down { lasts, region, .. } | Fault::Errors { lasts, region, .. } => {
-                    (Some(*lasts), region.as_deref())
-                }
+                Fault::Slow { lasts, region, .. }
+                | Fault::Down { lasts, region, .. }
+                | Fault::Errors { lasts, region, .. } => (Some(*lasts), region.as_deref()),
                 Fault::Partition { lasts, region, .. } => (Some(*lasts), Some(region.as_str())),
                 Fault::Restart { .. } | Fault::ClockStep { .. } | Fault::Config { .. } => (None, None),
             };

@@ -114,7 +114,12 @@ fn local_counters_duplicate_the_budget_and_leases_cut_the_callouts_of_a_central_
     let lease = summary("regions-partition.yaml", "identity-lease-fail-closed.json");
     assert_eq!(local.callouts, 0);
     assert!(local.policies[0].overshoot.unwrap_or(0) > 500, "{:?}", local.policies[0]);
-    assert!(lease.callouts_per_1000 < check.callouts_per_1000, "{} vs {}", lease.callouts_per_1000, check.callouts_per_1000);
+    assert!(
+        lease.callouts_per_1000 < check.callouts_per_1000,
+        "{} vs {}",
+        lease.callouts_per_1000,
+        check.callouts_per_1000
+    );
     assert!(lease.policies[0].lease_expired > 0, "leases strand tokens at idle users' proxies");
     assert_eq!(lease.policies[0].beyond_promise, 0, "{:?}", lease.policies[0]);
 }
@@ -128,8 +133,8 @@ fn the_game_day_names_every_fallback_admission_and_keeps_the_rest_within_the_doc
     let fallback = p.emergency_allowed + p.failure_allowed;
     assert!(p.by_fallback <= fallback && p.by_fallback + 10 >= fallback, "{p:?}");
     assert_eq!(p.beyond_promise, 0, "{p:?}");
-    let html = String::from_utf8(report::render(&run_shipped("gameday.yaml", "gameday.json")).remove(0).1)
-        .expect("UTF-8");
+    let html =
+        String::from_utf8(report::render(&run_shipped("gameday.yaml", "gameday.json")).remove(0).1).expect("UTF-8");
     // Self-contained: inline SVG, nothing fetched, no script.
     assert!(html.contains("<svg") && !html.contains("<script") && !html.contains("src=") && !html.contains("href="));
     assert!(html.contains("us partitioned from the service"));
