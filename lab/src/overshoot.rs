@@ -148,10 +148,8 @@ impl Ledger {
                         // apart and does not spend the promise's allowance.
                         if admit.fallback {
                             by_fallback += 1;
-                        } else if !promised.admit(admit.at, admit.cost) {
-                            if matches!(promise, Promise::Global { .. }) {
-                                beyond_promise += 1;
-                            }
+                        } else if !promised.admit(admit.at, admit.cost) && matches!(promise, Promise::Global { .. }) {
+                            beyond_promise += 1;
                         }
                     }
                     if over > 0 && worst.is_none_or(|(_, w)| over > w) {

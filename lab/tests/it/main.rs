@@ -3,6 +3,7 @@
 
 mod closed_form;
 mod errors;
+mod layers;
 mod replay;
 mod reports;
 
