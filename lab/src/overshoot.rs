@@ -38,7 +38,12 @@ struct Admit {
 #[derive(Debug, Default)]
 pub struct Ledger {
     admits: BTreeMap<(String, u128), Vec<Admit>>,
+    /// A readable name of each caller (its identity as the scenario or the log gave it).
+    labels: BTreeMap<(String, u128), String>,
 }
+
+/// How many of a policy's busiest callers have their remaining allowance plotted.
+pub const TOP_CALLERS: usize = 3;
 
 /// The promise a policy is held to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +81,9 @@ pub struct PolicyOvershoot {
     pub callers: usize,
     /// The caller with the most overshoot, and how much.
     pub worst: Option<(u128, u64)>,
+    /// The busiest callers (most admissions): their name and the budget's remaining
+    /// allowance for them at each interval's end, as the reference bucket has it.
+    pub top: Vec<(String, Vec<u64>)>,
 }
 
 impl Ledger {
@@ -85,6 +93,14 @@ impl Ledger {
     pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64, fallback: bool) {
         let admits = self.admits.entry((policy.name.clone(), fingerprint)).or_default();
         admits.push(Admit { at, cost, limit: policy.limit, fallback });
+    }
+
+    /// Names caller `fingerprint` of `policy` (the first name given is kept).
+    pub fn label(&mut self, policy: &str, fingerprint: u128, label: impl FnOnce() -> String) {
+        let key = (policy.to_owned(), fingerprint);
+        if !self.labels.contains_key(&key) {
+            self.labels.insert(key, label());
+        }
     }
 
     /// Replays every caller's admissions; `policies` are the configuration's (the last
@@ -100,6 +116,15 @@ impl Ledger {
                 let mut callers = 0;
                 let mut worst: Option<(u128, u64)> = None;
                 let promise = promise(policy, max_callout);
+                let mut busiest: Vec<(usize, u128)> = self
+                    .admits
+                    .iter()
+                    .filter(|((name, _), _)| *name == policy.name)
+                    .map(|((_, fingerprint), admits)| (admits.len(), *fingerprint))
+                    .collect();
+                busiest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                busiest.truncate(TOP_CALLERS);
+                let mut top = Vec::new();
                 for ((name, fingerprint), admits) in &self.admits {
                     if *name != policy.name {
                         continue;
@@ -113,7 +138,26 @@ impl Ledger {
                     sorted.sort_by_key(|a| a.at);
                     let mut over = 0;
                     let mut references: Option<(Limit, ReferenceBucket, ReferenceBucket)> = None;
+                    let tracked = busiest.iter().any(|(_, f)| f == fingerprint);
+                    let mut remaining = Vec::new();
+                    let sample =
+                        |remaining: &mut Vec<u64>,
+                         until: u64,
+                         references: &Option<(Limit, ReferenceBucket, ReferenceBucket)>| {
+                            while remaining.len() < rows && (remaining.len() as u64 + 1) * interval <= until {
+                                let end = (remaining.len() as u64 + 1) * interval;
+                                let left = match (references, sorted.first().map(|a| a.limit)) {
+                                    (Some((_, exact, _)), _) => exact.remaining(end),
+                                    (None, Some(Limit::TokenBucket { burst, .. })) => burst,
+                                    (None, _) => 0,
+                                };
+                                remaining.push(left);
+                            }
+                        };
                     for admit in &sorted {
+                        if tracked {
+                            sample(&mut remaining, admit.at, &references);
+                        }
                         let Limit::TokenBucket { rate, burst } = admit.limit else { continue };
                         let (amount, per) = (rate.amount(), rate.per().0);
                         // New numbers carry the allowance left over, capped, as the filter
@@ -152,6 +196,11 @@ impl Ledger {
                             beyond_promise += 1;
                         }
                     }
+                    if tracked && matches!(sorted.first().map(|a| a.limit), Some(Limit::TokenBucket { .. })) {
+                        sample(&mut remaining, u64::MAX, &references);
+                        let label = self.labels.get(&(name.clone(), *fingerprint)).cloned();
+                        top.push((label.unwrap_or_else(|| format!("{fingerprint:032x}")), remaining));
+                    }
                     if over > 0 && worst.is_none_or(|(_, w)| over > w) {
                         worst = Some((*fingerprint, over));
                     }
@@ -166,6 +215,7 @@ impl Ledger {
                     by_fallback,
                     callers,
                     worst,
+                    top,
                 }
             })
             .collect()

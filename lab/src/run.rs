@@ -465,7 +465,7 @@ impl<'a> Fleet<'a> {
         facts_headers.push((":path".to_owned(), path));
         facts_headers.push((":method".to_owned(), method));
         let facts = Facts { headers: &facts_headers, source };
-        let counted = self
+        let counted: Vec<(usize, u128, u64)> = self
             .policies
             .iter()
             .enumerate()
@@ -475,6 +475,25 @@ impl<'a> Fleet<'a> {
                 Some((i, fingerprint, p.cost_of(&facts).unwrap_or(1)))
             })
             .collect();
+        for (policy, fingerprint, _) in &counted {
+            if let Some(policy) = self.policies.get(*policy) {
+                let label = || {
+                    let values: Vec<String> = policy
+                        .key
+                        .iter()
+                        .map(|part| match part {
+                            sluice::config::KeyPart::Header(name) => {
+                                facts_headers.iter().find(|(n, _)| n == name).map_or("-".to_owned(), |(_, v)| v.clone())
+                            }
+                            sluice::config::KeyPart::ClientAddress { .. } => source.ip().to_string(),
+                            other => format!("{other:?}"),
+                        })
+                        .collect();
+                    values.join(" ")
+                };
+                self.ledger.label(&policy.name, *fingerprint, label);
+            }
+        }
         let Some(worker) = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker))
         else {
             return;

@@ -109,3 +109,19 @@ pub fn fleet(outcome: &Outcome) -> String {
     }
     out
 }
+
+/// Per interval, the budget's remaining allowance for each policy's busiest callers (the
+/// reference bucket's, replayed).
+pub fn remaining(outcome: &Outcome) -> String {
+    let mut out = String::from("t_end_s,policy,caller,remaining\n");
+    for (i, row) in outcome.series.rows.iter().enumerate() {
+        for o in &outcome.overshoot {
+            for (caller, values) in &o.top {
+                if let Some(v) = values.get(i) {
+                    let _ = writeln!(out, "{},{},{},{v}", seconds(row.end), field(&o.policy), field(caller));
+                }
+            }
+        }
+    }
+    out
+}

@@ -146,6 +146,37 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         if policy.global.is_some() || lines.iter().any(|l| l.values.iter().any(|v| *v > 0.0)) {
             out.push_str(&chart(&format!("{name}: fallbacks and overshoot"), "requests", &ends, &lines, &bands));
         }
+        if let Some(o) = outcome.overshoot.iter().find(|o| o.policy == *name).filter(|o| !o.top.is_empty()) {
+            let colors = ["#2f6fdf", "#d62828", "#2a9d46"];
+            let lines: Vec<Line<'_>> = o
+                .top
+                .iter()
+                .zip(colors.iter().cycle())
+                .map(|((label, values), color)| Line {
+                    name: label,
+                    color,
+                    values: values.iter().map(|v| *v as f64).collect(),
+                })
+                .collect();
+            out.push_str(&chart(
+                &format!("{name}: the budget's remaining allowance for its busiest callers (replayed)"),
+                "tokens left",
+                &ends,
+                &lines,
+                &bands,
+            ));
+        }
+        if matches!(policy.global.as_ref().map(|g| g.strategy), Some(sluice::config::Strategy::Lease(_))) {
+            let lines = [
+                Line { name: "lease tokens granted", color: "#2a9d46", values: deltas(outcome, name, "lease.granted") },
+                Line {
+                    name: "stranded (expired unspent)",
+                    color: "#d62828",
+                    values: deltas(outcome, name, "lease.expired"),
+                },
+            ];
+            out.push_str(&chart(&format!("{name}: leases"), "tokens", &ends, &lines, &bands));
+        }
     }
     out.push_str("<h3>Caller classes: share of requests let through, per interval</h3>");
     let palette = ["#2a9d46", "#d62828", "#2f6fdf", "#7b2cbf", "#e76f51", "#264653", "#f4a261", "#555"];
@@ -171,6 +202,21 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         })
         .collect();
     out.push_str(&chart("share let through", "% allowed", &ends, &lines, &bands));
+    if summary.callouts > 0 {
+        let series = &outcome.series;
+        let per_1000: Vec<f64> = (0..series.rows.len())
+            .map(|i| {
+                let before = series.counters_before(i);
+                let get = |c: &crate::record::Counters| c.plugin.get("counter_service.callouts").copied().unwrap_or(0);
+                let callouts = get(&series.rows[i].counters).saturating_sub(get(&before)) as f64;
+                let requests: u64 = series.rows[i].classes.iter().map(|c| c.offered).sum();
+                if requests == 0 { 0.0 } else { 1000.0 * callouts / requests as f64 }
+            })
+            .collect();
+        out.push_str("<h3>Callouts to the counter service per 1 000 requests</h3>");
+        let lines = [Line { name: "callouts per 1 000 requests", color: "#264653", values: per_1000 }];
+        out.push_str(&chart("callouts per 1000 requests", "callouts", &ends, &lines, &bands));
+    }
     if !outcome.scenario.faults.is_empty() {
         out.push_str("<h3>Timeline</h3><ul>");
         for fault in &outcome.scenario.faults {

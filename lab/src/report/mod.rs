@@ -278,6 +278,7 @@ pub fn render(outcome: &Outcome) -> Vec<(String, Vec<u8>)> {
         ("policies.csv".to_owned(), csv::policies(outcome).into_bytes()),
         ("callers.csv".to_owned(), csv::callers(outcome).into_bytes()),
         ("fleet.csv".to_owned(), csv::fleet(outcome).into_bytes()),
+        ("remaining.csv".to_owned(), csv::remaining(outcome).into_bytes()),
     ]
 }
 
