@@ -133,6 +133,9 @@ fn the_game_day_names_every_fallback_admission_and_keeps_the_rest_within_the_doc
     let fallback = p.emergency_allowed + p.failure_allowed;
     assert!(p.by_fallback <= fallback && p.by_fallback + 10 >= fallback, "{p:?}");
     assert_eq!(p.beyond_promise, 0, "{p:?}");
+    // A new identity per request: no per-identity limit holds it back.
+    let crawler = s.classes.iter().find(|c| c.name == "crawler").expect("crawler");
+    assert!(crawler.served_permille() >= 950, "{crawler:?}");
     let html =
         String::from_utf8(report::render(&run_shipped("gameday.yaml", "gameday.json")).remove(0).1).expect("UTF-8");
     // Self-contained: inline SVG, nothing fetched, no script.
