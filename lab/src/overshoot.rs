@@ -37,9 +37,10 @@ struct Admit {
 /// What the fleet forwarded, per policy and caller.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    admits: BTreeMap<(String, u128), Vec<Admit>>,
+    /// Per policy name, per caller: what it admitted.
+    admits: BTreeMap<String, BTreeMap<u128, Vec<Admit>>>,
     /// A readable name of each caller (its identity as the scenario or the log gave it).
-    labels: BTreeMap<(String, u128), String>,
+    labels: BTreeMap<String, BTreeMap<u128, String>>,
 }
 
 /// How many of a policy's busiest callers have their remaining allowance plotted.
@@ -91,15 +92,19 @@ impl Ledger {
     /// `fallback`: a fallback admitted it (the filter's fallback header named the
     /// policy).
     pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64, fallback: bool) {
-        let admits = self.admits.entry((policy.name.clone(), fingerprint)).or_default();
-        admits.push(Admit { at, cost, limit: policy.limit, fallback });
+        // Looked up by `&str` first: a request allocates nothing here.
+        let callers = match self.admits.get_mut(policy.name.as_str()) {
+            Some(callers) => callers,
+            None => self.admits.entry(policy.name.clone()).or_default(),
+        };
+        callers.entry(fingerprint).or_default().push(Admit { at, cost, limit: policy.limit, fallback });
     }
 
     /// Names caller `fingerprint` of `policy` (the first name given is kept).
     pub fn label(&mut self, policy: &str, fingerprint: u128, label: impl FnOnce() -> String) {
-        let key = (policy.to_owned(), fingerprint);
-        if !self.labels.contains_key(&key) {
-            self.labels.insert(key, label());
+        let known = self.labels.get(policy).is_some_and(|names| names.contains_key(&fingerprint));
+        if !known {
+            self.labels.entry(policy.to_owned()).or_default().insert(fingerprint, label());
         }
     }
 
@@ -116,19 +121,14 @@ impl Ledger {
                 let mut callers = 0;
                 let mut worst: Option<(u128, u64)> = None;
                 let promise = promise(policy, max_callout);
-                let mut busiest: Vec<(usize, u128)> = self
-                    .admits
-                    .iter()
-                    .filter(|((name, _), _)| *name == policy.name)
-                    .map(|((_, fingerprint), admits)| (admits.len(), *fingerprint))
-                    .collect();
+                let empty = BTreeMap::new();
+                let callers_of = self.admits.get(policy.name.as_str()).unwrap_or(&empty);
+                let mut busiest: Vec<(usize, u128)> =
+                    callers_of.iter().map(|(fingerprint, admits)| (admits.len(), *fingerprint)).collect();
                 busiest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
                 busiest.truncate(TOP_CALLERS);
                 let mut top = Vec::new();
-                for ((name, fingerprint), admits) in &self.admits {
-                    if *name != policy.name {
-                        continue;
-                    }
+                for (fingerprint, admits) in callers_of {
                     callers += 1;
                     let slack = match promise {
                         Promise::Global { slack } => slack,
@@ -198,7 +198,7 @@ impl Ledger {
                     }
                     if tracked && matches!(sorted.first().map(|a| a.limit), Some(Limit::TokenBucket { .. })) {
                         sample(&mut remaining, u64::MAX, &references);
-                        let label = self.labels.get(&(name.clone(), *fingerprint)).cloned();
+                        let label = self.labels.get(policy.name.as_str()).and_then(|l| l.get(fingerprint)).cloned();
                         top.push((label.unwrap_or_else(|| format!("{fingerprint:032x}")), remaining));
                     }
                     if over > 0 && worst.is_none_or(|(_, w)| over > w) {
