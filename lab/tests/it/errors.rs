@@ -1,8 +1,7 @@
 //! A malformed scenario gets an error naming its line and field, and nothing is written.
 
-use super::{lab_dir, wasm};
+use super::{lab_dir, sluice_lab};
 use sluice_lab::Scenario;
-use std::process::Command;
 
 const GOOD: &str = "name: x\nduration: 5s\nfleet:\n  regions:\n    - {name: eu, proxies: 1}\ncallers:\n  - name: app\n    rate:\n      - {at: 0s, rps: 5}\n";
 
@@ -74,14 +73,8 @@ fn the_binary_refuses_a_malformed_scenario_naming_line_and_field_and_writes_noth
     std::fs::write(&scenario, GOOD.replace("rps: 5", "rps: lots")).expect("written");
     let out = dir.path().join("report");
     let config = lab_dir().join("configs/bucket-reject.json");
-    let result = Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
-        .args(["run", scenario.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .arg("--wasm")
-        .arg(wasm())
-        .output()
-        .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(!result.status.success());
+    let (succeeded, stderr) = sluice_lab("run", &scenario, &config, &out, &[]);
+    assert!(!succeeded);
     assert!(stderr.contains("line 9") && stderr.contains("callers[0].rate[0].rps"), "{stderr}");
     assert!(!out.exists(), "nothing is written");
 }
@@ -95,14 +88,8 @@ fn the_binary_refuses_a_configuration_the_filter_refuses_naming_the_field_and_wr
     std::fs::write(&config, r#"{"policies":[{"name":"p","key":["client_address"],"rate":"10/fortnight","burst":1}]}"#)
         .expect("written");
     let out = dir.path().join("report");
-    let result = Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
-        .args(["run", scenario.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .arg("--wasm")
-        .arg(wasm())
-        .output()
-        .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(!result.status.success());
+    let (succeeded, stderr) = sluice_lab("run", &scenario, &config, &out, &[]);
+    assert!(!succeeded);
     assert!(stderr.contains("bad.json") && stderr.contains("rate"), "{stderr}");
     assert!(!out.exists(), "nothing is written");
 }

@@ -28,6 +28,26 @@ pub fn run_text(scenario: &str, config: &str) -> Outcome {
     Lab::new(scenario, config, &lab_dir(), &wasm()).expect("the lab starts").run(|_, _| {}).expect("the run completes")
 }
 
+/// Runs the binary from the lab's directory: `command` (`run`, `replay`) on `input` with
+/// `config`, the report into `out`, then `extra` arguments. Whether it succeeded, and
+/// what it said on stderr.
+pub fn sluice_lab(command: &str, input: &Path, config: &Path, out: &Path, extra: &[&str]) -> (bool, String) {
+    let result = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
+        .arg(command)
+        .arg(input)
+        .arg("--config")
+        .arg(config)
+        .arg("--out")
+        .arg(out)
+        .arg("--wasm")
+        .arg(wasm())
+        .args(extra)
+        .current_dir(lab_dir())
+        .output()
+        .expect("the binary runs");
+    (result.status.success(), String::from_utf8_lossy(&result.stderr).into_owned())
+}
+
 /// Runs a shipped scenario against a shipped configuration.
 pub fn run_shipped(scenario: &str, config: &str) -> Outcome {
     let dir = lab_dir();

@@ -1,8 +1,7 @@
 //! Replaying an Envoy access log: bad lines named by number, headers the log lacks named
 //! up front, the rest played through the fleet.
 
-use super::{lab_dir, wasm};
-use std::process::Command;
+use super::{lab_dir, sluice_lab};
 
 #[test]
 fn a_log_is_replayed_with_its_bad_lines_and_missing_headers_reported() {
@@ -33,16 +32,8 @@ fn a_log_is_replayed_with_its_bad_lines_and_missing_headers_reported() {
     )
     .expect("written");
     let out = dir.path().join("report");
-    let result = Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
-        .args(["replay", path.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .args(["--proxies", "1", "--speed", "2"])
-        .arg("--wasm")
-        .arg(wasm())
-        .current_dir(lab_dir())
-        .output()
-        .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(result.status.success(), "{stderr}");
+    let (succeeded, stderr) = sluice_lab("replay", &path, &config, &out, &["--proxies", "1", "--speed", "2"]);
+    assert!(succeeded, "{stderr}");
     assert!(stderr.contains("line 41:"), "the bad line is named: {stderr}");
     assert!(stderr.contains("1 lines could not be read"), "{stderr}");
     let summary: serde_json::Value =
@@ -66,13 +57,7 @@ fn a_log_whose_lines_lack_a_header_the_policies_read_says_so_before_replaying() 
     .expect("written");
     let config = lab_dir().join("configs/identity-local.json");
     let out = dir.path().join("report");
-    let result = Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
-        .args(["replay", path.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .arg("--wasm")
-        .arg(wasm())
-        .output()
-        .expect("the binary runs");
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(result.status.success(), "{stderr}");
+    let (succeeded, stderr) = sluice_lab("replay", &path, &config, &out, &[]);
+    assert!(succeeded, "{stderr}");
     assert!(stderr.contains("no line carries header x-user"), "{stderr}");
 }
