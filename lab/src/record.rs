@@ -88,6 +88,9 @@ pub struct Row {
     pub classes: Vec<ClassRow>,
     /// Fault descriptions in force during the interval.
     pub faults: Vec<String>,
+    /// What happened during the interval that the timeline did not say would (a reload
+    /// a proxy refused).
+    pub events: Vec<String>,
 }
 
 /// Every interval.

@@ -282,6 +282,8 @@ struct Fleet<'a> {
     responses: BTreeSet<(u64, u64)>,
     serial: u64,
     ledger: Ledger,
+    /// Events of the current interval (see [`Row::events`]).
+    events: Vec<String>,
     rows: Vec<ClassRow>,
     series: Series,
     requests: u64,
@@ -370,6 +372,7 @@ impl<'a> Fleet<'a> {
             responses: BTreeSet::new(),
             serial: 0,
             ledger: Ledger::default(),
+            events: Vec::new(),
             rows: vec![ClassRow::default(); scenario.callers.len()],
             series: Series { interval: scenario.interval.nanos(), rows: Vec::new() },
             requests: 0,
@@ -624,9 +627,17 @@ impl<'a> Fleet<'a> {
                 }
                 Some(Fault::Config { .. }) => {
                     if let Some(config) = self.lab.changes.get(&i) {
-                        for host in &mut self.hosts {
-                            // A refused reload keeps the old configuration, as in Envoy.
-                            let _ = host.reconfigure(config.run_bytes.clone());
+                        let mut refused = 0;
+                        for (p, host) in self.hosts.iter_mut().enumerate() {
+                            // A refused reload keeps the old configuration, as in Envoy:
+                            // the report says so.
+                            if let Err(e) = host.reconfigure(config.run_bytes.clone()) {
+                                refused += 1;
+                                self.events.push(format!("proxy {p} refused {}: {e}", config.name));
+                            }
+                        }
+                        if refused == self.hosts.len() {
+                            return;
                         }
                         self.policies = config.parsed.policies.clone();
                         for policy in &self.policies {
@@ -687,7 +698,8 @@ impl<'a> Fleet<'a> {
             }
         }
         let faults = self.active.iter().filter_map(|i| self.lab.scenario.faults.get(*i)).map(Fault::describe).collect();
-        self.series.rows.push(Row { end: t, counters, classes, faults });
+        let events = std::mem::take(&mut self.events);
+        self.series.rows.push(Row { end: t, counters, classes, faults, events });
     }
 
     /// The longest a callout may take to be answered in this run (ns): the healthy round

@@ -89,7 +89,7 @@ pub fn callers(outcome: &Outcome) -> String {
 
 /// Per interval, the fleet: requests, callouts, faults in force.
 pub fn fleet(outcome: &Outcome) -> String {
-    let mut out = String::from("t_end_s,requests,callouts,circuit_opened,faults\n");
+    let mut out = String::from("t_end_s,requests,callouts,circuit_opened,faults,events\n");
     let series = &outcome.series;
     for (i, row) in series.rows.iter().enumerate() {
         let before = series.counters_before(i);
@@ -99,12 +99,13 @@ pub fn fleet(outcome: &Outcome) -> String {
         let requests: u64 = row.classes.iter().map(|c| c.offered).sum();
         let _ = writeln!(
             out,
-            "{},{},{},{},{}",
+            "{},{},{},{},{},{}",
             seconds(row.end),
             requests,
             delta("counter_service.callouts"),
             delta("counter_service.circuit_opened"),
-            field(&row.faults.join("; "))
+            field(&row.faults.join("; ")),
+            field(&row.events.join("; "))
         );
     }
     out

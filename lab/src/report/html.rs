@@ -222,6 +222,11 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         for fault in &outcome.scenario.faults {
             let _ = write!(out, "<li>{} s: {}</li>", fault.at().nanos() / 1_000_000_000, escape(&fault.describe()));
         }
+        for row in &outcome.series.rows {
+            for event in &row.events {
+                let _ = write!(out, r#"<li class="bad">by {} s: {}</li>"#, super::csv::seconds(row.end), escape(event));
+            }
+        }
         out.push_str("</ul>");
     }
     out

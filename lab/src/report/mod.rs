@@ -127,6 +127,8 @@ pub struct Summary {
     pub policies: Vec<PolicySummary>,
     /// Per caller class.
     pub classes: Vec<ClassSummary>,
+    /// Things that did not go as the timeline said (a reload a proxy refused).
+    pub events: u64,
 }
 
 impl Summary {
@@ -253,6 +255,7 @@ impl Summary {
             callouts_per_1000: (callouts * 1000).checked_div(outcome.requests).unwrap_or(0),
             policies,
             classes,
+            events: series.rows.iter().map(|r| r.events.len() as u64).sum(),
         }
     }
 }

@@ -12,6 +12,17 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 
 /// The verdict of a run.
 pub fn verdict(summary: &Summary) -> String {
+    let mut out = verdict_of_numbers(summary);
+    if summary.events > 0 {
+        out.push_str(&format!(
+            " {} did not go as the timeline said (a proxy refused a reload): see the timeline.",
+            plural(summary.events, "event", "events")
+        ));
+    }
+    out
+}
+
+fn verdict_of_numbers(summary: &Summary) -> String {
     let mut out = format!(
         "Over {} s of virtual time, {} ({} workers each) received {}. ",
         summary.duration_ms / 1000,

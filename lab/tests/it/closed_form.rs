@@ -51,3 +51,26 @@ fn a_global_check_policy_on_three_proxies_admits_one_budget_exactly() {
     assert_eq!(summary.policies[0].beyond_promise, 0);
     assert_eq!(summary.policies[0].degraded, 0, "a healthy service decides every request");
 }
+
+#[test]
+fn numbers_raised_by_a_configuration_push_mid_run_take_effect_at_the_push_and_carry_the_allowance_over() {
+    // 10/s burst 20 for 5 s, then every proxy reloads 20/s burst 20: the first 5 s admit
+    // 20 + 10 × 5, the next 5 s (carried over empty) 20 × 5.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let raised = dir.path().join("raised.json");
+    std::fs::write(&raised, LOCAL.replace("10/second", "20/second")).expect("written");
+    let scenario = format!(
+        "name: push\nseed: 4\nduration: 11s\nfleet:\n  regions: [{{name: a, proxies: 1}}]\n  workers: 1\n\
+         callers:\n  - name: flood\n    headers: {{x-user: one}}\n    arrivals: even\n    rate: [{{at: 0s, rps: 200}}, {{at: 10001ms, rps: 0}}]\n\
+         faults:\n  - {{kind: config, at: 5001ms, file: {}}}\n",
+        raised.display()
+    );
+    let outcome = run_text(&scenario, LOCAL);
+    let allowed_by = |end_ns: u64| -> u64 {
+        outcome.series.rows.iter().filter(|r| r.end <= end_ns).map(|r| r.classes[0].allowed).sum()
+    };
+    assert_eq!(allowed_by(5_000_000_000), 20 + 10 * 5, "before the push");
+    let after = allowed_by(11_000_000_000) - allowed_by(5_000_000_000);
+    assert!((99..=101).contains(&after), "after the push: {after}");
+    assert!(outcome.series.rows.iter().all(|r| r.events.is_empty()), "every proxy took the reload");
+}
