@@ -78,10 +78,6 @@ pub struct PolicyOvershoot {
     /// Admissions a fallback made (outside the promise; they still spend the
     /// reference's budget).
     pub by_fallback: u64,
-    /// Distinct callers seen.
-    pub callers: usize,
-    /// The caller with the most overshoot, and how much.
-    pub worst: Option<(u128, u64)>,
     /// The busiest callers (most admissions): their name and the budget's remaining
     /// allowance for them at each interval's end, as the reference bucket has it.
     pub top: Vec<(String, Vec<u64>)>,
@@ -118,8 +114,6 @@ impl Ledger {
                 let mut per_row = vec![0; rows];
                 let mut beyond_promise = 0;
                 let mut by_fallback = 0;
-                let mut callers = 0;
-                let mut worst: Option<(u128, u64)> = None;
                 let promise = promise(policy, max_callout);
                 let empty = BTreeMap::new();
                 let callers_of = self.admits.get(policy.name.as_str()).unwrap_or(&empty);
@@ -129,14 +123,12 @@ impl Ledger {
                 busiest.truncate(TOP_CALLERS);
                 let mut top = Vec::new();
                 for (fingerprint, admits) in callers_of {
-                    callers += 1;
                     let slack = match promise {
                         Promise::Global { slack } => slack,
                         Promise::PerProxy | Promise::Unreplayed => 0,
                     };
                     let mut sorted = admits.clone();
                     sorted.sort_by_key(|a| a.at);
-                    let mut over = 0;
                     let mut references: Option<(Limit, ReferenceBucket, ReferenceBucket)> = None;
                     let tracked = busiest.iter().any(|(_, f)| f == fingerprint);
                     let mut remaining = Vec::new();
@@ -182,7 +174,6 @@ impl Ledger {
                         // A refusal of the reference spends nothing: the overshoot is what
                         // was admitted beyond what the budget allowed, not a debt.
                         if !exact.admit(admit.at, admit.cost) {
-                            over += 1;
                             let row = usize::try_from(admit.at / interval.max(1)).unwrap_or(usize::MAX);
                             if let Some(slot) = per_row.get_mut(row.min(rows.saturating_sub(1))) {
                                 *slot += 1;
@@ -201,9 +192,6 @@ impl Ledger {
                         let label = self.labels.get(policy.name.as_str()).and_then(|l| l.get(fingerprint)).cloned();
                         top.push((label.unwrap_or_else(|| format!("{fingerprint:032x}")), remaining));
                     }
-                    if over > 0 && worst.is_none_or(|(_, w)| over > w) {
-                        worst = Some((*fingerprint, over));
-                    }
                 }
                 let total = per_row.iter().sum();
                 PolicyOvershoot {
@@ -213,8 +201,6 @@ impl Ledger {
                     promise,
                     beyond_promise,
                     by_fallback,
-                    callers,
-                    worst,
                     top,
                 }
             })

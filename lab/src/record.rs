@@ -51,7 +51,7 @@ impl Counters {
 }
 
 /// What one caller class saw in one interval, at the client.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ClassRow {
     /// Requests sent (retries included: the limiter cannot tell them apart).
     pub offered: u64,
@@ -75,6 +75,23 @@ pub struct ClassRow {
     pub waited_ns: u64,
     /// The longest of those waits, ns.
     pub waited_max_ns: u64,
+}
+
+impl ClassRow {
+    /// Adds the next interval's counts: sums, the pending requests at its end, and the
+    /// longest wait so far.
+    pub fn then(&mut self, next: &Self) {
+        self.offered += next.offered;
+        self.retries += next.retries;
+        self.allowed += next.allowed;
+        self.rejected += next.rejected;
+        self.failed += next.failed;
+        self.pending = next.pending;
+        self.calls_served += next.calls_served;
+        self.calls_refused += next.calls_refused;
+        self.waited_ns += next.waited_ns;
+        self.waited_max_ns = self.waited_max_ns.max(next.waited_max_ns);
+    }
 }
 
 /// One interval of the whole run.

@@ -24,7 +24,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 use wasm_host::{Clock as _, Host, Outcome as Seen, Request, Response, StreamId, VirtualClock, Wasm};
 
 /// The hash key the proxies are given when their configuration reads it from the
@@ -718,11 +717,6 @@ impl<'a> Fleet<'a> {
             })
             .fold(healthy, u64::max)
     }
-}
-
-/// How long a run of `scenario` lasts in virtual time.
-pub fn virtual_length(scenario: &Scenario) -> Duration {
-    scenario.duration.0
 }
 
 /// The request headers `config` reads (its key parts, match conditions and cost

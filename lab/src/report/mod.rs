@@ -11,6 +11,7 @@ mod verdict;
 pub use verdict::verdict;
 
 use crate::overshoot::{PolicyOvershoot, Promise};
+use crate::record::ClassRow;
 use crate::run::Outcome;
 use serde::Serialize;
 use std::path::Path;
@@ -71,22 +72,9 @@ pub struct ClassSummary {
     pub name: String,
     /// Legitimate traffic or abuse.
     pub legitimate: bool,
-    /// Requests sent, retries included.
-    pub offered: u64,
-    /// Of those, retries.
-    pub retries: u64,
-    /// Forwarded.
-    pub allowed: u64,
-    /// Answered 429.
-    pub rejected: u64,
-    /// Answered another refusal (a fail-closed 503) or reset.
-    pub failed: u64,
-    /// Still waiting at the end.
-    pub pending: u64,
-    /// Calls served in the end (a retry that got through counts once).
-    pub calls_served: u64,
-    /// Calls refused for good.
-    pub calls_refused: u64,
+    /// Every interval's counts added up (`pending` and the longest wait: at the end).
+    #[serde(flatten)]
+    pub totals: ClassRow,
     /// Whether `offered = allowed + rejected + failed + pending` held at every
     /// interval's end.
     pub accounting_holds: bool,
@@ -99,8 +87,8 @@ pub struct ClassSummary {
 impl ClassSummary {
     /// Share of its finished calls that got through, in per mille.
     pub fn served_permille(&self) -> u64 {
-        let done = self.calls_served + self.calls_refused;
-        (self.calls_served * 1000).checked_div(done).unwrap_or(1000)
+        let t = &self.totals;
+        (t.calls_served * 1000).checked_div(t.calls_served + t.calls_refused).unwrap_or(1000)
     }
 }
 
@@ -208,39 +196,22 @@ impl Summary {
             .iter()
             .enumerate()
             .map(|(c, caller)| {
-                let mut total = ClassSummary {
-                    name: caller.name.clone(),
-                    legitimate: caller.legitimate,
-                    offered: 0,
-                    retries: 0,
-                    allowed: 0,
-                    rejected: 0,
-                    failed: 0,
-                    pending: 0,
-                    calls_served: 0,
-                    calls_refused: 0,
-                    accounting_holds: true,
-                    mean_wait_us: 0,
-                    max_wait_us: 0,
-                };
-                let mut waited = 0u64;
+                let mut totals = ClassRow::default();
+                let mut accounting_holds = true;
                 for row in &series.rows {
                     let Some(r) = row.classes.get(c) else { continue };
-                    total.offered += r.offered;
-                    total.retries += r.retries;
-                    total.allowed += r.allowed;
-                    total.rejected += r.rejected;
-                    total.failed += r.failed;
-                    total.calls_served += r.calls_served;
-                    total.calls_refused += r.calls_refused;
-                    total.pending = r.pending;
-                    waited += r.waited_ns;
-                    total.max_wait_us = total.max_wait_us.max(r.waited_max_ns / 1000);
-                    total.accounting_holds &=
-                        total.offered == total.allowed + total.rejected + total.failed + total.pending;
+                    totals.then(r);
+                    accounting_holds &=
+                        totals.offered == totals.allowed + totals.rejected + totals.failed + totals.pending;
                 }
-                total.mean_wait_us = (waited / 1000).checked_div(total.allowed).unwrap_or(0);
-                total
+                ClassSummary {
+                    name: caller.name.clone(),
+                    legitimate: caller.legitimate,
+                    accounting_holds,
+                    mean_wait_us: (totals.waited_ns / 1000).checked_div(totals.allowed).unwrap_or(0),
+                    max_wait_us: totals.waited_max_ns / 1000,
+                    totals,
+                }
             })
             .collect();
         let callouts = last.plugin.get("counter_service.callouts").copied().unwrap_or(0);

@@ -24,7 +24,7 @@ fn a_local_token_bucket_under_constant_overload_admits_burst_plus_rate_times_t_e
     let outcome = run_text(&flood(1, 2), LOCAL);
     let summary = Summary::of(&outcome);
     assert_eq!(summary.requests, 2001);
-    assert_eq!(summary.classes[0].allowed, EXACT, "{summary:#?}");
+    assert_eq!(summary.classes[0].totals.allowed, EXACT, "{summary:#?}");
     assert_eq!(summary.policies[0].allowed, EXACT, "the filter's own count");
     assert_eq!(summary.policies[0].rejected, 2001 - EXACT);
     assert_eq!(summary.policies[0].overshoot, Some(0));
@@ -36,7 +36,7 @@ fn three_proxies_with_a_local_bucket_each_admit_three_budgets_and_the_report_cal
     // admits its whole budget but for the refill that came after its own last arrival.
     let outcome = run_text(&flood(3, 2), LOCAL);
     let summary = Summary::of(&outcome);
-    let allowed = summary.classes[0].allowed;
+    let allowed = summary.classes[0].totals.allowed;
     assert!((3 * EXACT - 3..=3 * EXACT).contains(&allowed), "{summary:#?}");
     // The reference bucket of the one budget takes at most EXACT of them.
     let overshoot = summary.policies[0].overshoot.expect("a token bucket is replayed");
@@ -47,7 +47,7 @@ fn three_proxies_with_a_local_bucket_each_admit_three_budgets_and_the_report_cal
 fn a_global_check_policy_on_three_proxies_admits_one_budget_exactly() {
     let outcome = run_text(&flood(3, 2), CHECK);
     let summary = Summary::of(&outcome);
-    assert_eq!(summary.classes[0].allowed, EXACT, "{summary:#?}");
+    assert_eq!(summary.classes[0].totals.allowed, EXACT, "{summary:#?}");
     assert_eq!(summary.policies[0].beyond_promise, 0);
     assert_eq!(summary.policies[0].degraded, 0, "a healthy service decides every request");
 }

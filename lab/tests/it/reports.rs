@@ -40,7 +40,8 @@ fn every_shipped_scenario_is_rendered_by_the_script_and_keeps_the_accounting_lin
         }
         for c in &summary.classes {
             assert!(c.accounting_holds, "{scenario} under {config}: class {} breaks the accounting line", c.name);
-            assert_eq!(c.offered, c.allowed + c.rejected + c.failed + c.pending);
+            let t = &c.totals;
+            assert_eq!(t.offered, t.allowed + t.rejected + t.failed + t.pending);
         }
     }
 }
@@ -64,7 +65,7 @@ fn a_bounded_queue_turns_the_launch_spikes_rejections_into_waits_of_at_most_two_
     let (r, q) = (&reject.classes[0], &queue.classes[0]);
     assert_eq!(r.max_wait_us, 0, "a token bucket holds nothing: {r:?}");
     assert!(q.max_wait_us > 1_000_000 && q.max_wait_us <= 2_050_000, "waits up to the 2 s bound: {q:?}");
-    assert!(r.rejected > 0 && q.rejected > 0, "the spike is larger than what either lets through");
+    assert!(r.totals.rejected > 0 && q.totals.rejected > 0, "the spike is larger than what either lets through");
     // The queue holds work that the bucket answers at once; both let the same long-run
     // rate through.
     assert!(reject.policies[0].allowed.abs_diff(queue.policies[0].allowed) <= 45);
@@ -74,7 +75,7 @@ fn a_bounded_queue_turns_the_launch_spikes_rejections_into_waits_of_at_most_two_
 fn retries_are_new_offered_work_and_come_back_as_waves() {
     let s = summary("retry-wave.yaml", "bucket-reject.json");
     for class in &s.classes {
-        assert!(class.retries > 0, "{class:?}");
+        assert!(class.totals.retries > 0, "{class:?}");
     }
     let outcome = run_shipped("retry-wave.yaml", "bucket-reject.json");
     // In step, the refused calls of the burst (10–11 s) come back one second later, all
@@ -98,12 +99,12 @@ fn failing_open_shows_up_as_global_overshoot_and_failing_closed_as_blocked_legit
     // Open: the partitioned region admits its abuser without a budget.
     assert!(o.failure_allowed > 0 && o.by_fallback > 0, "{o:?}");
     assert!(o.overshoot.unwrap_or(0) > 500, "{o:?}");
-    assert_eq!(users(&open).failed, 0, "nobody legitimate is refused: {:?}", users(&open));
+    assert_eq!(users(&open).totals.failed, 0, "nobody legitimate is refused: {:?}", users(&open));
     // Closed: no overshoot beyond the promise, and the partitioned region's legitimate
     // users are refused.
     assert_eq!(c.beyond_promise, 0, "{c:?}");
     assert!(c.overshoot.unwrap_or(u64::MAX) < 50, "{c:?}");
-    assert!(users(&closed).failed > 100, "{:?}", users(&closed));
+    assert!(users(&closed).totals.failed > 100, "{:?}", users(&closed));
     assert!(c.fallback_ms >= 19_000, "the partition's 20 s of fallback are measured: {c:?}");
 }
 
