@@ -28,8 +28,9 @@ struct Admit {
     at: u64,
     cost: u64,
     /// The policy's numbers when it was admitted (a configuration change may raise or
-    /// lower them mid-run).
-    limit: Limit,
+    /// lower them mid-run), as an index into [`Ledger::limits`]: a long run keeps
+    /// millions of admissions.
+    limit: u32,
     /// Admitted by a fallback (fail open, the emergency cap): outside every promise.
     fallback: bool,
 }
@@ -41,6 +42,8 @@ pub struct Ledger {
     admits: BTreeMap<String, BTreeMap<u128, Vec<Admit>>>,
     /// A readable name of each caller (its identity as the scenario or the log gave it).
     labels: BTreeMap<String, BTreeMap<u128, String>>,
+    /// Every policy's numbers seen during the run.
+    limits: Vec<Limit>,
 }
 
 /// How many of a policy's busiest callers have their remaining allowance plotted.
@@ -93,7 +96,15 @@ impl Ledger {
             Some(callers) => callers,
             None => self.admits.entry(policy.name.clone()).or_default(),
         };
-        callers.entry(fingerprint).or_default().push(Admit { at, cost, limit: policy.limit, fallback });
+        let limit = match self.limits.iter().position(|l| *l == policy.limit) {
+            Some(index) => index,
+            None => {
+                self.limits.push(policy.limit);
+                self.limits.len() - 1
+            }
+        };
+        let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+        callers.entry(fingerprint).or_default().push(Admit { at, cost, limit, fallback });
     }
 
     /// Names caller `fingerprint` of `policy` (the first name given is kept).
@@ -129,6 +140,7 @@ impl Ledger {
                     };
                     let mut sorted = admits.clone();
                     sorted.sort_by_key(|a| a.at);
+                    let limit_of = |admit: &Admit| self.limits.get(admit.limit as usize).copied();
                     let mut references: Option<(Limit, ReferenceBucket, ReferenceBucket)> = None;
                     let tracked = busiest.iter().any(|(_, f)| f == fingerprint);
                     let mut remaining = Vec::new();
@@ -138,7 +150,7 @@ impl Ledger {
                          references: &Option<(Limit, ReferenceBucket, ReferenceBucket)>| {
                             while remaining.len() < rows && (remaining.len() as u64 + 1) * interval <= until {
                                 let end = (remaining.len() as u64 + 1) * interval;
-                                let left = match (references, sorted.first().map(|a| a.limit)) {
+                                let left = match (references, sorted.first().and_then(limit_of)) {
                                     (Some((_, exact, _)), _) => exact.remaining(end),
                                     (None, Some(Limit::TokenBucket { burst, .. })) => burst,
                                     (None, _) => 0,
@@ -150,7 +162,7 @@ impl Ledger {
                         if tracked {
                             sample(&mut remaining, admit.at, &references);
                         }
-                        let Limit::TokenBucket { rate, burst } = admit.limit else { continue };
+                        let Some(limit @ Limit::TokenBucket { rate, burst }) = limit_of(admit) else { continue };
                         let (amount, per) = (rate.amount(), rate.per().0);
                         // New numbers carry the allowance left over, capped, as the filter
                         // and the service do.
@@ -163,11 +175,11 @@ impl Ledger {
                             fresh
                         };
                         let (exact, promised) = match &mut references {
-                            Some((limit, exact, promised)) if *limit == admit.limit => (exact, promised),
+                            Some((current, exact, promised)) if *current == limit => (exact, promised),
                             slot => {
                                 let exact = carried(slot.as_ref().map(|r| &r.1), burst);
                                 let promised = carried(slot.as_ref().map(|r| &r.2), burst.saturating_add(slack));
-                                let (_, exact, promised) = slot.insert((admit.limit, exact, promised));
+                                let (_, exact, promised) = slot.insert((limit, exact, promised));
                                 (exact, promised)
                             }
                         };
@@ -187,7 +199,7 @@ impl Ledger {
                             beyond_promise += 1;
                         }
                     }
-                    if tracked && matches!(sorted.first().map(|a| a.limit), Some(Limit::TokenBucket { .. })) {
+                    if tracked && matches!(sorted.first().and_then(limit_of), Some(Limit::TokenBucket { .. })) {
                         sample(&mut remaining, u64::MAX, &references);
                         let label = self.labels.get(policy.name.as_str()).and_then(|l| l.get(fingerprint)).cloned();
                         top.push((label.unwrap_or_else(|| format!("{fingerprint:032x}")), remaining));

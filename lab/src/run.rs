@@ -277,7 +277,12 @@ struct Fleet<'a> {
     /// Each proxy's region.
     regions: Vec<String>,
     open: BTreeMap<u64, Open>,
+    /// Every open request of each worker.
     by_worker: BTreeMap<(usize, usize), BTreeSet<u64>>,
+    /// The open requests of each worker that its own work can move on (held by the
+    /// filter, or whose response it holds). A request waiting for the upstream changes
+    /// only when the lab answers it, so it is not looked at on every step.
+    held: BTreeMap<(usize, usize), BTreeSet<u64>>,
     responses: BTreeSet<(u64, u64)>,
     serial: u64,
     ledger: Ledger,
@@ -368,6 +373,7 @@ impl<'a> Fleet<'a> {
             regions: scenario.proxy_regions().into_iter().map(str::to_owned).collect(),
             open: BTreeMap::new(),
             by_worker: BTreeMap::new(),
+            held: BTreeMap::new(),
             responses: BTreeSet::new(),
             serial: 0,
             ledger: Ledger::default(),
@@ -401,10 +407,13 @@ impl<'a> Fleet<'a> {
                 self.change(change);
             }
         }
-        let mut touched = BTreeSet::new();
+        // Per worker touched: the requests it sent or answered now.
+        let mut touched: BTreeMap<(usize, usize), Vec<u64>> = BTreeMap::new();
         for arrival in self.traffic.due(t) {
-            touched.insert((arrival.proxy, arrival.worker));
-            self.send(arrival);
+            let at = (arrival.proxy, arrival.worker);
+            if let Some(key) = self.send(arrival) {
+                touched.entry(at).or_default().push(key);
+            }
         }
         while let Some((at, key)) = self.responses.first().copied().filter(|(at, _)| *at <= t) {
             self.responses.remove(&(at, key));
@@ -418,7 +427,7 @@ impl<'a> Fleet<'a> {
                 if let Some(worker) = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get_mut(w)) {
                     let _ = worker.respond(open.id, response);
                 }
-                touched.insert((p, w));
+                touched.entry((p, w)).or_default().push(key);
             }
         }
         let now = self.start + t;
@@ -426,19 +435,19 @@ impl<'a> Fleet<'a> {
             for (w, worker) in host.workers_mut().iter_mut().enumerate() {
                 if worker.next_due().is_some_and(|at| at <= now) {
                     worker.run_pending();
-                    touched.insert((p, w));
+                    touched.entry((p, w)).or_default();
                 }
             }
         }
-        for (p, w) in touched {
-            self.observe(p, w, t);
+        for ((p, w), keys) in touched {
+            self.observe(p, w, t, keys);
         }
     }
 
-    /// Sends one request.
-    fn send(&mut self, arrival: Arrival) {
+    /// Sends one request; its key among the open requests.
+    fn send(&mut self, arrival: Arrival) -> Option<u64> {
         let scenario = &self.lab.scenario;
-        let Some(caller) = scenario.callers.get(arrival.class) else { return };
+        let caller = scenario.callers.get(arrival.class)?;
         let (method, path, headers, source) = match arrival.entry.and_then(|e| self.lab.log.get(e)) {
             Some(entry) => {
                 let source = entry.source.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::new(10, 0, 0, 1), 40_000)));
@@ -496,10 +505,7 @@ impl<'a> Fleet<'a> {
                 self.ledger.label(&policy.name, *fingerprint, label);
             }
         }
-        let Some(worker) = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker))
-        else {
-            return;
-        };
+        let worker = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker))?;
         let id = worker.request(request);
         self.requests += 1;
         if let Some(row) = self.rows.get_mut(arrival.class) {
@@ -509,12 +515,21 @@ impl<'a> Fleet<'a> {
         self.serial += 1;
         self.by_worker.entry((arrival.proxy, arrival.worker)).or_default().insert(self.serial);
         self.open.insert(self.serial, Open { arrival, id, forwarded: None, counted });
+        Some(self.serial)
     }
 
-    /// What became of worker (p, w)'s requests.
-    fn observe(&mut self, p: usize, w: usize, t: u64) {
-        let Some(keys) = self.by_worker.get(&(p, w)).map(|set| set.iter().copied().collect::<Vec<u64>>()) else {
-            return;
+    /// What became of worker (p, w)'s requests after a step: those it holds, and `keys`
+    /// (sent or answered in the step). A failed VM may have ended any of them, so then
+    /// every one is looked at. In the order they were sent, as if all were looked at:
+    /// the others cannot have changed.
+    fn observe(&mut self, p: usize, w: usize, t: u64, keys: Vec<u64>) {
+        let failed = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get(w)).is_none_or(|worker| worker.is_failed());
+        let keys: Vec<u64> = if failed {
+            self.by_worker.get(&(p, w)).map(|set| set.iter().copied().collect()).unwrap_or_default()
+        } else {
+            let mut all: BTreeSet<u64> = self.held.get(&(p, w)).cloned().unwrap_or_default();
+            all.extend(keys);
+            all.into_iter().collect()
         };
         let upstream = self.lab.scenario.fleet.upstream_latency.nanos();
         let fallback_header = self.lab.config.fallback_header.clone();
@@ -523,15 +538,21 @@ impl<'a> Fleet<'a> {
             let Some(worker) = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get_mut(w)) else { return };
             let class = open.arrival.class;
             enum Fate {
+                /// Held by the filter (the request or its response).
                 Keep,
+                /// Forwarded earlier: waits for the upstream's answer.
+                Upstream,
                 Forwarded,
                 Done(Option<String>),
-                Refused { rejected: bool, retry_after: Option<u64> },
+                Refused {
+                    rejected: bool,
+                    retry_after: Option<u64>,
+                },
             }
             let fate = match worker.outcome(open.id) {
                 Ok(Seen::Paused | Seen::ResponsePaused) => Fate::Keep,
                 Ok(Seen::Forwarded(_)) if open.forwarded.is_none() => Fate::Forwarded,
-                Ok(Seen::Forwarded(_)) => Fate::Keep,
+                Ok(Seen::Forwarded(_)) => Fate::Upstream,
                 Ok(Seen::Responded(response)) if open.forwarded.is_some() => {
                     Fate::Done(response.headers.get_str(&fallback_header).map(str::to_owned))
                 }
@@ -543,8 +564,14 @@ impl<'a> Fleet<'a> {
                 Err(_) => Fate::Done(None),
             };
             match fate {
-                Fate::Keep => {}
+                Fate::Upstream => {
+                    self.held.entry((p, w)).or_default().remove(&key);
+                }
+                Fate::Keep => {
+                    self.held.entry((p, w)).or_default().insert(key);
+                }
                 Fate::Forwarded => {
+                    self.held.entry((p, w)).or_default().remove(&key);
                     open.forwarded = Some(t);
                     if let Some(row) = self.rows.get_mut(class) {
                         row.allowed += 1;
@@ -608,6 +635,9 @@ impl<'a> Fleet<'a> {
     fn close(&mut self, p: usize, w: usize, key: u64) {
         self.open.remove(&key);
         if let Some(set) = self.by_worker.get_mut(&(p, w)) {
+            set.remove(&key);
+        }
+        if let Some(set) = self.held.get_mut(&(p, w)) {
             set.remove(&key);
         }
     }

@@ -51,8 +51,15 @@ pub struct SharedDataStore {
 struct Inner {
     /// The cas the next successful write gets (Envoy's `cas_`): never 0.
     next_cas: u32,
-    by_vm_id: HashMap<String, HashMap<Vec<u8>, Entry>>,
+    by_vm_id: HashMap<String, Keys, Hasher>,
 }
+
+/// foldhash rather than std's SipHash: every request looks keys up several times, and
+/// the keys are the guest's own, so hash flooding is no concern here.
+type Hasher = foldhash::fast::RandomState;
+
+/// One `vm_id`'s keys.
+type Keys = HashMap<Vec<u8>, Entry, Hasher>;
 
 struct Entry {
     value: Vec<u8>,
@@ -96,7 +103,7 @@ fn next_cas(counter: &mut u32) -> u32 {
 }
 
 /// Envoy's `SharedData::set` within one `vm_id`'s map.
-fn write(map: &mut HashMap<Vec<u8>, Entry>, counter: &mut u32, key: &[u8], value: &[u8], cas: u32) -> SetOutcome {
+fn write(map: &mut Keys, counter: &mut u32, key: &[u8], value: &[u8], cas: u32) -> SetOutcome {
     match map.get_mut(key) {
         Some(entry) if cas != 0 && cas != entry.cas => SetOutcome::CasMismatch,
         Some(entry) => {
@@ -123,7 +130,7 @@ impl SharedDataStore {
     /// An empty store whose next write gets `next_cas` (0 is taken as 1), so that tests
     /// reach the wrap-around at `u32::MAX` quickly.
     pub fn with_next_cas(next_cas: u32) -> Self {
-        Self { inner: Mutex::new(Inner { next_cas: next_cas.max(1), by_vm_id: HashMap::new() }) }
+        Self { inner: Mutex::new(Inner { next_cas: next_cas.max(1), by_vm_id: HashMap::default() }) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

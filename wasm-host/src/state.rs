@@ -37,7 +37,7 @@ pub(crate) struct HostState {
     pub(crate) vm: Vm,
     /// The guest's calls to each host function, and the host's re-entries into its
     /// allocator, since the VM started (`crate::counts`).
-    pub(crate) calls: BTreeMap<&'static str, u64>,
+    pub(crate) calls: crate::counts::Tally,
 }
 
 /// The contexts of one VM and the callback in progress.

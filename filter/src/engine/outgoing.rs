@@ -91,6 +91,11 @@ pub(crate) fn take_outgoing<S: Store, C: Clock>(
     charges: bool,
 ) -> Vec<Outgoing> {
     let mut out = setup.outbox.try_borrow_mut().map(|mut outbox| std::mem::take(&mut *outbox)).unwrap_or_default();
+    // The breaker is read only when charges are due: it is a shared-data read, and
+    // this runs after every callback that may have filled the outbox.
+    if !charges {
+        return out;
+    }
     // While the circuit is open, charges wait; once its cooldown has passed, the first
     // charge may be the probe that closes it (a quiet proxy has no other call to probe
     // with).
@@ -100,13 +105,8 @@ pub(crate) fn take_outgoing<S: Store, C: Clock>(
         .is_some_and(|s| s.breaker.admit_quietly(limiter.store(), limiter.clock().now()) != Admit::Open);
     // Settlements to send again go on the tick (those past their life too, to be
     // forgiven).
-    if charges {
-        out.extend(settlement::take(setup, reachable, limiter.clock().now()).into_iter().map(Outgoing::Settle));
-    }
-    if charges
-        && reachable
-        && let Ok(mut pending) = setup.charges.try_borrow_mut()
-    {
+    out.extend(settlement::take(setup, reachable, limiter.clock().now()).into_iter().map(Outgoing::Settle));
+    if reachable && let Ok(mut pending) = setup.charges.try_borrow_mut() {
         let keys: Vec<String> = pending.keys().take(MAX_CHARGES_PER_TICK).cloned().collect();
         for key in keys {
             if let Some(target) = pending.remove(&key) {
@@ -269,6 +269,7 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
                 let under = granted.applied;
                 let applied =
                     leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, under, now);
+                let mut owes = None;
                 if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
                     metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
                     if applied.expired > 0 {
@@ -277,11 +278,15 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
                     if applied.repaid > 0 {
                         metrics.add(target.policy, Counter::LeaseRepaid, units(applied.repaid));
                     }
+                    owes = applied.owes;
                 }
-                // The service answers again: charge what was admitted without it.
-                if let Ok(Some(r)) = leases.peek(&target.slot, now)
-                    && r.debt > r.charging
-                {
+                // The service answers again: charge what was admitted without it. The
+                // record the grant was written to says (read again only when the grant
+                // could not be applied).
+                let owes = owes.unwrap_or_else(|| {
+                    leases.peek(&target.slot, now).ok().flatten().is_some_and(|r| r.debt > r.charging)
+                });
+                if owes {
                     setup.schedule_charge(target.clone());
                 }
             }

@@ -123,3 +123,68 @@ fn with_metrics_flush_a_request_makes_no_metric_host_call_and_its_counts_arrive_
     );
     assert_accounting(&host, "key");
 }
+
+/// One lease policy whose service grants 1 000 tokens at a time, 2 ms away.
+fn leasing() -> wasm_host::HostBuilder {
+    let config = r#"{
+      "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
+      "policies": [{"name": "key", "key": [{"header": "x-api-key"}], "rate": "100000/second", "burst": 100000,
+                    "global": {"strategy": "lease", "lease": {"size": 1000, "duration": "10s", "low_water": 10}}}]
+    }"#;
+    let grant = r#"{"granted":1000,"expires_in_ms":10000,"at_ns":1,"entry":{"verdict":"allowed","limit":100000,
+      "remaining":99000,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;
+    builder(config)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .count_calls_to(PROBES)
+        .scripted_cluster("sluice-counter", move |_| wasm_host::Answer::status(200).body(grant).after(millis(2)))
+}
+
+#[test]
+fn a_request_spent_from_its_lease_reads_only_its_lease_record() {
+    let mut host = leasing().build().expect("the filter starts");
+    let first = host.worker(0).request(Request::get("/").header("x-api-key", "k"));
+    host.advance(millis(2));
+    assert!(matches!(host.worker(0).outcome(first).unwrap(), wasm_host::Outcome::Forwarded(_)), "the grant came");
+    for _ in 0..3 {
+        send(&mut host, Request::get("/").header("x-api-key", "k"));
+    }
+
+    let before = host.call_counts();
+    let status = status(&mut host, Request::get("/").header("x-api-key", "k"));
+    let counts = &host.call_counts() - &before;
+
+    assert_eq!(status, 200);
+    assert_eq!(
+        pairs(&counts.host),
+        [
+            ("clock_time_get", 1),
+            ("proxy_get_header_map_value", 1),
+            ("proxy_get_shared_data", 1),
+            ("proxy_increment_metric", 2),
+            ("proxy_on_memory_allocate", 2),
+            ("proxy_set_shared_data", 1),
+        ],
+        "the lease record read and written by CAS, as a local bucket: the circuit breaker is read only for a \
+         request that would wait for a refill"
+    );
+}
+
+#[test]
+fn a_refill_answer_reads_the_breaker_once_and_the_lease_record_once_per_update() {
+    let mut host = leasing().build().expect("the filter starts");
+    let waiting = host.worker(0).request(Request::get("/").header("x-api-key", "k"));
+    assert!(host.worker(0).outcome(waiting).unwrap().is_paused(), "it waits for the first refill");
+
+    let before = host.call_counts();
+    host.advance(millis(2));
+    let counts = &host.call_counts() - &before;
+
+    assert!(matches!(host.worker(0).outcome(waiting).unwrap(), wasm_host::Outcome::Forwarded(_)));
+    assert_eq!(
+        counts.host("proxy_get_shared_data"),
+        3,
+        "the breaker (the answer's health), the record the grant is written to, and the record the waiter spends \
+         from: {counts:?}"
+    );
+    assert_eq!(counts.host("proxy_set_shared_data"), 2, "the grant, and the waiter's spend: {counts:?}");
+}

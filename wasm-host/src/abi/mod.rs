@@ -82,7 +82,7 @@ const ALLOWED_IN_ALLOCATOR: &[&str] = &["proxy_log", "fd_write", "clock_time_get
 /// Counts the call, and refuses every host call but logging and clocks while the guest's
 /// allocator runs.
 fn enter(caller: &mut Caller<'_, HostState>, name: &'static str) -> HostResult {
-    *caller.data_mut().calls.entry(name).or_default() += 1;
+    caller.data_mut().calls.bump(name);
     if caller.data().in_allocator && !ALLOWED_IN_ALLOCATOR.contains(&name) {
         return Err(Failure::Trap(format_err!(
             "the guest called `{name}` from inside its allocator (proxy_on_memory_allocate), where only logging and clocks are allowed"
@@ -151,7 +151,7 @@ fn allocate(caller: &mut Caller<'_, HostState>, size: usize) -> HostResult<u32> 
             Failure::Trap(format_err!("the module exports neither proxy_on_memory_allocate nor malloc"))
         })?;
     let size_arg = i32::try_from(size).map_err(|_| Failure::Status(status::INVALID_MEMORY_ACCESS))?;
-    *caller.data_mut().calls.entry(crate::counts::ALLOCATOR_REENTRY).or_default() += 1;
+    caller.data_mut().calls.bump(crate::counts::ALLOCATOR_REENTRY);
     caller.data_mut().in_allocator = true;
     let result = allocate.call(&mut *caller, size_arg);
     caller.data_mut().in_allocator = false;

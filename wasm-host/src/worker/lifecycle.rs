@@ -4,7 +4,6 @@
 //! applies the failure policy to every open stream, drops the VM's timers and callouts,
 //! and (with `FAIL_RELOAD`) starts a fresh VM on the next request, keeping shared data.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use wasmtime::{InstancePre, Store, StoreLimitsBuilder, WasmParams, WasmResults};
@@ -40,7 +39,7 @@ pub(super) fn instantiate(
         limits: StoreLimitsBuilder::new().memory_size(shared.max_memory).build(),
         inbox: sender,
         vm,
-        calls: BTreeMap::new(),
+        calls: crate::counts::Tally::default(),
     };
     let mut store = Store::new(pre.module().engine(), state);
     store.limiter(|state| &mut state.limits);

@@ -225,7 +225,7 @@ impl Worker {
     /// re-entries into its allocator, and entries into the probed functions
     /// ([`crate::HostBuilder::count_calls_to`]).
     pub fn call_counts(&mut self) -> CallCounts {
-        let host = self.store.data().calls.iter().map(|(name, n)| ((*name).to_owned(), *n)).collect();
+        let host = self.store.data().calls.by_name();
         let guest = self
             .exports
             .probes

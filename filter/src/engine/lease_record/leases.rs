@@ -59,6 +59,9 @@ pub(crate) struct Granted {
     pub(crate) expired: u64,
     /// Debt paid from this grant.
     pub(crate) repaid: u64,
+    /// Whether the record owes debt no charge is carrying, once the grant is applied
+    /// (`None`: the grant was not applied here, so this is not known).
+    pub(crate) owes: Option<bool>,
 }
 
 /// What a settled charge leaves.
@@ -288,7 +291,8 @@ impl<S: Store> Leases<'_, S> {
             if granted == 0 || expires_at <= now {
                 record.empty_until = now.saturating_add(retry_after.max(Nanos(1)));
                 let expired = expired.saturating_add(if granted > 0 { granted } else { 0 });
-                return (true, Granted { expired, repaid: 0 });
+                let owes = Some(record.debt > record.charging);
+                return (true, Granted { expired, repaid: 0, owes });
             }
             record.empty_until = if empty_after > Nanos::ZERO { now.saturating_add(empty_after) } else { Nanos::ZERO };
             record.granted_at = now;
@@ -306,7 +310,8 @@ impl<S: Store> Leases<'_, S> {
             if pool.tokens > 0 {
                 add_pool(record, pool, now);
             }
-            (true, Granted { expired, repaid })
+            let owes = Some(record.debt > record.charging);
+            (true, Granted { expired, repaid, owes })
         })
         .map(|u| Updated { result: Some(u.result.unwrap_or_default()), forgiven: u.forgiven })
     }

@@ -246,9 +246,13 @@ fn open_circuit_decides<S: Store, C: Clock>(
     failed: &mut Few<(Resolved, Cause)>,
     limiter: &Limiter<S, C>,
 ) {
+    // Nothing waits: no need to read the breaker (a shared-data read per request).
+    if waiting.is_empty() {
+        return;
+    }
     let now = limiter.clock().now();
     let open = setup.service.as_ref().is_some_and(|s| s.breaker.admit_quietly(limiter.store(), now) == Admit::Open);
-    if !open || waiting.is_empty() {
+    if !open {
         return;
     }
     let leases = setup.leases(limiter.store());
