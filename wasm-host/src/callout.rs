@@ -113,6 +113,8 @@ enum Wire {
     Closes,
     /// It answers bytes that are not an HTTP response.
     NotHttp,
+    /// Not decided yet: the driver answers later ([`Answer::deferred`]).
+    Deferred,
 }
 
 /// What follows a response head and body.
@@ -158,6 +160,16 @@ impl Answer {
     /// answers `502`, `protocol error`).
     pub fn not_http() -> Self {
         Self::on_wire(Wire::NotHttp)
+    }
+
+    /// The answer is decided after the dispatch: the driver takes the call with
+    /// [`crate::Worker::take_deferred`] and answers it with
+    /// [`crate::Worker::answer_deferred`], whose delay then counts from the dispatch.
+    /// Until then the call is in flight, and only the guest's timeout can end it. (A
+    /// driver that steps several hosts in parallel decides their calls to one shared
+    /// upstream afterwards, in a fixed order.)
+    pub fn deferred() -> Self {
+        Self::on_wire(Wire::Deferred)
     }
 
     fn on_wire(wire: Wire) -> Self {
@@ -235,6 +247,7 @@ impl Answer {
             Wire::Refused => Plan::Ends(Ending::BeforeHead(Failure::Refused)),
             Wire::Closes => Plan::Ends(Ending::BeforeHead(Failure::Terminated)),
             Wire::NotHttp => Plan::Ends(Ending::BeforeHead(Failure::ProtocolError)),
+            Wire::Deferred => Plan::Deferred,
         };
         (self.delay, plan)
     }
@@ -256,6 +269,8 @@ pub(crate) enum Plan {
     Ends(Ending),
     /// It never ends; its response head arrives once its delay has passed, if `head`.
     Stalls { head: bool },
+    /// The driver answers it later.
+    Deferred,
 }
 
 /// A scripted cluster's behaviour: called once per callout.

@@ -176,4 +176,4 @@ pub use logs::{LogLevel, LogRecord, LogSource};
 pub use metrics::{Histogram, MetricKind, MetricValue};
 pub use request::{ClientResponse, Exchange, Message, Outcome, Request, Response, ResponseSource, StreamId};
 pub use shared_data::{BeforeSharedData, SetOutcome, SharedData, SharedDataStore};
-pub use worker::Worker;
+pub use worker::{DeferredCallout, Worker};

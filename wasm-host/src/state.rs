@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use wasmtime::{Memory, StoreLimits, TypedFunc};
 
-use crate::callout::{CalloutResponse, Ending};
+use crate::callout::{CalloutRequest, CalloutResponse, Ending};
 use crate::metrics::MetricIds;
 use crate::request::{ClientResponse, Message, ResponseSource};
 use crate::services::{Mailbox, Shared};
@@ -370,6 +370,9 @@ pub(crate) enum Delivery {
     /// A real request in flight; its response head and its end arrive through the
     /// worker's inbox.
     InFlight { task: tokio::task::AbortHandle, head_arrived: bool },
+    /// A scripted answer the driver gives later ([`crate::Answer::deferred`]): the
+    /// request until the driver takes it.
+    Deferred { dispatched: u64, request: Option<CalloutRequest> },
 }
 
 impl Delivery {
@@ -378,7 +381,7 @@ impl Delivery {
     pub(crate) fn head_arrived(&self, now: u64) -> bool {
         match self {
             // A scripted ending is all or nothing: due later, nothing has arrived yet.
-            Self::Scheduled { .. } => false,
+            Self::Scheduled { .. } | Self::Deferred { .. } => false,
             Self::Stalled { head_at } => head_at.is_some_and(|at| at <= now),
             Self::InFlight { head_arrived, .. } => *head_arrived,
         }

@@ -80,6 +80,7 @@ fn http_call(
             match plan {
                 Plan::Ends(ending) => Delivery::Scheduled { at, ending },
                 Plan::Stalls { head } => Delivery::Stalled { head_at: head.then_some(at) },
+                Plan::Deferred => Delivery::Deferred { dispatched: now, request: Some(request) },
             }
         }
         Cluster::Http(addr) => {

@@ -31,13 +31,17 @@
 //!   messages from other threads, waiting for real callouts.
 //! * `callout.rs`: delivering a callout's answer (or failure) to
 //!   `proxy_on_http_call_response`.
+//! * `deferred.rs`: callouts whose answers the driver decides after dispatch.
 //! * `reconfigure.rs`: a new configuration as a new root context, and retiring the old.
 
 mod callout;
+mod deferred;
 mod lifecycle;
 mod reconfigure;
 mod schedule;
 mod stream;
+
+pub use deferred::DeferredCallout;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -138,7 +138,7 @@ impl Worker {
         let callouts = vm.callouts.iter().flat_map(|(token, callout)| {
             let answer = match callout.delivery {
                 Delivery::Scheduled { at, .. } => Some((at, Event::Answer(*token))),
-                Delivery::Stalled { .. } | Delivery::InFlight { .. } => None,
+                Delivery::Stalled { .. } | Delivery::InFlight { .. } | Delivery::Deferred { .. } => None,
             };
             let timeout = callout.deadline.map(|at| (at, Event::Timeout(*token)));
             answer.into_iter().chain(timeout)

@@ -4,6 +4,7 @@
 
 mod callouts;
 mod common;
+mod deferred;
 mod faults;
 mod headers;
 mod layers;
