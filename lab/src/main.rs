@@ -70,6 +70,19 @@ struct Common {
     /// Where the report goes (created; its files are replaced).
     #[arg(long)]
     out: PathBuf,
+    /// Threads to run the proxies on (at most one per proxy; the machine's cores by
+    /// default). The report is the same whatever the number; on a busy machine, fewer
+    /// threads than idle cores run faster.
+    #[arg(long, env = "SLUICE_LAB_THREADS")]
+    threads: Option<usize>,
+}
+
+impl Common {
+    /// `lab` with the threads asked for.
+    fn threads(&self, lab: Lab) -> Lab {
+        let cores = || std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        lab.with_threads(self.threads.unwrap_or_else(cores))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,7 +179,7 @@ fn main() -> anyhow::Result<()> {
             let config = FilterConfig::load(&config)?;
             check_wasm(&common.wasm)?;
             let base = scenario.parent().unwrap_or(Path::new("."));
-            let lab = Lab::new(parsed, config, base, &common.wasm)?;
+            let lab = common.threads(Lab::new(parsed, config, base, &common.wasm)?);
             let outcome = run_one(&lab, "run")?;
             (report::render(&outcome), common.out, outcome.requests)
         }
@@ -175,8 +188,8 @@ fn main() -> anyhow::Result<()> {
             let (a, b) = (FilterConfig::load(&a)?, FilterConfig::load(&b)?);
             check_wasm(&common.wasm)?;
             let base = scenario.parent().unwrap_or(Path::new("."));
-            let first = run_one(&Lab::new(parsed.clone(), a, base, &common.wasm)?, "a")?;
-            let second = run_one(&Lab::new(parsed, b, base, &common.wasm)?, "b")?;
+            let first = run_one(&common.threads(Lab::new(parsed.clone(), a, base, &common.wasm)?), "a")?;
+            let second = run_one(&common.threads(Lab::new(parsed, b, base, &common.wasm)?), "b")?;
             let mut files = vec![("index.html".to_owned(), report::html::compare(&first, &second).into_bytes())];
             for (dir, outcome) in [("a", &first), ("b", &second)] {
                 for (name, bytes) in report::render(outcome) {
@@ -244,7 +257,8 @@ fn main() -> anyhow::Result<()> {
                 }],
                 faults: Vec::new(),
             };
-            let lab = Lab::new(scenario, config, Path::new("."), &common.wasm)?.with_log(parsed.entries, speed);
+            let lab = common
+                .threads(Lab::new(scenario, config, Path::new("."), &common.wasm)?.with_log(parsed.entries, speed));
             let outcome = run_one(&lab, "replay")?;
             (report::render(&outcome), common.out, outcome.requests)
         }

@@ -107,6 +107,37 @@ impl Ledger {
         callers.entry(fingerprint).or_default().push(Admit { at, cost, limit, fallback });
     }
 
+    /// Adds what `other` (another proxy's ledger) recorded: its admissions after this
+    /// one's, its names where this one has none.
+    pub fn absorb(&mut self, other: Self) {
+        let limits: Vec<u32> = other
+            .limits
+            .iter()
+            .map(|limit| {
+                let index = self.limits.iter().position(|l| l == limit).unwrap_or_else(|| {
+                    self.limits.push(*limit);
+                    self.limits.len() - 1
+                });
+                u32::try_from(index).unwrap_or(u32::MAX)
+            })
+            .collect();
+        for (policy, callers) in other.admits {
+            let mine = self.admits.entry(policy).or_default();
+            for (fingerprint, admits) in callers {
+                let renumbered = admits
+                    .into_iter()
+                    .map(|a| Admit { limit: limits.get(a.limit as usize).copied().unwrap_or(u32::MAX), ..a });
+                mine.entry(fingerprint).or_default().extend(renumbered);
+            }
+        }
+        for (policy, names) in other.labels {
+            let mine = self.labels.entry(policy).or_default();
+            for (fingerprint, name) in names {
+                mine.entry(fingerprint).or_insert(name);
+            }
+        }
+    }
+
     /// Names caller `fingerprint` of `policy` (the first name given is kept).
     pub fn label(&mut self, policy: &str, fingerprint: u128, label: impl FnOnce() -> String) {
         let known = self.labels.get(policy).is_some_and(|names| names.contains_key(&fingerprint));
@@ -231,4 +262,48 @@ pub fn promise(policy: &Policy, max_callout: u64) -> Promise {
         Strategy::Lease(lease) => latency.saturating_add(latency_slack(amount, per, lease.duration().0)),
     };
     Promise::Global { slack }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice::config::Config;
+
+    fn policy(rate: &str) -> Policy {
+        let json =
+            format!(r#"{{"policies":[{{"name":"p","key":[{{"header":"x-user"}}],"rate":"{rate}","burst":2}}]}}"#);
+        let mut policies = Config::from_json(json.as_bytes()).expect("the configuration is valid").policies;
+        policies.remove(0)
+    }
+
+    #[test]
+    fn a_ledger_absorbed_into_another_replays_as_one_ledger_of_both_would() {
+        // Two proxies' ledgers, the policy's numbers changed mid-run (so the second
+        // ledger numbers its limits in another order).
+        let (slow, fast) = (policy("1/second"), policy("10/second"));
+        let ms = 1_000_000;
+        let first = [(&slow, 1, 0), (&slow, 1, 10 * ms), (&slow, 1, 20 * ms), (&fast, 2, 30 * ms)];
+        let second = [(&fast, 1, 5 * ms), (&slow, 2, 15 * ms), (&slow, 1, 25 * ms), (&fast, 1, 35 * ms)];
+        let (mut whole, mut a, mut b) = (Ledger::default(), Ledger::default(), Ledger::default());
+        for (policy, caller, at) in first {
+            a.admit(policy, caller, at, 1, false);
+            whole.admit(policy, caller, at, 1, false);
+        }
+        for (policy, caller, at) in second {
+            b.admit(policy, caller, at, 1, caller == 2);
+            whole.admit(policy, caller, at, 1, caller == 2);
+        }
+        a.label("p", 1, || "one".to_owned());
+        b.label("p", 1, || "another name".to_owned());
+        b.label("p", 2, || "two".to_owned());
+        whole.label("p", 1, || "one".to_owned());
+        whole.label("p", 2, || "two".to_owned());
+
+        a.absorb(b);
+
+        let policies = [fast];
+        assert_eq!(a.overshoot(&policies, 10 * ms, 4, ms), whole.overshoot(&policies, 10 * ms, 4, ms));
+        assert_eq!(a.labels, whole.labels);
+        assert!(whole.overshoot(&policies, 10 * ms, 4, ms)[0].total > 0, "the budget is overshot");
+    }
 }

@@ -3,28 +3,38 @@
 //! shared data, the simulated counter service ([`crate::service`]) behind every proxy's
 //! counter-service cluster, the upstream answering after its latency.
 //!
-//! The clock jumps from one thing to do to the next (an arrival or retry, an upstream's
-//! answer, anything due on a worker: ticks, callout answers and timeouts, queue wakes; a
-//! fault starting or ending; an interval's end). Workers run one after another in a fixed
-//! order, so a run is a function of the scenario, the configuration and the module: the
-//! same inputs give the same report, byte for byte. (The fleet tests interleave workers on
-//! threads to find races; the lab measures behaviour, and races are theirs to find.)
+//! Each proxy ([`lane`]) jumps from one thing to do to the next: an arrival or retry, an
+//! upstream's answer, anything due on a worker (ticks, callout answers and timeouts,
+//! queue wakes). Proxies share only the counter service, the callers' retries and the
+//! report, so the fleet moves them through time in windows shorter than any answer of
+//! the service, on as many threads as it is given ([`crew`]), and between windows
+//! decides the service's calls, schedules retries and applies the timeline, each in a
+//! fixed order. A run is a function of the scenario, the configuration and the module,
+//! whatever the number of threads: the same inputs give the same report, byte for byte.
+//! (The fleet tests interleave workers on threads to find races; the lab measures
+//! behaviour, and races are theirs to find.)
+
+mod barrier;
+mod crew;
+mod lane;
 
 use crate::access_log::Entry;
 use crate::overshoot::{Ledger, PolicyOvershoot};
 use crate::record::{ClassRow, Counters, Row, Series};
 use crate::scenario::{Fault, Scenario};
 use crate::service::{self, Mode, Service};
-use crate::traffic::{Arrival, Traffic};
+use crate::traffic::Traffic;
+use crew::Crew;
+use lane::Lane;
 use shared_store::HashKey;
 use sluice::config::{Config, Policy, SecretSource};
 use sluice::host::{HostFailure, RequestFacts};
 use sluice_testkit::rng::Rng;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use wasm_host::{Clock as _, Host, Outcome as Seen, Request, Response, StreamId, VirtualClock, Wasm};
+use wasm_host::{Answer, Clock as _, DeferredCallout, Host, VirtualClock, Wasm};
 
 /// The hash key the proxies are given when their configuration reads it from the
 /// environment.
@@ -126,6 +136,8 @@ pub struct Lab {
     /// Requests replayed from an access log, and when each is sent (ns from the start).
     log: Vec<Entry>,
     log_times: Vec<u64>,
+    /// Threads to run the proxies on (the report does not depend on it).
+    threads: usize,
 }
 
 /// What a run produced.
@@ -146,19 +158,12 @@ pub struct Outcome {
     pub requests: u64,
     /// Calls the counter service answered.
     pub service_calls: u64,
+    /// Answers of the counter service that reached a proxy after they were due: always
+    /// 0, as the windows the fleet moves in promise (counted so that tests hold it to
+    /// that).
+    pub late_answers: u64,
     /// The module's size and a digest of it (for the footer).
     pub module: (usize, u64),
-}
-
-/// A request in flight.
-#[derive(Debug)]
-struct Open {
-    arrival: Arrival,
-    id: StreamId,
-    /// When the filter let it through (ns from the start).
-    forwarded: Option<u64>,
-    /// (policy index, caller fingerprint, cost) for every enforcing policy it matched.
-    counted: Vec<(usize, u128, u64)>,
 }
 
 /// The request's facts as the filter's policy code reads them.
@@ -203,7 +208,25 @@ impl Lab {
                 changes.insert(i, FilterConfig::load(&base.join(file))?);
             }
         }
-        Ok(Self { scenario, config, changes, wasm: wasm.to_path_buf(), log: Vec::new(), log_times: Vec::new() })
+        Ok(Self {
+            scenario,
+            config,
+            changes,
+            wasm: wasm.to_path_buf(),
+            log: Vec::new(),
+            log_times: Vec::new(),
+            threads: 1,
+        })
+    }
+
+    /// Runs the proxies on `threads` threads (at least 1, at most one per proxy; 1 by
+    /// default). The report is the same whatever the number. The threads meet at every
+    /// window (about a millisecond of virtual time), so more threads than idle cores
+    /// make a run slower, not faster.
+    #[must_use]
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 
     /// Adds the requests of an access log, sent as caller class 0 at the pace they were
@@ -225,76 +248,56 @@ impl Lab {
     pub fn run(&self, mut progress: impl FnMut(u64, u64)) -> Result<Outcome, LabError> {
         let module = std::fs::read(&self.wasm)
             .map_err(|error| LabError::Read { file: self.wasm.display().to_string(), error })?;
-        let mut fleet = Fleet::new(self, &module)?;
-        let end = self.scenario.duration.nanos();
+        let (mut fleet, lanes) = Fleet::new(self, &module)?;
+        crew::with_crew(&lanes, self, self.threads, |crew| fleet.run(&lanes, crew, &mut progress));
+        let (requests, late_answers) = fleet.finish(lanes);
         let interval = self.scenario.interval.nanos();
-        let mut boundary = interval.min(end);
-        loop {
-            let t = fleet.next().map_or(boundary, |t| t.min(boundary));
-            fleet.instant(t);
-            if t == boundary {
-                fleet.sample(boundary);
-                progress(boundary, end);
-                if boundary >= end {
-                    break;
-                }
-                boundary = (boundary + interval).min(end);
-            }
-        }
-        fleet.flush_forwarded();
         let max_callout = fleet.max_callout();
         let policies = fleet.all_policies.clone();
         let rows = fleet.series.rows.len();
         let overshoot = fleet.ledger.overshoot(&policies, interval, rows, max_callout);
-        let service_calls = fleet.service.lock().unwrap_or_else(PoisonError::into_inner).calls();
+        let service_calls = fleet.service.calls();
         Ok(Outcome {
             scenario: self.scenario.clone(),
             config: self.config.clone(),
             policies,
             series: fleet.series,
             overshoot,
-            requests: fleet.requests,
+            requests,
             service_calls,
+            late_answers,
             module: (module.len(), fnv(&module)),
         })
     }
 }
 
-/// The running fleet.
+/// The running fleet: the proxies ([`Lane`]s, run by a [`crew::Crew`]), and what they
+/// share, which only the fleet touches, between windows: the counter service, the
+/// callers, the timeline, the report.
 struct Fleet<'a> {
     lab: &'a Lab,
+    /// The service's clock (the proxies have one each).
     clock: VirtualClock,
     start: u64,
-    hosts: Vec<Host>,
-    service: Arc<Mutex<Service>>,
+    service: Service,
+    /// Calls to the service taken from the proxies and not decided yet: (when, proxy,
+    /// worker, the call), in that order.
+    calls: Vec<(u64, usize, usize, DeferredCallout)>,
     traffic: Traffic,
     timeline: BTreeMap<u64, Vec<Change>>,
     active: BTreeSet<usize>,
     /// The policies in force, and every policy seen (for the counters' names).
-    policies: Vec<Policy>,
+    policies: Arc<Vec<Policy>>,
     all_policies: Vec<Policy>,
     prefix: String,
-    /// Each proxy's region.
-    regions: Vec<String>,
-    open: BTreeMap<u64, Open>,
-    /// Every open request of each worker.
-    by_worker: BTreeMap<(usize, usize), BTreeSet<u64>>,
-    /// The open requests of each worker that its own work can move on (held by the
-    /// filter, or whose response it holds). A request waiting for the upstream changes
-    /// only when the lab answers it, so it is not looked at on every step.
-    held: BTreeMap<(usize, usize), BTreeSet<u64>>,
-    responses: BTreeSet<(u64, u64)>,
-    serial: u64,
     ledger: Ledger,
     /// Events of the current interval (see [`Row::events`]).
     events: Vec<String>,
-    rows: Vec<ClassRow>,
     series: Series,
-    requests: u64,
 }
 
 impl<'a> Fleet<'a> {
-    fn new(lab: &'a Lab, module: &[u8]) -> Result<Self, LabError> {
+    fn new(lab: &'a Lab, module: &[u8]) -> Result<(Self, Vec<Mutex<Lane>>), LabError> {
         let scenario = &lab.scenario;
         let clock = VirtualClock::new();
         let mut rng = Rng::new(scenario.seed ^ 0x5e41_ce00_0000_0000);
@@ -304,19 +307,19 @@ impl<'a> Fleet<'a> {
             Some(SecretSource::Inline(secret)) => secret.expose().to_owned(),
             _ => service::TOKEN.to_owned(),
         };
-        let service = Service::with_token(&clock, proxies, scenario.fleet.service_latency.0, rng.fork(), &token);
-        let service = Arc::new(Mutex::new(service));
-        service.lock().unwrap_or_else(PoisonError::into_inner).keep_decisions(false);
-        let mut hosts = Vec::with_capacity(proxies);
+        let mut service = Service::with_token(&clock, proxies, scenario.fleet.service_latency.0, rng.fork(), &token);
+        service.keep_decisions(false);
+        let regions = scenario.proxy_regions();
+        let mut lanes = Vec::with_capacity(proxies);
         for p in 0..proxies {
-            let service = service.clone();
+            let proxy_clock = VirtualClock::new();
             let mut builder = Host::builder(Wasm::bytes(module.to_vec()))
                 .plugin_configuration(lab.config.run_bytes.clone())
                 .plugin_name("sluice")
                 .root_id("sluice")
                 .vm_id("sluice")
                 .workers(scenario.fleet.workers)
-                .virtual_clock(clock.clone())
+                .virtual_clock(proxy_clock.clone())
                 .random_seed(Some(scenario.seed.wrapping_add(p as u64)))
                 .capture_logs(false)
                 .record_callouts(false);
@@ -331,14 +334,13 @@ impl<'a> Fleet<'a> {
                     builder = builder.env(name.clone(), HASH_KEY);
                 }
                 if clusters.insert(counter_service.cluster.clone()) {
-                    let service = service.clone();
-                    builder = builder.scripted_cluster(counter_service.cluster.clone(), move |call| {
-                        service.lock().unwrap_or_else(PoisonError::into_inner).answer(p, call)
-                    });
+                    // Decided after the window, by the fleet ([`Fleet::decide`]).
+                    builder = builder.scripted_cluster(counter_service.cluster.clone(), |_| Answer::deferred());
                 }
             }
-            drop(service);
-            hosts.push(builder.build().map_err(|e| LabError::Host(e.to_string()))?);
+            let host = builder.build().map_err(|e| LabError::Host(e.to_string()))?;
+            let region = regions.get(p).map_or_else(String::new, |r| (*r).to_owned());
+            lanes.push(Mutex::new(Lane::new(host, proxy_clock, region, scenario.callers.len())));
         }
         let mut timeline: BTreeMap<u64, Vec<Change>> = BTreeMap::new();
         for (i, fault) in scenario.faults.iter().enumerate() {
@@ -358,318 +360,196 @@ impl<'a> Fleet<'a> {
         let start = clock.monotonic_nanos();
         let mut traffic = Traffic::new(scenario);
         traffic.replay(&lab.log_times, 0, proxies);
-        Ok(Self {
+        let fleet = Self {
             lab,
             clock,
             start,
-            hosts,
             service,
+            calls: Vec::new(),
             traffic,
             timeline,
             active: BTreeSet::new(),
             all_policies: policies.clone(),
-            policies,
+            policies: Arc::new(policies),
             prefix: config.stat_prefix.clone(),
-            regions: scenario.proxy_regions().into_iter().map(str::to_owned).collect(),
-            open: BTreeMap::new(),
-            by_worker: BTreeMap::new(),
-            held: BTreeMap::new(),
-            responses: BTreeSet::new(),
-            serial: 0,
             ledger: Ledger::default(),
             events: Vec::new(),
-            rows: vec![ClassRow::default(); scenario.callers.len()],
             series: Series { interval: scenario.interval.nanos(), rows: Vec::new() },
-            requests: 0,
-        })
+        };
+        Ok((fleet, lanes))
     }
 
-    /// The next instant something happens (ns from the start).
-    fn next(&mut self) -> Option<u64> {
-        let start = self.start;
-        let due = self
-            .hosts
-            .iter_mut()
-            .flat_map(|h| h.workers_mut().iter().filter_map(|w| w.next_due()))
-            .min()
-            .map(|at| at.saturating_sub(start));
-        [self.traffic.next(), self.responses.first().map(|(at, _)| *at), due, self.timeline.keys().next().copied()]
-            .into_iter()
-            .flatten()
-            .min()
+    /// Runs the scenario to its end; `progress` hears of every interval's end.
+    ///
+    /// Time moves in windows. A call to the counter service made in a window is decided
+    /// by the fleet's thread while the proxies run the next window, and answered before
+    /// the window after: so a window lasts at most half the shortest time the service
+    /// can take to answer under the faults in force, and no proxy can tell that its
+    /// call was decided late. The calls are decided in the order (time, proxy, worker,
+    /// call), each on the service's clock at its time. Before a change on the timeline
+    /// (which applies before anything else at its instant) and before time jumps over a
+    /// quiet stretch, the calls made so far are decided and answered at once. A window
+    /// ends just after an interval's end, which is sampled after everything at its
+    /// instant.
+    fn run(&mut self, lanes: &[Mutex<Lane>], crew: &mut Crew<'_>, progress: &mut impl FnMut(u64, u64)) {
+        let end = self.lab.scenario.duration.nanos();
+        let interval = self.lab.scenario.interval.nanos();
+        let mut boundary = interval.min(end);
+        let mut now = 0;
+        loop {
+            if self.timeline.keys().next().is_some_and(|at| *at <= now) {
+                self.settle(lanes);
+                self.apply_changes(lanes, now);
+            }
+            let shortest = self.shortest_answer();
+            let limit = self.timeline.keys().next().map_or(boundary + 1, |at| (*at).min(boundary + 1));
+            let mut until = now.saturating_add((shortest / 2).max(1)).min(limit);
+            if let Some((first, ..)) = self.calls.first() {
+                until = until.min(first.saturating_sub(self.start).saturating_add(shortest));
+            }
+            while let Some(at) = self.traffic.next().filter(|at| *at < until) {
+                for mut arrival in self.traffic.due(at) {
+                    arrival.at = arrival.at.max(now);
+                    if let Some(lane) = lanes.get(arrival.proxy) {
+                        lock(lane).arrivals.push_back(arrival);
+                    }
+                }
+            }
+            let policies = self.policies.clone();
+            let mut answers = Vec::new();
+            crew.run(until, &policies, || answers = self.decide());
+            self.deliver(lanes, answers);
+            self.take_calls(lanes);
+            self.schedule_retries(lanes, until);
+            if until == boundary + 1 {
+                self.sample(lanes, boundary);
+                progress(boundary, end);
+                if boundary >= end {
+                    self.settle(lanes);
+                    return;
+                }
+                boundary = (boundary + interval).min(end);
+            }
+            // The calls taken are answered at the end of the next window, which must
+            // not reach past the first answer's earliest time: if time would jump
+            // there, they are answered now.
+            let mut next = self.next(lanes);
+            if let Some((first, ..)) = self.calls.first() {
+                let earliest = first.saturating_sub(self.start).saturating_add(shortest);
+                if next.is_none_or(|t| t >= earliest) {
+                    self.settle(lanes);
+                    next = self.next(lanes);
+                }
+            }
+            now = next.map_or(boundary, |t| t.min(boundary)).max(until);
+        }
     }
 
-    /// Everything due at `t`.
-    fn instant(&mut self, t: u64) {
-        self.clock.advance_to_monotonic(self.start + t);
-        while let Some(entry) = self.timeline.first_entry().filter(|e| *e.key() <= t) {
+    /// The next instant a proxy or a caller does something (ns from the start).
+    fn next(&self, lanes: &[Mutex<Lane>]) -> Option<u64> {
+        lanes.iter().filter_map(|lane| lock(lane).next()).chain(self.traffic.next()).min()
+    }
+
+    /// The shortest time after its dispatch at which a call can be answered, under the
+    /// modes in force (ns; at least 2).
+    fn shortest_answer(&self) -> u64 {
+        let proxies = self.lab.scenario.proxies();
+        let shortest = (0..proxies).filter_map(|p| self.service.shortest_answer(p)).min();
+        shortest.map_or(u64::MAX, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).max(2)
+    }
+
+    /// Takes the calls the proxies made in the window, to decide while they run the
+    /// next.
+    fn take_calls(&mut self, lanes: &[Mutex<Lane>]) {
+        let first = self.calls.len();
+        for (p, lane) in lanes.iter().enumerate() {
+            let calls = lock(lane).take_deferred();
+            self.calls.extend(calls.into_iter().map(|(w, call)| (call.dispatched_at, p, w, call)));
+        }
+        self.calls[first..].sort_by_key(|(at, p, w, _)| (*at, *p, *w));
+    }
+
+    /// Decides the calls taken, in order: the answers, to deliver.
+    fn decide(&mut self) -> Vec<(usize, usize, u32, Answer)> {
+        let calls = std::mem::take(&mut self.calls);
+        let mut answers = Vec::with_capacity(calls.len());
+        for (at, p, w, call) in calls {
+            self.clock.advance_to_monotonic(at);
+            answers.push((p, w, call.token, self.service.answer(p, &call.request)));
+        }
+        answers
+    }
+
+    /// Gives the proxies their answers.
+    fn deliver(&self, lanes: &[Mutex<Lane>], answers: Vec<(usize, usize, u32, Answer)>) {
+        for (p, w, token, answer) in answers {
+            if let Some(lane) = lanes.get(p) {
+                lock(lane).answer(w, token, answer);
+            }
+        }
+    }
+
+    /// Decides and answers every call made so far, now.
+    fn settle(&mut self, lanes: &[Mutex<Lane>]) {
+        self.take_calls(lanes);
+        let answers = self.decide();
+        self.deliver(lanes, answers);
+    }
+
+    /// Schedules the retries of the calls refused in the window, in the order (time,
+    /// proxy, worker, request); a retry that falls inside the window is sent at its end.
+    fn schedule_retries(&mut self, lanes: &[Mutex<Lane>], until: u64) {
+        for lane in lanes {
+            let mut refusals = std::mem::take(&mut lock(lane).refusals);
+            refusals.sort_by_key(|r| (r.at, r.worker, r.serial));
+            for refusal in refusals {
+                let _ = self.traffic.refused(&refusal.arrival, refusal.at, refusal.retry_after, until);
+            }
+        }
+    }
+
+    /// Applies the changes on the timeline due at or before `now`, with every clock
+    /// there.
+    fn apply_changes(&mut self, lanes: &[Mutex<Lane>], now: u64) {
+        let mut applied = false;
+        while let Some(entry) = self.timeline.first_entry().filter(|e| *e.key() <= now) {
+            if !applied {
+                self.clock.advance_to_monotonic(self.start + now);
+                lanes.iter().for_each(|lane| lock(lane).advance_to(now));
+                applied = true;
+            }
             for change in entry.remove() {
-                self.change(change);
+                self.change(lanes, change);
             }
-        }
-        // Per worker touched: the requests it sent or answered now.
-        let mut touched: BTreeMap<(usize, usize), Vec<u64>> = BTreeMap::new();
-        for arrival in self.traffic.due(t) {
-            let at = (arrival.proxy, arrival.worker);
-            if let Some(key) = self.send(arrival) {
-                touched.entry(at).or_default().push(key);
-            }
-        }
-        while let Some((at, key)) = self.responses.first().copied().filter(|(at, _)| *at <= t) {
-            self.responses.remove(&(at, key));
-            if let Some(open) = self.open.get(&key) {
-                let (p, w) = (open.arrival.proxy, open.arrival.worker);
-                let usage = self.lab.scenario.callers.get(open.arrival.class).and_then(|c| c.usage);
-                let response = match usage {
-                    Some(units) => Response::ok().header("x-usage", units.to_string()),
-                    None => Response::ok(),
-                };
-                if let Some(worker) = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get_mut(w)) {
-                    let _ = worker.respond(open.id, response);
-                }
-                touched.entry((p, w)).or_default().push(key);
-            }
-        }
-        let now = self.start + t;
-        for (p, host) in self.hosts.iter_mut().enumerate() {
-            for (w, worker) in host.workers_mut().iter_mut().enumerate() {
-                if worker.next_due().is_some_and(|at| at <= now) {
-                    worker.run_pending();
-                    touched.entry((p, w)).or_default();
-                }
-            }
-        }
-        for ((p, w), keys) in touched {
-            self.observe(p, w, t, keys);
-        }
-    }
-
-    /// Sends one request; its key among the open requests.
-    fn send(&mut self, arrival: Arrival) -> Option<u64> {
-        let scenario = &self.lab.scenario;
-        let caller = scenario.callers.get(arrival.class)?;
-        let (method, path, headers, source) = match arrival.entry.and_then(|e| self.lab.log.get(e)) {
-            Some(entry) => {
-                let source = entry.source.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::new(10, 0, 0, 1), 40_000)));
-                (entry.method.clone(), entry.path.clone(), entry.headers.clone(), source)
-            }
-            None => {
-                let region = self.regions.get(arrival.proxy).map_or("", String::as_str);
-                let identity = format!("{}-{}", caller.name, arrival.key);
-                let headers: Vec<(String, String)> = caller
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (name.clone(), value.replace("{key}", &identity).replace("{region}", region)))
-                    .collect();
-                let octets = (arrival.key as u32).wrapping_add(arrival.class as u32 * 7_919).to_be_bytes();
-                let source = SocketAddr::from((Ipv4Addr::new(10, octets[1], octets[2], octets[3]), 40_000));
-                (caller.method.clone(), caller.path.clone(), headers, source)
-            }
-        };
-        let mut request = Request::new(&method, &path).source(source);
-        for (name, value) in &headers {
-            if !name.starts_with(':') {
-                request = request.header(name, value);
-            }
-        }
-        let mut facts_headers = headers.clone();
-        facts_headers.push((":path".to_owned(), path));
-        facts_headers.push((":method".to_owned(), method));
-        let facts = Facts { headers: &facts_headers, source };
-        let counted: Vec<(usize, u128, u64)> = self
-            .policies
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| !p.shadow && p.matcher.matches(&facts).unwrap_or(false))
-            .filter_map(|(i, p)| {
-                let fingerprint = p.fingerprint(&facts, &LEDGER_KEY).ok().flatten()?;
-                Some((i, fingerprint, p.cost_of(&facts).unwrap_or(1)))
-            })
-            .collect();
-        for (policy, fingerprint, _) in &counted {
-            if let Some(policy) = self.policies.get(*policy) {
-                let label = || {
-                    let values: Vec<String> = policy
-                        .key
-                        .iter()
-                        .map(|part| match part {
-                            sluice::config::KeyPart::Header(name) => {
-                                facts_headers.iter().find(|(n, _)| n == name).map_or("-".to_owned(), |(_, v)| v.clone())
-                            }
-                            sluice::config::KeyPart::ClientAddress { .. } => source.ip().to_string(),
-                            other => format!("{other:?}"),
-                        })
-                        .collect();
-                    values.join(" ")
-                };
-                self.ledger.label(&policy.name, *fingerprint, label);
-            }
-        }
-        let worker = self.hosts.get_mut(arrival.proxy).and_then(|h| h.workers_mut().get_mut(arrival.worker))?;
-        let id = worker.request(request);
-        self.requests += 1;
-        if let Some(row) = self.rows.get_mut(arrival.class) {
-            row.offered += 1;
-            row.retries += u64::from(arrival.attempt > 0);
-        }
-        self.serial += 1;
-        self.by_worker.entry((arrival.proxy, arrival.worker)).or_default().insert(self.serial);
-        self.open.insert(self.serial, Open { arrival, id, forwarded: None, counted });
-        Some(self.serial)
-    }
-
-    /// What became of worker (p, w)'s requests after a step: those it holds, and `keys`
-    /// (sent or answered in the step). A failed VM may have ended any of them, so then
-    /// every one is looked at. In the order they were sent, as if all were looked at:
-    /// the others cannot have changed.
-    fn observe(&mut self, p: usize, w: usize, t: u64, keys: Vec<u64>) {
-        let failed = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get(w)).is_none_or(|worker| worker.is_failed());
-        let keys: Vec<u64> = if failed {
-            self.by_worker.get(&(p, w)).map(|set| set.iter().copied().collect()).unwrap_or_default()
-        } else {
-            let mut all: BTreeSet<u64> = self.held.get(&(p, w)).cloned().unwrap_or_default();
-            all.extend(keys);
-            all.into_iter().collect()
-        };
-        let upstream = self.lab.scenario.fleet.upstream_latency.nanos();
-        let fallback_header = self.lab.config.fallback_header.clone();
-        for key in keys {
-            let Some(open) = self.open.get_mut(&key) else { continue };
-            let Some(worker) = self.hosts.get_mut(p).and_then(|h| h.workers_mut().get_mut(w)) else { return };
-            let class = open.arrival.class;
-            enum Fate {
-                /// Held by the filter (the request or its response).
-                Keep,
-                /// Forwarded earlier: waits for the upstream's answer.
-                Upstream,
-                Forwarded,
-                Done(Option<String>),
-                Refused {
-                    rejected: bool,
-                    retry_after: Option<u64>,
-                },
-            }
-            let fate = match worker.outcome(open.id) {
-                Ok(Seen::Paused | Seen::ResponsePaused) => Fate::Keep,
-                Ok(Seen::Forwarded(_)) if open.forwarded.is_none() => Fate::Forwarded,
-                Ok(Seen::Forwarded(_)) => Fate::Upstream,
-                Ok(Seen::Responded(response)) if open.forwarded.is_some() => {
-                    Fate::Done(response.headers.get_str(&fallback_header).map(str::to_owned))
-                }
-                Ok(Seen::Responded(response)) => Fate::Refused {
-                    rejected: response.status == 429,
-                    retry_after: response.headers.get_str("retry-after").and_then(|v| v.trim().parse().ok()),
-                },
-                Ok(Seen::Reset) => Fate::Refused { rejected: false, retry_after: None },
-                Err(_) => Fate::Done(None),
-            };
-            match fate {
-                Fate::Upstream => {
-                    self.held.entry((p, w)).or_default().remove(&key);
-                }
-                Fate::Keep => {
-                    self.held.entry((p, w)).or_default().insert(key);
-                }
-                Fate::Forwarded => {
-                    self.held.entry((p, w)).or_default().remove(&key);
-                    open.forwarded = Some(t);
-                    if let Some(row) = self.rows.get_mut(class) {
-                        row.allowed += 1;
-                        row.calls_served += 1;
-                        let waited = t.saturating_sub(open.arrival.at);
-                        row.waited_ns += waited;
-                        row.waited_max_ns = row.waited_max_ns.max(waited);
-                    }
-                    self.responses.insert((t.saturating_add(upstream), key));
-                }
-                Fate::Done(fallback) => {
-                    // Counted against each policy's budget at the moment it was let
-                    // through; a fallback names the policies it decided.
-                    if let Some(at) = open.forwarded {
-                        let decided_by_fallback = |name: &str| {
-                            fallback
-                                .as_deref()
-                                .and_then(|v| v.split("policies=").nth(1))
-                                .is_some_and(|list| list.split([',', ';']).any(|p| p.trim() == name))
-                        };
-                        for (policy, fingerprint, cost) in &open.counted {
-                            if let Some(policy) = self.policies.get(*policy) {
-                                let by_fallback = decided_by_fallback(&policy.name);
-                                self.ledger.admit(policy, *fingerprint, at, *cost, by_fallback);
-                            }
-                        }
-                    }
-                    let _ = worker.finish(open.id);
-                    self.close(p, w, key);
-                }
-                Fate::Refused { rejected, retry_after } => {
-                    let _ = worker.finish(open.id);
-                    let retried = self.traffic.refused(&open.arrival, t, retry_after);
-                    if let Some(row) = self.rows.get_mut(class) {
-                        if rejected {
-                            row.rejected += 1;
-                        } else {
-                            row.failed += 1;
-                        }
-                        row.calls_refused += u64::from(!retried);
-                    }
-                    self.close(p, w, key);
-                }
-            }
-        }
-    }
-
-    /// Requests let through whose upstream has not answered by the end: counted at the
-    /// moment they were let through (whether a fallback decided them is not known yet).
-    fn flush_forwarded(&mut self) {
-        for open in self.open.values() {
-            let Some(at) = open.forwarded else { continue };
-            for (policy, fingerprint, cost) in &open.counted {
-                if let Some(policy) = self.policies.get(*policy) {
-                    self.ledger.admit(policy, *fingerprint, at, *cost, false);
-                }
-            }
-        }
-    }
-
-    fn close(&mut self, p: usize, w: usize, key: u64) {
-        self.open.remove(&key);
-        if let Some(set) = self.by_worker.get_mut(&(p, w)) {
-            set.remove(&key);
-        }
-        if let Some(set) = self.held.get_mut(&(p, w)) {
-            set.remove(&key);
         }
     }
 
     /// A fault starts or ends.
-    fn change(&mut self, change: Change) {
+    fn change(&mut self, lanes: &[Mutex<Lane>], change: Change) {
         let faults = &self.lab.scenario.faults;
         match change {
             Change::End(i) => {
                 self.active.remove(&i);
             }
             Change::Start(i) => match faults.get(i) {
-                Some(Fault::Restart { .. }) => self.service.lock().unwrap_or_else(PoisonError::into_inner).restart(),
-                Some(Fault::ClockStep { by, .. }) => {
-                    self.service.lock().unwrap_or_else(PoisonError::into_inner).step_clock(by.0);
-                }
+                Some(Fault::Restart { .. }) => self.service.restart(),
+                Some(Fault::ClockStep { by, .. }) => self.service.step_clock(by.0),
                 Some(Fault::Config { .. }) => {
                     if let Some(config) = self.lab.changes.get(&i) {
                         let mut refused = 0;
-                        for (p, host) in self.hosts.iter_mut().enumerate() {
+                        for (p, lane) in lanes.iter().enumerate() {
                             // A refused reload keeps the old configuration, as in Envoy:
                             // the report says so.
-                            if let Err(e) = host.reconfigure(config.run_bytes.clone()) {
+                            if let Err(e) = lock(lane).host.reconfigure(config.run_bytes.clone()) {
                                 refused += 1;
                                 self.events.push(format!("proxy {p} refused {}: {e}", config.name));
                             }
                         }
-                        if refused == self.hosts.len() {
+                        if refused == lanes.len() {
                             return;
                         }
-                        self.policies = config.parsed.policies.clone();
-                        for policy in &self.policies {
+                        self.policies = Arc::new(config.parsed.policies.clone());
+                        for policy in self.policies.iter() {
                             match self.all_policies.iter_mut().find(|p| p.name == policy.name) {
                                 Some(known) => *known = policy.clone(),
                                 None => self.all_policies.push(policy.clone()),
@@ -690,7 +570,6 @@ impl<'a> Fleet<'a> {
     fn apply_modes(&mut self) {
         let scenario = &self.lab.scenario;
         let regions = scenario.proxy_regions();
-        let mut service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
         for (p, region) in regions.iter().enumerate() {
             let mut mode = Mode::Healthy;
             for i in &self.active {
@@ -709,26 +588,43 @@ impl<'a> Fleet<'a> {
                     mode = m;
                 }
             }
-            service.set_mode(Some(p), mode);
+            self.service.set_mode(Some(p), mode);
         }
     }
 
     /// An interval ends at `t`.
-    fn sample(&mut self, t: u64) {
+    fn sample(&mut self, lanes: &[Mutex<Lane>], t: u64) {
         let names: Vec<String> = self.all_policies.iter().map(|p| p.name.clone()).collect();
         let mut counters = Counters::default();
-        for host in &self.hosts {
-            counters.add(&host.metrics(), &self.prefix, &names);
-        }
-        let mut classes = std::mem::replace(&mut self.rows, vec![ClassRow::default(); self.lab.scenario.callers.len()]);
-        for open in self.open.values().filter(|o| o.forwarded.is_none()) {
-            if let Some(row) = classes.get_mut(open.arrival.class) {
-                row.pending += 1;
+        let mut classes = vec![ClassRow::default(); self.lab.scenario.callers.len()];
+        for lane in lanes {
+            let mut lane = lock(lane);
+            counters.add(&lane.host.metrics(), &self.prefix, &names);
+            let rows = std::mem::replace(&mut lane.rows, vec![ClassRow::default(); classes.len()]);
+            for (class, row) in classes.iter_mut().zip(&rows) {
+                class.then(row);
             }
+        }
+        for lane in lanes {
+            lock(lane).pending(&mut classes);
         }
         let faults = self.active.iter().filter_map(|i| self.lab.scenario.faults.get(*i)).map(Fault::describe).collect();
         let events = std::mem::take(&mut self.events);
         self.series.rows.push(Row { end: t, counters, classes, faults, events });
+    }
+
+    /// The end: requests still with the upstream are counted, and every proxy's ledger
+    /// joins the fleet's. Returns the requests sent and the answers given late.
+    fn finish(&mut self, lanes: Vec<Mutex<Lane>>) -> (u64, u64) {
+        let (mut requests, mut late) = (0, 0);
+        for lane in lanes {
+            let mut lane = lane.into_inner().unwrap_or_else(PoisonError::into_inner);
+            lane.flush_forwarded(&self.policies);
+            requests += lane.requests;
+            late += lane.late_answers;
+            self.ledger.absorb(lane.ledger);
+        }
+        (requests, late)
     }
 
     /// The longest a callout may take to be answered in this run (ns): the healthy round
@@ -747,6 +643,12 @@ impl<'a> Fleet<'a> {
             })
             .fold(healthy, u64::max)
     }
+}
+
+/// A lock that a panic elsewhere does not poison: a panicking thread's panic is raised
+/// again on the fleet's thread, which is all that is left to do.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The request headers `config` reads (its key parts, match conditions and cost

@@ -221,6 +221,22 @@ impl Service {
         self.modes.get(proxy).copied().unwrap_or(Mode::Healthy)
     }
 
+    /// The shortest time after its dispatch at which a call from `proxy` can be answered
+    /// (or fail on the wire) in the mode in force; `None` if it is never answered.
+    pub fn shortest_answer(&self, proxy: usize) -> Option<Duration> {
+        match self.mode(proxy) {
+            Mode::Slow(after) => Some(after),
+            Mode::Refused | Mode::Closed => Some(self.rtt / 2),
+            Mode::Silent | Mode::AppliedButLost => None,
+            Mode::Healthy
+            | Mode::ResetMidAnswer
+            | Mode::Error500
+            | Mode::StoreDown
+            | Mode::Garbage
+            | Mode::WrongToken => Some(self.rtt),
+        }
+    }
+
     /// Restarts the service with nothing kept (its memory store lost every counter).
     pub fn restart(&mut self) {
         self.routes = router(app(&self.config, &self.clock));

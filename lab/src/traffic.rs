@@ -29,6 +29,12 @@ pub struct Arrival {
     pub entry: Option<usize>,
 }
 
+/// Whether `caller` retries `arrival` once it is refused (its class retries, with
+/// attempts left).
+pub fn will_retry(caller: &Caller, arrival: &Arrival) -> bool {
+    caller.retry.is_some_and(|r| arrival.attempt < r.attempts)
+}
+
 /// A caller class's arrivals.
 #[derive(Debug)]
 struct Class {
@@ -40,6 +46,9 @@ struct Class {
     peak: f64,
     next: Option<u64>,
     rng: Rng,
+    /// Draws the retries' jitter: apart from the arrivals' draws, so that when a refusal
+    /// is heard of does not change the arrivals.
+    jitter: Rng,
     serial: u64,
 }
 
@@ -64,7 +73,7 @@ fn uniform(rng: &mut Rng) -> f64 {
 }
 
 impl Class {
-    fn new(caller: &Caller, proxies: Vec<usize>, rng: Rng) -> Self {
+    fn new(caller: &Caller, proxies: Vec<usize>, rng: Rng, jitter: Rng) -> Self {
         let peak = caller.rate.iter().map(|p| p.rps).fold(0.0, f64::max);
         let mut class = Self {
             points: caller.rate.clone(),
@@ -75,6 +84,7 @@ impl Class {
             peak,
             next: None,
             rng,
+            jitter,
             serial: 0,
         };
         class.next = class.after(0);
@@ -151,11 +161,13 @@ impl Traffic {
         let classes = scenario
             .callers
             .iter()
-            .map(|caller| {
+            .enumerate()
+            .map(|(i, caller)| {
                 let proxies = (0..regions.len())
                     .filter(|p| caller.regions.is_empty() || caller.regions.iter().any(|r| r == regions[*p]))
                     .collect();
-                Class::new(caller, proxies, rng.fork())
+                let jitter = Rng::new(scenario.seed ^ 0x7e7_0000_0000 ^ ((i as u64) << 40));
+                Class::new(caller, proxies, rng.fork(), jitter)
             })
             .collect();
         let replayed = std::collections::VecDeque::new();
@@ -212,15 +224,14 @@ impl Traffic {
     /// A refused request of `arrival`'s call, refused at `now` ns: schedules its retry
     /// if its class retries and has attempts left. `retry_after` is the refusal's
     /// `Retry-After` in seconds. Returns whether it will be retried.
-    pub fn refused(&mut self, arrival: &Arrival, now: u64, retry_after: Option<u64>) -> bool {
+    /// The retry is sent no sooner than `not_before` (a fleet that learns of refusals
+    /// after a window of time sends retries that fall inside it at its end).
+    pub fn refused(&mut self, arrival: &Arrival, now: u64, retry_after: Option<u64>, not_before: u64) -> bool {
         let Some(class) = self.classes.get_mut(arrival.class) else { return false };
-        let Some(retry) = class.retry else { return false };
-        if arrival.attempt >= retry.attempts {
-            return false;
-        }
+        let Some(retry) = class.retry.filter(|r| arrival.attempt < r.attempts) else { return false };
         let mut wait = retry.backoff.nanos().saturating_mul(1 << arrival.attempt.min(20));
         if retry.jitter {
-            wait = (uniform(&mut class.rng) * wait as f64) as u64;
+            wait = (uniform(&mut class.jitter) * wait as f64) as u64;
         }
         if retry.honor_retry_after
             && let Some(seconds) = retry_after
@@ -228,7 +239,7 @@ impl Traffic {
             wait = wait.max(seconds.saturating_mul(1_000_000_000));
         }
         self.serial += 1;
-        let at = now.saturating_add(wait.max(1));
+        let at = now.saturating_add(wait.max(1)).max(not_before);
         let next = Arrival { at, attempt: arrival.attempt + 1, ..arrival.clone() };
         self.retries.insert((at, self.serial), next);
         true
@@ -256,6 +267,43 @@ mod tests {
         assert!((rate_at(&points, 1.5) - 60.0).abs() < 1e-9);
         assert_eq!(rate_at(&points, 3.0), 110.0);
         assert_eq!(rate_at(&points, 6.0), 0.0);
+    }
+
+    fn retrying(jitter: bool) -> (Traffic, Arrival) {
+        let text = format!(
+            "name: x\nduration: 5s\nfleet:\n  regions:\n    - {{name: eu, proxies: 1}}\ncallers:\n  - name: app\n    rate:\n      - {{at: 0s, rps: 5}}\n    retry: {{attempts: 2, backoff: 100ms, jitter: {jitter}}}\n"
+        );
+        let scenario = Scenario::parse(&text).expect("the scenario is valid");
+        let arrival = Arrival { at: 0, class: 0, key: 1, attempt: 0, call: 1, proxy: 0, worker: 0, entry: None };
+        (Traffic::new(&scenario), arrival)
+    }
+
+    #[test]
+    fn a_retry_comes_its_backoff_after_the_refusal_and_no_sooner_than_it_is_allowed() {
+        let (mut traffic, arrival) = retrying(false);
+        assert!(traffic.refused(&arrival, 1_000_000, None, 0));
+        assert!(traffic.refused(&arrival, 2_000_000, None, 500_000_000));
+        let retries: Vec<u64> = traffic.retries.values().map(|a| a.at).collect();
+        assert_eq!(retries, [101_000_000, 500_000_000]);
+        let last = Arrival { attempt: 2, ..arrival };
+        assert!(!traffic.refused(&last, 3_000_000, None, 0), "no attempt is left");
+    }
+
+    #[test]
+    fn the_retries_jitter_does_not_change_the_arrivals() {
+        let (mut quiet, arrival) = retrying(true);
+        let (mut jittery, _) = retrying(true);
+        for i in 0..50 {
+            let _ = jittery.refused(&Arrival { call: i, ..arrival.clone() }, 0, None, 0);
+        }
+        let first: Vec<u64> = (0..20).filter_map(|_| quiet.due(quiet.next()?).first().map(|a| a.at)).collect();
+        let second: Vec<u64> = (0..20)
+            .filter_map(|_| {
+                let at = jittery.classes.iter().filter_map(|c| c.next).min()?;
+                jittery.due(at).iter().find(|a| a.attempt == 0).map(|a| a.at)
+            })
+            .collect();
+        assert_eq!(first, second);
     }
 
     #[test]

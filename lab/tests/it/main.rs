@@ -42,19 +42,27 @@ pub fn sluice_lab(command: &str, input: &Path, config: &Path, out: &Path, extra:
         .arg("--wasm")
         .arg(wasm())
         .args(extra)
+        // One thread per run: the tests run side by side.
+        .env("SLUICE_LAB_THREADS", "1")
         .current_dir(lab_dir())
         .output()
         .expect("the binary runs");
     (result.status.success(), String::from_utf8_lossy(&result.stderr).into_owned())
 }
 
-/// Runs a shipped scenario against a shipped configuration.
+/// Runs a shipped scenario against a shipped configuration (on one thread: the tests
+/// run side by side).
 pub fn run_shipped(scenario: &str, config: &str) -> Outcome {
+    run_shipped_on(scenario, config, 1)
+}
+
+/// The same, the proxies on `threads` threads.
+pub fn run_shipped_on(scenario: &str, config: &str, threads: usize) -> Outcome {
     let dir = lab_dir();
     let path = dir.join("scenarios").join(scenario);
     let text = std::fs::read_to_string(&path).expect("the scenario is shipped");
     let parsed = Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let config = FilterConfig::load(&dir.join("configs").join(config)).expect("the configuration is valid");
-    let lab = Lab::new(parsed, config, &dir.join("scenarios"), &wasm()).expect("the lab starts");
+    let lab = Lab::new(parsed, config, &dir.join("scenarios"), &wasm()).expect("the lab starts").with_threads(threads);
     lab.run(|_, _| {}).expect("the run completes")
 }

@@ -1,7 +1,7 @@
 //! The shipped scenarios reproduce the seeds' labs (the numbers, not the pixels); every
 //! report keeps the accounting line; the same seed gives the same bytes.
 
-use super::{lab_dir, run_shipped, run_text};
+use super::{lab_dir, run_shipped, run_shipped_on, run_text};
 use sluice_lab::report::{self, Summary};
 
 /// Every (scenario, configuration) pair `lab/render.sh` renders, parsed from the script,
@@ -56,6 +56,26 @@ fn the_same_seed_gives_the_same_report_byte_for_byte_and_another_seed_another() 
     let a = report::render(&run_text(&text, &config));
     let b = report::render(&run_text(&text.replace("seed: 11", "seed: 12"), &config));
     assert_ne!(a, b);
+}
+
+#[test]
+fn the_report_is_the_same_whatever_the_number_of_threads_the_proxies_run_on() {
+    // The game day's faults reach every path a thread could reorder: calls to a slow,
+    // partitioned and restarted service, a clock step, synchronized retries.
+    let one = report::render(&run_shipped_on("gameday.yaml", "gameday.json", 1));
+    let three = report::render(&run_shipped_on("gameday.yaml", "gameday.json", 3));
+    assert_eq!(one, three);
+}
+
+#[test]
+fn no_answer_of_the_counter_service_reaches_a_proxy_after_it_was_due() {
+    for (scenario, config) in
+        [("gameday.yaml", "gameday.json"), ("regions-partition.yaml", "identity-check-fail-closed.json")]
+    {
+        let outcome = run_shipped_on(scenario, config, 2);
+        assert!(outcome.service_calls > 1_000, "{scenario}: {} calls", outcome.service_calls);
+        assert_eq!(outcome.late_answers, 0, "{scenario} under {config}");
+    }
 }
 
 #[test]

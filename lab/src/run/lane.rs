@@ -1,0 +1,402 @@
+//! One proxy of the fleet: its wasm-host (one VM per worker, sharing the proxy's shared
+//! data) on a clock of its own, the requests it has in flight, and what it saw, run one
+//! window of virtual time at a time.
+//!
+//! Within a window a proxy touches nothing another proxy touches: its calls to the
+//! counter service are deferred ([`wasm_host::Answer::deferred`]) and decided by the
+//! fleet after the window, its refused calls' retries are scheduled then too, and what
+//! it counts (per class, per caller) is its own until the fleet adds it up. So proxies
+//! can run a window on different threads, and the result does not depend on which.
+
+use super::{Facts, LEDGER_KEY, Lab};
+use crate::overshoot::Ledger;
+use crate::record::ClassRow;
+use crate::traffic::{Arrival, will_retry};
+use sluice::config::Policy;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use wasm_host::{DeferredCallout, Host, Outcome as Seen, Request, Response, StreamId, VirtualClock};
+
+/// A request in flight.
+#[derive(Debug)]
+struct Open {
+    arrival: Arrival,
+    id: StreamId,
+    /// When the filter let it through (ns from the start).
+    forwarded: Option<u64>,
+    /// (policy index, caller fingerprint, cost) for every enforcing policy it matched.
+    counted: Vec<(usize, u128, u64)>,
+}
+
+/// A request refused for good or for a retry: the fleet schedules the retry after the
+/// window, in the order (time, proxy, worker, request).
+#[derive(Debug)]
+pub(super) struct Refusal {
+    /// When (ns from the start).
+    pub(super) at: u64,
+    /// The worker that refused it.
+    pub(super) worker: usize,
+    /// The request's number on its proxy (the order it was sent in).
+    pub(super) serial: u64,
+    /// The request.
+    pub(super) arrival: Arrival,
+    /// The refusal's `Retry-After`, in seconds.
+    pub(super) retry_after: Option<u64>,
+}
+
+/// What a proxy reads during a window and does not change.
+#[derive(Clone, Copy)]
+pub(super) struct Context<'a> {
+    pub(super) lab: &'a Lab,
+    /// The policies in force.
+    pub(super) policies: &'a [Policy],
+}
+
+/// One proxy.
+pub(super) struct Lane {
+    pub(super) host: Host,
+    clock: VirtualClock,
+    /// The clock's monotonic time at the run's start.
+    start: u64,
+    region: String,
+    open: BTreeMap<u64, Open>,
+    /// Every open request of each worker.
+    by_worker: BTreeMap<usize, BTreeSet<u64>>,
+    /// The open requests of each worker that its own work can move on (held by the
+    /// filter, or whose response it holds). A request waiting for the upstream changes
+    /// only when the lab answers it, so it is not looked at on every step.
+    held: BTreeMap<usize, BTreeSet<u64>>,
+    /// Upstream answers due: (when, request).
+    responses: BTreeSet<(u64, u64)>,
+    serial: u64,
+    /// Arrivals the fleet gave it, in time order.
+    pub(super) arrivals: VecDeque<Arrival>,
+    /// Per class, since the fleet last took them.
+    pub(super) rows: Vec<ClassRow>,
+    /// Refusals since the fleet last took them.
+    pub(super) refusals: Vec<Refusal>,
+    /// What it forwarded, per policy and caller.
+    pub(super) ledger: Ledger,
+    /// Requests sent.
+    pub(super) requests: u64,
+    /// Answers given after they were due.
+    pub(super) late_answers: u64,
+}
+
+/// What became of a request the filter had, after a step.
+enum Fate {
+    /// Held by the filter (the request or its response).
+    Keep,
+    /// Forwarded earlier: waits for the upstream's answer.
+    Upstream,
+    Forwarded,
+    Done(Option<String>),
+    Refused {
+        rejected: bool,
+        retry_after: Option<u64>,
+    },
+}
+
+impl Lane {
+    pub(super) fn new(host: Host, clock: VirtualClock, region: String, classes: usize) -> Self {
+        let start = wasm_host::Clock::monotonic_nanos(&clock);
+        Self {
+            host,
+            clock,
+            start,
+            region,
+            open: BTreeMap::new(),
+            by_worker: BTreeMap::new(),
+            held: BTreeMap::new(),
+            responses: BTreeSet::new(),
+            serial: 0,
+            arrivals: VecDeque::new(),
+            rows: vec![ClassRow::default(); classes],
+            refusals: Vec::new(),
+            ledger: Ledger::default(),
+            requests: 0,
+            late_answers: 0,
+        }
+    }
+
+    /// Moves the proxy's clock to `t` (ns from the start; never backwards).
+    pub(super) fn advance_to(&self, t: u64) {
+        self.clock.advance_to_monotonic(self.start + t);
+    }
+
+    /// The next instant something happens on this proxy (ns from the start).
+    pub(super) fn next(&mut self) -> Option<u64> {
+        let start = self.start;
+        let due = self.host.workers_mut().iter().filter_map(|w| w.next_due()).min().map(|at| at.saturating_sub(start));
+        [self.arrivals.front().map(|a| a.at), self.responses.first().map(|(at, _)| *at), due]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Everything that happens before `until` (ns from the start).
+    pub(super) fn run(&mut self, context: Context<'_>, until: u64) {
+        while let Some(t) = self.next().filter(|t| *t < until) {
+            self.instant(context, t);
+        }
+    }
+
+    /// The calls to the counter service its workers made, each with its worker.
+    pub(super) fn take_deferred(&mut self) -> Vec<(usize, DeferredCallout)> {
+        let workers = self.host.workers_mut().iter_mut().enumerate();
+        workers.flat_map(|(w, worker)| worker.take_deferred().into_iter().map(move |call| (w, call))).collect()
+    }
+
+    /// Answers call `token` of worker `worker`; counts it if the answer came after
+    /// the time it was due (the fleet's windows are meant to make that impossible).
+    pub(super) fn answer(&mut self, worker: usize, token: u32, answer: wasm_host::Answer) {
+        if let Some(worker) = self.host.workers_mut().get_mut(worker) {
+            self.late_answers += u64::from(worker.answer_deferred(token, answer));
+        }
+    }
+
+    /// Requests still waiting for the filter, per class.
+    pub(super) fn pending(&self, classes: &mut [ClassRow]) {
+        for open in self.open.values().filter(|o| o.forwarded.is_none()) {
+            if let Some(row) = classes.get_mut(open.arrival.class) {
+                row.pending += 1;
+            }
+        }
+    }
+
+    /// Everything due at `t`.
+    fn instant(&mut self, context: Context<'_>, t: u64) {
+        self.advance_to(t);
+        // Per worker touched: the requests it sent or answered now.
+        let mut touched: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        while let Some(arrival) = self.arrivals.pop_front_if(|a| a.at <= t) {
+            let worker = arrival.worker;
+            if let Some(key) = self.send(context, arrival) {
+                touched.entry(worker).or_default().push(key);
+            }
+        }
+        while let Some((at, key)) = self.responses.first().copied().filter(|(at, _)| *at <= t) {
+            self.responses.remove(&(at, key));
+            if let Some(open) = self.open.get(&key) {
+                let w = open.arrival.worker;
+                let usage = context.lab.scenario.callers.get(open.arrival.class).and_then(|c| c.usage);
+                let response = match usage {
+                    Some(units) => Response::ok().header("x-usage", units.to_string()),
+                    None => Response::ok(),
+                };
+                if let Some(worker) = self.host.workers_mut().get_mut(w) {
+                    let _ = worker.respond(open.id, response);
+                }
+                touched.entry(w).or_default().push(key);
+            }
+        }
+        let now = self.start + t;
+        for (w, worker) in self.host.workers_mut().iter_mut().enumerate() {
+            if worker.next_due().is_some_and(|at| at <= now) {
+                worker.run_pending();
+                touched.entry(w).or_default();
+            }
+        }
+        for (w, keys) in touched {
+            self.observe(context, w, t, keys);
+        }
+    }
+
+    /// Sends one request; its key among the open requests.
+    fn send(&mut self, context: Context<'_>, arrival: Arrival) -> Option<u64> {
+        let lab = context.lab;
+        let caller = lab.scenario.callers.get(arrival.class)?;
+        let (method, path, headers, source) = match arrival.entry.and_then(|e| lab.log.get(e)) {
+            Some(entry) => {
+                let source = entry.source.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::new(10, 0, 0, 1), 40_000)));
+                (entry.method.clone(), entry.path.clone(), entry.headers.clone(), source)
+            }
+            None => {
+                let identity = format!("{}-{}", caller.name, arrival.key);
+                let headers: Vec<(String, String)> = caller
+                    .headers
+                    .iter()
+                    .map(|(name, value)| {
+                        (name.clone(), value.replace("{key}", &identity).replace("{region}", &self.region))
+                    })
+                    .collect();
+                let octets = (arrival.key as u32).wrapping_add(arrival.class as u32 * 7_919).to_be_bytes();
+                let source = SocketAddr::from((Ipv4Addr::new(10, octets[1], octets[2], octets[3]), 40_000));
+                (caller.method.clone(), caller.path.clone(), headers, source)
+            }
+        };
+        let mut request = Request::new(&method, &path).source(source);
+        for (name, value) in &headers {
+            if !name.starts_with(':') {
+                request = request.header(name, value);
+            }
+        }
+        let mut facts_headers = headers.clone();
+        facts_headers.push((":path".to_owned(), path));
+        facts_headers.push((":method".to_owned(), method));
+        let facts = Facts { headers: &facts_headers, source };
+        let counted: Vec<(usize, u128, u64)> = context
+            .policies
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.shadow && p.matcher.matches(&facts).unwrap_or(false))
+            .filter_map(|(i, p)| {
+                let fingerprint = p.fingerprint(&facts, &LEDGER_KEY).ok().flatten()?;
+                Some((i, fingerprint, p.cost_of(&facts).unwrap_or(1)))
+            })
+            .collect();
+        for (policy, fingerprint, _) in &counted {
+            if let Some(policy) = context.policies.get(*policy) {
+                let label = || {
+                    let values: Vec<String> = policy
+                        .key
+                        .iter()
+                        .map(|part| match part {
+                            sluice::config::KeyPart::Header(name) => {
+                                facts_headers.iter().find(|(n, _)| n == name).map_or("-".to_owned(), |(_, v)| v.clone())
+                            }
+                            sluice::config::KeyPart::ClientAddress { .. } => source.ip().to_string(),
+                            other => format!("{other:?}"),
+                        })
+                        .collect();
+                    values.join(" ")
+                };
+                self.ledger.label(&policy.name, *fingerprint, label);
+            }
+        }
+        let worker = self.host.workers_mut().get_mut(arrival.worker)?;
+        let id = worker.request(request);
+        self.requests += 1;
+        if let Some(row) = self.rows.get_mut(arrival.class) {
+            row.offered += 1;
+            row.retries += u64::from(arrival.attempt > 0);
+        }
+        self.serial += 1;
+        self.by_worker.entry(arrival.worker).or_default().insert(self.serial);
+        self.open.insert(self.serial, Open { arrival, id, forwarded: None, counted });
+        Some(self.serial)
+    }
+
+    /// What became of worker `w`'s requests after a step: those it holds, and `keys`
+    /// (sent or answered in the step). A failed VM may have ended any of them, so then
+    /// every one is looked at. In the order they were sent, as if all were looked at:
+    /// the others cannot have changed.
+    fn observe(&mut self, context: Context<'_>, w: usize, t: u64, keys: Vec<u64>) {
+        let failed = self.host.workers_mut().get(w).is_none_or(|worker| worker.is_failed());
+        let keys: Vec<u64> = if failed {
+            self.by_worker.get(&w).map(|set| set.iter().copied().collect()).unwrap_or_default()
+        } else {
+            let mut all: BTreeSet<u64> = self.held.get(&w).cloned().unwrap_or_default();
+            all.extend(keys);
+            all.into_iter().collect()
+        };
+        let lab = context.lab;
+        let upstream = lab.scenario.fleet.upstream_latency.nanos();
+        let fallback_header = lab.config.fallback_header.as_str();
+        for key in keys {
+            let Some(open) = self.open.get_mut(&key) else { continue };
+            let Some(worker) = self.host.workers_mut().get_mut(w) else { return };
+            let class = open.arrival.class;
+            let fate = match worker.outcome(open.id) {
+                Ok(Seen::Paused | Seen::ResponsePaused) => Fate::Keep,
+                Ok(Seen::Forwarded(_)) if open.forwarded.is_none() => Fate::Forwarded,
+                Ok(Seen::Forwarded(_)) => Fate::Upstream,
+                Ok(Seen::Responded(response)) if open.forwarded.is_some() => {
+                    Fate::Done(response.headers.get_str(fallback_header).map(str::to_owned))
+                }
+                Ok(Seen::Responded(response)) => Fate::Refused {
+                    rejected: response.status == 429,
+                    retry_after: response.headers.get_str("retry-after").and_then(|v| v.trim().parse().ok()),
+                },
+                Ok(Seen::Reset) => Fate::Refused { rejected: false, retry_after: None },
+                Err(_) => Fate::Done(None),
+            };
+            match fate {
+                Fate::Upstream => {
+                    self.held.entry(w).or_default().remove(&key);
+                }
+                Fate::Keep => {
+                    self.held.entry(w).or_default().insert(key);
+                }
+                Fate::Forwarded => {
+                    self.held.entry(w).or_default().remove(&key);
+                    open.forwarded = Some(t);
+                    if let Some(row) = self.rows.get_mut(class) {
+                        row.allowed += 1;
+                        row.calls_served += 1;
+                        let waited = t.saturating_sub(open.arrival.at);
+                        row.waited_ns += waited;
+                        row.waited_max_ns = row.waited_max_ns.max(waited);
+                    }
+                    self.responses.insert((t.saturating_add(upstream), key));
+                }
+                Fate::Done(fallback) => {
+                    // Counted against each policy's budget at the moment it was let
+                    // through; a fallback names the policies it decided.
+                    if let Some(at) = open.forwarded {
+                        let decided_by_fallback = |name: &str| {
+                            fallback
+                                .as_deref()
+                                .and_then(|v| v.split("policies=").nth(1))
+                                .is_some_and(|list| list.split([',', ';']).any(|p| p.trim() == name))
+                        };
+                        for (policy, fingerprint, cost) in &open.counted {
+                            if let Some(policy) = context.policies.get(*policy) {
+                                let by_fallback = decided_by_fallback(&policy.name);
+                                self.ledger.admit(policy, *fingerprint, at, *cost, by_fallback);
+                            }
+                        }
+                    }
+                    let _ = worker.finish(open.id);
+                    self.close(w, key);
+                }
+                Fate::Refused { rejected, retry_after } => {
+                    let _ = worker.finish(open.id);
+                    let retried = lab.scenario.callers.get(class).is_some_and(|c| will_retry(c, &open.arrival));
+                    if let Some(row) = self.rows.get_mut(class) {
+                        if rejected {
+                            row.rejected += 1;
+                        } else {
+                            row.failed += 1;
+                        }
+                        row.calls_refused += u64::from(!retried);
+                    }
+                    if let Some(open) = self.close(w, key)
+                        && retried
+                    {
+                        self.refusals.push(Refusal {
+                            at: t,
+                            worker: w,
+                            serial: key,
+                            arrival: open.arrival,
+                            retry_after,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Requests let through whose upstream has not answered by the end: counted at the
+    /// moment they were let through (whether a fallback decided them is not known yet).
+    pub(super) fn flush_forwarded(&mut self, policies: &[Policy]) {
+        for open in self.open.values() {
+            let Some(at) = open.forwarded else { continue };
+            for (policy, fingerprint, cost) in &open.counted {
+                if let Some(policy) = policies.get(*policy) {
+                    self.ledger.admit(policy, *fingerprint, at, *cost, false);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, w: usize, key: u64) -> Option<Open> {
+        if let Some(set) = self.by_worker.get_mut(&w) {
+            set.remove(&key);
+        }
+        if let Some(set) = self.held.get_mut(&w) {
+            set.remove(&key);
+        }
+        self.open.remove(&key)
+    }
+}
