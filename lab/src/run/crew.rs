@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex};
 /// What every thread does next: run its proxies to `until` under `policies`, or stop.
 type Order = Option<(u64, Arc<Vec<Policy>>)>;
 
-struct Sync {
+/// What the threads share.
+struct Shared {
     start: YieldingBarrier,
     done: YieldingBarrier,
     order: Mutex<Order>,
@@ -38,7 +39,7 @@ pub(super) struct Crew<'a> {
     lanes: &'a [Mutex<Lane>],
     lab: &'a Lab,
     /// `None` on one thread.
-    sync: Option<&'a Sync>,
+    sync: Option<&'a Shared>,
 }
 
 /// Runs the proxies no other thread has taken to `until`.
@@ -97,7 +98,7 @@ pub(super) fn with_crew<R>(
     if threads == 1 {
         return body(&mut Crew { lanes, lab, sync: None });
     }
-    let sync = Sync {
+    let sync = Shared {
         start: YieldingBarrier::new(threads),
         done: YieldingBarrier::new(threads),
         order: Mutex::new(None),
