@@ -3,19 +3,20 @@
 //! shared data, the simulated counter service ([`crate::service`]) behind every proxy's
 //! counter-service cluster, the upstream answering after its latency.
 //!
-//! Each proxy ([`lane`]) jumps from one thing to do to the next: an arrival or retry, an
-//! upstream's answer, anything due on a worker (ticks, callout answers and timeouts,
-//! queue wakes). Proxies share only the counter service, the callers' retries and the
-//! report, so the fleet moves them through time in windows shorter than any answer of
-//! the service, on as many threads as it is given ([`crew`]), and between windows
-//! decides the service's calls, schedules retries and applies the timeline, each in a
-//! fixed order. A run is a function of the scenario, the configuration and the module,
-//! whatever the number of threads: the same inputs give the same report, byte for byte.
-//! (The fleet tests interleave workers on threads to find races; the lab measures
-//! behaviour, and races are theirs to find.)
+//! Each proxy ([`lane`]) jumps from one thing to do to the next on a clock of its own:
+//! an arrival or retry, an upstream's answer, anything due on a worker (ticks, callout
+//! answers and timeouts, queue wakes). Proxies share only the counter service and the
+//! callers' first attempts, so they run side by side, on as many threads as the fleet is
+//! given ([`crew`]): a proxy runs ahead until one of its calls to the service could be
+//! answered, and the service ([`decider`]) decides the calls in one order, (time, proxy,
+//! worker, call), each on its clock at the call's time. The fleet applies the timeline
+//! and samples the report between stretches of time. A run is a function of the
+//! scenario, the configuration and the module, whatever the number of threads: the same
+//! inputs give the same report, byte for byte. (The fleet tests interleave workers on
+//! threads to find races; the lab measures behaviour, and races are theirs to find.)
 
-mod barrier;
 mod crew;
+mod decider;
 mod lane;
 
 use crate::access_log::Entry;
@@ -25,6 +26,7 @@ use crate::scenario::{Fault, Scenario};
 use crate::service::{self, Mode, Service};
 use crate::traffic::Traffic;
 use crew::Crew;
+use decider::Decider;
 use lane::Lane;
 use shared_store::HashKey;
 use sluice::config::{Config, Policy, SecretSource};
@@ -34,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use wasm_host::{Answer, Clock as _, DeferredCallout, Host, VirtualClock, Wasm};
+use wasm_host::{Answer, Clock as _, Host, VirtualClock, Wasm};
 
 /// The hash key the proxies are given when their configuration reads it from the
 /// environment.
@@ -159,8 +161,8 @@ pub struct Outcome {
     /// Calls the counter service answered.
     pub service_calls: u64,
     /// Answers of the counter service that reached a proxy after they were due: always
-    /// 0, as the windows the fleet moves in promise (counted so that tests hold it to
-    /// that).
+    /// 0, as the way the proxies run side by side promises (counted so that tests hold it
+    /// to that).
     pub late_answers: u64,
     /// The module's size and a digest of it (for the footer).
     pub module: (usize, u64),
@@ -220,9 +222,9 @@ impl Lab {
     }
 
     /// Runs the proxies on `threads` threads (at least 1, at most one per proxy; 1 by
-    /// default). The report is the same whatever the number. The threads meet at every
-    /// window (about a millisecond of virtual time), so more threads than idle cores
-    /// make a run slower, not faster.
+    /// default). The report is the same whatever the number. A proxy waits for the
+    /// others whenever one of its calls to the service is due to be answered, so more
+    /// threads than idle cores make a run slower, not faster.
     #[must_use]
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
@@ -248,15 +250,15 @@ impl Lab {
     pub fn run(&self, mut progress: impl FnMut(u64, u64)) -> Result<Outcome, LabError> {
         let module = std::fs::read(&self.wasm)
             .map_err(|error| LabError::Read { file: self.wasm.display().to_string(), error })?;
-        let (mut fleet, lanes) = Fleet::new(self, &module)?;
-        crew::with_crew(&lanes, self, self.threads, |crew| fleet.run(&lanes, crew, &mut progress));
+        let (mut fleet, lanes, decider) = Fleet::new(self, &module)?;
+        crew::with_crew(&lanes, self, &decider, self.threads, |crew| fleet.run(&lanes, &decider, crew, &mut progress));
         let (requests, late_answers) = fleet.finish(lanes);
         let interval = self.scenario.interval.nanos();
         let max_callout = fleet.max_callout();
         let policies = fleet.all_policies.clone();
         let rows = fleet.series.rows.len();
         let overshoot = fleet.ledger.overshoot(&policies, interval, rows, max_callout);
-        let service_calls = fleet.service.calls();
+        let service_calls = lock(&decider).service.calls();
         Ok(Outcome {
             scenario: self.scenario.clone(),
             config: self.config.clone(),
@@ -271,18 +273,16 @@ impl Lab {
     }
 }
 
+/// A fleet, its proxies, and the counter service with the calls it has to decide.
+type Started<'a> = (Fleet<'a>, Vec<Mutex<Lane>>, Mutex<Decider>);
+
 /// The running fleet: the proxies ([`Lane`]s, run by a [`crew::Crew`]), and what they
-/// share, which only the fleet touches, between windows: the counter service, the
+/// share, which only the fleet touches, between stretches: the counter service, the
 /// callers, the timeline, the report.
 struct Fleet<'a> {
     lab: &'a Lab,
-    /// The service's clock (the proxies have one each).
-    clock: VirtualClock,
+    /// The service's clock's monotonic time at the start.
     start: u64,
-    service: Service,
-    /// Calls to the service taken from the proxies and not decided yet: (when, proxy,
-    /// worker, the call), in that order.
-    calls: Vec<(u64, usize, usize, DeferredCallout)>,
     traffic: Traffic,
     timeline: BTreeMap<u64, Vec<Change>>,
     active: BTreeSet<usize>,
@@ -297,7 +297,8 @@ struct Fleet<'a> {
 }
 
 impl<'a> Fleet<'a> {
-    fn new(lab: &'a Lab, module: &[u8]) -> Result<(Self, Vec<Mutex<Lane>>), LabError> {
+    /// The fleet, its proxies and the counter service, ready to run.
+    fn new(lab: &'a Lab, module: &[u8]) -> Result<Started<'a>, LabError> {
         let scenario = &lab.scenario;
         let clock = VirtualClock::new();
         let mut rng = Rng::new(scenario.seed ^ 0x5e41_ce00_0000_0000);
@@ -334,7 +335,7 @@ impl<'a> Fleet<'a> {
                     builder = builder.env(name.clone(), HASH_KEY);
                 }
                 if clusters.insert(counter_service.cluster.clone()) {
-                    // Decided after the window, by the fleet ([`Fleet::decide`]).
+                    // Decided by the fleet's decider, in one order for all proxies.
                     builder = builder.scripted_cluster(counter_service.cluster.clone(), |_| Answer::deferred());
                 }
             }
@@ -362,10 +363,7 @@ impl<'a> Fleet<'a> {
         traffic.replay(&lab.log_times, 0, proxies);
         let fleet = Self {
             lab,
-            clock,
             start,
-            service,
-            calls: Vec::new(),
             traffic,
             timeline,
             active: BTreeSet::new(),
@@ -376,164 +374,85 @@ impl<'a> Fleet<'a> {
             events: Vec::new(),
             series: Series { interval: scenario.interval.nanos(), rows: Vec::new() },
         };
-        Ok((fleet, lanes))
+        Ok((fleet, lanes, Mutex::new(Decider::new(service, clock))))
     }
 
     /// Runs the scenario to its end; `progress` hears of every interval's end.
     ///
-    /// Time moves in windows. A call to the counter service made in a window is decided
-    /// by the fleet's thread while the proxies run the next window, and answered before
-    /// the window after: so a window lasts at most half the shortest time the service
-    /// can take to answer under the faults in force, and no proxy can tell that its
-    /// call was decided late. The calls are decided in the order (time, proxy, worker,
-    /// call), each on the service's clock at its time. Before a change on the timeline
-    /// (which applies before anything else at its instant) and before time jumps over a
-    /// quiet stretch, the calls made so far are decided and answered at once. A window
-    /// ends just after an interval's end, which is sampled after everything at its
-    /// instant.
-    fn run(&mut self, lanes: &[Mutex<Lane>], crew: &mut Crew<'_>, progress: &mut impl FnMut(u64, u64)) {
+    /// The proxies run side by side ([`crew`]) from one of the fleet's points in time to
+    /// the next: a change on the timeline (which applies before anything else at its
+    /// instant), or just after an interval's end (which is sampled after everything at
+    /// its instant). Between them the fleet alone touches the proxies and the service.
+    fn run(
+        &mut self,
+        lanes: &[Mutex<Lane>],
+        decider: &Mutex<Decider>,
+        crew: &mut Crew<'_>,
+        progress: &mut impl FnMut(u64, u64),
+    ) {
         let end = self.lab.scenario.duration.nanos();
         let interval = self.lab.scenario.interval.nanos();
         let mut boundary = interval.min(end);
         let mut now = 0;
         loop {
-            if self.timeline.keys().next().is_some_and(|at| *at <= now) {
-                self.settle(lanes);
-                self.apply_changes(lanes, now);
-            }
-            let shortest = self.shortest_answer();
-            let limit = self.timeline.keys().next().map_or(boundary + 1, |at| (*at).min(boundary + 1));
-            let mut until = now.saturating_add((shortest / 2).max(1)).min(limit);
-            if let Some((first, ..)) = self.calls.first() {
-                until = until.min(first.saturating_sub(self.start).saturating_add(shortest));
-            }
+            self.apply_changes(lanes, decider, now);
+            let until = self.timeline.keys().next().map_or(boundary + 1, |at| (*at).min(boundary + 1));
             while let Some(at) = self.traffic.next().filter(|at| *at < until) {
-                for mut arrival in self.traffic.due(at) {
-                    arrival.at = arrival.at.max(now);
+                for arrival in self.traffic.due(at) {
                     if let Some(lane) = lanes.get(arrival.proxy) {
                         lock(lane).arrivals.push_back(arrival);
                     }
                 }
             }
-            let policies = self.policies.clone();
-            let mut answers = Vec::new();
-            crew.run(until, &policies, || answers = self.decide());
-            self.deliver(lanes, answers);
-            self.take_calls(lanes);
-            self.schedule_retries(lanes, until);
+            crew.run(now, until, self.shortest_answer(decider), &self.policies);
             if until == boundary + 1 {
                 self.sample(lanes, boundary);
                 progress(boundary, end);
                 if boundary >= end {
-                    self.settle(lanes);
                     return;
                 }
                 boundary = (boundary + interval).min(end);
             }
-            // The calls taken are answered at the end of the next window, which must
-            // not reach past the first answer's earliest time: if time would jump
-            // there, they are answered now.
-            let mut next = self.next(lanes);
-            if let Some((first, ..)) = self.calls.first() {
-                let earliest = first.saturating_sub(self.start).saturating_add(shortest);
-                if next.is_none_or(|t| t >= earliest) {
-                    self.settle(lanes);
-                    next = self.next(lanes);
-                }
-            }
+            let next = lanes.iter().filter_map(|lane| lock(lane).next()).chain(self.traffic.next()).min();
             now = next.map_or(boundary, |t| t.min(boundary)).max(until);
         }
     }
 
-    /// The next instant a proxy or a caller does something (ns from the start).
-    fn next(&self, lanes: &[Mutex<Lane>]) -> Option<u64> {
-        lanes.iter().filter_map(|lane| lock(lane).next()).chain(self.traffic.next()).min()
-    }
-
     /// The shortest time after its dispatch at which a call can be answered, under the
-    /// modes in force (ns; at least 2).
-    fn shortest_answer(&self) -> u64 {
+    /// modes in force (ns; at least 1).
+    fn shortest_answer(&self, decider: &Mutex<Decider>) -> u64 {
         let proxies = self.lab.scenario.proxies();
-        let shortest = (0..proxies).filter_map(|p| self.service.shortest_answer(p)).min();
-        shortest.map_or(u64::MAX, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).max(2)
-    }
-
-    /// Takes the calls the proxies made in the window, to decide while they run the
-    /// next.
-    fn take_calls(&mut self, lanes: &[Mutex<Lane>]) {
-        let first = self.calls.len();
-        for (p, lane) in lanes.iter().enumerate() {
-            let calls = lock(lane).take_deferred();
-            self.calls.extend(calls.into_iter().map(|(w, call)| (call.dispatched_at, p, w, call)));
-        }
-        self.calls[first..].sort_by_key(|(at, p, w, _)| (*at, *p, *w));
-    }
-
-    /// Decides the calls taken, in order: the answers, to deliver.
-    fn decide(&mut self) -> Vec<(usize, usize, u32, Answer)> {
-        let calls = std::mem::take(&mut self.calls);
-        let mut answers = Vec::with_capacity(calls.len());
-        for (at, p, w, call) in calls {
-            self.clock.advance_to_monotonic(at);
-            answers.push((p, w, call.token, self.service.answer(p, &call.request)));
-        }
-        answers
-    }
-
-    /// Gives the proxies their answers.
-    fn deliver(&self, lanes: &[Mutex<Lane>], answers: Vec<(usize, usize, u32, Answer)>) {
-        for (p, w, token, answer) in answers {
-            if let Some(lane) = lanes.get(p) {
-                lock(lane).answer(w, token, answer);
-            }
-        }
-    }
-
-    /// Decides and answers every call made so far, now.
-    fn settle(&mut self, lanes: &[Mutex<Lane>]) {
-        self.take_calls(lanes);
-        let answers = self.decide();
-        self.deliver(lanes, answers);
-    }
-
-    /// Schedules the retries of the calls refused in the window, in the order (time,
-    /// proxy, worker, request); a retry that falls inside the window is sent at its end.
-    fn schedule_retries(&mut self, lanes: &[Mutex<Lane>], until: u64) {
-        for lane in lanes {
-            let mut refusals = std::mem::take(&mut lock(lane).refusals);
-            refusals.sort_by_key(|r| (r.at, r.worker, r.serial));
-            for refusal in refusals {
-                let _ = self.traffic.refused(&refusal.arrival, refusal.at, refusal.retry_after, until);
-            }
-        }
+        let decider = lock(decider);
+        let shortest = (0..proxies).filter_map(|p| decider.service.shortest_answer(p)).min();
+        shortest.map_or(u64::MAX, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)).max(1)
     }
 
     /// Applies the changes on the timeline due at or before `now`, with every clock
     /// there.
-    fn apply_changes(&mut self, lanes: &[Mutex<Lane>], now: u64) {
+    fn apply_changes(&mut self, lanes: &[Mutex<Lane>], decider: &Mutex<Decider>, now: u64) {
         let mut applied = false;
         while let Some(entry) = self.timeline.first_entry().filter(|e| *e.key() <= now) {
             if !applied {
-                self.clock.advance_to_monotonic(self.start + now);
+                lock(decider).clock.advance_to_monotonic(self.start + now);
                 lanes.iter().for_each(|lane| lock(lane).advance_to(now));
                 applied = true;
             }
             for change in entry.remove() {
-                self.change(lanes, change);
+                self.change(lanes, decider, change);
             }
         }
     }
 
     /// A fault starts or ends.
-    fn change(&mut self, lanes: &[Mutex<Lane>], change: Change) {
+    fn change(&mut self, lanes: &[Mutex<Lane>], decider: &Mutex<Decider>, change: Change) {
         let faults = &self.lab.scenario.faults;
         match change {
             Change::End(i) => {
                 self.active.remove(&i);
             }
             Change::Start(i) => match faults.get(i) {
-                Some(Fault::Restart { .. }) => self.service.restart(),
-                Some(Fault::ClockStep { by, .. }) => self.service.step_clock(by.0),
+                Some(Fault::Restart { .. }) => lock(decider).service.restart(),
+                Some(Fault::ClockStep { by, .. }) => lock(decider).service.step_clock(by.0),
                 Some(Fault::Config { .. }) => {
                     if let Some(config) = self.lab.changes.get(&i) {
                         let mut refused = 0;
@@ -563,11 +482,11 @@ impl<'a> Fleet<'a> {
                 None => {}
             },
         }
-        self.apply_modes();
+        self.apply_modes(&mut lock(decider).service);
     }
 
     /// Each proxy's service mode: the latest-started fault in force that reaches it.
-    fn apply_modes(&mut self) {
+    fn apply_modes(&self, service: &mut Service) {
         let scenario = &self.lab.scenario;
         let regions = scenario.proxy_regions();
         for (p, region) in regions.iter().enumerate() {
@@ -588,7 +507,7 @@ impl<'a> Fleet<'a> {
                     mode = m;
                 }
             }
-            self.service.set_mode(Some(p), mode);
+            service.set_mode(Some(p), mode);
         }
     }
 

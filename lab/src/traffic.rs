@@ -3,9 +3,8 @@
 //! retries of refused calls scheduled by its retry policy. Everything comes from the
 //! scenario's seed.
 
-use crate::scenario::{Caller, Keys, RatePoint, Retry, Scenario, Spacing};
+use crate::scenario::{Caller, Keys, RatePoint, Scenario, Spacing};
 use sluice_testkit::rng::Rng;
-use std::collections::BTreeMap;
 
 /// One request to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,14 +40,10 @@ struct Class {
     points: Vec<RatePoint>,
     spacing: Spacing,
     keys: Keys,
-    retry: Option<Retry>,
     proxies: Vec<usize>,
     peak: f64,
     next: Option<u64>,
     rng: Rng,
-    /// Draws the retries' jitter: apart from the arrivals' draws, so that when a refusal
-    /// is heard of does not change the arrivals.
-    jitter: Rng,
     serial: u64,
 }
 
@@ -73,18 +68,16 @@ fn uniform(rng: &mut Rng) -> f64 {
 }
 
 impl Class {
-    fn new(caller: &Caller, proxies: Vec<usize>, rng: Rng, jitter: Rng) -> Self {
+    fn new(caller: &Caller, proxies: Vec<usize>, rng: Rng) -> Self {
         let peak = caller.rate.iter().map(|p| p.rps).fold(0.0, f64::max);
         let mut class = Self {
             points: caller.rate.clone(),
             spacing: caller.arrivals,
             keys: caller.keys.clone(),
-            retry: caller.retry,
             proxies,
             peak,
             next: None,
             rng,
-            jitter,
             serial: 0,
         };
         class.next = class.after(0);
@@ -141,14 +134,13 @@ impl Class {
     }
 }
 
-/// Every class's arrivals and the retries waiting, in time order.
+/// Every class's first attempts, in time order (a refused call's retries are its
+/// proxy's: see [`retry`]).
 #[derive(Debug)]
 pub struct Traffic {
     classes: Vec<Class>,
     workers: usize,
-    retries: BTreeMap<(u64, u64), Arrival>,
     replayed: std::collections::VecDeque<Arrival>,
-    serial: u64,
     calls: u64,
     rng: Rng,
 }
@@ -161,17 +153,15 @@ impl Traffic {
         let classes = scenario
             .callers
             .iter()
-            .enumerate()
-            .map(|(i, caller)| {
+            .map(|caller| {
                 let proxies = (0..regions.len())
                     .filter(|p| caller.regions.is_empty() || caller.regions.iter().any(|r| r == regions[*p]))
                     .collect();
-                let jitter = Rng::new(scenario.seed ^ 0x7e7_0000_0000 ^ ((i as u64) << 40));
-                Class::new(caller, proxies, rng.fork(), jitter)
+                Class::new(caller, proxies, rng.fork())
             })
             .collect();
         let replayed = std::collections::VecDeque::new();
-        Self { classes, workers: scenario.fleet.workers, retries: BTreeMap::new(), replayed, serial: 0, calls: 0, rng }
+        Self { classes, workers: scenario.fleet.workers, replayed, calls: 0, rng }
     }
 
     /// Adds requests replayed from a log, as class `class`: each at its time (ns from the
@@ -190,9 +180,8 @@ impl Traffic {
     /// When the next request is due.
     pub fn next(&self) -> Option<u64> {
         let first = self.classes.iter().filter_map(|c| c.next).min();
-        let retry = self.retries.keys().next().map(|(at, _)| *at);
         let replayed = self.replayed.front().map(|a| a.at);
-        first.into_iter().chain(retry).chain(replayed).min()
+        first.into_iter().chain(replayed).min()
     }
 
     /// Every request due at or before `t` (ns), in time order, class order at a tie.
@@ -214,36 +203,40 @@ impl Traffic {
         while let Some(arrival) = self.replayed.pop_front_if(|a| a.at <= t) {
             out.push(arrival);
         }
-        while let Some(entry) = self.retries.first_entry().filter(|e| e.key().0 <= t) {
-            out.push(entry.remove());
-        }
         out.sort_by_key(|a| (a.at, a.class, a.call));
         out
     }
+}
 
-    /// A refused request of `arrival`'s call, refused at `now` ns: schedules its retry
-    /// if its class retries and has attempts left. `retry_after` is the refusal's
-    /// `Retry-After` in seconds. Returns whether it will be retried.
-    /// The retry is sent no sooner than `not_before` (a fleet that learns of refusals
-    /// after a window of time sends retries that fall inside it at its end).
-    pub fn refused(&mut self, arrival: &Arrival, now: u64, retry_after: Option<u64>, not_before: u64) -> bool {
-        let Some(class) = self.classes.get_mut(arrival.class) else { return false };
-        let Some(retry) = class.retry.filter(|r| arrival.attempt < r.attempts) else { return false };
-        let mut wait = retry.backoff.nanos().saturating_mul(1 << arrival.attempt.min(20));
-        if retry.jitter {
-            wait = (uniform(&mut class.jitter) * wait as f64) as u64;
-        }
-        if retry.honor_retry_after
-            && let Some(seconds) = retry_after
-        {
-            wait = wait.max(seconds.saturating_mul(1_000_000_000));
-        }
-        self.serial += 1;
-        let at = now.saturating_add(wait.max(1)).max(not_before);
-        let next = Arrival { at, attempt: arrival.attempt + 1, ..arrival.clone() };
-        self.retries.insert((at, self.serial), next);
-        true
+/// The retry of `arrival`, refused at `now` ns, if its caller retries it: its backoff
+/// after the refusal (doubling with each attempt), with the caller's jitter, and no
+/// sooner than the refusal's `Retry-After` (seconds) if the caller honours it. The
+/// retry keeps the call's proxy and worker, as a client's connection would.
+///
+/// The jitter is drawn from a hash of the scenario's seed, the call and the attempt, not
+/// from a stream: so a retry does not depend on what other proxies did meanwhile, and
+/// each proxy can schedule its own.
+pub fn retry(caller: &Caller, arrival: &Arrival, now: u64, retry_after: Option<u64>, seed: u64) -> Option<Arrival> {
+    let retry = caller.retry.filter(|r| arrival.attempt < r.attempts)?;
+    let mut wait = retry.backoff.nanos().saturating_mul(1 << arrival.attempt.min(20));
+    if retry.jitter {
+        let draw = splitmix(seed ^ splitmix(arrival.call ^ (u64::from(arrival.attempt) << 48)));
+        wait = ((draw >> 11) as f64 / (1u64 << 53) as f64 * wait as f64) as u64;
     }
+    if retry.honor_retry_after
+        && let Some(seconds) = retry_after
+    {
+        wait = wait.max(seconds.saturating_mul(1_000_000_000));
+    }
+    Some(Arrival { at: now.saturating_add(wait.max(1)), attempt: arrival.attempt + 1, ..arrival.clone() })
+}
+
+/// SplitMix64's finaliser: a well-mixed 64-bit hash of `x`.
+const fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -269,41 +262,40 @@ mod tests {
         assert_eq!(rate_at(&points, 6.0), 0.0);
     }
 
-    fn retrying(jitter: bool) -> (Traffic, Arrival) {
+    fn retrying(jitter: bool) -> (Caller, Arrival) {
         let text = format!(
             "name: x\nduration: 5s\nfleet:\n  regions:\n    - {{name: eu, proxies: 1}}\ncallers:\n  - name: app\n    rate:\n      - {{at: 0s, rps: 5}}\n    retry: {{attempts: 2, backoff: 100ms, jitter: {jitter}}}\n"
         );
         let scenario = Scenario::parse(&text).expect("the scenario is valid");
         let arrival = Arrival { at: 0, class: 0, key: 1, attempt: 0, call: 1, proxy: 0, worker: 0, entry: None };
-        (Traffic::new(&scenario), arrival)
+        (scenario.callers[0].clone(), arrival)
     }
 
     #[test]
-    fn a_retry_comes_its_backoff_after_the_refusal_and_no_sooner_than_it_is_allowed() {
-        let (mut traffic, arrival) = retrying(false);
-        assert!(traffic.refused(&arrival, 1_000_000, None, 0));
-        assert!(traffic.refused(&arrival, 2_000_000, None, 500_000_000));
-        let retries: Vec<u64> = traffic.retries.values().map(|a| a.at).collect();
-        assert_eq!(retries, [101_000_000, 500_000_000]);
-        let last = Arrival { attempt: 2, ..arrival };
-        assert!(!traffic.refused(&last, 3_000_000, None, 0), "no attempt is left");
+    fn a_retry_comes_its_backoff_after_the_refusal_doubling_until_no_attempt_is_left() {
+        let (caller, first) = retrying(false);
+        let second = retry(&caller, &first, 1_000_000, None, 7).expect("a retry");
+        let third = retry(&caller, &second, 2_000_000, None, 7).expect("a retry");
+        assert_eq!((second.at, second.attempt, second.proxy), (101_000_000, 1, 0));
+        assert_eq!((third.at, third.attempt), (202_000_000, 2));
+        assert!(retry(&caller, &third, 3_000_000, None, 7).is_none(), "no attempt is left");
+        assert_eq!(
+            retry(&caller, &first, 0, Some(2), 7).map(|a| a.at),
+            Some(100_000_000),
+            "Retry-After is not honoured"
+        );
     }
 
     #[test]
-    fn the_retries_jitter_does_not_change_the_arrivals() {
-        let (mut quiet, arrival) = retrying(true);
-        let (mut jittery, _) = retrying(true);
-        for i in 0..50 {
-            let _ = jittery.refused(&Arrival { call: i, ..arrival.clone() }, 0, None, 0);
-        }
-        let first: Vec<u64> = (0..20).filter_map(|_| quiet.due(quiet.next()?).first().map(|a| a.at)).collect();
-        let second: Vec<u64> = (0..20)
-            .filter_map(|_| {
-                let at = jittery.classes.iter().filter_map(|c| c.next).min()?;
-                jittery.due(at).iter().find(|a| a.attempt == 0).map(|a| a.at)
-            })
-            .collect();
-        assert_eq!(first, second);
+    fn a_jittered_retry_depends_on_its_call_and_seed_only() {
+        let (caller, arrival) = retrying(true);
+        let at =
+            |call: u64, seed: u64| retry(&caller, &Arrival { call, ..arrival.clone() }, 0, None, seed).map(|a| a.at);
+        let spread: std::collections::BTreeSet<Option<u64>> = (0..50).map(|call| at(call, 7)).collect();
+        assert_eq!(at(3, 7), at(3, 7));
+        assert_ne!(at(3, 7), at(3, 8));
+        assert!(spread.len() > 45, "the jitter spreads the retries: {spread:?}");
+        assert!(spread.iter().flatten().all(|t| (1..=100_000_000).contains(t)));
     }
 
     #[test]

@@ -1,83 +1,165 @@
-//! Runs the fleet's proxies on several threads, one window of virtual time at a time.
+//! Runs the fleet's proxies on several threads between two of the fleet's own points in
+//! time (an interval's end, a change on the timeline), without meeting in between.
 //!
-//! The calling thread is one of the threads. A window starts when every thread has its
-//! order; each thread then takes the next proxy no thread has taken yet and runs it to
-//! the window's end, until none is left (a window's work per proxy varies, and a thread
-//! that finishes early takes more). The window ends when every thread is done, so
-//! between windows the fleet alone touches the proxies. The calling thread first does
-//! the fleet's own work for the window (deciding the previous window's calls to the
-//! counter service), so the others take more proxies meanwhile.
+//! Each thread has its proxies (thread `i` of `n`: proxies `i`, `i + n`, …; the calling
+//! thread is thread 0). A proxy runs ahead on its own until the earliest time one of its
+//! calls to the counter service could be answered ([`Lane::run`]); the calls go to the
+//! [`Decider`], which decides every call made before the point all proxies have reached
+//! (no proxy can make an earlier call any more), in one order, and gives the answers
+//! back before the proxy reaches the time they are due. Whichever thread finds the
+//! decider free runs it. This is a conservative parallel simulation: the lookahead is
+//! the service's shortest answer, and the result is the same whatever the number of
+//! threads and however they are scheduled.
 //!
-//! Threads persist for the whole run: a window lasts about a millisecond of virtual
-//! time, too short to start threads for. A panic on any thread ends the window for all
-//! and is raised again on the calling thread, so a bug cannot leave a thread waiting.
+//! A thread with nothing to do (its proxies wait for answers the others hold up) yields
+//! its core rather than sleep: the wait is short, and on a busy machine (tests side by
+//! side) the thread it waits for may need that very core. Threads persist for the whole
+//! run and meet only at the ends of stretches. A panic on any thread ends the stretch for
+//! all and is raised again on the calling thread, so a bug cannot leave a thread waiting.
 
-use super::barrier::YieldingBarrier;
+use super::decider::{Decider, Reply};
 use super::lane::{Context, Lane};
 use super::{Lab, lock};
 use sluice::config::Policy;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
 
-/// What every thread does next: run its proxies to `until` under `policies`, or stop.
-type Order = Option<(u64, Arc<Vec<Policy>>)>;
+/// A stretch of virtual time to run: every proxy from where it is to `until`, with the
+/// service answering no sooner than `shortest` after a call, under `policies`.
+#[derive(Clone)]
+struct Stretch {
+    until: u64,
+    shortest: u64,
+    policies: Arc<Vec<Policy>>,
+}
 
 /// What the threads share.
-struct Shared {
-    start: YieldingBarrier,
-    done: YieldingBarrier,
-    order: Mutex<Order>,
-    /// The next proxy to take in this window.
-    next: AtomicUsize,
+struct Shared<'a> {
+    lanes: &'a [Mutex<Lane>],
+    lab: &'a Lab,
+    decider: &'a Mutex<Decider>,
+    threads: usize,
+    start: Barrier,
+    done: Barrier,
+    stretch: Mutex<Option<Stretch>>,
+    /// Per proxy, the time before which it has done everything (ns from the start).
+    reached: Vec<AtomicU64>,
+    /// Every call made before this time is decided and its answer given to its proxy.
+    decided: AtomicU64,
+    /// Per proxy, the answers decided and not yet taken.
+    replies: Vec<Mutex<Vec<Reply>>>,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl Shared<'_> {
+    /// Thread `thread`'s part of a stretch, until every proxy has reached its end and
+    /// every call before it is decided.
+    fn work(&self, thread: usize, stretch: &Stretch) {
+        let context = Context { lab: self.lab, policies: &stretch.policies };
+        loop {
+            let mut moved = false;
+            for (i, lane) in self.lanes.iter().enumerate().skip(thread).step_by(self.threads) {
+                let before = self.reached[i].load(Ordering::Acquire);
+                if before >= stretch.until {
+                    continue;
+                }
+                let mut lane = lock(lane);
+                for reply in std::mem::take(&mut *lock(&self.replies[i])) {
+                    lane.answer(reply);
+                }
+                let (calls, reached) = lane.run(context, stretch.until, stretch.shortest);
+                drop(lane);
+                if !calls.is_empty() {
+                    lock(self.decider).add(calls.into_iter().map(|mut c| {
+                        c.proxy = i;
+                        c
+                    }));
+                }
+                if reached > before {
+                    self.reached[i].store(reached, Ordering::Release);
+                    moved = true;
+                }
+            }
+            moved |= self.decide();
+            if self.decided.load(Ordering::Acquire) >= stretch.until {
+                return;
+            }
+            if !moved {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Decides what can be decided, if no other thread is doing it; whether it did.
+    fn decide(&self) -> bool {
+        let Ok(mut decider) = self.decider.try_lock() else { return false };
+        let all = self.reached.iter().map(|r| r.load(Ordering::Acquire)).min().unwrap_or(u64::MAX);
+        if all <= self.decided.load(Ordering::Acquire) {
+            return false;
+        }
+        for (replies, decided) in self.replies.iter().zip(decider.decide(all, self.lanes.len())) {
+            if !decided.is_empty() {
+                lock(replies).extend(decided);
+            }
+        }
+        self.decided.store(all, Ordering::Release);
+        true
+    }
+
+    fn run(&self, thread: usize, stretch: &Stretch) {
+        let ran = catch_unwind(AssertUnwindSafe(|| self.work(thread, stretch)));
+        if let Err(payload) = ran {
+            // The others must not wait for this thread's proxies: they end the stretch.
+            self.decided.store(u64::MAX, Ordering::Release);
+            *lock(&self.panic) = Some(payload);
+        }
+    }
 }
 
 /// The threads running the proxies.
 pub(super) struct Crew<'a> {
-    lanes: &'a [Mutex<Lane>],
-    lab: &'a Lab,
-    /// `None` on one thread.
-    sync: Option<&'a Shared>,
-}
-
-/// Runs the proxies no other thread has taken to `until`.
-fn run_share(lanes: &[Mutex<Lane>], lab: &Lab, next: &AtomicUsize, until: u64, policies: &[Policy]) {
-    while let Some(lane) = lanes.get(next.fetch_add(1, Ordering::Relaxed)) {
-        lock(lane).run(Context { lab, policies }, until);
-    }
+    shared: &'a Shared<'a>,
+    stopped: bool,
 }
 
 impl Crew<'_> {
-    /// Runs every proxy to `until` (ns from the start) under `policies`; the calling
-    /// thread does `alongside` first, then takes its share of the proxies.
-    pub(super) fn run(&mut self, until: u64, policies: &Arc<Vec<Policy>>, alongside: impl FnOnce()) {
-        let Some(sync) = self.sync else {
-            alongside();
-            run_share(self.lanes, self.lab, &AtomicUsize::new(0), until, policies);
-            return;
-        };
-        *lock(&sync.order) = Some((until, policies.clone()));
-        sync.next.store(0, Ordering::Relaxed);
-        sync.start.wait();
-        let mine = catch_unwind(AssertUnwindSafe(|| {
-            alongside();
-            run_share(self.lanes, self.lab, &sync.next, until, policies);
-        }));
-        sync.done.wait();
-        let panicked = mine.err().or_else(|| lock(&sync.panic).take());
-        if let Some(payload) = panicked {
+    /// Runs every proxy from `from` (where all of them are) to `until` (ns from the
+    /// start), the service answering no sooner than `shortest` after a call. On return
+    /// every call made before `until` is decided and answered.
+    pub(super) fn run(&mut self, from: u64, until: u64, shortest: u64, policies: &Arc<Vec<Policy>>) {
+        let shared = self.shared;
+        shared.reached.iter().for_each(|r| r.store(from, Ordering::Relaxed));
+        shared.decided.store(from, Ordering::Relaxed);
+        *lock(&shared.stretch) = Some(Stretch { until, shortest, policies: policies.clone() });
+        if shared.threads > 1 {
+            let _ = shared.start.wait();
+        }
+        let stretch = Stretch { until, shortest, policies: policies.clone() };
+        shared.run(0, &stretch);
+        if shared.threads > 1 {
+            let _ = shared.done.wait();
+        }
+        // Answers decided at the end, for calls due after it, reach their proxies now.
+        for (lane, replies) in shared.lanes.iter().zip(&shared.replies) {
+            let mut lane = lock(lane);
+            for reply in std::mem::take(&mut *lock(replies)) {
+                lane.answer(reply);
+            }
+        }
+        if let Some(payload) = lock(&shared.panic).take() {
             self.stop();
             resume_unwind(payload);
         }
     }
 
     fn stop(&mut self) {
-        if let Some(sync) = self.sync.take() {
-            *lock(&sync.order) = None;
-            sync.start.wait();
+        if !self.stopped && self.shared.threads > 1 {
+            *lock(&self.shared.stretch) = None;
+            let _ = self.shared.start.wait();
         }
+        self.stopped = true;
     }
 }
 
@@ -91,36 +173,37 @@ impl Drop for Crew<'_> {
 pub(super) fn with_crew<R>(
     lanes: &[Mutex<Lane>],
     lab: &Lab,
+    decider: &Mutex<Decider>,
     threads: usize,
     body: impl FnOnce(&mut Crew<'_>) -> R,
 ) -> R {
     let threads = threads.clamp(1, lanes.len().max(1));
-    if threads == 1 {
-        return body(&mut Crew { lanes, lab, sync: None });
-    }
-    let sync = Shared {
-        start: YieldingBarrier::new(threads),
-        done: YieldingBarrier::new(threads),
-        order: Mutex::new(None),
-        next: AtomicUsize::new(0),
+    let shared = Shared {
+        lanes,
+        lab,
+        decider,
+        threads,
+        start: Barrier::new(threads),
+        done: Barrier::new(threads),
+        stretch: Mutex::new(None),
+        reached: lanes.iter().map(|_| AtomicU64::new(0)).collect(),
+        decided: AtomicU64::new(0),
+        replies: lanes.iter().map(|_| Mutex::new(Vec::new())).collect(),
         panic: Mutex::new(None),
     };
     std::thread::scope(|scope| {
-        for _ in 1..threads {
-            let sync = &sync;
+        for thread in 1..threads {
+            let shared = &shared;
             let _ = scope.spawn(move || {
                 loop {
-                    sync.start.wait();
-                    let Some((until, policies)) = lock(&sync.order).clone() else { return };
-                    let run = catch_unwind(AssertUnwindSafe(|| run_share(lanes, lab, &sync.next, until, &policies)));
-                    if let Err(payload) = run {
-                        *lock(&sync.panic) = Some(payload);
-                    }
-                    sync.done.wait();
+                    let _ = shared.start.wait();
+                    let Some(stretch) = lock(&shared.stretch).clone() else { return };
+                    shared.run(thread, &stretch);
+                    let _ = shared.done.wait();
                 }
             });
         }
-        let mut crew = Crew { lanes, lab, sync: Some(&sync) };
+        let mut crew = Crew { shared: &shared, stopped: false };
         body(&mut crew)
     })
 }

@@ -1,21 +1,23 @@
 //! One proxy of the fleet: its wasm-host (one VM per worker, sharing the proxy's shared
-//! data) on a clock of its own, the requests it has in flight, and what it saw, run one
-//! window of virtual time at a time.
+//! data) on a clock of its own, the requests it has in flight, and what it saw.
 //!
-//! Within a window a proxy touches nothing another proxy touches: its calls to the
-//! counter service are deferred ([`wasm_host::Answer::deferred`]) and decided by the
-//! fleet after the window, its refused calls' retries are scheduled then too, and what
-//! it counts (per class, per caller) is its own until the fleet adds it up. So proxies
-//! can run a window on different threads, and the result does not depend on which.
+//! A proxy touches nothing another proxy touches: its calls to the counter service are
+//! deferred ([`wasm_host::Answer::deferred`]) and decided by the fleet's
+//! [`Decider`](super::decider::Decider), its refused calls' retries are its own (a retry
+//! keeps its proxy), and what it counts (per class, per caller) is its own until the
+//! fleet adds it up. So proxies can run on different threads, and the result does not
+//! depend on which. A proxy runs ahead until the earliest time one of its calls could be
+//! answered ([`Lane::run`]), and no further before that call is decided.
 
+use super::decider::{Call, Reply};
 use super::{Facts, LEDGER_KEY, Lab};
 use crate::overshoot::Ledger;
 use crate::record::ClassRow;
-use crate::traffic::{Arrival, will_retry};
+use crate::traffic::{Arrival, retry, will_retry};
 use sluice::config::Policy;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
-use wasm_host::{DeferredCallout, Host, Outcome as Seen, Request, Response, StreamId, VirtualClock};
+use wasm_host::{Host, Outcome as Seen, Request, Response, StreamId, VirtualClock};
 
 /// A request in flight.
 #[derive(Debug)]
@@ -28,23 +30,7 @@ struct Open {
     counted: Vec<(usize, u128, u64)>,
 }
 
-/// A request refused for good or for a retry: the fleet schedules the retry after the
-/// window, in the order (time, proxy, worker, request).
-#[derive(Debug)]
-pub(super) struct Refusal {
-    /// When (ns from the start).
-    pub(super) at: u64,
-    /// The worker that refused it.
-    pub(super) worker: usize,
-    /// The request's number on its proxy (the order it was sent in).
-    pub(super) serial: u64,
-    /// The request.
-    pub(super) arrival: Arrival,
-    /// The refusal's `Retry-After`, in seconds.
-    pub(super) retry_after: Option<u64>,
-}
-
-/// What a proxy reads during a window and does not change.
+/// What a proxy reads while it runs and does not change.
 #[derive(Clone, Copy)]
 pub(super) struct Context<'a> {
     pub(super) lab: &'a Lab,
@@ -71,10 +57,12 @@ pub(super) struct Lane {
     serial: u64,
     /// Arrivals the fleet gave it, in time order.
     pub(super) arrivals: VecDeque<Arrival>,
+    /// Retries of the calls it refused: (when, the order they were scheduled in).
+    retries: BTreeMap<(u64, u64), Arrival>,
+    /// Its calls to the counter service not answered yet: (when, worker, token).
+    awaiting: BTreeSet<(u64, usize, u32)>,
     /// Per class, since the fleet last took them.
     pub(super) rows: Vec<ClassRow>,
-    /// Refusals since the fleet last took them.
-    pub(super) refusals: Vec<Refusal>,
     /// What it forwarded, per policy and caller.
     pub(super) ledger: Ledger,
     /// Requests sent.
@@ -111,8 +99,9 @@ impl Lane {
             responses: BTreeSet::new(),
             serial: 0,
             arrivals: VecDeque::new(),
+            retries: BTreeMap::new(),
+            awaiting: BTreeSet::new(),
             rows: vec![ClassRow::default(); classes],
-            refusals: Vec::new(),
             ledger: Ledger::default(),
             requests: 0,
             late_answers: 0,
@@ -128,30 +117,55 @@ impl Lane {
     pub(super) fn next(&mut self) -> Option<u64> {
         let start = self.start;
         let due = self.host.workers_mut().iter().filter_map(|w| w.next_due()).min().map(|at| at.saturating_sub(start));
-        [self.arrivals.front().map(|a| a.at), self.responses.first().map(|(at, _)| *at), due]
-            .into_iter()
-            .flatten()
-            .min()
+        let retry = self.retries.keys().next().map(|(at, _)| *at);
+        let arrival = self.arrivals.front().map(|a| a.at);
+        [arrival, retry, self.responses.first().map(|(at, _)| *at), due].into_iter().flatten().min()
     }
 
-    /// Everything that happens before `until` (ns from the start).
-    pub(super) fn run(&mut self, context: Context<'_>, until: u64) {
+    /// Everything that happens before `until` (ns from the start) and before the
+    /// earliest time a call to the service could be answered (`shortest` after it was
+    /// made, for every call not answered yet): the calls made, to decide, and where it
+    /// stopped (every instant before it is done).
+    pub(super) fn run(&mut self, context: Context<'_>, until: u64, shortest: u64) -> (Vec<Call>, u64) {
+        let earliest = |awaiting: &BTreeSet<(u64, usize, u32)>| {
+            awaiting.first().map_or(u64::MAX, |(at, ..)| at.saturating_add(shortest))
+        };
+        let mut until = until.min(earliest(&self.awaiting));
+        let mut calls = Vec::new();
         while let Some(t) = self.next().filter(|t| *t < until) {
             self.instant(context, t);
+            let made = self.take_calls();
+            if !made.is_empty() {
+                self.awaiting.extend(made.iter().map(|c| (c.at, c.worker, c.call.token)));
+                until = until.min(earliest(&self.awaiting));
+                calls.extend(made);
+            }
         }
+        let reached = self.next().map_or(until, |t| t.min(until));
+        (calls, reached)
     }
 
-    /// The calls to the counter service its workers made, each with its worker.
-    pub(super) fn take_deferred(&mut self) -> Vec<(usize, DeferredCallout)> {
+    /// The calls to the counter service its workers made since the last time.
+    fn take_calls(&mut self) -> Vec<Call> {
+        let start = self.start;
         let workers = self.host.workers_mut().iter_mut().enumerate();
-        workers.flat_map(|(w, worker)| worker.take_deferred().into_iter().map(move |call| (w, call))).collect()
+        let calls = workers.flat_map(|(worker, w)| {
+            w.take_deferred().into_iter().map(move |call| Call {
+                at: call.dispatched_at.saturating_sub(start),
+                proxy: 0,
+                worker,
+                call,
+            })
+        });
+        calls.collect()
     }
 
-    /// Answers call `token` of worker `worker`; counts it if the answer came after
-    /// the time it was due (the fleet's windows are meant to make that impossible).
-    pub(super) fn answer(&mut self, worker: usize, token: u32, answer: wasm_host::Answer) {
-        if let Some(worker) = self.host.workers_mut().get_mut(worker) {
-            self.late_answers += u64::from(worker.answer_deferred(token, answer));
+    /// Gives a call its answer; counts it if the answer came after the time it was due
+    /// (the fleet's scheduling is meant to make that impossible).
+    pub(super) fn answer(&mut self, (worker, token, at, answer): Reply) {
+        self.awaiting.remove(&(at, worker, token));
+        if let Some(w) = self.host.workers_mut().get_mut(worker) {
+            self.late_answers += u64::from(w.answer_deferred(token, answer));
         }
     }
 
@@ -169,7 +183,15 @@ impl Lane {
         self.advance_to(t);
         // Per worker touched: the requests it sent or answered now.
         let mut touched: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        let mut due: Vec<Arrival> = Vec::new();
         while let Some(arrival) = self.arrivals.pop_front_if(|a| a.at <= t) {
+            due.push(arrival);
+        }
+        while let Some(entry) = self.retries.first_entry().filter(|e| e.key().0 <= t) {
+            due.push(entry.remove());
+        }
+        due.sort_by_key(|a| (a.at, a.class, a.call));
+        for arrival in due {
             let worker = arrival.worker;
             if let Some(key) = self.send(context, arrival) {
                 touched.entry(worker).or_default().push(key);
@@ -361,16 +383,13 @@ impl Lane {
                         }
                         row.calls_refused += u64::from(!retried);
                     }
-                    if let Some(open) = self.close(w, key)
-                        && retried
-                    {
-                        self.refusals.push(Refusal {
-                            at: t,
-                            worker: w,
-                            serial: key,
-                            arrival: open.arrival,
-                            retry_after,
-                        });
+                    let next = self.close(w, key).and_then(|open| {
+                        let caller = lab.scenario.callers.get(class)?;
+                        retry(caller, &open.arrival, t, retry_after, lab.scenario.seed)
+                    });
+                    if let Some(next) = next {
+                        self.serial += 1;
+                        self.retries.insert((next.at, self.serial), next);
                     }
                 }
             }

@@ -1,0 +1,61 @@
+//! The counter service's side of the fleet: the calls the proxies made, decided in one
+//! order whatever the threads.
+
+use crate::service::Service;
+use wasm_host::{Answer, Clock as _, DeferredCallout, VirtualClock};
+
+/// A call to the service: when it was made (ns from the start), by which proxy and
+/// worker.
+pub(super) struct Call {
+    pub(super) at: u64,
+    pub(super) proxy: usize,
+    pub(super) worker: usize,
+    pub(super) call: DeferredCallout,
+}
+
+/// An answer for a proxy: its worker, the call's token and time, the answer.
+pub(super) type Reply = (usize, u32, u64, Answer);
+
+/// The service and the calls it has not decided yet.
+pub(super) struct Decider {
+    pub(super) service: Service,
+    /// The service's clock (the proxies have one each).
+    pub(super) clock: VirtualClock,
+    /// The clock's monotonic time at the run's start.
+    start: u64,
+    waiting: Vec<Call>,
+}
+
+impl Decider {
+    pub(super) fn new(service: Service, clock: VirtualClock) -> Self {
+        let start = clock.monotonic_nanos();
+        Self { service, clock, start, waiting: Vec::new() }
+    }
+
+    /// Adds calls to decide.
+    pub(super) fn add(&mut self, calls: impl IntoIterator<Item = Call>) {
+        self.waiting.extend(calls);
+    }
+
+    /// Decides every call made before `before` (ns from the start), in the order (time,
+    /// proxy, worker, call), each on the service's clock at its time: the replies, per
+    /// proxy. The caller promises that no proxy will make a call before `before` any
+    /// more.
+    pub(super) fn decide(&mut self, before: u64, proxies: usize) -> Vec<Vec<Reply>> {
+        let mut replies: Vec<Vec<Reply>> = (0..proxies).map(|_| Vec::new()).collect();
+        if !self.waiting.iter().any(|c| c.at < before) {
+            return replies;
+        }
+        self.waiting.sort_by_key(|c| (c.at, c.proxy, c.worker, c.call.dispatched_at, c.call.token));
+        let later = self.waiting.partition_point(|c| c.at < before);
+        let rest = self.waiting.split_off(later);
+        for Call { at, proxy, worker, call } in std::mem::replace(&mut self.waiting, rest) {
+            self.clock.advance_to_monotonic(self.start + at);
+            let answer = self.service.answer(proxy, &call.request);
+            if let Some(replies) = replies.get_mut(proxy) {
+                replies.push((worker, call.token, at, answer));
+            }
+        }
+        replies
+    }
+}
