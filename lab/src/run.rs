@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use wasm_host::{Answer, Clock as _, Host, VirtualClock, Wasm};
+use wasm_host::{Answer, Host, VirtualClock, Wasm};
 
 /// The hash key the proxies are given when their configuration reads it from the
 /// environment.
@@ -281,8 +281,6 @@ type Started<'a> = (Fleet<'a>, Vec<Mutex<Lane>>, Mutex<Decider>);
 /// callers, the timeline, the report.
 struct Fleet<'a> {
     lab: &'a Lab,
-    /// The service's clock's monotonic time at the start.
-    start: u64,
     traffic: Traffic,
     timeline: BTreeMap<u64, Vec<Change>>,
     active: BTreeSet<usize>,
@@ -341,7 +339,7 @@ impl<'a> Fleet<'a> {
             }
             let host = builder.build().map_err(|e| LabError::Host(e.to_string()))?;
             let region = regions.get(p).map_or_else(String::new, |r| (*r).to_owned());
-            lanes.push(Mutex::new(Lane::new(host, proxy_clock, region, scenario.callers.len())));
+            lanes.push(Mutex::new(Lane::new(p, host, proxy_clock, region, scenario.callers.len())));
         }
         let mut timeline: BTreeMap<u64, Vec<Change>> = BTreeMap::new();
         for (i, fault) in scenario.faults.iter().enumerate() {
@@ -358,12 +356,10 @@ impl<'a> Fleet<'a> {
             }
         }
         let policies = config.policies.clone();
-        let start = clock.monotonic_nanos();
         let mut traffic = Traffic::new(scenario);
         traffic.replay(&lab.log_times, 0, proxies);
         let fleet = Self {
             lab,
-            start,
             traffic,
             timeline,
             active: BTreeSet::new(),
@@ -433,7 +429,7 @@ impl<'a> Fleet<'a> {
         let mut applied = false;
         while let Some(entry) = self.timeline.first_entry().filter(|e| *e.key() <= now) {
             if !applied {
-                lock(decider).clock.advance_to_monotonic(self.start + now);
+                lock(decider).advance_to(now);
                 lanes.iter().for_each(|lane| lock(lane).advance_to(now));
                 applied = true;
             }

@@ -28,12 +28,6 @@ pub struct Arrival {
     pub entry: Option<usize>,
 }
 
-/// Whether `caller` retries `arrival` once it is refused (its class retries, with
-/// attempts left).
-pub fn will_retry(caller: &Caller, arrival: &Arrival) -> bool {
-    caller.retry.is_some_and(|r| arrival.attempt < r.attempts)
-}
-
 /// A caller class's arrivals.
 #[derive(Debug)]
 struct Class {

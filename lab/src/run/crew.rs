@@ -72,10 +72,7 @@ impl Shared<'_> {
                 let (calls, reached) = lane.run(context, stretch.until, stretch.shortest);
                 drop(lane);
                 if !calls.is_empty() {
-                    lock(self.decider).add(calls.into_iter().map(|mut c| {
-                        c.proxy = i;
-                        c
-                    }));
+                    lock(self.decider).add(calls);
                 }
                 if reached > before {
                     self.reached[i].store(reached, Ordering::Release);
@@ -132,11 +129,11 @@ impl Crew<'_> {
         let shared = self.shared;
         shared.reached.iter().for_each(|r| r.store(from, Ordering::Relaxed));
         shared.decided.store(from, Ordering::Relaxed);
-        *lock(&shared.stretch) = Some(Stretch { until, shortest, policies: policies.clone() });
+        let stretch = Stretch { until, shortest, policies: policies.clone() };
+        *lock(&shared.stretch) = Some(stretch.clone());
         if shared.threads > 1 {
             let _ = shared.start.wait();
         }
-        let stretch = Stretch { until, shortest, policies: policies.clone() };
         shared.run(0, &stretch);
         if shared.threads > 1 {
             let _ = shared.done.wait();

@@ -20,7 +20,7 @@ pub(super) type Reply = (usize, u32, u64, Answer);
 pub(super) struct Decider {
     pub(super) service: Service,
     /// The service's clock (the proxies have one each).
-    pub(super) clock: VirtualClock,
+    clock: VirtualClock,
     /// The clock's monotonic time at the run's start.
     start: u64,
     waiting: Vec<Call>,
@@ -30,6 +30,11 @@ impl Decider {
     pub(super) fn new(service: Service, clock: VirtualClock) -> Self {
         let start = clock.monotonic_nanos();
         Self { service, clock, start, waiting: Vec::new() }
+    }
+
+    /// Moves the service's clock to `t` (ns from the start; never backwards).
+    pub(super) fn advance_to(&self, t: u64) {
+        self.clock.advance_to_monotonic(self.start + t);
     }
 
     /// Adds calls to decide.
@@ -50,7 +55,7 @@ impl Decider {
         let later = self.waiting.partition_point(|c| c.at < before);
         let rest = self.waiting.split_off(later);
         for Call { at, proxy, worker, call } in std::mem::replace(&mut self.waiting, rest) {
-            self.clock.advance_to_monotonic(self.start + at);
+            self.advance_to(at);
             let answer = self.service.answer(proxy, &call.request);
             if let Some(replies) = replies.get_mut(proxy) {
                 replies.push((worker, call.token, at, answer));

@@ -13,7 +13,7 @@ use super::decider::{Call, Reply};
 use super::{Facts, LEDGER_KEY, Lab};
 use crate::overshoot::Ledger;
 use crate::record::ClassRow;
-use crate::traffic::{Arrival, retry, will_retry};
+use crate::traffic::{Arrival, retry};
 use sluice::config::Policy;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -40,6 +40,8 @@ pub(super) struct Context<'a> {
 
 /// One proxy.
 pub(super) struct Lane {
+    /// Its index in the fleet.
+    proxy: usize,
     pub(super) host: Host,
     clock: VirtualClock,
     /// The clock's monotonic time at the run's start.
@@ -86,9 +88,10 @@ enum Fate {
 }
 
 impl Lane {
-    pub(super) fn new(host: Host, clock: VirtualClock, region: String, classes: usize) -> Self {
+    pub(super) fn new(proxy: usize, host: Host, clock: VirtualClock, region: String, classes: usize) -> Self {
         let start = wasm_host::Clock::monotonic_nanos(&clock);
         Self {
+            proxy,
             host,
             clock,
             start,
@@ -147,12 +150,12 @@ impl Lane {
 
     /// The calls to the counter service its workers made since the last time.
     fn take_calls(&mut self) -> Vec<Call> {
-        let start = self.start;
+        let (start, proxy) = (self.start, self.proxy);
         let workers = self.host.workers_mut().iter_mut().enumerate();
         let calls = workers.flat_map(|(worker, w)| {
             w.take_deferred().into_iter().map(move |call| Call {
                 at: call.dispatched_at.saturating_sub(start),
-                proxy: 0,
+                proxy,
                 worker,
                 call,
             })
@@ -374,19 +377,17 @@ impl Lane {
                 }
                 Fate::Refused { rejected, retry_after } => {
                     let _ = worker.finish(open.id);
-                    let retried = lab.scenario.callers.get(class).is_some_and(|c| will_retry(c, &open.arrival));
+                    let caller = lab.scenario.callers.get(class);
+                    let next = caller.and_then(|c| retry(c, &open.arrival, t, retry_after, lab.scenario.seed));
                     if let Some(row) = self.rows.get_mut(class) {
                         if rejected {
                             row.rejected += 1;
                         } else {
                             row.failed += 1;
                         }
-                        row.calls_refused += u64::from(!retried);
+                        row.calls_refused += u64::from(next.is_none());
                     }
-                    let next = self.close(w, key).and_then(|open| {
-                        let caller = lab.scenario.callers.get(class)?;
-                        retry(caller, &open.arrival, t, retry_after, lab.scenario.seed)
-                    });
+                    self.close(w, key);
                     if let Some(next) = next {
                         self.serial += 1;
                         self.retries.insert((next.at, self.serial), next);
