@@ -11,6 +11,9 @@ use sluice_lab::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SCENARIO_HELP: &str = r#"THE SCENARIO (YAML; every field below, defaults in brackets):
 
   name: a title                      description: a sentence or two  [empty]

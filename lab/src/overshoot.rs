@@ -20,7 +20,7 @@
 use shared_store::Limit;
 use sluice::config::{Policy, Strategy};
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// One forwarded request as a policy counted it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +38,23 @@ struct Admit {
 /// What the fleet forwarded, per policy and caller.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// Per policy name, per caller: what it admitted.
-    admits: BTreeMap<String, BTreeMap<u128, Vec<Admit>>>,
-    /// A readable name of each caller (its identity as the scenario or the log gave it).
-    labels: BTreeMap<String, BTreeMap<u128, String>>,
+    /// Per policy name, its callers.
+    policies: BTreeMap<String, Callers>,
     /// Every policy's numbers seen during the run.
     limits: Vec<Limit>,
+}
+
+/// A policy's callers by fingerprint. Hashed, not ordered: every request looks its
+/// caller up, and a run has tens of thousands of them; the replay sorts them.
+type Callers = HashMap<u128, Caller, foldhash::fast::FixedState>;
+
+/// One caller of a policy.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Caller {
+    /// A readable name (its identity as the scenario or the log gave it).
+    label: Option<String>,
+    /// What the policy admitted for it.
+    admits: Vec<Admit>,
 }
 
 /// How many of a policy's busiest callers have their remaining allowance plotted.
@@ -91,11 +102,6 @@ impl Ledger {
     /// `fallback`: a fallback admitted it (the filter's fallback header named the
     /// policy).
     pub fn admit(&mut self, policy: &Policy, fingerprint: u128, at: u64, cost: u64, fallback: bool) {
-        // Looked up by `&str` first: a request allocates nothing here.
-        let callers = match self.admits.get_mut(policy.name.as_str()) {
-            Some(callers) => callers,
-            None => self.admits.entry(policy.name.clone()).or_default(),
-        };
         let limit = match self.limits.iter().position(|l| *l == policy.limit) {
             Some(index) => index,
             None => {
@@ -104,7 +110,18 @@ impl Ledger {
             }
         };
         let limit = u32::try_from(limit).unwrap_or(u32::MAX);
-        callers.entry(fingerprint).or_default().push(Admit { at, cost, limit, fallback });
+        self.with_caller(&policy.name, fingerprint, |caller| caller.admits.push(Admit { at, cost, limit, fallback }));
+    }
+
+    /// Changes caller `fingerprint` of policy `name`. Looked up by `&str`: a request
+    /// allocates nothing here.
+    fn with_caller(&mut self, name: &str, fingerprint: u128, change: impl FnOnce(&mut Caller)) {
+        if !self.policies.contains_key(name) {
+            let _ = self.policies.insert(name.to_owned(), Callers::default());
+        }
+        if let Some(callers) = self.policies.get_mut(name) {
+            change(callers.entry(fingerprint).or_default());
+        }
     }
 
     /// Adds what `other` (another proxy's ledger) recorded: its admissions after this
@@ -121,29 +138,29 @@ impl Ledger {
                 u32::try_from(index).unwrap_or(u32::MAX)
             })
             .collect();
-        for (policy, callers) in other.admits {
-            let mine = self.admits.entry(policy).or_default();
-            for (fingerprint, admits) in callers {
-                let renumbered = admits
+        for (policy, callers) in other.policies {
+            let mine = self.policies.entry(policy).or_default();
+            for (fingerprint, caller) in callers {
+                let renumbered = caller
+                    .admits
                     .into_iter()
                     .map(|a| Admit { limit: limits.get(a.limit as usize).copied().unwrap_or(u32::MAX), ..a });
-                mine.entry(fingerprint).or_default().extend(renumbered);
-            }
-        }
-        for (policy, names) in other.labels {
-            let mine = self.labels.entry(policy).or_default();
-            for (fingerprint, name) in names {
-                mine.entry(fingerprint).or_insert(name);
+                let into = mine.entry(fingerprint).or_default();
+                into.admits.extend(renumbered);
+                if into.label.is_none() {
+                    into.label = caller.label;
+                }
             }
         }
     }
 
     /// Names caller `fingerprint` of `policy` (the first name given is kept).
     pub fn label(&mut self, policy: &str, fingerprint: u128, label: impl FnOnce() -> String) {
-        let known = self.labels.get(policy).is_some_and(|names| names.contains_key(&fingerprint));
-        if !known {
-            self.labels.entry(policy.to_owned()).or_default().insert(fingerprint, label());
-        }
+        self.with_caller(policy, fingerprint, |caller| {
+            if caller.label.is_none() {
+                caller.label = Some(label());
+            }
+        });
     }
 
     /// Replays every caller's admissions; `policies` are the configuration's (the last
@@ -157,19 +174,24 @@ impl Ledger {
                 let mut beyond_promise = 0;
                 let mut by_fallback = 0;
                 let promise = promise(policy, max_callout);
-                let empty = BTreeMap::new();
-                let callers_of = self.admits.get(policy.name.as_str()).unwrap_or(&empty);
+                // In fingerprint order, those it admitted something for.
+                let mut callers_of: Vec<(&u128, &Caller)> = self
+                    .policies
+                    .get(policy.name.as_str())
+                    .map(|callers| callers.iter().filter(|(_, c)| !c.admits.is_empty()).collect())
+                    .unwrap_or_default();
+                callers_of.sort_unstable_by_key(|(fingerprint, _)| **fingerprint);
                 let mut busiest: Vec<(usize, u128)> =
-                    callers_of.iter().map(|(fingerprint, admits)| (admits.len(), *fingerprint)).collect();
+                    callers_of.iter().map(|(fingerprint, caller)| (caller.admits.len(), **fingerprint)).collect();
                 busiest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
                 busiest.truncate(TOP_CALLERS);
                 let mut top = Vec::new();
-                for (fingerprint, admits) in callers_of {
+                for (fingerprint, caller) in callers_of {
                     let slack = match promise {
                         Promise::Global { slack } => slack,
                         Promise::PerProxy | Promise::Unreplayed => 0,
                     };
-                    let mut sorted = admits.clone();
+                    let mut sorted = caller.admits.clone();
                     sorted.sort_by_key(|a| a.at);
                     let limit_of = |admit: &Admit| self.limits.get(admit.limit as usize).copied();
                     let mut references: Option<(Limit, ReferenceBucket, ReferenceBucket)> = None;
@@ -232,8 +254,8 @@ impl Ledger {
                     }
                     if tracked && matches!(sorted.first().and_then(limit_of), Some(Limit::TokenBucket { .. })) {
                         sample(&mut remaining, u64::MAX, &references);
-                        let label = self.labels.get(policy.name.as_str()).and_then(|l| l.get(fingerprint)).cloned();
-                        top.push((label.unwrap_or_else(|| format!("{fingerprint:032x}")), remaining));
+                        let label = caller.label.clone().unwrap_or_else(|| format!("{fingerprint:032x}"));
+                        top.push((label, remaining));
                     }
                 }
                 let total = per_row.iter().sum();
@@ -303,7 +325,7 @@ mod tests {
 
         let policies = [fast];
         assert_eq!(a.overshoot(&policies, 10 * ms, 4, ms), whole.overshoot(&policies, 10 * ms, 4, ms));
-        assert_eq!(a.labels, whole.labels);
+        assert_eq!(a.policies, whole.policies);
         assert!(whole.overshoot(&policies, 10 * ms, 4, ms)[0].total > 0, "the budget is overshot");
     }
 }

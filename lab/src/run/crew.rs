@@ -23,7 +23,7 @@ use super::{Lab, lock};
 use sluice::config::Policy;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 /// A stretch of virtual time to run: every proxy from where it is to `until`, with the
@@ -34,6 +34,9 @@ struct Stretch {
     shortest: u64,
     policies: Arc<Vec<Policy>>,
 }
+
+/// How many times a thread with nothing to do looks again before it yields its core.
+const SPINS: u32 = 64;
 
 /// What the threads share.
 struct Shared<'a> {
@@ -48,6 +51,9 @@ struct Shared<'a> {
     reached: Vec<AtomicU64>,
     /// Every call made before this time is decided and its answer given to its proxy.
     decided: AtomicU64,
+    /// Per proxy, whether it stopped to wait for an answer (running it again before a
+    /// reply comes would do nothing).
+    waiting: Vec<AtomicBool>,
     /// Per proxy, the answers decided and not yet taken.
     replies: Vec<Mutex<Vec<Reply>>>,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
@@ -58,19 +64,24 @@ impl Shared<'_> {
     /// every call before it is decided.
     fn work(&self, thread: usize, stretch: &Stretch) {
         let context = Context { lab: self.lab, policies: &stretch.policies };
+        let mut idle = 0u32;
         loop {
             let mut moved = false;
-            for (i, lane) in self.lanes.iter().enumerate().skip(thread).step_by(self.threads) {
+            for i in (thread..self.lanes.len()).step_by(self.threads) {
                 let before = self.reached[i].load(Ordering::Acquire);
                 if before >= stretch.until {
                     continue;
                 }
+                let Some(lane) = self.lanes.get(i) else { continue };
                 let mut lane = lock(lane);
-                for reply in std::mem::take(&mut *lock(&self.replies[i])) {
+                let replies = std::mem::take(&mut *lock(&self.replies[i]));
+                if replies.is_empty() && self.waiting[i].load(Ordering::Acquire) {
+                    continue;
+                }
+                for reply in replies {
                     lane.answer(reply);
                 }
                 let (calls, reached) = lane.run(context, stretch.until, stretch.shortest);
-                drop(lane);
                 if !calls.is_empty() {
                     lock(self.decider).add(calls);
                 }
@@ -78,13 +89,24 @@ impl Shared<'_> {
                     self.reached[i].store(reached, Ordering::Release);
                     moved = true;
                 }
+                // Short of the stretch's end, a lane waits for an answer: only a reply
+                // can move it on.
+                self.waiting[i].store(reached < stretch.until, Ordering::Release);
+                drop(lane);
             }
             moved |= self.decide();
             if self.decided.load(Ordering::Acquire) >= stretch.until {
                 return;
             }
-            if !moved {
-                std::thread::yield_now();
+            if moved {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle < SPINS {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -129,6 +151,7 @@ impl Crew<'_> {
         let shared = self.shared;
         shared.reached.iter().for_each(|r| r.store(from, Ordering::Relaxed));
         shared.decided.store(from, Ordering::Relaxed);
+        shared.waiting.iter().for_each(|w| w.store(false, Ordering::Relaxed));
         let stretch = Stretch { until, shortest, policies: policies.clone() };
         *lock(&shared.stretch) = Some(stretch.clone());
         if shared.threads > 1 {
@@ -185,6 +208,7 @@ pub(super) fn with_crew<R>(
         stretch: Mutex::new(None),
         reached: lanes.iter().map(|_| AtomicU64::new(0)).collect(),
         decided: AtomicU64::new(0),
+        waiting: lanes.iter().map(|_| AtomicBool::new(false)).collect(),
         replies: lanes.iter().map(|_| Mutex::new(Vec::new())).collect(),
         panic: Mutex::new(None),
     };
