@@ -1,8 +1,8 @@
 //! sluice-lab: try a rate-limit configuration on traffic and faults before it reaches
 //! production. A scenario (YAML) names a fleet, its callers and a timeline of faults; the
 //! lab runs the compiled `sluice.wasm`, unchanged, in wasm-host on one virtual clock,
-//! several proxies with several workers each, against the counter service's real router
-//! and memory store ([`service`], shared with the fleet tests in `tests/src/fleet`). Only
+//! several proxies with several workers each, against the counter service's real decision
+//! code and memory store ([`service`], shared with the fleet tests in `tests/src/fleet`). Only
 //! time and the network are simulated. The report is one self-contained HTML page (inline
 //! SVG) and the same data as CSV.
 //!
@@ -13,7 +13,8 @@
 //! * [`duration`]: durations as scenarios write them.
 //! * [`scenario`]: the YAML model, parsed strictly; every error names its line and field.
 //! * [`access_log`]: Envoy access logs (the default text format and JSON) as arrivals.
-//! * [`service`]: the simulated counter service (the real one's router, no socket).
+//! * [`service`]: the simulated counter service (the real one's synchronous entry,
+//!   `App::handle_now`, no socket).
 //! * [`traffic`]: callers → arrivals and retries, from the seed.
 //! * [`record`]: what happened, per interval: the filter's own counters, and what each
 //!   caller class saw.

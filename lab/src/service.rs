@@ -1,7 +1,9 @@
-//! The counter service in a simulated fleet (the fleet tests' and sluice-lab's): the real service (its [`router`]: every
-//! route, the authentication and in-flight bounds, parsing, validation, the memory store
-//! and the response bodies) called without a socket, behind a scripted transport that
-//! can fail in every way the wire can, for all proxies or for one region.
+//! The counter service in a simulated fleet (the fleet tests' and sluice-lab's): the real
+//! service ([`App::handle_now`], its synchronous entry: every decision route, the
+//! authentication and in-flight bounds, parsing, validation, the memory store and the
+//! response bodies, byte for byte what its HTTP routes answer) called without a socket,
+//! behind a scripted transport that can fail in every way the wire can, for all proxies
+//! or for one region.
 //!
 //! The service decides at the moment a callout is dispatched and its answer travels back
 //! for the round trip the scenario gives; every decision is recorded (in virtual time)
@@ -10,7 +12,6 @@
 use shared_store::{Clock as _, Nanos};
 use sluice_counter::App;
 use sluice_counter::config::{Config, Secret};
-use sluice_counter::routes::router;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, LeaseRequest,
@@ -136,9 +137,8 @@ impl shared_store::Clock for ServiceClock {
 
 /// The simulated service.
 pub struct Service {
-    /// The service's routes over its state (rebuilt when it restarts).
-    routes: axum::Router,
-    runtime: tokio::runtime::Runtime,
+    /// The service over its state (rebuilt when it restarts).
+    app: Arc<App>,
     config: Config,
     clock: Arc<ServiceClock>,
     fleet_clock: VirtualClock,
@@ -179,13 +179,8 @@ impl Service {
     pub fn with_token(clock: &VirtualClock, proxies: usize, rtt: Duration, rng: Rng, token: &str) -> Self {
         let config = Config { token: Some(Secret::from(token.to_owned())), ..Config::defaults() };
         let clock_ = Arc::new(ServiceClock { clock: clock.clone(), step_ns: AtomicI64::new(0) });
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap_or_else(|e| panic!("a runtime for the simulated service: {e}"));
         Self {
-            routes: router(app(&config, &clock_)),
-            runtime,
+            app: app(&config, &clock_),
             config,
             clock: clock_,
             fleet_clock: clock.clone(),
@@ -239,7 +234,7 @@ impl Service {
 
     /// Restarts the service with nothing kept (its memory store lost every counter).
     pub fn restart(&mut self) {
-        self.routes = router(app(&self.config, &self.clock));
+        self.app = app(&self.config, &self.clock);
         let at = self.fleet_clock.monotonic_nanos();
         self.decisions.push(Decision::Restart { at });
     }
@@ -308,39 +303,9 @@ impl Service {
         Answer::status(status).header("content-type", "application/json").body(answer).after(after)
     }
 
-    /// One request through the service's router, as its HTTP server would hand it over.
+    /// One request through the service, as its HTTP server would hand it over.
     fn call(&self, path: &str, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
-        use http_body_util::BodyExt as _;
-        use tower::ServiceExt as _;
-        let mut request = http::Request::builder()
-            .method("POST")
-            .uri(path)
-            .header("content-type", "application/json")
-            .header("content-length", body.len());
-        if let Some(value) = authorization {
-            request = request.header("authorization", value);
-        }
-        let Ok(request) = request.body(axum::body::Body::from(body.to_vec())) else {
-            return (400, b"unbuildable request".to_vec());
-        };
-        let routes = self.routes.clone();
-        let mut call = std::pin::pin!(async move {
-            let Ok(response) = routes.oneshot(request).await;
-            let status = response.status().as_u16();
-            let body = response.into_body().collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
-            (status, body)
-        });
-        // On the memory store a call completes when first polled: polled once inside the
-        // runtime's context, it skips the cost of `block_on`, which then finishes only
-        // a call that does wait.
-        let first = {
-            let _context = self.runtime.enter();
-            call.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-        };
-        match first {
-            std::task::Poll::Ready(answer) => answer,
-            std::task::Poll::Pending => self.runtime.block_on(call),
-        }
+        self.app.handle_now("POST", path, authorization, body)
     }
 
     fn record(&mut self, path: &str, request: &[u8], answer: &[u8], at: u64, service_at: u64) {

@@ -254,7 +254,7 @@ fn footer(outcomes: &[&Outcome]) -> String {
     }
     let _ = write!(
         out,
-        "running in wasm-host; the counter service's decisions are the real service's code (sluice-counter, this workspace's, built into sluice-lab: its router and memory store, without a socket). Only time and the network are simulated: seed {}.</footer>",
+        "running in wasm-host; the counter service's decisions are the real service's code (sluice-counter, this workspace's, built into sluice-lab: its decision routes and memory store, without a socket). Only time and the network are simulated: seed {}.</footer>",
         outcomes.first().map_or(0, |o| o.scenario.seed)
     );
     out
