@@ -11,6 +11,10 @@ use sluice_lab::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The proxies' threads allocate and free constantly (requests, headers, the guest's
+/// host-call buffers). With glibc's allocator every proxy's work took about 1.5× as long
+/// on two threads as on one (frees across arenas, consolidation); mimalloc keeps each
+/// thread's free lists apart (docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -11,9 +11,13 @@
 //! the service's shortest answer, and the result is the same whatever the number of
 //! threads and however they are scheduled.
 //!
-//! A thread with nothing to do (its proxies wait for answers the others hold up) yields
-//! its core rather than sleep: the wait is short, and on a busy machine (tests side by
-//! side) the thread it waits for may need that very core. Threads persist for the whole
+//! A proxy that stopped to wait for an answer is not run again until a reply for it
+//! comes: it could do nothing, and looking costs (a run used to look a few million
+//! times). A thread with nothing to do (its proxies wait for answers the others hold up)
+//! looks again [`SPINS`] times, then yields its core rather than sleep: the wait is
+//! short, and on a busy machine (tests side by side) the thread it waits for may need
+//! that very core. Each thread keeps its own proxies: letting an idle thread run another's
+//! proxy was slower here, the proxy's memory then moving between cores. Threads persist for the whole
 //! run and meet only at the ends of stretches. A panic on any thread ends the stretch for
 //! all and is raised again on the calling thread, so a bug cannot leave a thread waiting.
 
