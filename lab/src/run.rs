@@ -164,6 +164,9 @@ pub struct Outcome {
     /// 0, as the way the proxies run side by side promises (counted so that tests hold it
     /// to that).
     pub late_answers: u64,
+    /// Calls that reached the counter service after it had decided a call made later:
+    /// always 0, as that promise also needs (counted for the tests).
+    pub late_calls: u64,
     /// The module's size and a digest of it (for the footer).
     pub module: (usize, u64),
 }
@@ -258,7 +261,10 @@ impl Lab {
         let policies = fleet.all_policies.clone();
         let rows = fleet.series.rows.len();
         let overshoot = fleet.ledger.overshoot(&policies, interval, rows, max_callout);
-        let service_calls = lock(&decider).service.calls();
+        let (service_calls, late_calls) = {
+            let decider = lock(&decider);
+            (decider.service.calls(), decider.late_calls)
+        };
         Ok(Outcome {
             scenario: self.scenario.clone(),
             config: self.config.clone(),
@@ -268,6 +274,7 @@ impl Lab {
             requests,
             service_calls,
             late_answers,
+            late_calls,
             module: (module.len(), fnv(&module)),
         })
     }

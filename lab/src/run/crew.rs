@@ -21,7 +21,7 @@
 //! run and meet only at the ends of stretches. A panic on any thread ends the stretch for
 //! all and is raised again on the calling thread, so a bug cannot leave a thread waiting.
 
-use super::decider::{Decider, Reply};
+use super::decider::{Call, Decider, Reply};
 use super::lane::{Context, Lane};
 use super::{Lab, lock};
 use sluice::config::Policy;
@@ -58,6 +58,8 @@ struct Shared<'a> {
     /// Per proxy, whether it stopped to wait for an answer (running it again before a
     /// reply comes would do nothing).
     waiting: Vec<AtomicBool>,
+    /// Per proxy, the calls it made that the decider has not taken yet.
+    outboxes: Vec<Mutex<Vec<Call>>>,
     /// Per proxy, the answers decided and not yet taken.
     replies: Vec<Mutex<Vec<Reply>>>,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
@@ -85,14 +87,16 @@ impl Shared<'_> {
                 for reply in replies {
                     lane.answer(reply);
                 }
-                let (calls, reached) = lane.run(context, stretch.until, stretch.shortest);
-                if !calls.is_empty() {
-                    lock(self.decider).add(calls);
-                }
-                if reached > before {
-                    self.reached[i].store(reached, Ordering::Release);
-                    moved = true;
-                }
+                let reached = lane.run(context, stretch.until, stretch.shortest, |calls, at| {
+                    // The calls first: whoever sees the time moved finds them.
+                    if !calls.is_empty() {
+                        lock(&self.outboxes[i]).extend(calls);
+                    }
+                    if at > self.reached[i].load(Ordering::Relaxed) {
+                        self.reached[i].store(at, Ordering::Release);
+                    }
+                });
+                moved |= reached > before;
                 // Short of the stretch's end, a lane waits for an answer: only a reply
                 // can move it on.
                 self.waiting[i].store(reached < stretch.until, Ordering::Release);
@@ -118,16 +122,28 @@ impl Shared<'_> {
     /// Decides what can be decided, if no other thread is doing it; whether it did.
     fn decide(&self) -> bool {
         let Ok(mut decider) = self.decider.try_lock() else { return false };
+        // The time all proxies have passed, then their calls: a proxy posts its calls
+        // before the time it has passed, so every call made before `all` is here.
         let all = self.reached.iter().map(|r| r.load(Ordering::Acquire)).min().unwrap_or(u64::MAX);
-        if all <= self.decided.load(Ordering::Acquire) {
-            return false;
-        }
-        for (replies, decided) in self.replies.iter().zip(decider.decide(all, self.lanes.len())) {
-            if !decided.is_empty() {
-                lock(replies).extend(decided);
+        for outbox in &self.outboxes {
+            let calls = std::mem::take(&mut *lock(outbox));
+            if !calls.is_empty() {
+                decider.add(calls);
             }
         }
-        self.decided.store(all, Ordering::Release);
+        let decided = self.decided.load(Ordering::Acquire);
+        let before = all.max(decided);
+        // A call posted after its time was decided (a bug: counted as `late_calls`) is
+        // still decided, so that its proxy does not wait for it forever.
+        if before == decided && !decider.has_calls_before(before) {
+            return false;
+        }
+        for (replies, answers) in self.replies.iter().zip(decider.decide(before, self.lanes.len())) {
+            if !answers.is_empty() {
+                lock(replies).extend(answers);
+            }
+        }
+        self.decided.store(before, Ordering::Release);
         true
     }
 
@@ -213,6 +229,7 @@ pub(super) fn with_crew<R>(
         reached: lanes.iter().map(|_| AtomicU64::new(0)).collect(),
         decided: AtomicU64::new(0),
         waiting: lanes.iter().map(|_| AtomicBool::new(false)).collect(),
+        outboxes: lanes.iter().map(|_| Mutex::new(Vec::new())).collect(),
         replies: lanes.iter().map(|_| Mutex::new(Vec::new())).collect(),
         panic: Mutex::new(None),
     };

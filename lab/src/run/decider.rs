@@ -24,12 +24,17 @@ pub(super) struct Decider {
     /// The clock's monotonic time at the run's start.
     start: u64,
     waiting: Vec<Call>,
+    /// Every call made before this time (ns from the start) has been decided.
+    decided: u64,
+    /// Calls that came after a later one was decided: always 0, as the way the proxies
+    /// run side by side promises (counted so that tests hold it to that).
+    pub(super) late_calls: u64,
 }
 
 impl Decider {
     pub(super) fn new(service: Service, clock: VirtualClock) -> Self {
         let start = clock.monotonic_nanos();
-        Self { service, clock, start, waiting: Vec::new() }
+        Self { service, clock, start, waiting: Vec::new(), decided: 0, late_calls: 0 }
     }
 
     /// Moves the service's clock to `t` (ns from the start; never backwards).
@@ -39,7 +44,14 @@ impl Decider {
 
     /// Adds calls to decide.
     pub(super) fn add(&mut self, calls: impl IntoIterator<Item = Call>) {
-        self.waiting.extend(calls);
+        let decided = self.decided;
+        let late = &mut self.late_calls;
+        self.waiting.extend(calls.into_iter().inspect(|call| *late += u64::from(call.at < decided)));
+    }
+
+    /// Whether a call made before `t` (ns from the start) waits to be decided.
+    pub(super) fn has_calls_before(&self, t: u64) -> bool {
+        self.waiting.iter().any(|c| c.at < t)
     }
 
     /// Decides every call made before `before` (ns from the start), in the order (time,
@@ -48,7 +60,8 @@ impl Decider {
     /// more.
     pub(super) fn decide(&mut self, before: u64, proxies: usize) -> Vec<Vec<Reply>> {
         let mut replies: Vec<Vec<Reply>> = (0..proxies).map(|_| Vec::new()).collect();
-        if !self.waiting.iter().any(|c| c.at < before) {
+        self.decided = self.decided.max(before);
+        if !self.has_calls_before(before) {
             return replies;
         }
         self.waiting.sort_by_key(|c| (c.at, c.proxy, c.worker, c.call.dispatched_at, c.call.token));

@@ -127,25 +127,33 @@ impl Lane {
 
     /// Everything that happens before `until` (ns from the start) and before the
     /// earliest time a call to the service could be answered (`shortest` after it was
-    /// made, for every call not answered yet): the calls made, to decide, and where it
-    /// stopped (every instant before it is done).
-    pub(super) fn run(&mut self, context: Context<'_>, until: u64, shortest: u64) -> (Vec<Call>, u64) {
+    /// made, for every call not answered yet); where it stopped (every instant before it
+    /// is done). After each instant it tells `progress` the calls it made and the time
+    /// before which it will make no more, so that they can be decided while it runs on.
+    pub(super) fn run(
+        &mut self,
+        context: Context<'_>,
+        until: u64,
+        shortest: u64,
+        mut progress: impl FnMut(Vec<Call>, u64),
+    ) -> u64 {
         let earliest = |awaiting: &BTreeSet<(u64, usize, u32)>| {
             awaiting.first().map_or(u64::MAX, |(at, ..)| at.saturating_add(shortest))
         };
         let mut until = until.min(earliest(&self.awaiting));
-        let mut calls = Vec::new();
         while let Some(t) = self.next().filter(|t| *t < until) {
             self.instant(context, t);
             let made = self.take_calls();
             if !made.is_empty() {
                 self.awaiting.extend(made.iter().map(|c| (c.at, c.worker, c.call.token)));
                 until = until.min(earliest(&self.awaiting));
-                calls.extend(made);
             }
+            // The clock only moves on: a later call is made at `t` or after.
+            progress(made, t);
         }
         let reached = self.next().map_or(until, |t| t.min(until));
-        (calls, reached)
+        progress(Vec::new(), reached);
+        reached
     }
 
     /// The calls to the counter service its workers made since the last time.

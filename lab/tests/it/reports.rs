@@ -75,6 +75,7 @@ fn no_answer_of_the_counter_service_reaches_a_proxy_after_it_was_due() {
         let outcome = run_shipped_on(scenario, config, 2);
         assert!(outcome.service_calls > 1_000, "{scenario}: {} calls", outcome.service_calls);
         assert_eq!(outcome.late_answers, 0, "{scenario} under {config}");
+        assert_eq!(outcome.late_calls, 0, "{scenario} under {config}: calls decided out of order");
     }
 }
 
