@@ -3,23 +3,27 @@
 //!
 //! Each thread has its proxies (thread `i` of `n`: proxies `i`, `i + n`, …; the calling
 //! thread is thread 0). A proxy runs ahead on its own until the earliest time one of its
-//! calls to the counter service could be answered ([`Lane::run`]); the calls go to the
-//! [`Decider`], which decides every call made before the point all proxies have reached
-//! (no proxy can make an earlier call any more), in one order, and gives the answers
-//! back before the proxy reaches the time they are due. Whichever thread finds the
-//! decider free runs it. This is a conservative parallel simulation: the lookahead is
-//! the service's shortest answer, and the result is the same whatever the number of
-//! threads and however they are scheduled.
+//! calls to the counter service could be answered ([`Lane::run`]). After every instant
+//! it posts the calls it made, then the time it has passed. The [`Decider`] decides every
+//! call made before the point all proxies have passed (no proxy can make an earlier call
+//! any more), in one order, and gives the answers back before the proxy reaches the time
+//! they are due. Whichever thread finds the decider free runs it, so an idle thread
+//! decides the others' calls while the last proxy still runs. This is a conservative
+//! parallel simulation: the lookahead is the service's shortest answer, and the result is
+//! the same whatever the number of threads and however they are scheduled. Two counts
+//! hold it to that in the tests: answers given after they were due, and calls posted
+//! after a later one was decided (`late_answers`, `late_calls`).
 //!
 //! A proxy that stopped to wait for an answer is not run again until a reply for it
 //! comes: it could do nothing, and looking costs (a run used to look a few million
 //! times). A thread with nothing to do (its proxies wait for answers the others hold up)
 //! looks again [`SPINS`] times, then yields its core rather than sleep: the wait is
 //! short, and on a busy machine (tests side by side) the thread it waits for may need
-//! that very core. Each thread keeps its own proxies: letting an idle thread run another's
-//! proxy was slower here, the proxy's memory then moving between cores. Threads persist for the whole
-//! run and meet only at the ends of stretches. A panic on any thread ends the stretch for
-//! all and is raised again on the calling thread, so a bug cannot leave a thread waiting.
+//! that very core. Each thread keeps its own proxies: letting an idle thread run
+//! another's proxy was slower here, the proxy's memory then moving between cores.
+//! Threads persist for the whole run and meet only at the ends of stretches. A panic on
+//! any thread ends the stretch for all and is raised again on the calling thread, so a
+//! bug cannot leave a thread waiting.
 
 use super::decider::{Call, Decider, Reply};
 use super::lane::{Context, Lane};
