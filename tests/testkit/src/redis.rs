@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::peers::free_port;
 use crate::wait;
@@ -55,6 +55,30 @@ kill -9 $r 2>/dev/null
 if ! kill -0 "$PARENT" 2>/dev/null; then rm -rf "$dir"; fi
 "#;
 
+/// How many ports a first start tries. A port found free may be taken before the server
+/// binds it, and a cluster node also binds its port + 10 000 (the cluster bus), which
+/// nobody checked: the server then exits at once, and starts again on another port.
+const START_ATTEMPTS: u32 = 5;
+
+/// How long a start waits for one `PING`'s answer.
+const PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How one start went.
+enum Launch {
+    /// It answers `PING`.
+    Up,
+    /// It exited before answering (its log says why).
+    Exited,
+}
+
+/// Whether process `pid` runs (not gone, not a zombie waiting for its parent).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit(')').next().map(|rest| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
 impl RedisServer {
     /// A standalone server.
     ///
@@ -81,10 +105,15 @@ impl RedisServer {
     }
 
     fn start_configured(extra: &[&str], password: Option<&str>) -> Self {
+        Self::start_on(free_port(), extra, password)
+    }
+
+    /// A server on `port`, or on another free one if `port` turns out taken.
+    fn start_on(port: u16, extra: &[&str], password: Option<&str>) -> Self {
         let tmp = tempfile::Builder::new().prefix("sluice-redis-").tempdir().expect("a temp dir");
         let dir = tmp.path().to_path_buf();
         let mut server = Self {
-            port: free_port(),
+            port,
             pid: 0,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
@@ -92,11 +121,26 @@ impl RedisServer {
             watchdogs: Vec::new(),
             _tmp: tmp,
         };
-        server.spawn();
+        server.spawn(START_ATTEMPTS);
         server
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server on its port; on a first start (`attempts` above 1), on another
+    /// free port when it exits at once (the port was taken meanwhile).
+    fn spawn(&mut self, attempts: u32) {
+        for attempt in 1..=attempts {
+            match self.launch() {
+                Launch::Up => return,
+                Launch::Exited if attempt < attempts => self.port = free_port(),
+                Launch::Exited => {
+                    panic!("redis-server exited as it started on port {}: {}", self.port, self.log_tail())
+                }
+            }
+        }
+    }
+
+    /// Starts the server once: whether it answered, or exited first.
+    fn launch(&mut self) -> Launch {
         let pid_file = self.dir.join("redis.pid");
         let _ = std::fs::remove_file(&pid_file);
         let port = self.port.to_string();
@@ -140,12 +184,41 @@ impl RedisServer {
         });
         self.pid = std::fs::read_to_string(&pid_file).expect("pid").trim().parse().expect("pid");
         let url = self.url();
-        wait::until(Duration::from_secs(10), "redis-server to answer PING", || {
-            redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok()
-        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // Bounded: whatever else holds the port may accept and never answer.
+            let answered = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(PING_TIMEOUT))
+                .and_then(|mut c| {
+                    c.set_read_timeout(Some(PING_TIMEOUT))?;
+                    redis::cmd("PING").query::<String>(&mut c)
+                })
+                .is_ok();
+            if answered {
+                return Launch::Up;
+            }
+            if !alive(self.pid) {
+                if let Some(mut watchdog) = self.watchdogs.pop() {
+                    let _ = watchdog.kill();
+                    let _ = watchdog.wait();
+                }
+                return Launch::Exited;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after 10s waiting for redis-server to answer PING on port {}: {}",
+                self.port,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The last lines of its log, for a failure message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
     }
 
     /// Its URL (with the password, if it has one).
@@ -225,7 +298,7 @@ impl RedisServer {
     /// # Panics
     /// As [`RedisServer::start`].
     pub fn restart(&mut self) {
-        self.spawn();
+        self.spawn(1);
     }
 
     /// `INFO clients` connected_clients (including the connection asking).
@@ -351,5 +424,19 @@ mod tests {
         assert_eq!(server.url(), format!("redis://:secret@127.0.0.1:{port}"));
         drop(server);
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "nothing listens once it is dropped");
+    }
+
+    #[test]
+    fn a_server_whose_port_is_taken_as_it_starts_comes_up_on_another() {
+        // Someone else binds the port between the moment it was found free and the
+        // server's start (for a cluster node, its port + 10 000 as well).
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = taken.local_addr().expect("its address").port();
+
+        let server = RedisServer::start_on(port, &[], None);
+
+        assert_ne!(server.port, port);
+        let pong: String = server.cmd(&["PING"]);
+        assert_eq!(pong, "PONG");
     }
 }
