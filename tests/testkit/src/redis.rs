@@ -131,7 +131,11 @@ impl RedisServer {
         for attempt in 1..=attempts {
             match self.launch() {
                 Launch::Up => return,
-                Launch::Exited if attempt < attempts => self.port = free_port(),
+                Launch::Exited if attempt < attempts => {
+                    // A cluster node's configuration names the port it failed on.
+                    let _ = std::fs::remove_file(self.dir.join("nodes.conf"));
+                    self.port = free_port();
+                }
                 Launch::Exited => {
                     panic!("redis-server exited as it started on port {}: {}", self.port, self.log_tail())
                 }
