@@ -60,6 +60,7 @@ const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
 
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use overrides::{AppliedOverride, EntryOverride, OverrideId, OverrideKind};
+pub use shared_store::Algorithm;
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
     EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,

@@ -35,7 +35,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use shared_store::{Limit, MAX_LOG_ENTRIES, Nanos, Rate};
+use shared_store::{Algorithm, Limit, MAX_LOG_ENTRIES, Nanos, Rate};
 
 /// Longest period, window or shaping wait: 31 days, in milliseconds.
 pub const MAX_PERIOD_MS: u64 = 31 * 24 * 3600 * 1000;
@@ -348,15 +348,20 @@ impl LimitSpec {
         Ok(ValidLimit { spec, limit, reduced_rate })
     }
 
+    /// The algorithm, from the one list ([`Algorithm`]).
+    pub const fn kind(&self) -> Algorithm {
+        match self {
+            Self::TokenBucket { .. } => Algorithm::TokenBucket,
+            Self::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            Self::FixedWindow { .. } => Algorithm::FixedWindow,
+            Self::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            Self::SlidingLog { .. } => Algorithm::SlidingLog,
+        }
+    }
+
     /// The algorithm's name in JSON (`token_bucket`, `fixed_window`, …).
     pub const fn algorithm(&self) -> &'static str {
-        match self {
-            Self::TokenBucket { .. } => "token_bucket",
-            Self::LeakyBucket { .. } => "leaky_bucket",
-            Self::FixedWindow { .. } => "fixed_window",
-            Self::SlidingWindow { .. } => "sliding_window",
-            Self::SlidingLog { .. } => "sliding_log",
-        }
+        self.kind().name()
     }
 }
 

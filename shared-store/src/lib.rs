@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //!
+//! * [`algorithm`]: the one list of algorithms and what each can do.
 //! * [`limit`]: the algorithms as pure functions, `decide(state, now, cost)`, and
 //!   `charge(state, now, cost, max_debt)` for admissions made elsewhere.
 //! * [`decision`]: what they answer (admitted or not, limit, remaining, reset, retry).
@@ -42,6 +43,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
 #![deny(missing_docs)]
 
+pub mod algorithm;
 pub mod codec;
 pub mod decision;
 pub mod key;
@@ -52,6 +54,7 @@ pub mod time;
 pub mod update;
 pub mod words;
 
+pub use algorithm::Algorithm;
 pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
 pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_decimal};
