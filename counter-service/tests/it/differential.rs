@@ -13,7 +13,7 @@
 
 use shared_store::{Decision, Limit, Nanos, State};
 use sluice_counter::spec::StoreLimit;
-use sluice_protocol::{CHARGE_ID_TTL_MS, ChargeRequest, CreditRequest, LimitSpec, MAX_PERIOD_MS};
+use sluice_protocol::{Algorithm, CHARGE_ID_TTL_MS, ChargeRequest, CreditRequest, LimitSpec, MAX_PERIOD_MS};
 
 use sluice_counter::api::{ChargePlan, CreditPlan, charge_key, credit_key};
 use sluice_counter::store::lease_life;
@@ -26,6 +26,22 @@ use crate::support::{
 /// The `ttl_ms` of `support::lease_request`.
 const LEASE_TTL_MS: u64 = 1000;
 
+/// The algorithms the service decides, in the one list's order.
+const GLOBAL: [Algorithm; 5] = {
+    let mut out = [Algorithm::TokenBucket; 5];
+    let mut i = 0;
+    let mut n = 0;
+    while i < Algorithm::ALL.len() {
+        if Algorithm::ALL[i].global() {
+            out[n] = Algorithm::ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == out.len(), "every global algorithm is drawn");
+    out
+};
+
 fn random_spec(rng: &mut Rng) -> LimitSpec {
     let periods = [1, 3, 7, 10, 100, 250, 1000, 1500, 60_000, 3_600_000, 86_400_000, MAX_PERIOD_MS];
     loop {
@@ -33,12 +49,17 @@ fn random_spec(rng: &mut Rng) -> LimitSpec {
         let amount = if small { 1 + rng.below(20) } else { 1 + rng.below(2_000_000) };
         let capacity = if small { 1 + rng.below(30) } else { 1 + rng.below(5_000_000) };
         let per_ms = rng.pick(&periods);
-        let spec = match rng.below(5) {
-            0 => LimitSpec::TokenBucket { amount, per_ms, burst: capacity },
-            1 => LimitSpec::LeakyBucket { amount, per_ms, max_queue: capacity, max_wait_ms: rng.below(2 * per_ms + 1) },
-            2 => LimitSpec::FixedWindow { limit: capacity, window_ms: per_ms },
-            3 => LimitSpec::SlidingWindow { limit: capacity, window_ms: per_ms },
-            _ => LimitSpec::SlidingLog { limit: 1 + capacity % 40, window_ms: per_ms },
+        // Every algorithm the service decides, from the one list: a new one fails to
+        // compile here until the script is tested on it.
+        let spec = match rng.pick(&GLOBAL) {
+            Algorithm::TokenBucket => LimitSpec::TokenBucket { amount, per_ms, burst: capacity },
+            Algorithm::LeakyBucket => {
+                LimitSpec::LeakyBucket { amount, per_ms, max_queue: capacity, max_wait_ms: rng.below(2 * per_ms + 1) }
+            }
+            Algorithm::FixedWindow => LimitSpec::FixedWindow { limit: capacity, window_ms: per_ms },
+            Algorithm::SlidingWindow => LimitSpec::SlidingWindow { limit: capacity, window_ms: per_ms },
+            Algorithm::SlidingLog => LimitSpec::SlidingLog { limit: 1 + capacity % 40, window_ms: per_ms },
+            Algorithm::Concurrency => unreachable!("the service never decides a concurrency limit"),
         };
         if StoreLimit::new(spec).is_ok() {
             return spec;
