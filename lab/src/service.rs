@@ -11,15 +11,19 @@
 
 use shared_store::{Clock as _, Nanos};
 use sluice_counter::App;
-use sluice_counter::config::{Config, Secret};
+use sluice_counter::api::ApiError;
+use sluice_counter::config::{AdminAccess, Config, Secret};
+use sluice_counter::overrides::Override;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{
-    ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, LeaseRequest,
-    LeaseResponse,
+    AppliedOverride, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
+    LeaseRequest, LeaseResponse, LimitSpec,
 };
 use sluice_testkit::rng::Rng;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use wasm_host::{Answer, CalloutRequest, Clock as _, VirtualClock};
 
@@ -78,6 +82,8 @@ pub enum Decision {
         service_at: u64,
         /// The limit and amounts asked, for findings.
         spec: String,
+        /// The operator's override that decided it, if one did (a bypass spent nothing).
+        overridden: Option<AppliedOverride>,
     },
     /// A check admitted `cost` on counter `key`.
     Check {
@@ -89,6 +95,9 @@ pub enum Decision {
         at: u64,
         /// When, on the service's own clock.
         service_at: u64,
+        /// The operator's override that decided this entry, if one did (a bypass spent
+        /// nothing).
+        overridden: Option<AppliedOverride>,
     },
     /// A charge of `charged` units on counter `key`.
     Charge {
@@ -100,6 +109,21 @@ pub enum Decision {
         at: u64,
         /// Its id was applied before.
         duplicate: bool,
+        /// Units asked for (`cost`).
+        cost: u64,
+        /// Units forgiven, as the answer says.
+        forgiven: u64,
+        /// The debt bound the proxy asked for.
+        max_debt: u64,
+        /// The limit the proxy sent.
+        limit: LimitSpec,
+        /// When, on the service's own clock.
+        service_at: u64,
+        /// The answer's `entry.limit`, `entry.remaining` and `entry.reset_after_ns`: the
+        /// counter after the charge.
+        after: (u64, u64, u64),
+        /// The operator's override that decided it, if one did.
+        overridden: Option<AppliedOverride>,
     },
     /// A credit gave `credited` units back on counter `key`, spent at `spent_at`.
     Credit {
@@ -113,6 +137,8 @@ pub enum Decision {
         service_at: u64,
         /// Its id was applied before.
         duplicate: bool,
+        /// The operator's override that decided it, if one did.
+        overridden: Option<AppliedOverride>,
     },
     /// The service restarted: every counter is fresh from here.
     Restart {
@@ -151,6 +177,24 @@ pub struct Service {
     calls: u64,
     /// Prints every call (`SLUICE_FLEET_TRACE`).
     verbose: bool,
+    /// What the admin API is served with ([`Service::with_admin`]); kept across restarts.
+    admin: Option<AdminAccess>,
+    /// Units the service counted as forgiven in its metrics, before its last restart.
+    forgiven_before: u64,
+    /// A deliberately wrong service, for the tests that show an oracle catches one.
+    tamper: Tamper,
+}
+
+/// A deliberately wrong service (tests only): how it misbehaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tamper {
+    /// It does not: the real service.
+    #[default]
+    None,
+    /// Every charge is decided with a debt bound of 0 instead of the one asked for, so the
+    /// service forgives what the proxy asked it to owe (the decisions record the bound
+    /// asked for).
+    ForgiveDebt,
 }
 
 impl std::fmt::Debug for Service {
@@ -159,14 +203,32 @@ impl std::fmt::Debug for Service {
     }
 }
 
-fn app(config: &Config, clock: &Arc<ServiceClock>) -> Arc<App> {
+fn app(config: &Config, clock: &Arc<ServiceClock>, admin: Option<&AdminAccess>) -> Arc<App> {
     let store = MemoryCounters::with_clock(
         MemoryConfig { shards: 4, max_keys: 100_000, ..MemoryConfig::default() },
         clock.clone() as Arc<dyn shared_store::Clock + Send + Sync>,
     );
     // The token is valid: this cannot fail.
     let auth = config.auth().unwrap_or_else(|e| panic!("the simulation's token is refused: {e}"));
-    Arc::new(App::new(CounterStore::Memory(store), config, auth))
+    let app = App::new(CounterStore::Memory(store), config, auth);
+    Arc::new(match admin {
+        Some(access) => app.with_admin(access.clone()),
+        None => app,
+    })
+}
+
+/// Runs `future` to its end at once: the service's admin functions are async, but on
+/// the memory store nothing in them ever waits.
+///
+/// # Panics
+/// When the future is not ready on its first poll (it would wait for something the
+/// simulation never drives).
+fn at_once<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("an admin call of the simulated service waited on the memory store"),
+    }
 }
 
 impl Service {
@@ -180,7 +242,7 @@ impl Service {
         let config = Config { token: Some(Secret::from(token.to_owned())), ..Config::defaults() };
         let clock_ = Arc::new(ServiceClock { clock: clock.clone(), step_ns: AtomicI64::new(0) });
         Self {
-            app: app(&config, &clock_),
+            app: app(&config, &clock_, None),
             config,
             clock: clock_,
             fleet_clock: clock.clone(),
@@ -191,7 +253,66 @@ impl Service {
             keep_decisions: true,
             calls: 0,
             verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
+            admin: None,
+            forgiven_before: 0,
+            tamper: Tamper::None,
         }
+    }
+
+    /// The same service with its admin functions ([`Service::set_override`], …), keyed
+    /// overrides hashed with the filters' global hash key derived from `hash_key` (their
+    /// `hash_key_env`'s value). Its admin routes stay closed: the operator calls it here.
+    #[must_use]
+    pub fn with_admin(mut self, hash_key: &str) -> Self {
+        let access = AdminAccess { token: None, hash_key: Some(shared_store::HashKey::global(hash_key.as_bytes())) };
+        self.app = app(&self.config, &self.clock, Some(&access));
+        self.admin = Some(access);
+        self
+    }
+
+    /// Makes the service deliberately wrong (tests that show an oracle catches it).
+    pub fn tamper(&mut self, tamper: Tamper) {
+        self.tamper = tamper;
+    }
+
+    /// The service's clock now (ns), as its decisions are recorded (`service_at`).
+    pub fn service_now(&self) -> u64 {
+        self.clock.now().0
+    }
+
+    /// An operator sets an override (`POST /admin/v1/overrides` with `body`).
+    ///
+    /// # Errors
+    /// The service's refusal.
+    pub fn set_override(&self, body: &[u8]) -> Result<Override, ApiError> {
+        at_once(self.app.set_override(body))
+    }
+
+    /// An operator removes override `id` (`DELETE /admin/v1/overrides/{id}`).
+    ///
+    /// # Errors
+    /// The service's refusal (`404` for an override no longer live).
+    pub fn remove_override(&self, id: &str) -> Result<Override, ApiError> {
+        at_once(self.app.remove_override(id, br#"{"operator": "fleet", "reason": "the scenario says so"}"#))
+    }
+
+    /// What the service's sweeper does every `--sweep-interval-ms`: drops the memory
+    /// store's idle keys and expired ids, claims expired overrides, reads the live ones
+    /// again. Returns the keys dropped.
+    pub fn sweep(&self) -> usize {
+        let dropped = match self.app.store() {
+            CounterStore::Memory(memory) => memory.sweep(None),
+            _ => 0,
+        };
+        let _ = at_once(self.app.expire_overrides());
+        at_once(self.app.refresh_overrides());
+        dropped
+    }
+
+    /// Units the service counted as forgiven (`sluice_counter_forgiven_tokens_total`)
+    /// since it started, across restarts.
+    pub fn forgiven(&self) -> u64 {
+        self.forgiven_before + metric(&self.app, "sluice_counter_forgiven_tokens_total")
     }
 
     /// Stops (or resumes) recording decisions: a long run keeps no history.
@@ -234,7 +355,8 @@ impl Service {
 
     /// Restarts the service with nothing kept (its memory store lost every counter).
     pub fn restart(&mut self) {
-        self.app = app(&self.config, &self.clock);
+        self.forgiven_before = self.forgiven();
+        self.app = app(&self.config, &self.clock, self.admin.as_ref());
         let at = self.fleet_clock.monotonic_nanos();
         self.decisions.push(Decision::Restart { at });
     }
@@ -295,6 +417,9 @@ impl Service {
     /// Runs the real decision code and records what it decided.
     fn decide(&mut self, path: &str, authorization: Option<&[u8]>, body: &[u8], after: Duration) -> Answer {
         let (status, answer) = self.call(path, authorization, body);
+        if self.verbose {
+            eprintln!("    service answers {status} {}", String::from_utf8_lossy(&answer));
+        }
         let at = self.fleet_clock.monotonic_nanos();
         if status == 200 && self.keep_decisions {
             let service_at = self.clock.now().0;
@@ -305,6 +430,14 @@ impl Service {
 
     /// One request through the service, as its HTTP server would hand it over.
     fn call(&self, path: &str, authorization: Option<&[u8]>, body: &[u8]) -> (u16, Vec<u8>) {
+        if self.tamper == Tamper::ForgiveDebt
+            && path == "/v1/charge"
+            && let Ok(mut charge) = serde_json::from_slice::<ChargeRequest>(body)
+        {
+            charge.max_debt = 0;
+            let body = serde_json::to_vec(&charge).unwrap_or_default();
+            return self.app.handle_now("POST", path, authorization, &body);
+        }
         self.app.handle_now("POST", path, authorization, body)
     }
 
@@ -322,6 +455,7 @@ impl Service {
                         life: answer.expires_in_ms.saturating_mul(1_000_000),
                         service_at,
                         spec: format!("{:?} asked {} min {}", request.limit, request.tokens, request.min_tokens),
+                        overridden: answer.applied,
                     });
                 }
             }
@@ -330,8 +464,15 @@ impl Service {
                     (serde_json::from_slice::<CheckRequest>(request), serde_json::from_slice::<CheckResponse>(answer))
                     && answer.admitted
                 {
-                    for entry in request.entries {
-                        self.decisions.push(Decision::Check { key: entry.key, cost: entry.cost, at, service_at });
+                    for (i, entry) in request.entries.into_iter().enumerate() {
+                        let overridden = answer.overrides.iter().find(|o| o.entry == i).map(|o| o.applied());
+                        self.decisions.push(Decision::Check {
+                            key: entry.key,
+                            cost: entry.cost,
+                            at,
+                            service_at,
+                            overridden,
+                        });
                     }
                 }
             }
@@ -344,6 +485,13 @@ impl Service {
                         charged: answer.charged,
                         at,
                         duplicate: answer.duplicate,
+                        cost: request.cost,
+                        forgiven: answer.forgiven,
+                        max_debt: request.max_debt,
+                        limit: request.limit,
+                        service_at,
+                        after: (answer.entry.limit, answer.entry.remaining, answer.entry.reset_after_ns),
+                        overridden: answer.applied,
                     });
                 }
             }
@@ -357,10 +505,22 @@ impl Service {
                         spent_at: request.spent_at_ns,
                         service_at,
                         duplicate: answer.duplicate,
+                        overridden: answer.applied,
                     });
                 }
             }
             _ => {}
         }
     }
+}
+
+/// The value of the counter `name` in `app`'s metrics (0 when absent).
+fn metric(app: &App, name: &str) -> u64 {
+    app.metrics()
+        .render(app.store())
+        .lines()
+        .filter(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
+        .filter_map(|line| line.split_whitespace().last()?.parse::<f64>().ok())
+        .map(|value| value as u64)
+        .sum()
 }

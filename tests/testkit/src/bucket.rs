@@ -89,6 +89,16 @@ impl ReferenceBucket {
         }
     }
 
+    /// Whole units by which the bucket is past empty at `now_ns` (rounded up), after
+    /// [`ReferenceBucket::charge`]s that did not fit: how far the admissions replayed so
+    /// far went past `burst + rate × T` over the worst interval that ends now (0 when
+    /// every one of them fitted).
+    pub fn overdraft(&self, now_ns: u64) -> u64 {
+        let (debt, _) = self.debt(now_ns);
+        let over = debt.saturating_sub(self.burst * self.per_ns);
+        u64::try_from(over.div_ceil(self.per_ns)).unwrap_or(u64::MAX)
+    }
+
     /// Whole tokens left at `now_ns`.
     pub fn remaining(&self, now_ns: u64) -> u64 {
         let (debt, _) = self.debt(now_ns);
@@ -161,6 +171,20 @@ mod tests {
         assert!(!bucket.admit(2 * SECOND, 1), "a second later it is still empty");
         assert_eq!((bucket.remaining(3 * SECOND), bucket.reset_after_ns(3 * SECOND)), (1, SECOND));
         assert!(bucket.admit(3 * SECOND, 1));
+    }
+
+    #[test]
+    fn the_overdraft_is_what_charges_took_past_empty_and_it_refills_at_the_rate() {
+        let mut bucket = ReferenceBucket::new(2, SECOND, 4);
+        bucket.charge(SECOND, 4);
+        assert_eq!(bucket.overdraft(SECOND), 0, "empty, not past it");
+
+        bucket.charge(SECOND, 3);
+
+        assert_eq!(bucket.overdraft(SECOND), 3);
+        assert_eq!(bucket.overdraft(SECOND + SECOND / 2), 2, "one token refilled");
+        assert_eq!(bucket.overdraft(SECOND + SECOND / 2 + 1), 2, "a part of a token past empty counts whole");
+        assert_eq!(bucket.overdraft(3 * SECOND), 0);
     }
 
     #[test]
