@@ -6,11 +6,17 @@
 //! * A longer run: `SLUICE_FLEET_SEEDS=2000 SLUICE_FLEET_FIRST=1000 cargo test --release -p
 //!   sluice-tests --test fleet fixed_seeds_run_clean -- --nocapture` (seeds 1000..3000).
 //! * One seed, with its trace: `SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests
-//!   --test fleet replay -- --exact --nocapture`.
+//!   --test fleet replay -- --ignored --exact --nocapture` ([`replay`] is ignored otherwise).
 //! * Another build of the filter: `SLUICE_WASM_UNDER_TEST=<path to a .wasm>`.
-//! * A contended scenario (one record, three racing workers): add `SLUICE_FLEET_CONTENDED=1`.
+//! * A contended scenario (three racing workers): add `SLUICE_FLEET_CONTENDED=lease` (one
+//!   lease record; `1` says the same) or `SLUICE_FLEET_CONTENDED=local` (one local bucket).
+//!
+//! Each oracle is shown to catch a deliberately wrong run ([`fleet::Variant`], the
+//! no-CAS mutants of `sluice.wasm`), deterministically: these tests drive the same seeds
+//! every time.
 
-use sluice_tests::fleet::{self, Scenario};
+use sluice_tests::fleet::scenario::{Algorithm, Kind, Kinds, Shape, allowed};
+use sluice_tests::fleet::{self, Scenario, Variant};
 
 /// Seeds and steps of the CI run.
 const CI_SEEDS: u64 = 24;
@@ -59,14 +65,16 @@ fn fixed_seeds_run_clean() {
 }
 
 #[test]
+#[ignore = "replays one seed: SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --ignored \
+            --exact --nocapture"]
 fn replay() {
-    let Ok(seed) = std::env::var("SLUICE_FLEET_SEED") else { return };
+    let seed = std::env::var("SLUICE_FLEET_SEED").expect(
+        "SLUICE_FLEET_SEED=<seed> names the seed to replay (SLUICE_FLEET_CONTENDED=lease or local for a contended \
+         scenario, SLUICE_FLEET_TRACE=1 for the whole trace)",
+    );
     let seed: u64 = seed.parse().expect("SLUICE_FLEET_SEED is a number");
-    let scenario = if std::env::var_os("SLUICE_FLEET_CONTENDED").is_some() {
-        Scenario::contended(seed)
-    } else {
-        Scenario::generate(seed)
-    };
+    let shape = Shape::from_env(std::env::var("SLUICE_FLEET_CONTENDED").ok().as_deref());
+    let scenario = shape.scenario(seed);
     eprintln!("{scenario:#?}");
     eprintln!("filter configuration: {}", scenario.filter_config(&scenario.policies));
     match fleet::run(&scenario, &wasm(), env("SLUICE_FLEET_STEPS", MAX_STEPS)) {
@@ -85,26 +93,148 @@ fn a_seed_replays_exactly() {
     assert_eq!(first, second);
 }
 
+/// The first failure of `variant` over `seeds` in `shape`, with the filter at `wasm`.
+fn first_caught(
+    shape: Shape,
+    seeds: std::ops::RangeInclusive<u64>,
+    wasm: &str,
+    variant: Variant,
+    keep: impl Fn(&Scenario) -> bool,
+) -> Option<Box<fleet::Failure>> {
+    seeds
+        .map(|seed| shape.scenario(seed))
+        .filter(|scenario| keep(scenario))
+        .find_map(|scenario| fleet::run_variant(&scenario, wasm, MAX_STEPS, variant).err())
+}
+
 #[test]
 fn the_simulation_catches_a_lease_record_written_without_cas() {
     // The mutant loses lease updates only when two workers interleave inside their
     // callbacks on one record: scenarios made for that race.
     let mutant = sluice_artifacts::SLUICE_MUTANT_LEASE_NO_CAS_WASM;
-    let caught = (1..=10).find_map(|seed| fleet::run(&Scenario::contended(seed), mutant, MAX_STEPS).err());
+    let caught = first_caught(Shape::ContendedLease, 1..=10, mutant, Variant::Real, |_| true);
 
     let failure = caught.expect("no seed caught a lease record that loses its updates");
     eprintln!("{failure}");
     assert!(
-        matches!(failure.violation.oracle, "spent within grants" | "conservation" | "budget"),
+        matches!(failure.violation.oracle, "spent within grants" | "conservation" | "counter bound"),
         "caught, but by an oracle that does not speak of spending: {failure}"
     );
 }
 
 #[test]
+fn the_simulation_catches_leases_spent_by_a_filter_whose_shared_data_writes_ignore_cas() {
+    // What the Envoy test could only hope to see (two workers of one Envoy writing one
+    // record at the same instant), the baton forces.
+    let mutant = sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
+    let caught = first_caught(Shape::ContendedLease, 1..=10, mutant, Variant::Real, |_| true);
+
+    let failure = caught.expect("no seed caught a filter whose lease records lose their updates");
+    eprintln!("{failure}");
+    assert!(
+        matches!(failure.violation.oracle, "spent within grants" | "conservation" | "counter bound"),
+        "caught, but by an oracle that does not speak of spending: {failure}"
+    );
+}
+
+#[test]
+fn the_local_bound_catches_a_filter_whose_shared_data_writes_ignore_cas() {
+    // Lost updates of one local bucket: three workers admitting one hot caller at the
+    // same instants, interleaved inside their callbacks.
+    let mutant = sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
+    let caught = first_caught(Shape::ContendedLocal, 1..=10, mutant, Variant::Real, |_| true);
+
+    let failure = caught.expect("no seed caught a local bucket that loses its updates");
+    eprintln!("{failure}");
+    assert!(matches!(failure.violation.oracle, "local bound" | "in flight"), "{failure}");
+}
+
+#[test]
 fn the_contended_scenarios_run_clean_with_the_real_filter() {
-    for seed in 1..=3 {
-        if let Err(failure) = fleet::run(&Scenario::contended(seed), &wasm(), MAX_STEPS) {
-            panic!("{failure}");
+    for shape in [Shape::ContendedLease, Shape::ContendedLocal] {
+        for seed in 1..=3 {
+            if let Err(failure) = fleet::run(&shape.scenario(seed), &wasm(), MAX_STEPS) {
+                panic!("{failure}");
+            }
         }
     }
+}
+
+#[test]
+fn the_generator_draws_every_algorithm_each_mode_allows_from_the_one_list() {
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 1..=400 {
+        for policy in Scenario::generate(seed).policies {
+            let mode = match policy.kind {
+                Kind::Local => 0,
+                Kind::Check => 1,
+                Kind::Lease { .. } => 2,
+            };
+            assert!(allowed(&policy.kind).contains(&policy.algorithm.kind()), "seed {seed}: {policy:?}");
+            seen.insert((mode, policy.algorithm.kind()));
+        }
+    }
+
+    let kinds =
+        [Kind::Local, Kind::Check, Kind::Lease { size: 1, low_water: 0, duration_ms: 1, max_waiting: 1, max_debt: 0 }];
+    for (mode, kind) in kinds.iter().enumerate() {
+        for algorithm in Kinds::ALL.into_iter().filter(|a| allowed(kind).contains(a)) {
+            assert!(seen.contains(&(mode, algorithm)), "no seed draws {algorithm} for a {kind:?} policy");
+        }
+    }
+    assert_eq!(allowed(&kinds[0]).len(), Kinds::ALL.len(), "a local policy may have every algorithm");
+    assert!(allowed(&kinds[1]).iter().all(|a| a.global()) && allowed(&kinds[2]).iter().all(|a| a.leasable()));
+}
+
+#[test]
+fn the_counter_bounds_catch_a_filter_that_admits_more_than_its_numbers() {
+    // The proxies run four times the scenario's numbers; the oracles hold them to the
+    // scenario's. A global counter and a local one each go past their bound.
+    let global =
+        |s: &Scenario| s.policies.iter().any(|p| p.is_global() && matches!(p.algorithm, Algorithm::TokenBucket { .. }));
+    let caught = first_caught(Shape::Generated, 1..=40, &wasm(), Variant::LooserFilter, global)
+        .expect("no seed caught a filter that admits more than its numbers on a global counter");
+    eprintln!("{caught}");
+    assert!(matches!(caught.violation.oracle, "counter bound" | "local bound"), "{caught}");
+
+    let counts = |s: &Scenario| !s.policies.iter().any(|p| matches!(p.algorithm, Algorithm::Concurrency { .. }));
+    let caught = first_caught(Shape::ContendedLocal, 1..=10, &wasm(), Variant::LooserFilter, counts)
+        .expect("no seed caught a filter that admits more than its numbers on a local counter");
+    eprintln!("{caught}");
+    assert_eq!(caught.violation.oracle, "local bound", "{caught}");
+}
+
+#[test]
+fn the_in_flight_oracle_catches_a_filter_that_lets_more_requests_in_flight_than_its_limit() {
+    let concurrency = |s: &Scenario| s.policies.iter().any(|p| matches!(p.algorithm, Algorithm::Concurrency { .. }));
+    let caught = first_caught(Shape::ContendedLocal, 1..=20, &wasm(), Variant::LooserFilter, concurrency)
+        .expect("no seed caught a concurrency policy with too many requests in flight");
+    eprintln!("{caught}");
+    assert_eq!(caught.violation.oracle, "in flight", "{caught}");
+}
+
+#[test]
+fn the_clamp_bound_catches_a_service_that_never_applied_the_clamp() {
+    let clamped = |s: &Scenario| {
+        s.events.iter().any(|(_, e)| {
+            matches!(e, fleet::scenario::Event::Override(o) if matches!(o.kind, fleet::scenario::OverrideKind::Clamp(_)))
+        })
+    };
+    let caught = first_caught(Shape::Generated, 1..=200, &wasm(), Variant::ClampsNotSet, clamped)
+        .expect("no seed caught a clamp that the service never applied");
+    eprintln!("{caught}");
+    assert_eq!(caught.violation.oracle, "clamp bound", "{caught}");
+}
+
+#[test]
+fn the_forgiven_oracle_catches_a_service_that_forgives_debt_it_was_asked_to_keep() {
+    let charged = |s: &Scenario| {
+        s.policies
+            .iter()
+            .any(|p| p.is_global() && p.max_debt() > 1 && matches!(p.algorithm, Algorithm::TokenBucket { .. }))
+    };
+    let caught = first_caught(Shape::Generated, 1..=200, &wasm(), Variant::ForgiveDebt, charged)
+        .expect("no seed caught a service that forgives what it was asked to owe");
+    eprintln!("{caught}");
+    assert_eq!(caught.violation.oracle, "forgiven", "{caught}");
 }

@@ -16,12 +16,23 @@
 //! threads have. After each instant the oracles check the fleet. At the end the service
 //! is healthy and quiet for a while, and the oracles check what must have settled.
 //!
+//! # What a scenario covers
+//!
+//! Every algorithm each mode allows, from the one list (`shared_store::Algorithm::ALL`):
+//! local policies all of them (shaping and concurrency too), check mode the ones the
+//! service decides, lease mode the leasable ones; costs the responses report (a header,
+//! a JSON body, an event stream's last event; above and below the estimates, or not at
+//! all); rolling updates that leave proxies on old and new numbers for a while, with and
+//! without a version bump, over counters in debt; operators' clamps and bypasses
+//! (policy-wide and for one caller; set, removed and expiring mid-run), set through the
+//! service's admin functions; and the service's sweeper.
+//!
 //! # Replay
 //!
 //! Everything comes from the seed; a failure names it:
 //!
 //! ```text
-//! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --exact --nocapture
+//! SLUICE_FLEET_SEED=<seed> cargo test -p sluice-tests --test fleet replay -- --ignored --exact --nocapture
 //! ```
 //!
 //! runs that seed alone and prints its trace's end (`SLUICE_FLEET_TRACE=1`: all of it;
@@ -41,14 +52,14 @@ pub use scenario::Scenario;
 
 use interleave::Baton;
 use oracle::{Observed, Oracle, Violation};
-use scenario::PolicyDef;
+use scenario::{PolicyDef, Shape};
 use service::Service;
 use sluice_testkit::rng::Rng;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use traffic::Arrivals;
-use wasm_host::{Clock as _, Host, Outcome, Response, StreamId, VirtualClock};
+use wasm_host::{Clock as _, Host, Outcome, StreamId, VirtualClock};
 
 /// The operator's hash key every proxy is given.
 pub const HASH_KEY: &str = "fleet-hash-key-0123456789abcdef";
@@ -68,13 +79,38 @@ pub struct Report {
     pub switches: u64,
 }
 
+/// A deliberately wrong run, for the tests that show an oracle catches it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Variant {
+    /// The real thing.
+    #[default]
+    Real,
+    /// The proxies run numbers four times the scenario's (the oracles hold them to the
+    /// scenario's): every counter may admit more than its bound.
+    LooserFilter,
+    /// The operator's clamps never reach the service (the oracles believe they did).
+    ClampsNotSet,
+    /// The service forgives the debt a charge asks it to keep ([`service::Tamper`]).
+    ForgiveDebt,
+}
+
+impl Variant {
+    /// What the proxies are configured with when the scenario says `policies`.
+    fn configured(self, policies: &[PolicyDef]) -> Vec<PolicyDef> {
+        match self {
+            Self::LooserFilter => policies.iter().map(PolicyDef::looser).collect(),
+            _ => policies.to_vec(),
+        }
+    }
+}
+
 /// How a run failed: the seed, when, and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     /// The seed (replay it with `SLUICE_FLEET_SEED`).
     pub seed: u64,
-    /// Whether the scenario was a contended one (`SLUICE_FLEET_CONTENDED=1` replays it).
-    pub contended: bool,
+    /// The scenario's shape (`SLUICE_FLEET_CONTENDED` replays a contended one).
+    pub shape: Shape,
     /// The step at which an oracle failed.
     pub step: u64,
     /// The oracle's finding.
@@ -88,9 +124,10 @@ impl std::fmt::Display for Failure {
         writeln!(f, "seed {} failed at step {}: {}", self.seed, self.step, self.violation)?;
         writeln!(
             f,
-            "replay: SLUICE_FLEET_SEED={}{} cargo test -p sluice-tests --test fleet replay -- --exact --nocapture",
+            "replay: SLUICE_FLEET_SEED={}{} cargo test -p sluice-tests --test fleet replay -- --ignored --exact \
+             --nocapture",
             self.seed,
-            if self.contended { " SLUICE_FLEET_CONTENDED=1" } else { "" }
+            self.shape.env().map(|s| format!(" SLUICE_FLEET_CONTENDED={s}")).unwrap_or_default()
         )?;
         for line in &self.trace {
             writeln!(f, "  {line}")?;
@@ -136,7 +173,15 @@ enum Action {
 /// # Errors
 /// The first oracle that fails, with the seed and the trace's tail.
 pub fn run(scenario: &Scenario, wasm: &str, max_steps: u64) -> Result<Report, Box<Failure>> {
-    Fleet::new(scenario, wasm).run(max_steps)
+    Fleet::new(scenario, wasm, Variant::Real).run(max_steps)
+}
+
+/// Runs `scenario` as [`run`] does, deliberately wrong in the way `variant` says.
+///
+/// # Errors
+/// The first oracle that fails, with the seed and the trace's tail.
+pub fn run_variant(scenario: &Scenario, wasm: &str, max_steps: u64, variant: Variant) -> Result<Report, Box<Failure>> {
+    Fleet::new(scenario, wasm, variant).run(max_steps)
 }
 
 struct Fleet<'a> {
@@ -155,19 +200,32 @@ struct Fleet<'a> {
     verbose: bool,
     report: Report,
     step: u64,
+    variant: Variant,
+    /// The scenario's changes still to come, by time.
+    pending: BTreeMap<u64, Vec<timeline::Change>>,
+    /// The ids of the overrides the service took, by the scenario's event.
+    override_ids: BTreeMap<usize, String>,
 }
 
 impl<'a> Fleet<'a> {
-    fn new(scenario: &'a Scenario, wasm: &str) -> Self {
+    fn new(scenario: &'a Scenario, wasm: &str, variant: Variant) -> Self {
         let mut rng = Rng::new(scenario.seed ^ 0x00f1_ee70_0000_0000);
         let clock = VirtualClock::new();
-        let service = Arc::new(Mutex::new(Service::new(&clock, scenario.proxies, scenario.rtt, rng.fork())));
-        let config = scenario.filter_config(&scenario.policies);
+        let mut service = Service::new(&clock, scenario.proxies, scenario.rtt, rng.fork()).with_admin(HASH_KEY);
+        if variant == Variant::ForgiveDebt {
+            service.tamper(service::Tamper::ForgiveDebt);
+        }
+        let service = Arc::new(Mutex::new(service));
+        let config = scenario.filter_config(&variant.configured(&scenario.policies));
+        let start = clock.monotonic_nanos();
+        let oracle = Oracle::new(scenario, start, clock.realtime_nanos() - start);
+        let probes = oracle.probes();
         let proxies = (0..scenario.proxies)
             .map(|p| {
                 let baton = Baton::new(rng.fork());
                 let hook = baton.clone();
                 let service = service.clone();
+                let (probes, clock_) = (probes.clone(), clock.clone());
                 let host = Host::builder(wasm)
                     .plugin_configuration(config.clone())
                     .plugin_name("sluice")
@@ -181,7 +239,13 @@ impl<'a> Fleet<'a> {
                     .capture_logs(false)
                     .record_callouts(false)
                     .scripted_cluster("sluice-counter", move |call| {
-                        service.lock().unwrap_or_else(PoisonError::into_inner).answer(p, call)
+                        let mut service = service.lock().unwrap_or_else(PoisonError::into_inner);
+                        if service.mode(p).is_healthy()
+                            && let Some(probe) = probes.lock().unwrap_or_else(PoisonError::into_inner).get_mut(p)
+                        {
+                            probe.get_or_insert(clock_.monotonic_nanos());
+                        }
+                        service.answer(p, call)
                     })
                     .before_shared_data(Arc::new(move |worker| hook.before_access(worker)))
                     .build()
@@ -189,12 +253,10 @@ impl<'a> Fleet<'a> {
                 Proxy { host, policies: scenario.policies.clone(), baton }
             })
             .collect();
-        let start = clock.monotonic_nanos();
         // Usage comes from a generator of its own: the arrivals stay those the seed made
         // before responses reported costs.
         let usage = Rng::new(scenario.seed ^ 0x05a9_e000);
-        let arrivals = Arrivals { rng: rng.fork(), usage, next: start, flood_serial: 0 };
-        let oracle = Oracle::new(scenario, start);
+        let arrivals = Arrivals { rng: rng.fork(), usage, next: start, unrounded: start, flood_serial: 0 };
         Self {
             scenario,
             clock,
@@ -210,6 +272,9 @@ impl<'a> Fleet<'a> {
             verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
             report: Report::default(),
             step: 0,
+            variant,
+            pending: BTreeMap::new(),
+            override_ids: BTreeMap::new(),
         }
     }
 
@@ -233,10 +298,22 @@ impl<'a> Fleet<'a> {
     }
 
     fn fail(&self, violation: Violation) -> Box<Failure> {
+        if self.verbose {
+            // What each proxy counted, for whoever reads the whole trace.
+            for (p, proxy) in self.proxies.iter().enumerate() {
+                for (name, value) in proxy.host.metrics() {
+                    if let wasm_host::MetricValue::Counter(v) | wasm_host::MetricValue::Gauge(v) = value
+                        && v > 0
+                    {
+                        eprintln!("proxy {p} metric {name} = {v}");
+                    }
+                }
+            }
+        }
         let tail = self.trace.len().saturating_sub(40);
         Box::new(Failure {
             seed: self.scenario.seed,
-            contended: self.scenario.contended,
+            shape: self.scenario.shape,
             step: self.step,
             violation,
             trace: self.trace.get(tail..).unwrap_or_default().to_vec(),
@@ -245,11 +322,11 @@ impl<'a> Fleet<'a> {
 
     fn run(mut self, max_steps: u64) -> Result<Report, Box<Failure>> {
         let end = self.at(self.scenario.duration);
-        let mut boundaries = self.boundaries();
+        self.pending = self.boundaries();
         while self.step < max_steps {
             let next = [
                 Some(self.arrivals.next),
-                boundaries.keys().next().copied(),
+                self.pending.keys().next().copied(),
                 self.streams.values().filter_map(|s| s.respond_at).min(),
                 self.next_due(),
             ]
@@ -258,11 +335,7 @@ impl<'a> Fleet<'a> {
             .min();
             let Some(t) = next.filter(|t| *t <= end) else { break };
             self.clock.advance_to_monotonic(t);
-            while let Some(entry) = boundaries.first_entry().filter(|e| *e.key() <= t) {
-                for change in entry.remove() {
-                    self.apply(change)?;
-                }
-            }
+            self.apply_due(t)?;
             let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
             while self.arrivals.next <= t {
                 let (proxy, worker, sent) = self.arrivals.draw(self.scenario, Duration::from_nanos(t - self.start), t);
@@ -290,6 +363,16 @@ impl<'a> Fleet<'a> {
         self.report.callouts = self.service.lock().unwrap_or_else(PoisonError::into_inner).calls();
         self.report.switches = self.proxies.iter().map(|p| p.baton.switches()).sum();
         Ok(self.report)
+    }
+
+    /// Applies the scenario's changes due by `t`.
+    fn apply_due(&mut self, t: u64) -> Result<(), Box<Failure>> {
+        while let Some(entry) = self.pending.first_entry().filter(|e| *e.key() <= t) {
+            for change in entry.remove() {
+                self.apply(change)?;
+            }
+        }
+        Ok(())
     }
 
     fn next_due(&mut self) -> Option<u64> {
@@ -324,8 +407,7 @@ impl<'a> Fleet<'a> {
                         }
                         Action::Respond(key) => {
                             if let Some(s) = streams.get(&(key as u64)) {
-                                let usage = s.request.usage.to_string();
-                                let _ = worker.respond(s.id, Response::ok().header("x-usage", usage));
+                                let _ = worker.respond(s.id, s.request.response());
                             }
                         }
                         Action::Leave(key) => {
@@ -384,6 +466,7 @@ impl<'a> Fleet<'a> {
                     status: response.status,
                     local: response.is_local(),
                     fallback: response.headers.get_str("x-sluice-fallback").map(str::to_owned),
+                    overridden: response.headers.get_str("x-sluice-override").map(str::to_owned),
                 },
                 Ok(Outcome::Reset) => Observed::Reset,
             };
@@ -424,7 +507,10 @@ impl<'a> Fleet<'a> {
     /// The oracles after every instant.
     fn check(&mut self) -> Result<(), Box<Failure>> {
         let now = self.now();
-        let decisions = self.service.lock().unwrap_or_else(PoisonError::into_inner).decisions().to_vec();
+        let (decisions, forgiven) = {
+            let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+            (service.decisions().to_vec(), service.forgiven())
+        };
         for (p, proxy) in self.proxies.iter().enumerate() {
             let result = self.oracle.proxy(p, &proxy.host, &proxy.policies, now);
             if let Err(violation) = result {
@@ -432,7 +518,7 @@ impl<'a> Fleet<'a> {
             }
         }
         let hosts: Vec<&Host> = self.proxies.iter().map(|p| &p.host).collect();
-        if let Err(violation) = self.oracle.service(&decisions, &hosts, now) {
+        if let Err(violation) = self.oracle.service(&decisions, forgiven, &hosts, now) {
             return Err(self.fail(violation));
         }
         Ok(())
@@ -443,16 +529,26 @@ impl<'a> Fleet<'a> {
     fn quiet_end(&mut self) -> Result<(), Box<Failure>> {
         self.service.lock().unwrap_or_else(PoisonError::into_inner).set_mode(None, service::Mode::Healthy);
         self.oracle.service_mode(None, service::Mode::Healthy, self.now());
+        // Of what the scenario still had to come, only the sweeper and the operator's
+        // removals go on: no fault, no event after the end.
+        for changes in self.pending.values_mut() {
+            changes.retain(|c| matches!(c, timeline::Change::Sweep | timeline::Change::RemoveOverride(_)));
+        }
         let quiet = Duration::from_millis(self.scenario.cooldown_ms + 3000);
         let until = self.now() + quiet.as_nanos() as u64;
         while self.now() < until {
-            let next = [self.streams.values().filter_map(|s| s.respond_at).min(), self.next_due()]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(until)
-                .min(until);
+            let next = [
+                self.streams.values().filter_map(|s| s.respond_at).min(),
+                self.next_due(),
+                self.pending.keys().next().copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(until)
+            .min(until);
             self.clock.advance_to_monotonic(next);
+            self.apply_due(next)?;
             let mut actions: BTreeMap<(usize, usize), Vec<Action>> = BTreeMap::new();
             for (key, stream) in &mut self.streams {
                 if stream.respond_at.is_some_and(|at| at <= next) {

@@ -1,13 +1,24 @@
 //! A scenario: everything one seed decides before the run starts. The fleet (proxies ×
 //! workers), a random filter configuration drawn from the real schema (local, check and
-//! lease policies mixed, several per request, every failure rule), the traffic (hot
-//! keys, identity floods, costs), and a timeline of faults and configuration reloads.
+//! lease policies mixed, several per request, every failure rule, every algorithm each
+//! mode allows, costs the response reports), the traffic (hot keys, identity floods,
+//! costs, the costs answers report and how), and a timeline of faults, configuration
+//! reloads and rolling updates, and operators' overrides.
+//!
+//! The algorithms come from the one list (`shared_store::Algorithm::ALL`): a policy's
+//! mode allows some of them ([`allowed`]), and [`Algorithm::draw`] gives each its numbers
+//! by an exhaustive match, so a new algorithm fails to compile here until the
+//! simulation covers it.
 //!
 //! The same seed always gives the same scenario (see `sluice_testkit::rng`).
 
 use super::service::Mode;
 use sluice_testkit::rng::Rng;
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The one list of algorithms.
+pub use shared_store::Algorithm as Kinds;
 
 /// The header a policy keys on.
 pub const KEY_HEADERS: [&str; 3] = ["x-tenant", "x-user", "x-route"];
@@ -44,6 +55,16 @@ pub enum Algorithm {
         /// Capacity.
         burst: u64,
     },
+    /// Shaping: requests leave at `rate` per second, `queue` units waiting at most, none
+    /// longer than `max_wait_ms`.
+    LeakyBucket {
+        /// Per second.
+        rate: u64,
+        /// Units waiting at once.
+        queue: u64,
+        /// The longest delay, in milliseconds.
+        max_wait_ms: u64,
+    },
     /// `limit` per `window_ms`.
     FixedWindow {
         /// Per window.
@@ -51,21 +72,97 @@ pub enum Algorithm {
         /// The window, in milliseconds.
         window_ms: u64,
     },
-    /// `limit` per trailing `window_ms`.
+    /// `limit` per trailing `window_ms` (weighted).
     SlidingWindow {
         /// Per window.
         limit: u64,
         /// The window, in milliseconds.
         window_ms: u64,
     },
+    /// `limit` per trailing `window_ms`, exactly.
+    SlidingLog {
+        /// Per window (at most 256).
+        limit: u64,
+        /// The window, in milliseconds.
+        window_ms: u64,
+    },
+    /// `limit` requests in flight at once.
+    Concurrency {
+        /// Requests in flight.
+        limit: u64,
+    },
+}
+
+/// The algorithms a policy of `kind` may have, from the one list.
+pub fn allowed(kind: &Kind) -> Vec<Kinds> {
+    Kinds::ALL
+        .into_iter()
+        .filter(|a| match kind {
+            Kind::Local => true,
+            Kind::Check => a.global(),
+            Kind::Lease { .. } => a.leasable(),
+        })
+        .collect()
 }
 
 impl Algorithm {
+    /// Which algorithm of the one list it is.
+    pub const fn kind(self) -> Kinds {
+        match self {
+            Self::TokenBucket { .. } => Kinds::TokenBucket,
+            Self::LeakyBucket { .. } => Kinds::LeakyBucket,
+            Self::FixedWindow { .. } => Kinds::FixedWindow,
+            Self::SlidingWindow { .. } => Kinds::SlidingWindow,
+            Self::SlidingLog { .. } => Kinds::SlidingLog,
+            Self::Concurrency { .. } => Kinds::Concurrency,
+        }
+    }
+
+    /// Numbers for an algorithm of the one list. The match is exhaustive: a new algorithm
+    /// fails to compile here until the simulation draws it.
+    pub fn draw(kind: Kinds, rng: &mut Rng) -> Self {
+        match kind {
+            Kinds::TokenBucket => {
+                let rate = rng.between(5, 200);
+                // Sometimes a bucket that takes seconds to refill (longer than a clamp).
+                let most = if rng.chance(30) { rate * 5 } else { rate * 2 };
+                Self::TokenBucket { rate, burst: rng.between(rate / 4 + 4, most + 8) }
+            }
+            Kinds::LeakyBucket => {
+                let rate = rng.between(20, 400);
+                Self::LeakyBucket { rate, queue: rng.between(2, rate / 4 + 4), max_wait_ms: rng.pick(&[10, 50, 200]) }
+            }
+            // Windows as long as a clamp lasts, too.
+            Kinds::FixedWindow => {
+                Self::FixedWindow { limit: rng.between(8, 200), window_ms: rng.pick(&[200, 500, 1000, 5000]) }
+            }
+            Kinds::SlidingWindow => {
+                Self::SlidingWindow { limit: rng.between(8, 200), window_ms: rng.pick(&[500, 1000, 5000]) }
+            }
+            Kinds::SlidingLog => {
+                Self::SlidingLog { limit: rng.between(4, 120), window_ms: rng.pick(&[200, 500, 1000, 5000]) }
+            }
+            Kinds::Concurrency => Self::Concurrency { limit: rng.between(1, 4) },
+        }
+    }
+
     /// The most one request may cost.
     pub const fn capacity(self) -> u64 {
         match self {
             Self::TokenBucket { burst, .. } => burst,
-            Self::FixedWindow { limit, .. } | Self::SlidingWindow { limit, .. } => limit,
+            Self::LeakyBucket { queue, .. } => queue,
+            Self::FixedWindow { limit, .. }
+            | Self::SlidingWindow { limit, .. }
+            | Self::SlidingLog { limit, .. }
+            | Self::Concurrency { limit } => limit,
+        }
+    }
+
+    /// The longest a request may be held by it (shaping), in milliseconds.
+    pub const fn max_wait_ms(self) -> u64 {
+        match self {
+            Self::LeakyBucket { max_wait_ms, .. } => max_wait_ms,
+            _ => 0,
         }
     }
 
@@ -75,9 +172,138 @@ impl Algorithm {
         let s = |v: u64| (v * num / den).max(floor).max(1);
         match self {
             Self::TokenBucket { rate, burst } => Self::TokenBucket { rate: s(rate), burst: s(burst) },
+            Self::LeakyBucket { rate, queue, max_wait_ms } => {
+                Self::LeakyBucket { rate: s(rate), queue: s(queue), max_wait_ms }
+            }
             Self::FixedWindow { limit, window_ms } => Self::FixedWindow { limit: s(limit), window_ms },
             Self::SlidingWindow { limit, window_ms } => Self::SlidingWindow { limit: s(limit), window_ms },
+            Self::SlidingLog { limit, window_ms } => Self::SlidingLog { limit: s(limit).min(256), window_ms },
+            Self::Concurrency { limit } => Self::Concurrency { limit: s(limit) },
         }
+    }
+
+    /// The tightest of `self` and `other` (the same algorithm and window), number by
+    /// number.
+    pub fn tightest(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::TokenBucket { rate, burst }, Self::TokenBucket { rate: r, burst: b }) => {
+                Self::TokenBucket { rate: rate.min(r), burst: burst.min(b) }
+            }
+            (
+                Self::LeakyBucket { rate, queue, max_wait_ms },
+                Self::LeakyBucket { rate: r, queue: q, max_wait_ms: w },
+            ) => Self::LeakyBucket { rate: rate.min(r), queue: queue.min(q), max_wait_ms: max_wait_ms.min(w) },
+            (Self::FixedWindow { limit, window_ms }, Self::FixedWindow { limit: l, .. }) => {
+                Self::FixedWindow { limit: limit.min(l), window_ms }
+            }
+            (Self::SlidingWindow { limit, window_ms }, Self::SlidingWindow { limit: l, .. }) => {
+                Self::SlidingWindow { limit: limit.min(l), window_ms }
+            }
+            (Self::SlidingLog { limit, window_ms }, Self::SlidingLog { limit: l, .. }) => {
+                Self::SlidingLog { limit: limit.min(l), window_ms }
+            }
+            (Self::Concurrency { limit }, Self::Concurrency { limit: l }) => Self::Concurrency { limit: limit.min(l) },
+            (out, _) => out,
+        }
+    }
+
+    /// The loosest of `self` and `other` (the same algorithm and window), number by number.
+    pub fn loosest(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::TokenBucket { rate, burst }, Self::TokenBucket { rate: r, burst: b }) => {
+                Self::TokenBucket { rate: rate.max(r), burst: burst.max(b) }
+            }
+            (
+                Self::LeakyBucket { rate, queue, max_wait_ms },
+                Self::LeakyBucket { rate: r, queue: q, max_wait_ms: w },
+            ) => Self::LeakyBucket { rate: rate.max(r), queue: queue.max(q), max_wait_ms: max_wait_ms.max(w) },
+            (Self::FixedWindow { limit, window_ms }, Self::FixedWindow { limit: l, .. }) => {
+                Self::FixedWindow { limit: limit.max(l), window_ms }
+            }
+            (Self::SlidingWindow { limit, window_ms }, Self::SlidingWindow { limit: l, .. }) => {
+                Self::SlidingWindow { limit: limit.max(l), window_ms }
+            }
+            (Self::SlidingLog { limit, window_ms }, Self::SlidingLog { limit: l, .. }) => {
+                Self::SlidingLog { limit: limit.max(l), window_ms }
+            }
+            (Self::Concurrency { limit }, Self::Concurrency { limit: l }) => Self::Concurrency { limit: limit.max(l) },
+            (out, _) => out,
+        }
+    }
+
+    /// A clamp under `self` (the tightest numbers a policy takes): lower numbers, by
+    /// `1 / div`, never below `floor` (the largest cost a request may spend), and for a
+    /// window often a shorter window, as long as it lets no more through per unit of
+    /// time (`LimitSpec::admits_at_most`).
+    pub fn clamp(self, div: u64, shorter: u64, floor: u64) -> Self {
+        let low = |v: u64| (v / div).max(floor).max(1).min(v);
+        let window = |limit: u64, window_ms: u64| {
+            // limit_c ≤ limit and limit_c / w_c ≤ limit / w.
+            let w_c = (window_ms / shorter).max(1);
+            let l_c = (limit * w_c / window_ms / div).max(floor).max(1);
+            if l_c <= limit && l_c * window_ms <= limit * w_c { (l_c, w_c) } else { (low(limit), window_ms) }
+        };
+        match self {
+            Self::TokenBucket { rate, burst } => Self::TokenBucket { rate: (rate / div).max(1), burst: low(burst) },
+            Self::LeakyBucket { rate, queue, max_wait_ms } => {
+                Self::LeakyBucket { rate: (rate / div).max(1), queue: low(queue), max_wait_ms: max_wait_ms / div }
+            }
+            Self::FixedWindow { limit, window_ms } => {
+                let (limit, window_ms) = window(limit, window_ms);
+                Self::FixedWindow { limit, window_ms }
+            }
+            Self::SlidingWindow { limit, window_ms } => {
+                let (limit, window_ms) = window(limit, window_ms);
+                Self::SlidingWindow { limit, window_ms }
+            }
+            Self::SlidingLog { limit, window_ms } => {
+                let (limit, window_ms) = window(limit, window_ms);
+                Self::SlidingLog { limit, window_ms }
+            }
+            Self::Concurrency { limit } => Self::Concurrency { limit: low(limit) },
+        }
+    }
+
+    /// Its numbers in a filter policy.
+    fn write(self, p: &mut serde_json::Value) {
+        p["algorithm"] = self.kind().name().into();
+        match self {
+            Self::TokenBucket { rate, burst } => {
+                p["rate"] = format!("{rate}/second").into();
+                p["burst"] = burst.into();
+            }
+            Self::LeakyBucket { rate, queue, max_wait_ms } => {
+                p["rate"] = format!("{rate}/second").into();
+                p["queue"] = queue.into();
+                p["max_wait"] = format!("{max_wait_ms}ms").into();
+            }
+            Self::FixedWindow { limit, window_ms }
+            | Self::SlidingWindow { limit, window_ms }
+            | Self::SlidingLog { limit, window_ms } => {
+                p["limit"] = limit.into();
+                p["window"] = format!("{window_ms}ms").into();
+            }
+            Self::Concurrency { limit } => p["limit"] = limit.into(),
+        }
+    }
+
+    /// Its numbers as the counter service takes them (an override's `limit`); `None`
+    /// for a concurrency limit, which the service never decides.
+    pub fn spec(self) -> Option<serde_json::Value> {
+        let name = self.kind().name();
+        Some(match self {
+            Self::TokenBucket { rate, burst } => {
+                serde_json::json!({"algorithm": name, "amount": rate, "per_ms": 1000, "burst": burst})
+            }
+            Self::LeakyBucket { rate, queue, max_wait_ms } => serde_json::json!({
+                "algorithm": name, "amount": rate, "per_ms": 1000, "max_queue": queue, "max_wait_ms": max_wait_ms}),
+            Self::FixedWindow { limit, window_ms }
+            | Self::SlidingWindow { limit, window_ms }
+            | Self::SlidingLog { limit, window_ms } => {
+                serde_json::json!({"algorithm": name, "limit": limit, "window_ms": window_ms})
+            }
+            Self::Concurrency { .. } => return None,
+        })
     }
 }
 
@@ -99,6 +325,27 @@ pub enum Failure {
     },
 }
 
+/// Where a response reports its cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageFrom {
+    /// Its `x-usage` header.
+    Header,
+    /// `usage.total_tokens` in its JSON body, or in the last event of an event stream
+    /// that carries it.
+    Json,
+}
+
+/// A cost the response reports (`cost.response_header` or `cost.response_json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Where.
+    pub from: UsageFrom,
+    /// The most one response is charged.
+    pub max: u64,
+    /// What a response that reports nothing costs: `None` for the estimate.
+    pub on_unknown: Option<u64>,
+}
+
 /// One policy of the scenario's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyDef {
@@ -114,9 +361,9 @@ pub struct PolicyDef {
     pub failure: Failure,
     /// The cost: 1, or the `x-cost` header clamped to `1..=max`.
     pub max_cost: u64,
-    /// When the response reports the cost (its `x-usage` header, clamped to this max):
-    /// the cost above is the estimate spent at admission, settled once the response says.
-    pub usage_max: Option<u64>,
+    /// When the response reports the cost: the cost above is the estimate spent at
+    /// admission, settled once the response says.
+    pub usage: Option<Usage>,
     /// Slots in its tables.
     pub slots: u32,
     /// Only requests under `/a/` match it.
@@ -131,6 +378,32 @@ impl PolicyDef {
         !matches!(self.kind, Kind::Local)
     }
 
+    /// The same policy with four times its numbers: a deliberately wrong filter's.
+    #[must_use]
+    pub fn looser(&self) -> Self {
+        let mut out = self.clone();
+        out.algorithm = out.algorithm.scaled(4, 1, 0);
+        out
+    }
+
+    /// The most a response of this policy may be charged: its response cost's `max`, or
+    /// its estimate's.
+    pub fn usage_max(&self) -> Option<u64> {
+        self.usage.map(|u| u.max)
+    }
+
+    /// The debt the counter service may hold for one of its callers: a lease's
+    /// `max_debt`, or in check mode `min(64 × max, capacity)` for a cost the response
+    /// reports (filter/README.md); 0 otherwise. A local bucket owes at most `64 × max`.
+    pub fn max_debt(&self) -> u64 {
+        match (self.kind, self.usage) {
+            (Kind::Lease { max_debt, .. }, _) => max_debt,
+            (Kind::Check, Some(usage)) => (64 * usage.max).min(self.algorithm.capacity()),
+            (Kind::Local, Some(usage)) => 64 * usage.max,
+            (_, None) => 0,
+        }
+    }
+
     fn json(&self) -> serde_json::Value {
         let mut p = serde_json::json!({
             "name": self.name,
@@ -138,29 +411,20 @@ impl PolicyDef {
             "slots": self.slots,
             "version": self.version,
         });
-        match self.algorithm {
-            Algorithm::TokenBucket { rate, burst } => {
-                p["rate"] = format!("{rate}/second").into();
-                p["burst"] = burst.into();
-            }
-            Algorithm::FixedWindow { limit, window_ms } => {
-                p["algorithm"] = "fixed_window".into();
-                p["limit"] = limit.into();
-                p["window"] = format!("{window_ms}ms").into();
-            }
-            Algorithm::SlidingWindow { limit, window_ms } => {
-                p["algorithm"] = "sliding_window".into();
-                p["limit"] = limit.into();
-                p["window"] = format!("{window_ms}ms").into();
-            }
-        }
+        self.algorithm.write(&mut p);
         let estimate = if self.max_cost > 1 {
             serde_json::json!({"header": "x-cost", "max": self.max_cost})
         } else {
             serde_json::json!(1)
         };
-        if let Some(max) = self.usage_max {
-            p["cost"] = serde_json::json!({"response_header": "x-usage", "estimate": estimate, "max": max});
+        if let Some(usage) = self.usage {
+            let on_unknown = usage.on_unknown.map_or_else(|| serde_json::json!("estimate"), |n| serde_json::json!(n));
+            p["cost"] = match usage.from {
+                UsageFrom::Header => serde_json::json!({"response_header": "x-usage", "estimate": estimate,
+                    "max": usage.max, "on_unknown": on_unknown}),
+                UsageFrom::Json => serde_json::json!({"response_json": "usage.total_tokens", "estimate": estimate,
+                    "max": usage.max, "on_unknown": on_unknown}),
+            };
         } else if self.max_cost > 1 {
             p["cost"] = estimate;
         }
@@ -228,6 +492,64 @@ pub enum Event {
         /// Which proxy.
         proxy: usize,
     },
+    /// A rolling update that takes its time: proxy after proxy, `gap_ms` apart, so that
+    /// for a while some proxies run the old numbers and some the new ones on one counter.
+    Rollout {
+        /// Which policy.
+        policy: usize,
+        /// Scale numerator.
+        num: u64,
+        /// Scale denominator.
+        den: u64,
+        /// Whether its version is bumped.
+        bump: bool,
+        /// Between two proxies.
+        gap_ms: u64,
+    },
+    /// An operator sets an override at the counter service.
+    Override(OverrideDef),
+}
+
+/// What an operator's override is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverrideKind {
+    /// Lets callers through without spending.
+    Bypass,
+    /// Lowers the numbers to these.
+    Clamp(Algorithm),
+}
+
+/// An operator's override: set at the event's time, removed `remove_after_ms` later or
+/// expiring after `ttl_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverrideDef {
+    /// Which policy (a global one).
+    pub policy: usize,
+    /// Bypass or clamp.
+    pub kind: OverrideKind,
+    /// For one caller (the value of the policy's key header), or the whole policy.
+    pub key: Option<String>,
+    /// Its life.
+    pub ttl_ms: u64,
+    /// When the operator removes it, if before it expires.
+    pub remove_after_ms: Option<u64>,
+}
+
+/// One proxy's reload, as the timeline applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reload {
+    /// When, from the run's start.
+    pub at: Duration,
+    /// Which proxy.
+    pub proxy: usize,
+    /// Which policy.
+    pub policy: usize,
+    /// Scale numerator.
+    pub num: u64,
+    /// Scale denominator.
+    pub den: u64,
+    /// Whether its version is bumped.
+    pub bump: bool,
 }
 
 /// Traffic over the run.
@@ -248,13 +570,53 @@ pub struct Traffic {
     pub grid: Option<Duration>,
 }
 
+/// Which kind of scenario a seed makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Everything drawn ([`Scenario::generate`]).
+    Generated,
+    /// Races on one lease record ([`Scenario::contended`]).
+    ContendedLease,
+    /// Races on one local bucket ([`Scenario::contended_local`]).
+    ContendedLocal,
+}
+
+impl Shape {
+    /// The value of `SLUICE_FLEET_CONTENDED` that replays it (none for a generated one).
+    pub const fn env(self) -> Option<&'static str> {
+        match self {
+            Self::Generated => None,
+            Self::ContendedLease => Some("lease"),
+            Self::ContendedLocal => Some("local"),
+        }
+    }
+
+    /// The shape `SLUICE_FLEET_CONTENDED` names (`1` is `lease`).
+    pub fn from_env(value: Option<&str>) -> Self {
+        match value {
+            None | Some("" | "0") => Self::Generated,
+            Some("local") => Self::ContendedLocal,
+            Some(_) => Self::ContendedLease,
+        }
+    }
+
+    /// The scenario of `seed` in this shape.
+    pub fn scenario(self, seed: u64) -> Scenario {
+        match self {
+            Self::Generated => Scenario::generate(seed),
+            Self::ContendedLease => Scenario::contended(seed),
+            Self::ContendedLocal => Scenario::contended_local(seed),
+        }
+    }
+}
+
 /// A whole scenario.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scenario {
     /// Its seed.
     pub seed: u64,
-    /// Made for races on one lease record ([`Scenario::contended`]).
-    pub contended: bool,
+    /// What made it: [`Scenario::generate`] or a contended shape.
+    pub shape: Shape,
     /// Proxies.
     pub proxies: usize,
     /// Workers per proxy.
@@ -267,6 +629,9 @@ pub struct Scenario {
     pub timeout_ms: u64,
     /// The breaker's cooldown.
     pub cooldown_ms: u64,
+    /// The service's sweep interval (`--sweep-interval-ms`): idle keys dropped, expired
+    /// overrides claimed.
+    pub sweep_ms: u64,
     /// The policies.
     pub policies: Vec<PolicyDef>,
     /// Faults of the service.
@@ -277,24 +642,18 @@ pub struct Scenario {
     pub traffic: Traffic,
 }
 
-fn algorithm(rng: &mut Rng) -> Algorithm {
-    match rng.below(4) {
-        0 | 1 => {
-            let rate = rng.between(5, 200);
-            Algorithm::TokenBucket { rate, burst: rng.between(rate / 4 + 4, rate * 2 + 8) }
-        }
-        2 => Algorithm::FixedWindow { limit: rng.between(8, 200), window_ms: rng.pick(&[200, 500, 1000]) },
-        _ => Algorithm::SlidingWindow { limit: rng.between(8, 200), window_ms: rng.pick(&[500, 1000]) },
-    }
-}
-
-fn policy(rng: &mut Rng, index: usize, any_global: bool) -> PolicyDef {
-    let algorithm = algorithm(rng);
-    let capacity = algorithm.capacity();
-    let kind = match rng.below(if any_global { 3 } else { 2 }) {
+fn policy(rng: &mut Rng, index: usize) -> PolicyDef {
+    // The mode first, then an algorithm it allows, from the one list.
+    let mode = rng.below(3);
+    let placeholder = match mode {
         0 => Kind::Local,
-        1 if any_global => Kind::Check,
-        _ => {
+        1 => Kind::Check,
+        _ => Kind::Lease { size: 1, low_water: 0, duration_ms: 1, max_waiting: 1, max_debt: 0 },
+    };
+    let algorithm = Algorithm::draw(rng.pick(&allowed(&placeholder)), rng);
+    let capacity = algorithm.capacity();
+    let kind = match placeholder {
+        Kind::Lease { .. } => {
             let size = rng.between(1, (capacity / 3).max(1));
             Kind::Lease {
                 size,
@@ -304,11 +663,13 @@ fn policy(rng: &mut Rng, index: usize, any_global: bool) -> PolicyDef {
                 max_debt: rng.between(0, capacity),
             }
         }
+        kind => kind,
     };
-    let kind = if !any_global && kind != Kind::Local { Kind::Check } else { kind };
-    let max_cost = match kind {
-        Kind::Lease { size, .. } if rng.chance(30) => rng.between(1, size),
-        Kind::Lease { .. } => 1,
+    let max_cost = match (algorithm, kind) {
+        // Each request holds one slot.
+        (Algorithm::Concurrency { .. }, _) => 1,
+        (_, Kind::Lease { size, .. }) if rng.chance(30) => rng.between(1, size),
+        (_, Kind::Lease { .. }) => 1,
         _ if rng.chance(20) => rng.between(1, capacity.min(8)),
         _ => 1,
     };
@@ -324,10 +685,19 @@ fn policy(rng: &mut Rng, index: usize, any_global: bool) -> PolicyDef {
         algorithm,
         failure,
         max_cost,
-        usage_max: None,
+        usage: None,
         slots: rng.pick(&[1, 2, 4, 64, 1024]),
         under_a: rng.chance(25),
         version: 0,
+    }
+}
+
+/// The hot caller of a policy keyed on `header` (the one traffic favours).
+pub fn hot_value(header: &str) -> &'static str {
+    match header {
+        "x-tenant" => "t0",
+        "x-user" => "u0",
+        _ => "r0",
     }
 }
 
@@ -358,14 +728,20 @@ impl Scenario {
         let count = rng.between(1, 4) as usize;
         let mut policies = Vec::with_capacity(count);
         for i in 0..count {
-            policies.push(policy(&mut rng, i, true));
+            policies.push(policy(&mut rng, i));
         }
-        // Policies may settle to the cost the response reports, drawn apart so the rest
-        // of the scenario stays what the seed made before costs were reported.
+        // Policies may settle to the cost the response reports (the algorithms that can
+        // give a spend back), drawn apart so the rest of the scenario stays what the
+        // seed made before costs were reported.
         let mut costs = Rng::new(seed ^ 0x05a9_e001);
         for p in &mut policies {
-            if costs.chance(35) {
-                p.usage_max = Some(costs.between(p.max_cost, p.max_cost * 3 + 4));
+            if p.algorithm.kind().creditable() && p.algorithm.kind().chargeable() && costs.chance(40) {
+                let max = costs.between(p.max_cost, p.max_cost + p.algorithm.capacity());
+                p.usage = Some(Usage {
+                    from: if costs.chance(50) { UsageFrom::Header } else { UsageFrom::Json },
+                    max,
+                    on_unknown: costs.chance(30).then(|| costs.between(1, max)),
+                });
             }
         }
         let span = duration.as_millis() as u64;
@@ -398,7 +774,6 @@ impl Scenario {
             };
             events.push((when, event));
         }
-        events.sort_by_key(|(when, _)| *when);
         let floods = if rng.chance(40) {
             let from = rng.between(0, span / 2);
             vec![(Duration::from_millis(from), Duration::from_millis(from + rng.between(100, 800)))]
@@ -413,27 +788,84 @@ impl Scenario {
             under_a_percent: rng.between(0, 60),
             grid: rng.chance(30).then(|| Duration::from_micros(rng.pick(&[500, 1000, 2000]))),
         };
-        Self {
+        // Rolling updates and operators' overrides, from a generator of their own.
+        let mut changes = Rng::new(seed ^ 0x0c4a_9e5e);
+        let global: Vec<usize> = (0..count).filter(|i| policies.get(*i).is_some_and(PolicyDef::is_global)).collect();
+        // Numbers that change under counters in debt: a rollout of a global policy whose
+        // costs the responses report, most often.
+        let owing: Vec<usize> =
+            global.iter().copied().filter(|i| policies.get(*i).is_some_and(|p| p.usage.is_some())).collect();
+        let mut proxies = proxies;
+        if changes.chance(50) {
+            let when = Duration::from_millis(changes.between(0, span / 2));
+            let (num, den) = changes.pick(&[(1, 2), (2, 1), (3, 2), (6, 5)]);
+            let policy = if !owing.is_empty() && changes.chance(70) {
+                changes.pick(&owing)
+            } else {
+                changes.below(count as u64) as usize
+            };
+            let event =
+                Event::Rollout { policy, num, den, bump: changes.chance(25), gap_ms: changes.between(300, 1500) };
+            events.push((when, event));
+            // Old and new numbers side by side need two proxies at least.
+            proxies = proxies.max(2);
+        }
+        let mut overrides = Vec::new();
+        if !global.is_empty() {
+            for _ in 0..changes.below(3) {
+                let when = Duration::from_millis(changes.between(50, span * 2 / 3));
+                let policy = changes.pick(&global);
+                let clamp = changes.chance(70).then(|| (changes.pick(&[1, 2, 4, 10]), changes.pick(&[1, 1, 2, 5])));
+                let keyed = changes.chance(50);
+                let ttl_ms = changes.between(1000, 3000);
+                let remove_after_ms = changes.chance(50).then(|| changes.between(300, ttl_ms - 1));
+                overrides.push((when, policy, clamp, keyed, ttl_ms, remove_after_ms));
+            }
+        }
+        events.sort_by_key(|(when, _)| *when);
+        let mut scenario = Self {
             seed,
-            contended: false,
+            shape: Shape::Generated,
             proxies,
             workers,
             duration,
             rtt: Duration::from_micros(rng.between(200, (timeout_ms * 1000 / 8).max(300))),
             timeout_ms,
             cooldown_ms: rng.pick(&[100, 300, 1000]),
+            sweep_ms: changes.pick(&[100, 300, 1000]),
             policies,
             faults,
             events,
             traffic,
+        };
+        // A clamp lowers the numbers of every form the policy takes (a clamp above the
+        // policy's own numbers is not applied, and then bounds nothing).
+        let forms = scenario.forms();
+        for (when, policy, clamp, keyed, ttl_ms, remove_after_ms) in overrides {
+            let Some(def) = scenario.policies.get(policy) else { continue };
+            let kind = match clamp {
+                None => OverrideKind::Bypass,
+                Some((div, shorter)) => {
+                    let all = forms.iter().filter(|((name, _), _)| *name == def.name).flat_map(|(_, f)| f.iter());
+                    let tightest =
+                        all.clone().map(|p| p.algorithm).reduce(Algorithm::tightest).unwrap_or(def.algorithm);
+                    let floor = all.map(|p| p.max_cost).max().unwrap_or(1);
+                    OverrideKind::Clamp(tightest.clamp(div, shorter, floor))
+                }
+            };
+            let key = keyed.then(|| hot_value(def.header).to_owned());
+            let event = Event::Override(OverrideDef { policy, kind, key, ttl_ms, remove_after_ms });
+            scenario.events.push((when, event));
         }
+        scenario.events.sort_by_key(|(when, _)| *when);
+        scenario
     }
 
     /// A scenario made for races on one lease record: one proxy of three workers, one
     /// lease policy with small grants, a hot key at a high rate, a healthy service.
     pub fn contended(seed: u64) -> Self {
         let mut scenario = Self::generate(seed);
-        scenario.contended = true;
+        scenario.shape = Shape::ContendedLease;
         let mut rng = Rng::new(seed ^ 0xc0_47e7_7ed0);
         scenario.proxies = 1;
         scenario.workers = 3;
@@ -446,14 +878,53 @@ impl Scenario {
             algorithm: Algorithm::TokenBucket { rate: 200, burst: 200 },
             failure: Failure::Deny,
             max_cost: 1,
-            usage_max: None,
+            usage: None,
             slots: 64,
             under_a: false,
             version: 0,
         }];
-        scenario.faults.clear();
-        scenario.events.clear();
-        scenario.traffic = Traffic {
+        scenario.contend();
+        scenario
+    }
+
+    /// A scenario made for races on one local bucket: one proxy of three workers, one
+    /// local policy (an algorithm that counts over time, or requests in flight), a hot
+    /// key at a high rate.
+    pub fn contended_local(seed: u64) -> Self {
+        let mut scenario = Self::generate(seed);
+        scenario.shape = Shape::ContendedLocal;
+        let mut rng = Rng::new(seed ^ 0x10ca_1c0e);
+        scenario.proxies = 1;
+        scenario.workers = 3;
+        scenario.duration = Duration::from_millis(1500);
+        let algorithm = match rng.below(5) {
+            0 => Algorithm::TokenBucket { rate: 100, burst: 20 },
+            1 => Algorithm::FixedWindow { limit: 40, window_ms: 200 },
+            2 => Algorithm::SlidingWindow { limit: 40, window_ms: 500 },
+            3 => Algorithm::SlidingLog { limit: 40, window_ms: 500 },
+            _ => Algorithm::Concurrency { limit: 2 },
+        };
+        scenario.policies = vec![PolicyDef {
+            name: "p0".to_owned(),
+            header: "x-tenant",
+            kind: Kind::Local,
+            algorithm,
+            failure: Failure::Deny,
+            max_cost: 1,
+            usage: None,
+            slots: 64,
+            under_a: false,
+            version: 0,
+        }];
+        scenario.contend();
+        scenario
+    }
+
+    /// No faults, no events, a hot key on a grid of instants.
+    fn contend(&mut self) {
+        self.faults.clear();
+        self.events.clear();
+        self.traffic = Traffic {
             mean_gap: Duration::from_micros(100),
             tenants: 2,
             hot_percent: 90,
@@ -461,7 +932,6 @@ impl Scenario {
             under_a_percent: 0,
             grid: Some(Duration::from_millis(1)),
         };
-        scenario
     }
 
     /// The filter configuration of `policies` (the scenario's, or as a reload left them).
@@ -473,7 +943,7 @@ impl Scenario {
                 "circuit_breaker": {"failures": 3, "cooldown": format!("{}ms", self.cooldown_ms)},
             },
             "policies": policies.iter().map(PolicyDef::json).collect::<Vec<_>>(),
-            "response": {"fallback_header": "x-sluice-fallback"},
+            "response": {"fallback_header": "x-sluice-fallback", "override_header": "x-sluice-override"},
         });
         config.to_string()
     }
@@ -495,10 +965,55 @@ impl Scenario {
         out
     }
 
+    /// Every reload of one proxy, in the order the timeline applies them: a reload of
+    /// every proxy is a rolling update 50 ms apart, a [`Event::Rollout`] one `gap_ms`
+    /// apart.
+    pub fn reloads(&self) -> Vec<Reload> {
+        let mut out = Vec::new();
+        for (when, event) in &self.events {
+            let (proxies, gap, policy, num, den, bump) = match *event {
+                Event::Reload { proxy: Some(p), policy, num, den, bump } => (p..p + 1, 0, policy, num, den, bump),
+                Event::Reload { proxy: None, policy, num, den, bump } => (0..self.proxies, 50, policy, num, den, bump),
+                Event::Rollout { policy, num, den, bump, gap_ms } => (0..self.proxies, gap_ms, policy, num, den, bump),
+                _ => continue,
+            };
+            for (i, proxy) in proxies.enumerate() {
+                let at = *when + Duration::from_millis(gap * i as u64);
+                out.push(Reload { at, proxy, policy, num, den, bump });
+            }
+        }
+        out.sort_by_key(|r| r.at);
+        out
+    }
+
+    /// Every form each policy (name and version) takes in the run, on any proxy.
+    pub fn forms(&self) -> BTreeMap<(String, u64), Vec<PolicyDef>> {
+        let mut forms: BTreeMap<(String, u64), Vec<PolicyDef>> = BTreeMap::new();
+        let mut add = |policies: &[PolicyDef]| {
+            for p in policies {
+                let entry = forms.entry((p.name.clone(), p.version)).or_default();
+                if !entry.contains(p) {
+                    entry.push(p.clone());
+                }
+            }
+        };
+        add(&self.policies);
+        let mut per_proxy = vec![self.policies.clone(); self.proxies];
+        for reload in self.reloads() {
+            if let Some(current) = per_proxy.get_mut(reload.proxy) {
+                *current = Self::reloaded(current, reload.policy, reload.num, reload.den, reload.bump);
+                add(current);
+            }
+        }
+        forms
+    }
+
     /// The longest a request may stay paused: two refill windows (the one it waits for,
-    /// and one it elects itself), the callout deadline, and ticks, with room to spare.
+    /// and one it elects itself), the callout deadline, and ticks, with room to spare;
+    /// and the longest a shaping policy (local, or at the service) may delay it.
     pub fn max_pause(&self) -> Duration {
         let window = Duration::from_millis(self.timeout_ms + 100);
-        2 * window + Duration::from_millis(self.timeout_ms) + Duration::from_millis(60)
+        let shaping = self.forms().values().flatten().map(|p| p.algorithm.max_wait_ms()).max().unwrap_or(0);
+        2 * window + Duration::from_millis(self.timeout_ms) + Duration::from_millis(60 + 2 * shaping)
     }
 }

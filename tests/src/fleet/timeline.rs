@@ -2,8 +2,8 @@
 //! each change does to the fleet.
 
 use super::oracle::Violation;
-use super::scenario::{Event, Scenario};
-use super::{Action, Failure, Fleet, service};
+use super::scenario::{Event, OverrideKind, Scenario};
+use super::{Action, Failure, Fleet, Variant, service};
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
 use std::time::Duration;
@@ -13,6 +13,14 @@ use std::time::Duration;
 pub(super) enum Change {
     Mode(Option<usize>, service::Mode),
     Event(Event),
+    /// One proxy reloads (a reload, or one step of a rolling update).
+    Reload(super::scenario::Reload),
+    /// The operator sets the override of the scenario's event `index`.
+    SetOverride(usize),
+    /// The operator removes the override the scenario's event `index` set.
+    RemoveOverride(usize),
+    /// The service's sweeper runs.
+    Sweep,
 }
 
 impl Fleet<'_> {
@@ -23,19 +31,29 @@ impl Fleet<'_> {
             out.entry(self.at(fault.from)).or_default().push(Change::Mode(fault.proxy, fault.mode));
             out.entry(self.at(fault.until)).or_default().push(Change::Mode(fault.proxy, service::Mode::Healthy));
         }
-        for (when, event) in &self.scenario.events {
+        for (index, (when, event)) in self.scenario.events.iter().enumerate() {
             match event {
-                // A rolling update: one proxy after another, 50 ms apart.
-                Event::Reload { proxy: None, policy, num, den, bump } => {
-                    for p in 0..self.scenario.proxies {
-                        let at = self.at(*when + Duration::from_millis(50 * p as u64));
-                        let event =
-                            Event::Reload { proxy: Some(p), policy: *policy, num: *num, den: *den, bump: *bump };
-                        out.entry(at).or_default().push(Change::Event(event));
+                // Reloads and rolling updates, proxy by proxy (below).
+                Event::Reload { .. } | Event::Rollout { .. } => {}
+                Event::Override(def) => {
+                    out.entry(self.at(*when)).or_default().push(Change::SetOverride(index));
+                    if let Some(after) = def.remove_after_ms {
+                        let removal = self.at(*when + Duration::from_millis(after));
+                        out.entry(removal).or_default().push(Change::RemoveOverride(index));
                     }
                 }
                 event => out.entry(self.at(*when)).or_default().push(Change::Event(event.clone())),
             }
+        }
+        for reload in self.scenario.reloads() {
+            out.entry(self.at(reload.at)).or_default().push(Change::Reload(reload));
+        }
+        // The sweeper, through the quiet end too.
+        let quiet = Duration::from_millis(self.scenario.cooldown_ms + 3000);
+        let mut sweep = Duration::from_millis(self.scenario.sweep_ms);
+        while sweep <= self.scenario.duration + quiet {
+            out.entry(self.at(sweep)).or_default().push(Change::Sweep);
+            sweep += Duration::from_millis(self.scenario.sweep_ms);
         }
         out
     }
@@ -75,10 +93,10 @@ impl Fleet<'_> {
                 }
                 self.act(actions)?;
             }
-            Change::Event(Event::Reload { proxy: Some(p), policy, num, den, bump }) => {
+            Change::Reload(super::scenario::Reload { proxy: p, policy, num, den, bump, .. }) => {
                 let Some(current) = self.proxies.get(p).map(|proxy| proxy.policies.clone()) else { return Ok(()) };
                 let next = Scenario::reloaded(&current, policy, num, den, bump);
-                let config = self.scenario.filter_config(&next);
+                let config = self.scenario.filter_config(&self.variant.configured(&next));
                 self.note(format!(
                     "proxy {p} reloads policy {policy} ×{num}/{den}{}",
                     if bump { ", version bumped" } else { "" }
@@ -93,8 +111,87 @@ impl Fleet<'_> {
                     }
                 }
             }
-            Change::Event(Event::Reload { proxy: None, .. }) => {}
+            Change::Event(Event::Reload { .. } | Event::Rollout { .. }) => {}
+            Change::Event(Event::Override(_)) => {}
+            Change::SetOverride(index) => self.set_override(index),
+            Change::RemoveOverride(index) => {
+                let Some(id) = self.override_ids.get(&index).cloned() else { return Ok(()) };
+                let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+                let at = service.decisions().len();
+                let removed = service.remove_override(&id);
+                drop(service);
+                match removed {
+                    Ok(_) => {
+                        self.note(format!("operator removes override {id}"));
+                        self.oracle.override_removed(&id, at);
+                    }
+                    Err(e) => self.note(format!("operator removes override {id}: refused ({} {})", e.code, e.message)),
+                }
+            }
+            Change::Sweep => {
+                let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+                let (dropped, at) = (service.sweep(), service.service_now());
+                drop(service);
+                self.oracle.swept(at);
+                if dropped > 0 {
+                    self.note(format!("service sweeps {dropped} idle keys"));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The operator sets override `def` at the service (its admin function, as `sluice-counter
+    /// override set` would), and the oracle learns what the service took.
+    fn set_override(&mut self, index: usize) {
+        let scenario = self.scenario;
+        let Some((_, Event::Override(def))) = scenario.events.get(index) else { return };
+        // The version the operator names is the one the first proxy runs now.
+        let Some(policy) = self.proxies.first().and_then(|p| p.policies.get(def.policy)).cloned() else { return };
+        let mut body = serde_json::json!({
+            "kind": match def.kind { OverrideKind::Bypass => "bypass", OverrideKind::Clamp(_) => "clamp" },
+            "policy": policy.name,
+            "ttl_ms": def.ttl_ms,
+            "reason": "the fleet simulation's scenario",
+            "operator": "fleet",
+        });
+        let clamp = match def.kind {
+            OverrideKind::Clamp(numbers) => {
+                body["limit"] = numbers.spec().unwrap_or_default();
+                Some(numbers)
+            }
+            OverrideKind::Bypass => None,
+        };
+        if let Some(value) = &def.key {
+            body["key"] = serde_json::json!([value]);
+            body["policy_version"] = policy.version.into();
+        }
+        let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
+        let (from, now) = (service.decisions().len(), service.service_now());
+        // A deliberately wrong run: the service never hears of its clamps.
+        let taken = if self.variant == Variant::ClampsNotSet && clamp.is_some() {
+            Ok(None)
+        } else {
+            service.set_override(body.to_string().as_bytes()).map(Some)
+        };
+        drop(service);
+        match taken {
+            Ok(item) => {
+                let id = item.as_ref().map_or_else(|| format!("ovr-unset-{index}"), |o| o.id.clone());
+                let until = item.as_ref().map_or(now + def.ttl_ms * 1_000_000, |o| o.expires_at_ms * 1_000_000);
+                self.note(format!(
+                    "operator sets override {id}: {:?} on {} v{}{} for {} ms",
+                    def.kind,
+                    policy.name,
+                    policy.version,
+                    def.key.as_ref().map(|k| format!(" for caller {k}")).unwrap_or_default(),
+                    def.ttl_ms
+                ));
+                self.oracle.override_set(&id, &policy.name, def.key.as_deref(), policy.version, clamp, from, until);
+                self.override_ids.insert(index, id);
+            }
+            Err(e) => self
+                .note(format!("operator sets {:?} on {}: refused ({} {})", def.kind, policy.name, e.code, e.message)),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The traffic: who arrives when, at which proxy and worker, with which headers.
 
-use super::oracle::Sent;
+use super::oracle::{Body, Report, Sent};
 use super::scenario::Scenario;
 use sluice_testkit::rng::Rng;
 use std::time::Duration;
@@ -12,6 +12,9 @@ pub(super) struct Arrivals {
     /// Draws the cost each upstream answer reports.
     pub(super) usage: Rng,
     pub(super) next: u64,
+    /// On a grid: when the next arrival would come without it (several arrivals then
+    /// share one instant of the grid).
+    pub(super) unrounded: u64,
     pub(super) flood_serial: u64,
 }
 
@@ -34,7 +37,23 @@ impl Arrivals {
             route: format!("r{}", a.rng.below(4)),
             under_a: a.rng.chance(scenario.traffic.under_a_percent),
             cost: if a.rng.chance(30) { a.rng.between(1, 12) } else { 1 },
-            usage: a.usage.between(1, 24),
+            // Costs reported below, at and far above the estimates, and sometimes not at all.
+            usage: match a.usage.below(10) {
+                0..=2 => a.usage.between(1, 3),
+                3..=6 => a.usage.between(1, 24),
+                7 | 8 => a.usage.between(24, 120),
+                _ => a.usage.between(120, 400),
+            },
+            report: Report {
+                header: a.usage.chance(90),
+                body: match a.usage.below(20) {
+                    0..=8 => Body::Json,
+                    9..=15 => Body::Events,
+                    16 => Body::EventsWithoutUsage,
+                    17 => Body::Text,
+                    _ => Body::Empty,
+                },
+            },
         };
         let proxy = a.rng.below(scenario.proxies as u64) as usize;
         let worker = a.rng.below(scenario.workers as u64) as usize;
@@ -48,7 +67,8 @@ impl Arrivals {
         a.next = now + gap.max(1);
         if let Some(grid) = scenario.traffic.grid {
             let grid = grid.as_nanos() as u64;
-            a.next = a.next.div_ceil(grid) * grid;
+            a.unrounded = a.unrounded.max(now.saturating_sub(grid)) + gap.max(1);
+            a.next = a.unrounded.div_ceil(grid) * grid;
         }
         (proxy, worker, sent)
     }

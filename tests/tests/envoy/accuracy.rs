@@ -1,12 +1,14 @@
 //! Accuracy across real Envoy workers: 4 workers, 16 keep-alive connections on threads,
 //! fresh keys every phase (so every phase races to spend full buckets), every admission
 //! replayed through the reference bucket (see `sluice_testkit::bucket` for why replaying
-//! at receipt times is sound), and Envoy's stats holding the accounting identity. The
-//! same load through the mutant that writes shared data without CAS must over-admit:
-//! that is what shows this test can fail.
+//! at receipt times is sound), and Envoy's stats holding the accounting identity. Whether
+//! workers race here depends on the machine's timing, so this oracle is shown to catch a
+//! filter that writes shared data without CAS where the race is forced: the fleet
+//! simulation interleaves the workers of that mutant inside their callbacks and its local
+//! bound catches the lost updates, every run (`tests/tests/fleet.rs`,
+//! `the_local_bound_catches_a_filter_whose_shared_data_writes_ignore_cas`).
 
 use super::*;
-use sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::envoy::SluiceFilter;
 use std::collections::BTreeMap;
@@ -120,19 +122,4 @@ fn four_envoy_workers_never_admit_more_than_the_reference_bucket() {
     assert_eq!(stat("offered"), run.sent);
     assert_eq!(stat("offered"), stat("allowed") + stat("rejected") + stat("queued"));
     assert_eq!(stat("allowed"), admitted as u64);
-}
-
-#[test]
-fn the_oracle_catches_a_filter_that_writes_shared_data_without_cas() {
-    let mut over = 0;
-    for _ in 0..3 {
-        let envoy = envoy(sluice(&config()).wasm(SLUICE_MUTANT_BLIND_WRITES_WASM));
-        let mut run = drive(&envoy);
-        over += over_admission(&mut run);
-        eprintln!("mutant: {} requests, over-admitted {over} so far", run.sent);
-        if over > 0 {
-            break;
-        }
-    }
-    assert!(over > 0, "a filter that loses updates must over-admit under four workers");
 }

@@ -1,19 +1,11 @@
 //! The fleet-wide checks: what the service granted and admitted against what the proxies
 //! spent, and against each counter's budget.
 
+use super::bound::{Replay, Watched};
 use super::{Oracle, Violation};
 use crate::fleet::scenario::{Algorithm, PolicyDef};
 use crate::fleet::service::Decision;
-use sluice_testkit::bucket::ReferenceBucket;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// The replay of one counter's budget in the service's time.
-pub(super) struct Budget {
-    /// Token bucket: the reference; windows: units per window index.
-    pub(super) bucket: Option<ReferenceBucket>,
-    pub(super) windows: BTreeMap<u64, u64>,
-    pub(super) last: u64,
-}
 
 impl Oracle {
     /// Per global policy, from the proxies' own metrics (whatever their fallback header
@@ -162,70 +154,166 @@ impl Oracle {
         Ok(())
     }
 
-    /// Replays the service's new decisions through each counter's budget.
-    pub(super) fn budget(&mut self, decisions: &[Decision]) -> Result<(), Violation> {
-        let all = decisions;
-        let fresh = decisions.get(self.budget_seen..).unwrap_or_default().to_vec();
+    /// Replays the service's new decisions through each counter's bound, and each
+    /// clamped counter's clamp; checks what each charge forgave. `forgiven` is what the
+    /// service counted as forgiven so far (its metric, across restarts).
+    pub(super) fn counter_bounds(&mut self, decisions: &[Decision], forgiven: u64) -> Result<(), Violation> {
+        let first = self.budget_seen;
+        let fresh = decisions.get(first..).unwrap_or_default().to_vec();
         self.budget_seen = decisions.len();
-        for decision in fresh {
-            let (key, units, at) = match decision {
+        for decision in &fresh {
+            if let Decision::Charge { duplicate: false, forgiven, .. } = decision {
+                self.charge_forgiven += forgiven;
+            }
+        }
+        // What the service forgave outside charges' answers (a carry-over's cap): any
+        // counter may have been given that much.
+        let slack = forgiven.saturating_sub(self.charge_forgiven);
+        for (index, decision) in fresh.into_iter().enumerate() {
+            let index = first + index;
+            let (key, spend, at, overridden, what) = match decision {
                 Decision::Restart { .. } => {
                     self.budgets.clear();
+                    self.overrides_lost(index);
                     continue;
                 }
-                Decision::Grant { key, granted, service_at, .. } => (key, granted, service_at),
-                Decision::Check { key, cost, service_at, .. } => (key, cost, service_at),
-                // A charge only spends more: a replay without it holds at least as much.
-                Decision::Charge { .. } => continue,
-                Decision::Credit { key, credited, spent_at, service_at, duplicate: false } if credited > 0 => {
-                    self.credit(&key, credited, spent_at, service_at);
-                    continue;
+                Decision::Grant { key, granted, service_at, overridden, spec, .. } => {
+                    (key, Effect::Spend(granted), service_at, overridden, format!("grant {granted} ({spec})"))
+                }
+                Decision::Check { key, cost, service_at, overridden, .. } => {
+                    (key, Effect::Spend(cost), service_at, overridden, format!("check {cost}"))
+                }
+                Decision::Charge { duplicate: true, .. } => continue,
+                ref charge @ Decision::Charge {
+                    ref key,
+                    charged,
+                    cost,
+                    forgiven,
+                    max_debt,
+                    service_at,
+                    overridden,
+                    ..
+                } => {
+                    self.check_forgiven(charge)?;
+                    let what = format!("charge {cost} max_debt {max_debt}: charged {charged}, forgiven {forgiven}");
+                    (key.clone(), Effect::Spend(charged), service_at, overridden, what)
+                }
+                Decision::Credit { key, credited, spent_at, service_at, duplicate: false, overridden }
+                    if credited > 0 =>
+                {
+                    let what = format!("credit {credited} spent at {:.3} ms", ms(spent_at));
+                    (key, Effect::Credit { units: credited, spent_at }, service_at, overridden, what)
                 }
                 Decision::Credit { .. } => continue,
             };
             let Some((name, version)) = self.counters.get(&key).cloned() else { continue };
-            let Some(forms) = self.forms.get(&(name.clone(), version)) else { continue };
-            let loosest = loosest(forms);
-            let budget = self.budgets.entry(key.clone()).or_insert_with(|| Budget {
-                bucket: match loosest {
-                    Algorithm::TokenBucket { rate, burst } => Some(ReferenceBucket::new(rate, 1_000_000_000, burst)),
-                    _ => None,
-                },
-                windows: BTreeMap::new(),
-                last: 0,
-            });
-            let at = at.max(budget.last);
-            budget.last = at;
-            let over = match loosest {
-                Algorithm::TokenBucket { .. } => budget.bucket.as_mut().is_some_and(|b| !b.admit(at, units)),
-                Algorithm::FixedWindow { limit, window_ms } | Algorithm::SlidingWindow { limit, window_ms } => {
-                    let count = budget.windows.entry(at / (window_ms * 1_000_000)).or_insert(0);
-                    *count += units;
-                    *count > limit
+            let applies = self.applicable(index, &key, &name, version, at);
+            let by = overridden.map(|o| format!(" [{} {}]", o.kind.name(), o.id)).unwrap_or_default();
+            let line = format!("{:.3} ms {what}{by}", ms(at));
+            if let Some(applied) = overridden
+                && applied.kind == sluice_protocol::OverrideKind::Bypass
+            {
+                // Admitted without spending: only where a bypass applies.
+                let bypass = applies.and_then(|i| self.overrides.get(i)).is_some_and(|w| w.clamp.is_none());
+                if !bypass && matches!(spend, Effect::Spend(units) if units > 0) {
+                    return Err(Violation::new(
+                        "clamp bound",
+                        format!(
+                            "policy {name} v{version}, counter {key}: the service let {line} through without \
+                             spending under a bypass ({}), but no bypass applies to it then",
+                            applied.id
+                        ),
+                    ));
                 }
-            };
-            if over {
-                let history: Vec<String> = all
-                    .iter()
-                    .filter_map(|d| match d {
-                        Decision::Grant { key: k, granted, service_at, spec, .. } if *k == key => Some(format!(
-                            "grant {granted} at {:.3} ms: {spec}",
-                            (service_at % 1_000_000_000_000) as f64 / 1e6
-                        )),
-                        Decision::Check { key: k, cost, service_at, .. } if *k == key => {
-                            Some(format!("check {cost} at {:.3} ms", (service_at % 1_000_000_000_000) as f64 / 1e6))
-                        }
-                        Decision::Restart { .. } => Some("restart".to_owned()),
-                        _ => None,
-                    })
-                    .collect();
+                continue;
+            }
+            let Some(forms) = self.forms.get(&(name.clone(), version)) else { continue };
+            let global: Vec<&PolicyDef> = forms.iter().filter(|p| p.is_global()).collect();
+            let Some(numbers) = global.iter().map(|p| p.algorithm).reduce(Algorithm::loosest) else { continue };
+            let allowance = global.iter().map(|p| p.max_debt()).max().unwrap_or(0);
+            let watched = self.budgets.entry(key.clone()).or_insert_with(|| Watched::new(numbers, allowance));
+            watched.note(line.clone());
+            let past = spend.apply(&mut watched.replay, at);
+            if past > watched.allowance + slack {
                 return Err(Violation::new(
-                    "budget",
+                    "counter bound",
                     format!(
-                        "policy {name} v{version}, counter {key}: the service granted or admitted {units} at {:.3} ms \
-                         beyond the policy's numbers ({loosest:?}, the loosest in force): a fresh budget appeared; \
-                         history {history:#?}",
-                        (at % 1_000_000_000_000) as f64 / 1e6
+                        "policy {name} v{version}, counter {key}: at {:.3} ms (the service's clock) the service had \
+                         counted {past} units past {numbers:?} (the loosest numbers in force), beyond the debt the \
+                         policy allows ({}) and what it forgave outside charges ({slack}): over some interval more \
+                         was admitted than the numbers and the debt bound allow (a counter started over, or its \
+                         debt was forgiven silently); last decisions on it {:#?}",
+                        ms(at),
+                        watched.allowance,
+                        watched.history
+                    ),
+                ));
+            }
+            // Under a clamp, the clamp's numbers bound the counter too.
+            let Some(index) = applies else { continue };
+            let Some(watch) = self.overrides.get_mut(index) else { continue };
+            let Some(clamp) = watch.clamp else { continue };
+            let allowance = allowance.min(clamp.capacity());
+            let clamped = watch.replays.entry(key.clone()).or_insert_with(|| Watched::new(clamp, allowance));
+            clamped.note(line);
+            let past = spend.apply(&mut clamped.replay, at);
+            if past > clamped.allowance + slack {
+                return Err(Violation::new(
+                    "clamp bound",
+                    format!(
+                        "policy {name} v{version}, counter {key}: under clamp {} ({clamp:?}, until {:.3} ms on the \
+                         service's clock{}), the service counted {past} units past the clamp's numbers at {:.3} ms, \
+                         beyond its debt bound ({}); decisions under it {:#?}",
+                        watch.id,
+                        ms(watch.until),
+                        if watch.keyed.is_some() { ", for this caller" } else { ", for the whole policy" },
+                        ms(at),
+                        clamped.allowance,
+                        clamped.history
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A charge is charged or forgiven whole, and forgives only what does not fit below
+    /// the debt bound the proxy asked for (counter-service/README.md, "Bounded debt").
+    fn check_forgiven(&self, charge: &Decision) -> Result<(), Violation> {
+        let Decision::Charge { key, charged, cost, forgiven, max_debt, limit, service_at, after, overridden, .. } =
+            charge
+        else {
+            return Ok(());
+        };
+        let (name, version) = self.counters.get(key).cloned().unwrap_or_default();
+        let bypassed = overridden.is_some_and(|o| o.kind == sluice_protocol::OverrideKind::Bypass);
+        let what = format!(
+            "policy {name} v{version}, counter {key}: a charge of {cost} (max_debt {max_debt}, {limit:?}) at {:.3} \
+             ms was charged {charged} and forgave {forgiven}",
+            ms(*service_at)
+        );
+        if charged + forgiven != *cost {
+            return Err(Violation::new("forgiven", format!("{what}: units lost without being counted")));
+        }
+        if *forgiven == 0 || bypassed {
+            return Ok(());
+        }
+        let (_, remaining, reset_after_ns) = *after;
+        if remaining > 0 {
+            return Err(Violation::new("forgiven", format!("{what}, though {remaining} units were left after it")));
+        }
+        if overridden.is_none()
+            && let sluice_protocol::LimitSpec::TokenBucket { amount, per_ms, burst } = *limit
+        {
+            // Past the bound, a bucket owes burst + max_debt, less than one unit.
+            let owed = u128::from(burst + (*max_debt).min(burst)).saturating_sub(1);
+            let at_least = owed * u128::from(per_ms) * 1_000_000 / u128::from(amount.max(1));
+            if u128::from(reset_after_ns) < at_least {
+                return Err(Violation::new(
+                    "forgiven",
+                    format!(
+                        "{what}, though the counter owed only {reset_after_ns} ns of refill after it, less than its \
+                         burst and debt bound ({at_least} ns): it forgave what it should have owed"
                     ),
                 ));
             }
@@ -234,47 +322,30 @@ impl Oracle {
     }
 }
 
-impl Oracle {
-    /// Gives a credit back in the replay of `key`'s budget, as the service did: to the
-    /// bucket (never above full), or to the window the units were spent in.
-    fn credit(&mut self, key: &str, units: u64, spent_at: u64, at: u64) {
-        let Some((name, version)) = self.counters.get(key).cloned() else { return };
-        let Some(forms) = self.forms.get(&(name, version)) else { return };
-        let loosest = loosest(forms);
-        let Some(budget) = self.budgets.get_mut(key) else { return };
-        let at = at.max(budget.last);
-        budget.last = at;
-        match loosest {
-            Algorithm::TokenBucket { .. } => {
-                if let Some(bucket) = budget.bucket.as_mut() {
-                    bucket.credit(at, units);
-                }
-            }
-            Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingWindow { window_ms, .. } => {
-                if let Some(count) = budget.windows.get_mut(&(spent_at / (window_ms * 1_000_000))) {
-                    *count = count.saturating_sub(units);
-                }
+/// What a decision does to a counter.
+#[derive(Clone, Copy, Debug)]
+enum Effect {
+    /// Units counted.
+    Spend(u64),
+    /// Units given back, spent at `spent_at`.
+    Credit { units: u64, spent_at: u64 },
+}
+
+impl Effect {
+    /// Applies it to `replay` at `at`: how far past its numbers the counter is then.
+    fn apply(self, replay: &mut Replay, at: u64) -> u64 {
+        match self {
+            Self::Spend(units) => replay.spend(at, units),
+            Self::Credit { units, spent_at } => {
+                replay.credit(at, spent_at, units);
+                0
             }
         }
     }
 }
 
-/// The loosest numbers among a policy's forms (same algorithm and window throughout).
-fn loosest(forms: &[PolicyDef]) -> Algorithm {
-    let mut out = forms.first().map(|p| p.algorithm).unwrap_or(Algorithm::TokenBucket { rate: 1, burst: 1 });
-    for form in forms {
-        out = match (out, form.algorithm) {
-            (Algorithm::TokenBucket { rate, burst }, Algorithm::TokenBucket { rate: r, burst: b }) => {
-                Algorithm::TokenBucket { rate: rate.max(r), burst: burst.max(b) }
-            }
-            (Algorithm::FixedWindow { limit, window_ms }, Algorithm::FixedWindow { limit: l, .. }) => {
-                Algorithm::FixedWindow { limit: limit.max(l), window_ms }
-            }
-            (Algorithm::SlidingWindow { limit, window_ms }, Algorithm::SlidingWindow { limit: l, .. }) => {
-                Algorithm::SlidingWindow { limit: limit.max(l), window_ms }
-            }
-            (out, _) => out,
-        };
-    }
-    out
+/// Nanoseconds of the service's clock as milliseconds of the run (the clock starts at a
+/// round second: the last 1000 s are shown).
+fn ms(ns: u64) -> f64 {
+    (ns % 1_000_000_000_000) as f64 / 1e6
 }

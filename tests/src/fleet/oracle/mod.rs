@@ -5,7 +5,9 @@
 //! * **answered**: no stream stays paused longer than [`Scenario::max_pause`];
 //! * **no degraded decision from a healthy service**: while the service has been healthy
 //!   for a proxy long enough for earlier faults to have passed (a refill window twice,
-//!   the breaker's cooldown), no answer carries a fallback for a service reason.
+//!   the breaker's cooldown), and the proxy has called it since (a breaker a fault
+//!   opened stays open until a request probes), no answer carries a fallback for a
+//!   service reason.
 //!
 //! Per proxy (from its metrics and shared data):
 //!
@@ -28,7 +30,33 @@
 //! * **the budget**: what the service granted and admitted on one counter fits the
 //!   policy's numbers (the loosest a reload put in force for that version), replayed in
 //!   the service's own time, from its last restart;
-//! * **emergency caps**: what a proxy's cap admitted for one caller fits the cap.
+//! * **emergency caps**: what a proxy's cap admitted for one caller fits the cap;
+//! * **counter bound**: every unit the service counted on one counter (grants, admitted
+//!   checks, and charges: of costs the responses reported above their estimates, and of
+//!   admissions made without it), less what credits gave back, replayed in the service's
+//!   own time from its last restart under the loosest numbers in force for that version
+//!   (across a rollout: the larger burst and the larger rate), never goes past them by
+//!   more than the debt the policy allows (`max_debt`) plus what the service counted as
+//!   forgiven outside charges (a carry-over's cap). A counter that starts over, or whose
+//!   debt is forgiven silently, admits beyond it ([`bound`]);
+//! * **clamp bound**: while an operator's clamp applies to a counter (counted on the
+//!   service's clock from when it was set to its expiry or removal, by the precedence the
+//!   service documents), what the service counts on it fits the clamp's numbers too,
+//!   with the debt bound capped at the clamp's capacity; a bypass admits without
+//!   spending only where one applies;
+//! * **forgiven**: a charge is charged or forgiven whole (`charged + forgiven = cost`),
+//!   and forgives only what does not fit below the debt bound asked for: the counter is
+//!   empty after it, and a bucket owes its `burst + max_debt` (within one unit).
+//!
+//! Per proxy, its own counters ([`local`]):
+//!
+//! * **local bound**: a local policy's units (estimates spent on arrival, costs reported
+//!   above them charged and below them given back when the response ends) fit its
+//!   loosest numbers per caller, plus the debt a local bucket may owe (`64 × max`) and
+//!   what the proxy counted as forgiven; twice them once a caller may have spilled into
+//!   the overflow bucket;
+//! * **in flight**: a concurrency policy's forwarded, unanswered requests per caller never
+//!   outnumber its limit.
 //!
 //! At the end, after a quiet, healthy period: every stream is answered, no lease
 //! record holds anything (no debt, no tokens): no slot is held by a key that is gone,
@@ -38,17 +66,23 @@
 //! such a policy counts only the part of the estimate the answer used: the rest went
 //! back to the lease.
 
+mod bound;
 mod ledger;
+mod local;
 mod observed;
+mod overrides;
 
-pub use observed::{Next, Observed, Sent, Violation};
+pub use observed::{Body, Next, Observed, Report, Sent, Violation};
 
-use super::scenario::{Failure, Kind, PolicyDef, Scenario};
+use super::scenario::{Algorithm, Failure, Kind, PolicyDef, Scenario};
 use super::service::{Decision, Mode};
-use ledger::Budget;
-use observed::parse_fallback;
+use bound::Watched;
+use local::{Local, LocalEvent, LocalKey};
+use observed::{parse_fallback, parse_overridden};
+use overrides::Watch;
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// One policy a request matched.
@@ -84,6 +118,10 @@ pub struct Oracle {
     linger: u64,
     /// Per proxy: since when the service has been healthy for it (`None`: it is not).
     healthy_since: Vec<Option<u64>>,
+    /// Per proxy: when it first called the service since the service last turned healthy
+    /// for it (the fleet's transport records it). A breaker opened by a fault stays open
+    /// until a request probes, however long a proxy that never calls waits.
+    probes: Arc<Mutex<Vec<Option<u64>>>>,
     hash_key: shared_store::HashKey,
     streams: BTreeMap<u64, Followed>,
     /// Per counter: units spent through leases: (the request's arrival, its admission,
@@ -105,49 +143,47 @@ pub struct Oracle {
     /// Per (proxy, policy): the units by which the costs its answers reported differ from
     /// the estimates spent on them, which settling must charge, credit or forgive.
     to_settle: BTreeMap<(usize, String), u64>,
-    /// Decisions of the service already checked against the budget.
+    /// Decisions of the service already checked against the counters' bounds.
     budget_seen: usize,
-    budgets: BTreeMap<String, Budget>,
+    /// Per global counter: its replay under the loosest numbers in force.
+    budgets: BTreeMap<String, Watched>,
+    /// Units the service's charges forgave, as their answers said.
+    charge_forgiven: u64,
+    /// The overrides the service took.
+    overrides: Vec<Watch>,
+    /// The proxies' wall clock minus their monotonic clock (local windows align to it).
+    real_offset: u64,
+    /// The run's start on the proxies' wall clock.
+    start_real: u64,
+    /// How long after its arrival a request may first be known to be admitted.
+    local_lag: u64,
+    /// Local counters' events not yet replayed: (wall clock, order, counter, event).
+    local_pending: Vec<(u64, u64, LocalKey, LocalEvent)>,
+    local_seq: u64,
+    locals: BTreeMap<LocalKey, Local>,
     steps: u64,
     note: String,
 }
 
 impl Oracle {
-    /// The oracle of `scenario`, whose run starts at `start`.
-    pub fn new(scenario: &Scenario, start: u64) -> Self {
+    /// The oracle of `scenario`, whose run starts at `start` (the proxies' monotonic
+    /// clock), their wall clock reading `real_offset` more.
+    pub fn new(scenario: &Scenario, start: u64, real_offset: u64) -> Self {
         let window = scenario.timeout_ms + 100;
         // Every form a policy will take: the numbers in force are the loosest of all of
         // them from the start (a budget replayed under one set of numbers must not be
         // surprised by a reload it has not seen yet).
-        let mut forms: BTreeMap<(String, u64), Vec<PolicyDef>> = BTreeMap::new();
-        let mut per_proxy = vec![scenario.policies.clone(); scenario.proxies];
-        let mut add = |policies: &[PolicyDef]| {
-            for p in policies {
-                let entry = forms.entry((p.name.clone(), p.version)).or_default();
-                if !entry.contains(p) {
-                    entry.push(p.clone());
-                }
-            }
-        };
-        add(&scenario.policies);
-        for (_, event) in &scenario.events {
-            if let super::scenario::Event::Reload { proxy, policy, num, den, bump } = event {
-                for (p, current) in per_proxy.iter_mut().enumerate() {
-                    if proxy.is_none_or(|x| x == p) {
-                        *current = Scenario::reloaded(current, *policy, *num, *den, *bump);
-                        add(current);
-                    }
-                }
-            }
-        }
+        let forms = scenario.forms();
+        let max_pause = std::env::var("SLUICE_FLEET_MAX_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(scenario.max_pause().as_nanos() as u64, |ms| ms * 1_000_000);
         Self {
             start,
-            max_pause: std::env::var("SLUICE_FLEET_MAX_PAUSE_MS")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(scenario.max_pause().as_nanos() as u64, |ms| ms * 1_000_000),
+            max_pause,
             linger: Duration::from_millis(2 * window + scenario.cooldown_ms + 50).as_nanos() as u64,
             healthy_since: vec![Some(start); scenario.proxies],
+            probes: Arc::new(Mutex::new(vec![None; scenario.proxies])),
             hash_key: shared_store::HashKey::global(super::HASH_KEY.as_bytes()),
             streams: BTreeMap::new(),
             lease_spends: BTreeMap::new(),
@@ -160,6 +196,15 @@ impl Oracle {
             to_settle: BTreeMap::new(),
             budget_seen: 0,
             budgets: BTreeMap::new(),
+            charge_forgiven: 0,
+            overrides: Vec::new(),
+            real_offset,
+            start_real: start + real_offset,
+            // Forwarded within the longest pause, answered within 3 ms, then seen.
+            local_lag: max_pause + 5_000_000,
+            local_pending: Vec::new(),
+            local_seq: 0,
+            locals: BTreeMap::new(),
             steps: 0,
             note: String::new(),
         }
@@ -170,10 +215,22 @@ impl Oracle {
         std::mem::take(&mut self.note)
     }
 
+    /// Where the fleet's transport records, per proxy, its first call to a healthy
+    /// service (and the fleet forgets it when the service stops being healthy for it).
+    pub fn probes(&self) -> Arc<Mutex<Vec<Option<u64>>>> {
+        self.probes.clone()
+    }
+
     /// The service changed how it behaves for `proxy` (every proxy: `None`).
     pub fn service_mode(&mut self, proxy: Option<usize>, mode: Mode, now: u64) {
+        let mut probes = self.probes.lock().unwrap_or_else(PoisonError::into_inner);
         for (p, since) in self.healthy_since.iter_mut().enumerate() {
             if proxy.is_none_or(|x| x == p) {
+                if !mode.is_healthy()
+                    && let Some(probe) = probes.get_mut(p)
+                {
+                    *probe = None;
+                }
                 *since = match (mode.is_healthy(), *since) {
                     (true, Some(since)) => Some(since),
                     (true, None) => Some(now),
@@ -256,9 +313,9 @@ impl Oracle {
                 }
                 Ok(Next::Upstream)
             }
-            Observed::Answered { status, local, fallback } => {
+            Observed::Answered { status, local, fallback, overridden } => {
                 self.streams.remove(&key);
-                self.answered(&followed, sent, *status, *local, fallback.as_deref())?;
+                self.answered(&followed, sent, *status, *local, fallback.as_deref(), overridden.as_deref(), now)?;
                 Ok(Next::Done)
             }
             Observed::Reset | Observed::Gone => {
@@ -269,6 +326,7 @@ impl Oracle {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn answered(
         &mut self,
         followed: &Followed,
@@ -276,6 +334,8 @@ impl Oracle {
         status: u16,
         local: bool,
         fallback: Option<&str>,
+        overridden: Option<&str>,
+        now: u64,
     ) -> Result<(), Violation> {
         let proxy = followed.proxy;
         let (kind, reason, mut named) = parse_fallback(fallback);
@@ -293,6 +353,9 @@ impl Oracle {
             && SERVICE_REASONS.contains(&reason)
             && let Some(since) = self.healthy_since.get(proxy).copied().flatten()
             && since.saturating_add(self.linger) <= followed.arrived
+            && let Some(probe) =
+                self.probes.lock().unwrap_or_else(PoisonError::into_inner).get(proxy).copied().flatten()
+            && probe.saturating_add(self.linger) <= followed.arrived
         {
             return Err(Violation::new(
                 "healthy",
@@ -309,13 +372,28 @@ impl Oracle {
         }
         // Admitted: each global policy it matched paid for it, or fell back (named).
         let Some(at) = followed.forwarded_at else { return Ok(()) };
+        let bypassed = parse_overridden(overridden, "bypass");
         for m in &followed.matched {
             // What the response reported settles the estimate, whoever decided it.
-            let actual = m.policy.usage_max.map(|max| sent.usage.min(max));
-            // A check-mode policy that failed open spent nowhere: nothing to settle.
+            let actual = sent.actual(&m.policy, m.cost);
+            if m.policy.kind == Kind::Local && !matches!(m.policy.algorithm, Algorithm::Concurrency { .. }) {
+                // Spent when it arrived; settled when its response ended (now).
+                let key = (proxy, m.policy.name.clone(), m.policy.version, m.value.clone());
+                let (arrived, ended) = (followed.arrived + self.real_offset, now + self.real_offset);
+                self.local_event(arrived, key.clone(), LocalEvent::Spend(m.cost));
+                match actual {
+                    Some(actual) if actual > m.cost => self.local_event(ended, key, LocalEvent::Spend(actual - m.cost)),
+                    Some(actual) if actual < m.cost => {
+                        self.local_event(ended, key, LocalEvent::Credit(m.cost - actual, arrived));
+                    }
+                    _ => {}
+                }
+            }
+            // A check-mode policy that failed open, or that an operator's bypass let
+            // through, spent nowhere: nothing to settle.
             let spent_nowhere = m.policy.kind == Kind::Check
-                && named.contains(&m.policy.name)
-                && !matches!(m.policy.failure, Failure::Emergency { .. });
+                && ((named.contains(&m.policy.name) && !matches!(m.policy.failure, Failure::Emergency { .. }))
+                    || bypassed.contains(&m.policy.name));
             if let Some(actual) = actual.filter(|_| !spent_nowhere) {
                 *self.to_settle.entry((proxy, m.policy.name.clone())).or_insert(0) += actual.abs_diff(m.cost);
             }
@@ -385,7 +463,6 @@ impl Oracle {
         policies: &[PolicyDef],
         now: u64,
     ) -> Result<(), Violation> {
-        let _ = now;
         let traps = host.traps();
         if let Some(trap) = traps.first() {
             return Err(Violation::new("no trap", format!("proxy {proxy}: a worker trapped: {trap:?}")));
@@ -435,7 +512,8 @@ impl Oracle {
         if self.steps.is_multiple_of(25) {
             self.debts(proxy, host, policies, false)?;
         }
-        Ok(())
+        self.in_flight(proxy, host)?;
+        self.local_bound(proxy, host, now + self.real_offset, false)
     }
 
     fn debts(
@@ -498,6 +576,7 @@ impl Oracle {
         now: u64,
     ) -> Result<(), Violation> {
         self.proxy(proxy, host, policies, now)?;
+        self.local_bound(proxy, host, now + self.real_offset, true)?;
         self.debts(proxy, host, policies, true)?;
         self.costs_settled(proxy, host)
     }
@@ -530,9 +609,15 @@ impl Oracle {
 
     /// The fleet-wide checks against what the service decided; `proxies` are every
     /// proxy's host.
-    pub fn service(&mut self, decisions: &[Decision], proxies: &[&wasm_host::Host], now: u64) -> Result<(), Violation> {
+    pub fn service(
+        &mut self,
+        decisions: &[Decision],
+        forgiven: u64,
+        proxies: &[&wasm_host::Host],
+        now: u64,
+    ) -> Result<(), Violation> {
         let _ = now;
-        self.budget(decisions)?;
+        self.counter_bounds(decisions, forgiven)?;
         if !self.steps.is_multiple_of(20) {
             return Ok(());
         }

@@ -1,6 +1,8 @@
 //! What the simulation and the oracle say to each other: a request as sent, a stream as
 //! observed, what to do with it next, a finding, and the fallback header read back.
 
+use crate::fleet::scenario::{PolicyDef, UsageFrom};
+
 /// A request as the simulation sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -14,8 +16,34 @@ pub struct Sent {
     pub under_a: bool,
     /// `x-cost`.
     pub cost: u64,
-    /// What the upstream's answer reports in `x-usage`.
+    /// The cost the upstream's answer reports (where [`Sent::report`] says).
     pub usage: u64,
+    /// How the answer reports it.
+    pub report: Report,
+}
+
+/// How an upstream's answer reports its cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// In its `x-usage` header.
+    pub header: bool,
+    /// In its body.
+    pub body: Body,
+}
+
+/// An upstream answer's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// None.
+    Empty,
+    /// A JSON document with `usage.total_tokens`.
+    Json,
+    /// An event stream whose last event carries `usage.total_tokens`.
+    Events,
+    /// An event stream none of whose events carries it (a stream without usage).
+    EventsWithoutUsage,
+    /// Text that is not JSON.
+    Text,
 }
 
 impl Sent {
@@ -24,6 +52,47 @@ impl Sent {
             "x-tenant" => &self.tenant,
             "x-user" => &self.user,
             _ => &self.route,
+        }
+    }
+
+    /// The cost the answer reports where `from` reads it, if it does.
+    pub fn reported(&self, from: UsageFrom) -> Option<u64> {
+        let reported = match from {
+            UsageFrom::Header => self.report.header,
+            UsageFrom::Json => matches!(self.report.body, Body::Json | Body::Events),
+        };
+        reported.then_some(self.usage)
+    }
+
+    /// What the answer makes of this request's cost under `policy`, whose estimate was
+    /// `estimate`: `None` when the policy does not read costs from responses.
+    pub fn actual(&self, policy: &PolicyDef, estimate: u64) -> Option<u64> {
+        let usage = policy.usage?;
+        Some(match self.reported(usage.from) {
+            Some(reported) => reported.min(usage.max),
+            None => usage.on_unknown.unwrap_or(estimate),
+        })
+    }
+
+    /// The upstream's answer.
+    pub(in crate::fleet) fn response(&self) -> wasm_host::Response {
+        let usage = self.usage;
+        let mut response = wasm_host::Response::ok();
+        if self.report.header {
+            response = response.header("x-usage", usage.to_string());
+        }
+        let json = format!(r#"{{"id":"r","usage":{{"prompt_tokens":0,"total_tokens":{usage}}}}}"#);
+        let events = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        match self.report.body {
+            Body::Empty => response,
+            Body::Json => response.header("content-type", "application/json").body(json),
+            Body::Events => response
+                .header("content-type", "text/event-stream")
+                .body(format!("{events}data: {json}\n\ndata: [DONE]\n\n")),
+            Body::EventsWithoutUsage => {
+                response.header("content-type", "text/event-stream").body(format!("{events}data: [DONE]\n\n"))
+            }
+            Body::Text => response.header("content-type", "text/plain").body("not json"),
         }
     }
 }
@@ -43,6 +112,8 @@ pub enum Observed {
         local: bool,
         /// The fallback header.
         fallback: Option<String>,
+        /// The override header (`clamp; id=ovr-…; policy=p0, bypass; …`).
+        overridden: Option<String>,
     },
     /// The filter reset it.
     Reset,
@@ -97,4 +168,16 @@ pub(super) fn parse_fallback(value: Option<&str>) -> (Option<&str>, Option<&str>
         }
     }
     (kind, reason, policies)
+}
+
+/// The policies an override header (`clamp; id=ovr-…; policy=p0, bypass; id=…; policy=p1`)
+/// names under overrides of `kind`.
+pub(super) fn parse_overridden(value: Option<&str>, kind: &str) -> Vec<String> {
+    let Some(value) = value else { return Vec::new() };
+    value
+        .split(", ")
+        .filter(|one| one.split("; ").next() == Some(kind))
+        .filter_map(|one| one.split("; ").find_map(|part| part.strip_prefix("policy=")))
+        .map(str::to_owned)
+        .collect()
 }

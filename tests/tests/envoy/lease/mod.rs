@@ -5,7 +5,6 @@
 //! the lease, then the failure rule, and the outage's admissions charged afterwards.
 
 use super::*;
-use sluice_artifacts::SLUICE_MUTANT_BLIND_WRITES_WASM;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
@@ -190,36 +189,6 @@ fn envoys_and_wasm_hosts_on_one_leased_budget_never_admit_more_than_was_granted_
     let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
     assert_leases_never_admit_more_than_was_granted(&service);
-}
-
-#[test]
-fn the_oracle_catches_leases_spent_without_cas() {
-    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    // Demand above the budget: every token granted is spent at once, so what a proxy
-    // still holds at the end is a handful, and every lost update shows. A lost update
-    // needs two workers of one Envoy spending on one record at the same instant, so the
-    // budget is large enough for thousands of spends per round.
-    let config =
-        config("5000/second", 5000, r#"{"size": 20, "duration": "5s", "low_water": 5}"#, DENY, HEALTHY_TIMEOUT, "1s");
-    let mut over = false;
-    for _ in 0..5 {
-        let envoys: Vec<Envoy> =
-            (0..2).map(|_| envoy(&config, service.addr(), SLUICE_MUTANT_BLIND_WRITES_WASM)).collect();
-        let addrs: Vec<SocketAddr> = envoys.iter().map(Envoy::addr).collect();
-        let before = service.metric("sluice_counter_leased_tokens_total");
-        let admitted = drive(&addrs, Duration::from_secs(2)).admitted();
-        // Let refills still in flight land before counting what was granted.
-        std::thread::sleep(Duration::from_millis(300));
-        let granted = service.metric("sluice_counter_leased_tokens_total") - before;
-        // Tokens still held in leases were granted but not spent: spent ≤ granted holds
-        // for a correct filter; lost updates make the proxies spend more than that.
-        eprintln!("mutant: {admitted} admitted of {granted} granted");
-        if admitted > granted {
-            over = true;
-            break;
-        }
-    }
-    assert!(over, "a filter that loses lease updates must spend more than it was granted");
 }
 
 #[test]
