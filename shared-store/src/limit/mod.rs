@@ -492,58 +492,143 @@ impl Limit {
 
     /// Converts `state`, kept under the limit `old`, to this limit at `now`: what a key
     /// decided under other numbers (a policy changed without a version bump) holds
-    /// under these. Never looser than the old state (what it counted stays counted), and
-    /// never looser than a fresh state of this limit. The rule is integer-exact, so the
-    /// counter service's Redis script computes the same state:
+    /// under these. [`Limit::carry`] without what it forgave.
+    pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
+        self.carry(old, state, now).state
+    }
+
+    /// Converts `state`, kept under the limit `old`, to this limit at `now`, keeping what
+    /// was spent, debt included: never looser than the old state (what it counted stays
+    /// counted, what it owed stays owed), and never looser than a fresh state of this
+    /// limit. Debt is kept up to this limit's capacity below empty (the most any charge
+    /// may leave, `max_debt ≤ capacity`); what that drops is [`Carried::forgiven`], which
+    /// the caller counts. The rule is integer-exact, so the counter service's Redis script
+    /// computes the same state:
     ///
     /// * **Buckets** (token to token, leaky to leaky): the units spent are rounded up to
     ///   whole units, `spent = ceil(debt / per_old)` with `debt = tat − now` (scaled, 0
-    ///   when negative); then `spent_new = min(max(spent + burst_new − burst_old, 0),
-    ///   burst_new)`, stored as `tat = now × amount_new + spent_new × per_new`. That is,
-    ///   the whole units available are kept, capped at the new capacity: a smaller
-    ///   burst takes effect at once, a larger one fills up at the new rate (a raise does
-    ///   not refill), and a debt below empty is capped at an empty bucket.
+    ///   when negative); then `spent_new = max(spent + burst_new − burst_old, 0)`, at most
+    ///   `2 × burst_new`, stored as `tat = now × amount_new + spent_new × per_new`. That
+    ///   is, the whole units available (negative in debt) are kept, capped at the new
+    ///   capacity: a smaller burst takes effect at once, a larger one fills up at the new
+    ///   rate (a raise does not refill), and a debt stays owed.
     /// * **Windows** (fixed to fixed, sliding to sliding): the state is first brought to
     ///   `now` under the old limit (a fixed window older than the current one counts 0;
     ///   a sliding window's counts shift as its decision would shift them); then, if the
     ///   window length is unchanged, it is kept, and otherwise its counts are carried
-    ///   into the current window of the new length. The counts are kept, so a larger
-    ///   limit leaves more room in the same window.
+    ///   into the current window of the new length. The counts are kept (each at most
+    ///   `2 × limit_new`), so a larger limit leaves more room in the same window and a
+    ///   count in debt stays in debt.
     /// * **Sliding log** to sliding log: the entries are kept.
-    /// * **Another algorithm**: [`Limit::exhausted`] (stricter, never looser).
-    pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
+    /// * **Concurrency**: the slots held stay held.
+    /// * **Another algorithm**: [`Limit::exhausted`], owing what the old state owed
+    ///   ([`Limit::owed`], at most the capacity): stricter, never looser.
+    pub fn carry(&self, old: &Self, state: State, now: Nanos) -> Carried {
         if old == self {
-            return state;
+            return Carried { state, forgiven: 0 };
         }
+        let kept = |state| Carried { state, forgiven: 0 };
         match (*self, *old, state) {
             (
                 Self::TokenBucket { rate, burst },
                 Self::TokenBucket { rate: old_rate, burst: old_burst },
                 State::Gcra { tat },
             ) => Gcra::new(rate, burst)
-                .adopt(&Gcra::new(old_rate, old_burst), tat, now)
-                .unwrap_or_else(|| self.exhausted(now)),
+                .carry(&Gcra::new(old_rate, old_burst), tat, now)
+                .unwrap_or_else(|| kept(self.exhausted(now))),
             (
                 Self::LeakyBucket { rate, max_queue, .. },
                 Self::LeakyBucket { rate: old_rate, max_queue: old_queue, .. },
                 State::Gcra { tat },
             ) => Gcra::new(rate, max_queue)
-                .adopt(&Gcra::new(old_rate, old_queue), tat, now)
-                .unwrap_or_else(|| self.exhausted(now)),
+                .carry(&Gcra::new(old_rate, old_queue), tat, now)
+                .unwrap_or_else(|| kept(self.exhausted(now))),
             (
-                Self::FixedWindow { window, .. },
+                Self::FixedWindow { limit, window },
                 Self::FixedWindow { window: old_window, .. },
                 State::Window { index, count, .. },
-            ) => fixed_window::adopt(window, old_window, (index, count), now),
+            ) => fixed_window::carry(limit, window, old_window, (index, count), now),
             (
-                Self::SlidingWindow { window, .. },
+                Self::SlidingWindow { limit, window },
                 Self::SlidingWindow { window: old_window, .. },
                 State::Window { index, count, previous },
-            ) => sliding_window::adopt(window, old_window, (index, count, previous), now),
-            (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => state,
+            ) => sliding_window::carry(limit, window, old_window, (index, count, previous), now),
+            (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => kept(state),
             // What is in flight stays in flight: a new limit applies to the next request.
-            (Self::Concurrency { .. }, Self::Concurrency { .. }, state @ State::Holders { .. }) => state,
-            _ => self.exhausted(now),
+            (Self::Concurrency { .. }, Self::Concurrency { .. }, state @ State::Holders { .. }) => kept(state),
+            (
+                Self::TokenBucket { .. }
+                | Self::LeakyBucket { .. }
+                | Self::FixedWindow { .. }
+                | Self::SlidingWindow { .. }
+                | Self::SlidingLog { .. }
+                | Self::Concurrency { .. },
+                _,
+                state,
+            ) => {
+                let owed = if old.accepts(&state) { old.owed(&state, now) } else { 0 };
+                let kept = owed.min(self.capacity());
+                Carried { state: self.exhausted_owing(now, kept), forgiven: owed - kept }
+            }
         }
     }
+
+    /// The units `state` owes below empty at `now`: spent beyond the capacity by charges
+    /// (0 for a state within its capacity, and for a shaper or a concurrency limit,
+    /// which are never charged).
+    pub fn owed(&self, state: &State, now: Nanos) -> u64 {
+        match (*self, state) {
+            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => Gcra::new(rate, burst).owed(*tat, now),
+            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
+                if *index == now.0 / window.0.max(1) { count.saturating_sub(limit) } else { 0 }
+            }
+            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
+                sliding_window::owed(limit, window, (*index, *count, *previous), now)
+            }
+            (Self::SlidingLog { limit, window }, State::Log { entries }) => entries
+                .iter()
+                .filter(|e| e.at.saturating_add(window.0) > now.0)
+                .fold(0u64, |sum, e| sum.saturating_add(e.cost))
+                .saturating_sub(limit),
+            (
+                Self::TokenBucket { .. }
+                | Self::FixedWindow { .. }
+                | Self::SlidingWindow { .. }
+                | Self::SlidingLog { .. }
+                | Self::LeakyBucket { .. }
+                | Self::Concurrency { .. },
+                _,
+            ) => 0,
+        }
+    }
+
+    /// [`Limit::exhausted`] at `now`, owing `owed` more units (at most the capacity).
+    fn exhausted_owing(&self, now: Nanos, owed: u64) -> State {
+        let owed = owed.min(self.capacity());
+        match (*self, self.exhausted(now)) {
+            (Self::TokenBucket { rate, .. }, State::Gcra { tat }) => {
+                State::Gcra { tat: tat.saturating_add(u128::from(owed) * u128::from(rate.per.0)) }
+            }
+            (Self::FixedWindow { .. } | Self::SlidingWindow { .. }, State::Window { index, count, previous }) => {
+                State::Window { index, count: count.saturating_add(owed), previous }
+            }
+            (Self::SlidingLog { .. }, State::Log { mut entries }) => {
+                if let Some(entry) = entries.first_mut() {
+                    entry.cost = entry.cost.saturating_add(owed);
+                }
+                State::Log { entries }
+            }
+            (_, exhausted) => exhausted,
+        }
+    }
+}
+
+/// A state carried over to other numbers ([`Limit::carry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Carried {
+    /// The state under the new numbers.
+    pub state: State,
+    /// Units of debt the new numbers could not hold (more than their capacity below
+    /// empty): dropped, and to be counted by whoever carried the state over.
+    pub forgiven: u64,
 }
