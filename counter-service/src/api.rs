@@ -76,6 +76,24 @@ pub struct PlannedEntry {
     /// Which policy and key it is, as the request named them: what operators' overrides
     /// are matched against ([`crate::enforce`]).
     pub scope: Scope,
+    /// When the counter may be forgotten whatever it holds (Unix ns): `None` for a
+    /// policy's counter; a clamp's counter ends with its override ([`clamp_key`]).
+    pub expires: Option<Nanos>,
+}
+
+impl PlannedEntry {
+    /// The counter of the clamp `override_id` for this entry: the clamp's `limit`, the
+    /// entry's cost, a key of its own in the entry's hash tag ([`clamp_key`]), forgotten
+    /// at `expires` (the override's end).
+    pub fn clamp(&self, override_id: &str, limit: StoreLimit, expires: Nanos) -> Self {
+        Self {
+            storage_key: clamp_key(&self.storage_key, override_id),
+            limit,
+            cost: self.cost,
+            scope: self.scope.clone(),
+            expires: Some(expires),
+        }
+    }
 }
 
 /// An entry's policy and key, as its request named them.
@@ -107,6 +125,9 @@ pub struct LeasePlan {
     pub min_tokens: u64,
     /// Lease duration (ms).
     pub ttl_ms: u64,
+    /// An operator's clamp on the entry: a second counter, granted from together with
+    /// the entry's (a grant is at most what both allow).
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// A validated charge.
@@ -122,6 +143,8 @@ pub struct ChargePlan {
     /// How long the id is remembered, in milliseconds ([`MIN_ID_TTL_MS`] to
     /// [`CHARGE_ID_TTL_MS`], the default); unused without an id.
     pub id_ttl_ms: u64,
+    /// An operator's clamp on the entry: a second counter, charged the same units.
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// A validated credit.
@@ -137,6 +160,9 @@ pub struct CreditPlan {
     pub credit_key: Option<String>,
     /// How long the id is remembered, as a charge's ([`ChargePlan::id_ttl_ms`]).
     pub id_ttl_ms: u64,
+    /// An operator's clamp on the entry whose counter counted the spend: a second
+    /// counter, credited the same units.
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// The storage key of one counter: its tag, policy version and key, and not the limit's
@@ -145,6 +171,17 @@ pub struct CreditPlan {
 /// cannot contain braces and the version is digits, so the key (last) is unambiguous.
 pub fn storage_key(tag: &str, version: u64, key: &str) -> String {
     format!("sluice:{{{tag}}}:v{version}:{key}")
+}
+
+/// The counter of clamp `override_id` on the counter at `storage_key`: the same hash tag
+/// (one Redis Cluster slot with the counter it clamps), `clamp:` and the override's id
+/// after it, then the rest of the storage key. Injective: override ids have one form
+/// (`ovr-` and 16 hex digits) and no storage key has `clamp` after its tag.
+pub fn clamp_key(storage_key: &str, override_id: &str) -> String {
+    match storage_key.split_once("}:") {
+        Some((tagged, rest)) => format!("{tagged}}}:clamp:{override_id}:{rest}"),
+        None => format!("{storage_key}:clamp:{override_id}"),
+    }
 }
 
 /// Where a charge id is remembered: within the counter's tag (one Redis Cluster slot
@@ -283,7 +320,7 @@ fn plan_entry(
         ));
     }
     let scope = Scope { policy: policy.cloned(), version, key: key.to_owned() };
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost, scope })
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost, scope, expires: None })
 }
 
 impl CheckPlan {
@@ -329,6 +366,27 @@ impl CheckPlan {
 }
 
 impl LeasePlan {
+    /// The counters it grants from: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
+    }
+}
+
+impl ChargePlan {
+    /// The counters it charges: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
+    }
+}
+
+impl CreditPlan {
+    /// The counters it credits: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
+    }
+}
+
+impl LeasePlan {
     /// Validates `request` into a plan.
     ///
     /// # Errors
@@ -365,7 +423,7 @@ impl LeasePlan {
                 format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", request.ttl_ms),
             ));
         }
-        Ok(Self { entry, tokens: request.tokens, min_tokens: request.min_tokens, ttl_ms: request.ttl_ms })
+        Ok(Self { entry, tokens: request.tokens, min_tokens: request.min_tokens, ttl_ms: request.ttl_ms, clamp: None })
     }
 }
 
@@ -407,7 +465,7 @@ impl ChargePlan {
         };
         let id_ttl_ms = check_id_ttl("charge_id", charge_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.cost;
-        Ok(Self { entry, max_debt: request.max_debt, charge_key, id_ttl_ms })
+        Ok(Self { entry, max_debt: request.max_debt, charge_key, id_ttl_ms, clamp: None })
     }
 }
 
@@ -438,7 +496,7 @@ impl CreditPlan {
         };
         let id_ttl_ms = check_id_ttl("credit_id", credit_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.units;
-        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key, id_ttl_ms })
+        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key, id_ttl_ms, clamp: None })
     }
 }
 

@@ -144,6 +144,7 @@ impl App {
     /// A 500 `internal` when the answer cannot be encoded (it always can).
     pub fn answer(&self, call: &Call, outcome: &Outcome, enforced: &Enforced) -> Result<Vec<u8>, ApiError> {
         let metrics = self.metrics();
+        metrics.carried_forgiven(outcome.carry_forgiven());
         let encoded = match (call, outcome) {
             (Call::Check(_), Outcome::Check(outcome)) => {
                 metrics.decision(outcome.admitted);
@@ -155,6 +156,7 @@ impl App {
                         .all_applied()
                         .map(|(entry, a)| EntryOverride { entry, id: a.id, kind: a.kind })
                         .collect(),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Lease(_), Outcome::Lease(outcome)) => {
@@ -166,6 +168,7 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     refill_after_ns: outcome.refill_after.as_u64(),
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Charge(_), Outcome::Charge(outcome)) => {
@@ -181,6 +184,7 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Credit(_), Outcome::Credit(outcome)) => {
@@ -196,6 +200,7 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             _ => {

@@ -250,6 +250,12 @@ impl EntryResponse {
     }
 }
 
+/// Whether a count is zero (left out of an answer then).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+const fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// The answer to a check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 // Answers accept fields they do not know (requests stay strict): a filter keeps
@@ -265,6 +271,11 @@ pub struct CheckResponse {
     /// for most checks; older services never send it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<EntryOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a lease.
@@ -292,9 +303,15 @@ pub struct LeaseResponse {
     #[serde(default)]
     pub refill_after_ns: u64,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a charge.
@@ -318,9 +335,15 @@ pub struct ChargeResponse {
     #[serde(default)]
     pub duplicate: bool,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a credit.
@@ -328,9 +351,10 @@ pub struct ChargeResponse {
 // Answers accept fields they do not know (requests stay strict): a filter keeps
 // working when a newer service adds one.
 pub struct CreditResponse {
-    /// `units` when the credit changed the counter; 0 when there was nothing to give
-    /// them back to (the bucket was full, the window the spend counted in has passed,
-    /// the counter had expired).
+    /// The units given back: `units`, or fewer when the counter could take back fewer (a
+    /// bucket that refilled meanwhile, a count lower than `units`), 0 when there was
+    /// nothing to give them back to (the bucket was full, the window the spend counted in
+    /// has passed, the counter had expired).
     pub credited: u64,
     /// `units - credited`.
     pub forgiven: u64,
@@ -343,9 +367,15 @@ pub struct CreditResponse {
     #[serde(default)]
     pub duplicate: bool,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.

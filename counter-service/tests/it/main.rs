@@ -8,6 +8,7 @@ mod auth;
 mod bad_input;
 mod behaviour;
 mod binary;
+mod clamps;
 mod concurrency;
 mod differential;
 mod enforced;

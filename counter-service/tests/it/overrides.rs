@@ -226,8 +226,9 @@ async fn an_override_is_set_listed_and_removed_on_redis_and_every_key_it_writes_
     set_list_and_remove_round_trip(&running).await;
 
     let keys = redis.limiter_keys();
-    assert_eq!(keys.len(), 2, "one override key and the index: {keys:?}");
+    assert_eq!(keys.len(), 3, "one override key, the index and the version: {keys:?}");
     assert!(keys.iter().any(|(k, _)| k == "sluice:{overrides}:index"), "{keys:?}");
+    assert!(keys.iter().any(|(k, _)| k == "sluice:{overrides}:version"), "{keys:?}");
     redis.assert_every_key_has_a_ttl();
     running.stop().await.expect("clean stop");
 }

@@ -567,8 +567,8 @@ impl Limit {
                 state,
             ) => {
                 let owed = if old.accepts(&state) { old.owed(&state, now) } else { 0 };
-                let kept = owed.min(self.capacity());
-                Carried { state: self.exhausted_owing(now, kept), forgiven: owed - kept }
+                let (state, kept) = self.exhausted_owing(now, owed);
+                Carried { state, forgiven: owed - kept }
             }
         }
     }
@@ -602,23 +602,24 @@ impl Limit {
         }
     }
 
-    /// [`Limit::exhausted`] at `now`, owing `owed` more units (at most the capacity).
-    fn exhausted_owing(&self, now: Nanos, owed: u64) -> State {
+    /// [`Limit::exhausted`] at `now`, owing up to `owed` more units (at most the
+    /// capacity; a concurrency limit owes nothing), and the units it owes.
+    fn exhausted_owing(&self, now: Nanos, owed: u64) -> (State, u64) {
         let owed = owed.min(self.capacity());
         match (*self, self.exhausted(now)) {
-            (Self::TokenBucket { rate, .. }, State::Gcra { tat }) => {
-                State::Gcra { tat: tat.saturating_add(u128::from(owed) * u128::from(rate.per.0)) }
+            (Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. }, State::Gcra { tat }) => {
+                (State::Gcra { tat: tat.saturating_add(u128::from(owed) * u128::from(rate.per.0)) }, owed)
             }
             (Self::FixedWindow { .. } | Self::SlidingWindow { .. }, State::Window { index, count, previous }) => {
-                State::Window { index, count: count.saturating_add(owed), previous }
+                (State::Window { index, count: count.saturating_add(owed), previous }, owed)
             }
             (Self::SlidingLog { .. }, State::Log { mut entries }) => {
                 if let Some(entry) = entries.first_mut() {
                     entry.cost = entry.cost.saturating_add(owed);
                 }
-                State::Log { entries }
+                (State::Log { entries }, owed)
             }
-            (_, exhausted) => exhausted,
+            (_, exhausted) => (exhausted, 0),
         }
     }
 }
