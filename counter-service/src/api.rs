@@ -10,7 +10,7 @@
 
 use shared_store::Nanos;
 use sluice_protocol::{
-    CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
+    Algorithm, CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
     MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
 };
 
@@ -398,7 +398,11 @@ impl LeasePlan {
         if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
                 "lease_unsupported",
-                "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
+                format!(
+                    "limit.algorithm: a {} cannot be leased: only a {} can",
+                    request.limit.algorithm(),
+                    LimitSpec::names_of(Algorithm::leasable)
+                ),
             ));
         }
         if request.tokens == 0 || request.tokens > entry.limit.capacity() {
@@ -442,10 +446,14 @@ impl ChargePlan {
         check_tag(tag)?;
         let mut entry =
             plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
-        if !entry.limit.leasable() {
+        if !entry.limit.chargeable() {
             return Err(ApiError::bad_request(
                 "not_chargeable",
-                "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
+                format!(
+                    "limit.algorithm: a {} cannot be charged: only a {} can",
+                    request.limit.algorithm(),
+                    LimitSpec::names_of(Algorithm::chargeable)
+                ),
             ));
         }
         check_amount("cost", request.cost, "charge")?;
@@ -502,12 +510,14 @@ impl CreditPlan {
 
 /// Why `limit` cannot be credited (`shared_store::Limit::credit`), naming the field.
 fn not_creditable(limit: &LimitSpec) -> String {
-    let why = match limit {
-        LimitSpec::LeakyBucket { .. } => "a leaky_bucket's state is its queue of delays, which the request has left",
-        LimitSpec::SlidingLog { .. } => "a sliding_log's entries are not addressable by request",
-        _ => "this algorithm cannot give units back",
+    let why = match limit.kind() {
+        Algorithm::LeakyBucket => "a leaky_bucket's state is its queue of delays, which the request has left",
+        Algorithm::SlidingLog => "a sliding_log's entries are not addressable by request",
+        Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Concurrency => {
+            "this algorithm cannot give units back"
+        }
     };
-    format!("limit.algorithm: {why}: only a token_bucket, fixed_window or sliding_window can be credited")
+    format!("limit.algorithm: {why}: only a {} can be credited", LimitSpec::names_of(Algorithm::creditable))
 }
 
 /// Classifies a JSON parsing failure into a stable code and a message with its path.

@@ -212,7 +212,7 @@ impl Enforced {
             }
             (Call::Charge(plan), Some(Effect::Clamp(applied, clamp))) => {
                 // A shaper's counter cannot be charged: the policy's counter alone then.
-                if shared_store::Algorithm::of(&clamp.limit.limit).chargeable() {
+                if clamp.limit.chargeable() {
                     plan.clamp = Some(clamp.counter(*applied, &plan.entry));
                 }
                 true

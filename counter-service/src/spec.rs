@@ -71,16 +71,20 @@ impl StoreLimit {
         self.limit.capacity()
     }
 
-    /// Whether leases and charges make sense for this limit (shaping delays cannot be
-    /// leased or charged).
-    pub fn leasable(&self) -> bool {
-        !matches!(self.spec, LimitSpec::LeakyBucket { .. })
+    /// Whether leases make sense for this limit ([`sluice_protocol::Algorithm::leasable`]).
+    pub const fn leasable(&self) -> bool {
+        self.spec.kind().leasable()
     }
 
-    /// Whether a credit can give units back to this limit ([`Limit::can_credit`]: not a
-    /// leaky bucket, not a sliding log).
+    /// Whether it can be charged ([`sluice_protocol::Algorithm::chargeable`]).
+    pub const fn chargeable(&self) -> bool {
+        self.spec.kind().chargeable()
+    }
+
+    /// Whether a credit can give units back to this limit
+    /// ([`sluice_protocol::Algorithm::creditable`]).
     pub const fn creditable(&self) -> bool {
-        self.limit.can_credit()
+        self.spec.kind().creditable()
     }
 }
 
