@@ -11,6 +11,7 @@ mod binary;
 mod clamps;
 mod concurrency;
 mod differential;
+mod docs;
 mod enforced;
 mod faults;
 mod handle_now;
