@@ -96,6 +96,8 @@ pub struct RedisCounters {
     client: Client,
     slots: Box<[Slot]>,
     next: AtomicUsize,
+    /// The decision script ([`SCRIPT`], or a test's mutant of it) and its SHA1.
+    script: std::borrow::Cow<'static, str>,
     sha: String,
     started: Instant,
     /// Pool and script counters.
@@ -115,10 +117,20 @@ impl RedisCounters {
     /// # Errors
     /// When a URL does not parse.
     pub fn new(config: RedisConfig) -> Result<Self, CounterStoreError> {
+        Self::with_script(config, SCRIPT.into())
+    }
+
+    /// A store for `config` that decides with `script` instead of [`SCRIPT`]: for tests
+    /// that show a differential test catches a script that decides wrongly.
+    ///
+    /// # Errors
+    /// When a URL does not parse.
+    pub fn with_script(config: RedisConfig, script: std::borrow::Cow<'static, str>) -> Result<Self, CounterStoreError> {
         let client = Client::new(&config)?;
         let slots = Slot::pool(config.pool_size);
         Ok(Self {
-            sha: redis::Script::new(SCRIPT).get_hash().to_owned(),
+            sha: redis::Script::new(&script).get_hash().to_owned(),
+            script,
             config,
             client,
             slots,

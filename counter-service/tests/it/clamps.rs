@@ -65,16 +65,26 @@ fn clamp(limit: LimitSpec, from_us: u64, ttl_us: u64) -> OverrideSet {
 /// `call` decided under `overrides` by `store` at test time `at_us`, as the service
 /// decides it.
 async fn decide(store: &CounterStore, overrides: &OverrideSet, call: &Call, at_us: u64) -> Outcome {
+    try_decide(store, overrides, call, at_us).await.expect("the store answers")
+}
+
+/// [`decide`], with the store's error when it could not.
+async fn try_decide(
+    store: &CounterStore,
+    overrides: &OverrideSet,
+    call: &Call,
+    at_us: u64,
+) -> Result<Outcome, sluice_counter::store::CounterStoreError> {
     let at = t_us(at_us);
     let enforced = Enforced::new(call, overrides, at.as_u64() / 1_000_000);
     let decided = match enforced.store_call(call) {
         None => None,
-        Some(Call::Check(plan)) => Some(Outcome::Check(store.check(plan, Some(at)).await.expect("answers"))),
-        Some(Call::Lease(plan)) => Some(Outcome::Lease(store.lease(plan, Some(at)).await.expect("answers"))),
-        Some(Call::Charge(plan)) => Some(Outcome::Charge(store.charge(plan, Some(at)).await.expect("answers"))),
-        Some(Call::Credit(plan)) => Some(Outcome::Credit(store.credit(plan, Some(at)).await.expect("answers"))),
+        Some(Call::Check(plan)) => Some(Outcome::Check(store.check(plan, Some(at)).await?)),
+        Some(Call::Lease(plan)) => Some(Outcome::Lease(store.lease(plan, Some(at)).await?)),
+        Some(Call::Charge(plan)) => Some(Outcome::Charge(store.charge(plan, Some(at)).await?)),
+        Some(Call::Credit(plan)) => Some(Outcome::Credit(store.credit(plan, Some(at)).await?)),
     };
-    enforced.complete(call, decided, at).expect("an outcome of the call's kind")
+    Ok(enforced.complete(call, decided, at).expect("an outcome of the call's kind"))
 }
 
 /// Where a scenario's counters live: a store, and a hash tag of the scenario's own (the
@@ -277,22 +287,17 @@ fn credit_call(tag: &str, limit: LimitSpec, units: u64, spent_at: Nanos, id: Opt
     Call::Credit(CreditPlan::new(&request).expect("a valid credit"))
 }
 
-/// Redis runs every call a clamp makes two counters of (a check's extra entry, a lease
-/// granted from both, a charge and a credit of both, with and without ids) exactly as the
-/// memory store runs it: random policies and clamps of every global algorithm, random
-/// times and costs, the clamp set and lifted mid-sequence, on the same call at the same
-/// time on both stores.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_decides_every_clamped_call_exactly_as_the_memory_store_does() {
-    let _shared = crate::support::HEAVY.read().await;
-    let redis = crate::support::RedisServer::start();
-    let redis_store = crate::support::redis_store(&redis);
-    let memory = crate::support::memory_store();
-    let seed = std::env::var("SLUICE_CLAMP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC1A3_5EED_u64);
+/// How many calls of each kind a comparison made, and how many under a clamp.
+type Compared = (u64, std::collections::BTreeMap<&'static str, u64>);
+
+/// Runs `cases` random sequences of calls on `redis` and on `memory` at the same times and
+/// returns the first answer on which they differ: random policies and clamps of every
+/// global algorithm, random times and costs, the clamp set and lifted mid-sequence.
+async fn compare(redis: &CounterStore, memory: &CounterStore, seed: u64, cases: u64) -> Result<Compared, String> {
     let mut rng = Rng::new(seed);
     let mut clamped_calls = 0;
     let mut kinds = std::collections::BTreeMap::<&str, u64>::new();
-    for case in 0..150 {
+    for case in 0..cases {
         let tag = format!("cl{case}");
         let policy = global_limit(&mut rng);
         let shapes = |spec: &LimitSpec| spec.kind() == Algorithm::LeakyBucket;
@@ -335,23 +340,58 @@ async fn redis_decides_every_clamped_call_exactly_as_the_memory_store_does() {
                 }
                 _ => ("check", check_call(&tag, policy, rng.below(capacity) + 1)),
             };
-            let on_memory = decide(&memory, overrides, &call, now_us).await;
-            let on_redis = decide(&redis_store, overrides, &call, now_us).await;
-            assert_eq!(
-                on_redis,
-                on_memory,
-                "seed {seed:#x} case {case} step {step}: {kind} of {policy:?} under {:?}",
-                clamped.then_some(clamp_limit)
-            );
+            let on_memory = try_decide(memory, overrides, &call, now_us).await;
+            let on_redis = try_decide(redis, overrides, &call, now_us).await;
+            if on_redis != on_memory {
+                return Err(format!(
+                    "seed {seed:#x} case {case} step {step}: {kind} of {policy:?} under {:?}: redis {on_redis:?}, \
+                     memory {on_memory:?}",
+                    clamped.then_some(clamp_limit)
+                ));
+            }
             clamped_calls += u64::from(clamped);
             *kinds.entry(kind).or_default() += 1;
             times.push(now_us);
         }
     }
+    Ok((clamped_calls, kinds))
+}
 
+/// Redis runs every call a clamp makes two counters of (a check's extra entry, a lease
+/// granted from both, a charge and a credit of both, with and without ids) exactly as the
+/// memory store runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_decides_every_clamped_call_exactly_as_the_memory_store_does() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = crate::support::RedisServer::start();
+    let seed = std::env::var("SLUICE_CLAMP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC1A3_5EED_u64);
+
+    let compared = compare(&crate::support::redis_store(&redis), &crate::support::memory_store(), seed, 150).await;
+
+    let (clamped_calls, kinds) = compared.unwrap_or_else(|difference| panic!("{difference}"));
     assert!(clamped_calls > 2_000, "{clamped_calls} clamped calls");
     assert!(kinds.values().all(|n| *n > 100) && kinds.len() == 4, "every kind of call, often: {kinds:?}");
     redis.assert_every_key_has_a_ttl();
+}
+
+/// The comparison catches a script whose dispatch runs one algorithm's rules for another:
+/// each mutant swaps two algorithms' arms of the script's `run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_comparison_catches_a_script_that_runs_one_algorithm_for_another() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = crate::support::RedisServer::start();
+    let script = sluice_counter::store::redis::SCRIPT;
+    let arm = |code: &str| format!("if code == '{code}' then return ");
+    for (a, b) in [("fw", "sw"), ("tb", "lb"), ("sw", "sl")] {
+        let mutant = script.replacen(&arm(a), "@@", 1).replacen(&arm(b), &arm(a), 1).replacen("@@", &arm(b), 1);
+        assert_ne!(mutant, script, "the mutant swaps {a} and {b}");
+        let store = crate::support::redis_store_running(&redis, mutant.into());
+
+        let compared = compare(&store, &crate::support::memory_store(), 0xC1A3_5EED, 150).await;
+
+        assert!(compared.is_err(), "a script that runs {a} for {b} and {b} for {a} went unnoticed");
+        redis.cmd::<()>(&["FLUSHALL"]);
+    }
 }
 
 /// A clamp's counter lives no longer than its override: on Redis its TTL ends with the

@@ -25,7 +25,7 @@ impl RedisCounters {
                     Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                         self.stats.script_reloads.fetch_add(1, Ordering::Relaxed);
                         let mut eval = redis::cmd("EVAL");
-                        eval.arg(SCRIPT).arg(keys.len()).arg(keys).arg(args);
+                        eval.arg(self.script.as_ref()).arg(keys.len()).arg(keys).arg(args);
                         conn.query(&eval).await
                     }
                     other => other,
