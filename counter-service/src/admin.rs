@@ -16,6 +16,7 @@ use crate::api::{self, ApiError};
 use crate::app::App;
 use crate::overrides::{MAX_OVERRIDES, Override, OverrideRequest, RemovalRequest, is_override_id, override_id};
 use crate::store::{CounterStore, Stored};
+use sluice_protocol::ErrorCode;
 
 /// The target of the audit lines.
 pub const AUDIT_TARGET: &str = "sluice_counter::audit";
@@ -75,7 +76,7 @@ impl App {
                     self.metrics().overrides_active(active);
                     return Err(ApiError {
                         status: 409,
-                        code: "too_many_overrides",
+                        code: ErrorCode::TooManyOverrides,
                         message: format!(
                             "{active} overrides are live, the most this service keeps ({MAX_OVERRIDES}); remove one \
                              or wait for one to expire"
@@ -85,7 +86,11 @@ impl App {
                 Stored::Exists => {}
             }
         }
-        Err(ApiError { status: 500, code: "internal", message: "could not make a fresh override id".to_owned() })
+        Err(ApiError {
+            status: 500,
+            code: ErrorCode::Internal,
+            message: "could not make a fresh override id".to_owned(),
+        })
     }
 
     /// `GET /admin/v1/overrides`: the live overrides, by expiry.
@@ -117,7 +122,7 @@ impl App {
         };
         let not_found = || ApiError {
             status: 404,
-            code: "override_not_found",
+            code: ErrorCode::OverrideNotFound,
             message: "id: no live override has this id (it may have expired)".to_owned(),
         };
         if !is_override_id(id) {

@@ -10,8 +10,9 @@
 
 use shared_store::Nanos;
 use sluice_protocol::{
-    Algorithm, CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
-    MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
+    Algorithm, CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, ErrorCode, LeaseRequest, LimitSpec,
+    MAX_AMOUNT, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS,
+    SpecError,
 };
 
 use crate::spec::StoreLimit;
@@ -22,15 +23,20 @@ pub struct ApiError {
     /// HTTP status.
     pub status: u16,
     /// Stable machine-readable code.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// What is wrong, for a human.
     pub message: String,
 }
 
 impl ApiError {
+    /// An error with `code`, answered with its status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { status: code.status(), code, message: message.into() }
+    }
+
     /// A 400 with `code`.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self { status: 400, code, message: message.into() }
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(code, message)
     }
 }
 
@@ -43,22 +49,26 @@ impl From<SpecError> for ApiError {
 impl ApiError {
     /// `413 body_too_large`.
     pub(crate) fn body_too_large(limit: usize) -> Self {
-        Self { status: 413, code: "body_too_large", message: format!("the request body is larger than {limit} bytes") }
+        Self {
+            status: 413,
+            code: ErrorCode::BodyTooLarge,
+            message: format!("the request body is larger than {limit} bytes"),
+        }
     }
 
     /// `404 not_found`.
     pub(crate) fn not_found(path: &str) -> Self {
-        Self { status: 404, code: "not_found", message: format!("no route for {path}") }
+        Self { status: 404, code: ErrorCode::NotFound, message: format!("no route for {path}") }
     }
 
     /// `405 method_not_allowed`.
     pub(crate) fn method_not_allowed(method: &str, path: &str) -> Self {
-        Self { status: 405, code: "method_not_allowed", message: format!("{method} is not allowed on {path}") }
+        Self { status: 405, code: ErrorCode::MethodNotAllowed, message: format!("{method} is not allowed on {path}") }
     }
 
     /// The JSON body this error is answered with.
     pub fn body(&self) -> sluice_protocol::ErrorBody {
-        sluice_protocol::ErrorBody::new(self.code, self.message.clone())
+        sluice_protocol::ErrorBody::new(self.code.name(), self.message.clone())
     }
 }
 
@@ -200,7 +210,7 @@ pub fn credit_key(tag: &str, version: u64, key: &str, id: &str) -> String {
 
 /// An id that makes a charge or a credit idempotent: `field` (`charge_id`, `credit_id`)
 /// is refused with `code` unless it is 1 to [`MAX_CHARGE_ID_BYTES`] visible ASCII bytes.
-fn check_id(field: &str, code: &'static str, id: &str) -> Result<(), ApiError> {
+fn check_id(field: &str, code: ErrorCode, id: &str) -> Result<(), ApiError> {
     if id.is_empty() || id.len() > MAX_CHARGE_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::bad_request(
             code,
@@ -223,13 +233,13 @@ fn check_id_ttl(id_field: &str, has_id: bool, id_ttl_ms: Option<u64>) -> Result<
     let Some(ttl) = id_ttl_ms else { return Ok(CHARGE_ID_TTL_MS) };
     if !has_id {
         return Err(ApiError::bad_request(
-            "invalid_id_ttl",
+            ErrorCode::InvalidIdTtl,
             format!("id_ttl_ms: given without a {id_field} (it says how long the id is remembered)"),
         ));
     }
     if !(MIN_ID_TTL_MS..=CHARGE_ID_TTL_MS).contains(&ttl) {
         return Err(ApiError::bad_request(
-            "invalid_id_ttl",
+            ErrorCode::InvalidIdTtl,
             format!("id_ttl_ms: {ttl} is not between {MIN_ID_TTL_MS} and {CHARGE_ID_TTL_MS}"),
         ));
     }
@@ -241,7 +251,7 @@ fn check_id_ttl(id_field: &str, has_id: bool, id_ttl_ms: Option<u64>) -> Result<
 fn check_amount(field: &str, amount: u64, what: &str) -> Result<(), ApiError> {
     if amount > MAX_AMOUNT {
         return Err(ApiError::bad_request(
-            "outside_envelope",
+            ErrorCode::OutsideEnvelope,
             format!(
                 "{field}: {amount} is above the largest {what}, {MAX_AMOUNT} (numeric envelope: see the counter \
                  service's README)"
@@ -253,17 +263,17 @@ fn check_amount(field: &str, amount: u64, what: &str) -> Result<(), ApiError> {
 
 fn check_tag(tag: &str) -> Result<(), ApiError> {
     if tag.is_empty() {
-        return Err(ApiError::bad_request("invalid_tag", "tag: must not be empty"));
+        return Err(ApiError::bad_request(ErrorCode::InvalidTag, "tag: must not be empty"));
     }
     if tag.len() > MAX_TAG_BYTES {
         return Err(ApiError::bad_request(
-            "invalid_tag",
+            ErrorCode::InvalidTag,
             format!("tag: {} bytes is longer than {MAX_TAG_BYTES}", tag.len()),
         ));
     }
     if tag.contains(['{', '}']) {
         return Err(ApiError::bad_request(
-            "invalid_tag",
+            ErrorCode::InvalidTag,
             "tag: must not contain '{' or '}' (it becomes the Redis Cluster hash tag)",
         ));
     }
@@ -272,11 +282,11 @@ fn check_tag(tag: &str) -> Result<(), ApiError> {
 
 fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
     if key.is_empty() {
-        return Err(ApiError::bad_request("invalid_key", format!("{field}: must not be empty")));
+        return Err(ApiError::bad_request(ErrorCode::InvalidKey, format!("{field}: must not be empty")));
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(ApiError::bad_request(
-            "invalid_key",
+            ErrorCode::InvalidKey,
             format!("{field}: {} bytes is longer than {MAX_KEY_BYTES}", key.len()),
         ));
     }
@@ -292,7 +302,7 @@ pub(crate) fn check_policy(policy: &str) -> Result<(), ApiError> {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
     if policy.is_empty() || policy.len() > MAX_POLICY_BYTES || !policy.bytes().all(allowed) {
         return Err(ApiError::bad_request(
-            "invalid_policy",
+            ErrorCode::InvalidPolicy,
             format!(
                 "policy: must be 1 to {MAX_POLICY_BYTES} characters among A-Z a-z 0-9 _ . - ({} bytes given)",
                 policy.len()
@@ -315,7 +325,7 @@ fn plan_entry(
     let store_limit = StoreLimit::new(limit)?;
     if cost > store_limit.capacity() {
         return Err(ApiError::bad_request(
-            "cost_exceeds_capacity",
+            ErrorCode::CostExceedsCapacity,
             format!("cost: {cost} is more than this limit can ever hold ({})", store_limit.capacity()),
         ));
     }
@@ -330,11 +340,11 @@ impl CheckPlan {
     /// A 400 [`ApiError`] naming the first problem found.
     pub fn new(request: &CheckRequest, max_entries: usize) -> Result<Self, ApiError> {
         if request.entries.is_empty() {
-            return Err(ApiError::bad_request("no_entries", "entries: must hold at least one entry"));
+            return Err(ApiError::bad_request(ErrorCode::NoEntries, "entries: must hold at least one entry"));
         }
         if request.entries.len() > max_entries {
             return Err(ApiError::bad_request(
-                "too_many_entries",
+                ErrorCode::TooManyEntries,
                 format!("entries: {} entries, at most {max_entries} per check", request.entries.len()),
             ));
         }
@@ -343,7 +353,7 @@ impl CheckPlan {
             (None, [only]) => only.key.as_str(),
             (None, _) => {
                 return Err(ApiError::bad_request(
-                    "tag_required",
+                    ErrorCode::TagRequired,
                     "tag: required when a check has several entries, so that one Redis node decides them atomically",
                 ));
             }
@@ -355,7 +365,7 @@ impl CheckPlan {
                 .map_err(|err| with_index(index, err))?;
             if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
                 return Err(ApiError::bad_request(
-                    "duplicate_entry",
+                    ErrorCode::DuplicateEntry,
                     format!("entries[{index}]: same key and version as an earlier entry (one counter)"),
                 ));
             }
@@ -397,7 +407,7 @@ impl LeasePlan {
         let entry = plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
-                "lease_unsupported",
+                ErrorCode::LeaseUnsupported,
                 format!(
                     "limit.algorithm: a {} cannot be leased: only a {} can",
                     request.limit.algorithm(),
@@ -407,7 +417,7 @@ impl LeasePlan {
         }
         if request.tokens == 0 || request.tokens > entry.limit.capacity() {
             return Err(ApiError::bad_request(
-                "invalid_tokens",
+                ErrorCode::InvalidTokens,
                 format!(
                     "tokens: {} is not between 1 and the limit's capacity ({})",
                     request.tokens,
@@ -417,13 +427,13 @@ impl LeasePlan {
         }
         if request.min_tokens == 0 || request.min_tokens > request.tokens {
             return Err(ApiError::bad_request(
-                "invalid_tokens",
+                ErrorCode::InvalidTokens,
                 format!("min_tokens: {} is not between 1 and tokens ({})", request.min_tokens, request.tokens),
             ));
         }
         if request.ttl_ms == 0 || request.ttl_ms > MAX_LEASE_TTL_MS {
             return Err(ApiError::bad_request(
-                "invalid_ttl",
+                ErrorCode::InvalidTtl,
                 format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", request.ttl_ms),
             ));
         }
@@ -448,7 +458,7 @@ impl ChargePlan {
             plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.chargeable() {
             return Err(ApiError::bad_request(
-                "not_chargeable",
+                ErrorCode::NotChargeable,
                 format!(
                     "limit.algorithm: a {} cannot be charged: only a {} can",
                     request.limit.algorithm(),
@@ -460,13 +470,13 @@ impl ChargePlan {
         let capacity = entry.limit.capacity();
         if request.max_debt > capacity {
             return Err(ApiError::bad_request(
-                "invalid_max_debt",
+                ErrorCode::InvalidMaxDebt,
                 format!("max_debt: {} is more than the limit's capacity ({capacity})", request.max_debt),
             ));
         }
         let charge_key = match &request.charge_id {
             Some(id) => {
-                check_id("charge_id", "invalid_charge_id", id)?;
+                check_id("charge_id", ErrorCode::InvalidChargeId, id)?;
                 Some(charge_key(tag, request.policy_version, &request.key, id))
             }
             None => None,
@@ -492,12 +502,12 @@ impl CreditPlan {
         let mut entry =
             plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.creditable() {
-            return Err(ApiError::bad_request("not_creditable", not_creditable(&request.limit)));
+            return Err(ApiError::bad_request(ErrorCode::NotCreditable, not_creditable(&request.limit)));
         }
         check_amount("units", request.units, "credit")?;
         let credit_key = match &request.credit_id {
             Some(id) => {
-                check_id("credit_id", "invalid_credit_id", id)?;
+                check_id("credit_id", ErrorCode::InvalidCreditId, id)?;
                 Some(credit_key(tag, request.policy_version, &request.key, id))
             }
             None => None,
@@ -527,12 +537,12 @@ pub fn json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiErro
     let detail = inner.to_string();
     let code = match inner.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
-            "malformed_json"
+            ErrorCode::MalformedJson
         }
-        serde_json::error::Category::Data if detail.starts_with("unknown field") => "unknown_field",
-        serde_json::error::Category::Data if detail.starts_with("missing field") => "missing_field",
-        serde_json::error::Category::Data if detail.starts_with("unknown variant") => "unknown_algorithm",
-        serde_json::error::Category::Data => "invalid_value",
+        serde_json::error::Category::Data if detail.starts_with("unknown field") => ErrorCode::UnknownField,
+        serde_json::error::Category::Data if detail.starts_with("missing field") => ErrorCode::MissingField,
+        serde_json::error::Category::Data if detail.starts_with("unknown variant") => ErrorCode::UnknownAlgorithm,
+        serde_json::error::Category::Data => ErrorCode::InvalidValue,
     };
     let message = if path == "." { detail } else { format!("{path}: {detail}") };
     ApiError::bad_request(code, message)
@@ -551,7 +561,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
     de.end().map_err(|e| {
-        ApiError::bad_request("malformed_json", format!("trailing characters after the JSON body: {e}"))
+        ApiError::bad_request(ErrorCode::MalformedJson, format!("trailing characters after the JSON body: {e}"))
     })?;
     Ok(value)
 }
@@ -567,7 +577,7 @@ mod tests {
 
         let err = parse::<CheckRequest>(body).unwrap_err();
 
-        assert_eq!(err.code, "unknown_field", "{err:?}");
+        assert_eq!(err.code.name(), "unknown_field", "{err:?}");
         assert!(err.message.contains("entries[0].limit"), "{err:?}");
     }
 
@@ -578,7 +588,7 @@ mod tests {
 
         let err = parse::<CheckRequest>(body).unwrap_err();
 
-        assert_eq!(err.code, "invalid_value", "{err:?}");
+        assert_eq!(err.code.name(), "invalid_value", "{err:?}");
         assert!(err.message.contains("entries[0].cost"), "{err:?}");
     }
 
@@ -616,7 +626,7 @@ mod tests {
         for limit in [leaky, log] {
             let err = CreditPlan::new(&credit(limit, 1, None)).unwrap_err();
 
-            assert_eq!((err.status, err.code), (400, "not_creditable"), "{err:?}");
+            assert_eq!((err.status, err.code.name()), (400, "not_creditable"), "{err:?}");
             assert!(err.message.starts_with("limit.algorithm: "), "{err:?}");
         }
     }
@@ -628,7 +638,7 @@ mod tests {
         for id in ["", "a b", &"x".repeat(65), "é"] {
             let err = CreditPlan::new(&credit(bucket, 1, Some(id))).unwrap_err();
 
-            assert_eq!(err.code, "invalid_credit_id", "{id:?}");
+            assert_eq!(err.code.name(), "invalid_credit_id", "{id:?}");
             assert!(err.message.starts_with("credit_id: "), "{err:?}");
         }
         let longest = CreditPlan::new(&credit(bucket, 1 << 40, Some(&"x".repeat(64)))).unwrap();
@@ -636,7 +646,7 @@ mod tests {
 
         assert_eq!(longest.credit_key.as_deref(), Some(credit_key("k", 0, "k", &"x".repeat(64)).as_str()));
         assert_eq!((longest.entry.cost, longest.spent_at), (1 << 40, Nanos(7)));
-        assert_eq!(too_many.code, "outside_envelope");
+        assert_eq!(too_many.code.name(), "outside_envelope");
         assert!(too_many.message.starts_with("units: "), "{too_many:?}");
     }
 
@@ -667,12 +677,12 @@ mod tests {
         for ttl in [0, 999, 600_001, u64::MAX] {
             let err = charge(Some(ttl)).unwrap_err();
 
-            assert_eq!((err.status, err.code), (400, "invalid_id_ttl"));
+            assert_eq!((err.status, err.code.name()), (400, "invalid_id_ttl"));
             assert_eq!(err.message, format!("id_ttl_ms: {ttl} is not between 1000 and 600000"));
         }
         let without_id = with_ttl(None, Some(90_000)).unwrap_err();
         assert_eq!(
-            (without_id.code, without_id.message.as_str()),
+            (without_id.code.name(), without_id.message.as_str()),
             ("invalid_id_ttl", "id_ttl_ms: given without a credit_id (it says how long the id is remembered)")
         );
     }
@@ -699,6 +709,6 @@ mod tests {
             ],
         };
 
-        assert_eq!(CheckPlan::new(&request, 16).unwrap_err().code, "duplicate_entry");
+        assert_eq!(CheckPlan::new(&request, 16).unwrap_err().code.name(), "duplicate_entry");
     }
 }

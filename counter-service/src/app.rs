@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::overrides::Override;
 use crate::policies::KnownPolicies;
 use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
+use sluice_protocol::ErrorCode;
 
 /// The overrides an instance applies: the set, the ticket of the read that found it, and
 /// the store's overrides version then.
@@ -188,7 +189,7 @@ impl App {
         self.auth.check_values(values).map_err(|refusal| {
             tracing::debug!(%refusal, "caller refused");
             self.metrics.unauthorized();
-            ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }
+            ApiError { status: 401, code: ErrorCode::Unauthorized, message: refusal.to_string() }
         })
     }
 
@@ -200,7 +201,7 @@ impl App {
         let Some(admin) = &self.admin else {
             return Err(ApiError {
                 status: 404,
-                code: "admin_disabled",
+                code: ErrorCode::AdminDisabled,
                 message: "the admin API is not enabled: start the service with --admin-token-env".to_owned(),
             });
         };
@@ -209,7 +210,7 @@ impl App {
             self.metrics.unauthorized();
             ApiError {
                 status: 401,
-                code: "admin_unauthorized",
+                code: ErrorCode::AdminUnauthorized,
                 message: format!(
                     "{refusal} (the admin API takes the admin token, --admin-token-env, never the proxies' token)"
                 ),
@@ -223,7 +224,7 @@ impl App {
             self.metrics.shed();
             ApiError {
                 status: 503,
-                code: "overloaded",
+                code: ErrorCode::Overloaded,
                 message: "too many requests in flight; retry later or add instances".to_owned(),
             }
         })

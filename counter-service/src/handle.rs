@@ -18,6 +18,7 @@ use crate::api::{self, ApiError, ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 use crate::app::App;
 use crate::enforce::Enforced;
 use crate::store::CounterStore;
+use sluice_protocol::ErrorCode;
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,7 @@ impl App {
     fn complete(&self, call: &Call, enforced: &Enforced, decided: Option<Outcome>) -> Result<Outcome, ApiError> {
         enforced.complete(call, decided, self.store().now()).ok_or_else(|| ApiError {
             status: 500,
-            code: "internal",
+            code: ErrorCode::Internal,
             message: "the store answered another kind of request".to_owned(),
         })
     }
@@ -123,7 +124,7 @@ impl App {
         let CounterStore::Memory(memory) = self.store() else {
             return Err(ApiError {
                 status: 503,
-                code: "store_unavailable",
+                code: ErrorCode::StoreUnavailable,
                 message: "handle_now decides on the memory store only: the redis store needs the async HTTP path"
                     .to_owned(),
             });
@@ -206,14 +207,14 @@ impl App {
             _ => {
                 return Err(ApiError {
                     status: 500,
-                    code: "internal",
+                    code: ErrorCode::Internal,
                     message: "the store answered another kind of request".to_owned(),
                 });
             }
         };
         encoded.map_err(|e| ApiError {
             status: 500,
-            code: "internal",
+            code: ErrorCode::Internal,
             message: format!("cannot encode the response: {e}"),
         })
     }
@@ -253,7 +254,7 @@ impl App {
         if matches!(path, "/healthz" | "/readyz" | "/metrics") {
             return Err(ApiError {
                 status: 404,
-                code: "not_found",
+                code: ErrorCode::NotFound,
                 message: format!("{path} is served over HTTP only: handle_now serves the decision routes"),
             });
         }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
 
-use sluice_protocol::{Algorithm, LimitSpec};
+use sluice_protocol::{Algorithm, ErrorCode, LimitSpec};
 
 use crate::api::{ApiError, PlannedEntry};
 use crate::overrides::{Override, OverrideKind};
@@ -160,7 +160,7 @@ impl KnownPolicies {
                 String::new()
             };
             return Err(ApiError::bad_request(
-                "unknown_policy",
+                ErrorCode::UnknownPolicy,
                 format!(
                     "policy: no proxy has asked this service about a policy named {:?} (it learns policy names \
                      from the requests of the proxies: check the name, or send it traffic first){full}",
@@ -171,7 +171,7 @@ impl KnownPolicies {
         let shapes = |spec: &LimitSpec| spec.kind() == Algorithm::LeakyBucket;
         match (item.kind, item.limit) {
             (OverrideKind::Clamp, Some(clamp)) if shapes(&clamp) && !shapes(&known) => Err(ApiError::bad_request(
-                "invalid_clamp",
+                ErrorCode::InvalidClamp,
                 format!(
                     "limit: a leaky_bucket clamp answers with delays, which only a leaky_bucket policy gives its \
                      callers; the policy's own limit is {} (clamp it with any other algorithm)",

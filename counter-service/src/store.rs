@@ -10,6 +10,7 @@ pub mod overrides;
 pub mod redis;
 
 use shared_store::{Decision, Limit, Nanos};
+use sluice_protocol::ErrorCode;
 
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryCounters};
@@ -154,10 +155,12 @@ impl CounterStoreError {
     }
 
     /// The API error code.
-    pub const fn code(&self) -> &'static str {
+    pub const fn code(&self) -> ErrorCode {
         match self {
-            Self::Full { .. } | Self::ChargeIdsFull { .. } => "store_full",
-            _ => "store_unavailable",
+            Self::Full { .. } | Self::ChargeIdsFull { .. } => ErrorCode::StoreFull,
+            Self::Timeout { .. } | Self::Unreachable { .. } | Self::Server(_) | Self::Protocol(_) => {
+                ErrorCode::StoreUnavailable
+            }
         }
     }
 }

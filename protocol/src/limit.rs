@@ -37,6 +37,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use shared_store::{Algorithm, Limit, MAX_LOG_ENTRIES, Nanos, Rate};
 
+use crate::ErrorCode;
+
 /// Longest period, window or shaping wait: 31 days, in milliseconds.
 pub const MAX_PERIOD_MS: u64 = 31 * 24 * 3600 * 1000;
 /// Largest `amount`, `burst`, `limit` or `max_queue` (and largest charge cost): 2^40.
@@ -122,10 +124,10 @@ impl SpecError {
 
     /// The API error code this refusal is answered with: `invalid_limit` or
     /// `outside_envelope`.
-    pub const fn code(&self) -> &'static str {
+    pub const fn code(&self) -> ErrorCode {
         match self {
-            Self::Invalid { .. } => "invalid_limit",
-            Self::OutsideEnvelope { .. } => "outside_envelope",
+            Self::Invalid { .. } => ErrorCode::InvalidLimit,
+            Self::OutsideEnvelope { .. } => ErrorCode::OutsideEnvelope,
         }
     }
 }
@@ -460,7 +462,7 @@ mod tests {
 
         assert!(matches!(err, SpecError::Invalid { field: "limit.window_ms", .. }), "{err}");
         assert_eq!(err.to_string(), "limit.window_ms: a window must be at least 1 ms long");
-        assert_eq!(err.code(), "invalid_limit");
+        assert_eq!(err.code(), ErrorCode::InvalidLimit);
     }
 
     #[test]
@@ -475,7 +477,7 @@ mod tests {
         let err = LimitSpec::TokenBucket { amount: 1, per_ms: 86_400_000, burst: 40 }.validate().unwrap_err();
 
         assert!(matches!(err, SpecError::OutsideEnvelope { field: "limit.burst", .. }), "{err}");
-        assert_eq!(err.code(), "outside_envelope");
+        assert_eq!(err.code(), ErrorCode::OutsideEnvelope);
         assert_eq!(
             err.to_string(),
             "limit.burst: refilling 40 units at 1 per 86400000 ms takes 3456000000 ms, above the longest \

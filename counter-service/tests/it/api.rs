@@ -266,8 +266,8 @@ async fn an_unreachable_redis_makes_readyz_and_checks_answer_store_unavailable()
 
 #[test]
 fn store_errors_have_stable_codes() {
-    assert_eq!(CounterStoreError::Full { max_keys: 1 }.code(), "store_full");
-    assert_eq!(CounterStoreError::Timeout { store: "redis", after_ms: 1 }.code(), "store_unavailable");
+    assert_eq!(CounterStoreError::Full { max_keys: 1 }.code().name(), "store_full");
+    assert_eq!(CounterStoreError::Timeout { store: "redis", after_ms: 1 }.code().name(), "store_unavailable");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use clap::CommandFactory;
 use sluice_counter::config::Config;
 use sluice_counter::metrics::Metrics;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
+use sluice_protocol::ErrorCode;
 
 const README: &str = include_str!("../../README.md");
 
@@ -92,5 +93,30 @@ fn the_metrics_the_readme_lists_are_exactly_the_ones_the_service_serves() {
             served.contains(name) || redis_only.contains(&name.as_str()),
             "the README lists {name}, which the service does not serve"
         );
+    }
+}
+
+#[test]
+fn the_readmes_error_table_gives_each_code_the_status_it_is_answered_with_and_every_code_is_documented() {
+    let rows: Vec<(u16, Vec<String>)> = README
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let [_, status, codes, ..] = cells.as_slice() else { return None };
+            let status: u16 = status.parse().ok()?;
+            let codes = codes.split('/').map(|c| c.trim().trim_matches('`').to_owned()).collect();
+            Some((status, codes))
+        })
+        .collect();
+
+    assert!(rows.len() >= 20, "the table was found: {rows:?}");
+    for (status, codes) in &rows {
+        for name in codes {
+            let code = ErrorCode::from_name(name).unwrap_or_else(|| panic!("the README's {name} is not a code"));
+            assert_eq!(code.status(), *status, "{name}");
+        }
+    }
+    for code in ErrorCode::ALL {
+        assert!(README.contains(&format!("`{}`", code.name())), "{code} is answered but the README never names it");
     }
 }
