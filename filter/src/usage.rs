@@ -2,7 +2,9 @@
 //! (`{"usage": {"total_tokens": 42}}`, read whole once it has ended) or a stream of
 //! server-sent events (`text/event-stream`, each `data:` line read as it completes; the
 //! last event that carries the path gives the cost, as in OpenAI's streams with
-//! `stream_options.include_usage`).
+//! `stream_options.include_usage`). A number is read as a count when it is a whole number
+//! from 0; one beyond `u64::MAX` is read as `u64::MAX` (then clamped to the policy's `max`,
+//! as a response header's is).
 //!
 //! Nothing is delayed or changed: the reader sees a copy of each chunk. Its memory is
 //! bounded per stream: a JSON body is kept up to [`MAX_JSON_BODY`] bytes (beyond that it
@@ -144,11 +146,21 @@ impl UsageReader {
     fn read(&mut self, document: &Value) {
         for (path, found) in self.paths.iter().zip(self.found.iter_mut()) {
             let value = path.iter().try_fold(document, |at, key| at.get(key.as_str()));
-            if let Some(number) = value.and_then(Value::as_u64) {
+            if let Some(number) = value.and_then(count) {
                 *found = Some(number);
             }
         }
     }
+}
+
+/// A JSON value as a count: a whole number from 0, or, beyond `u64::MAX` (which
+/// serde_json reads as a float), `u64::MAX`, as a response header beyond it reads:
+/// settling clamps it to the policy's `max`, never takes it for no report. Anything else
+/// (a fraction, a negative number, a string) is no count.
+fn count(value: &Value) -> Option<u64> {
+    /// 2^64, the first float beyond every `u64`.
+    const BEYOND_U64: f64 = 18_446_744_073_709_551_616.0;
+    value.as_u64().or_else(|| value.as_f64().filter(|f| *f >= BEYOND_U64).map(|_| u64::MAX))
 }
 
 /// Whether `data` mentions the path's first key as a JSON string (a cheap test before
@@ -193,6 +205,19 @@ mod tests {
         assert_eq!(read_json(&[br#"{"usage":{"total_tokens":-3}}"#]), None);
         assert_eq!(read_json(&[br#"{"usage":{"total_tokens":4.5}}"#]), None);
         assert_eq!(read_json(&[br#"{"usage":{"total_tokens":42}"#]), None, "cut short");
+    }
+
+    #[test]
+    fn a_json_usage_above_the_largest_count_is_read_as_the_largest_count_like_a_header_not_as_unknown() {
+        // serde_json reads an integer beyond u64 as a float: such a report is clamped to
+        // the policy's `max` when it is settled, as a response header's is.
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":99999999999999999999999}}"#]), Some(u64::MAX));
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":18446744073709551616}}"#]), Some(u64::MAX));
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":18446744073709551615}}"#]), Some(u64::MAX));
+        let mut events = UsageReader::new(total(), Some(b"text/event-stream"));
+        events.feed(b"data: {\"usage\":{\"total_tokens\":123456789012345678901234567890}}\n\n");
+        assert_eq!(events.finish(true), [Some(u64::MAX)]);
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":-99999999999999999999999}}"#]), None);
     }
 
     #[test]

@@ -104,6 +104,17 @@ fn a_json_body_is_read_as_it_passes_and_settled_when_it_ends() {
 }
 
 #[test]
+fn a_json_usage_beyond_the_largest_count_is_charged_up_to_max_like_a_header_not_left_at_the_estimate() {
+    let w = worker(&policy(BY_JSON, 100));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    assert!(admits(&w, 1));
+    assert!(w.on_response_headers(1, &json, true));
+    w.on_response_body(1, Some(br#"{"usage": {"total_tokens": 99999999999999999999999}}"#), true);
+    assert_eq!(counted(&w, Counter::CostUnknown), 0);
+    assert_eq!(counted(&w, Counter::CostCharged), 990, "max 1 000 less the estimate of 10");
+}
+
+#[test]
 fn an_event_stream_is_settled_by_the_usage_of_its_last_event() {
     let w = worker(&policy(BY_JSON, 100));
     let events = FakeResponse::default().with_header("content-type", "text/event-stream");
