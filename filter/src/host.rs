@@ -216,8 +216,9 @@ counters! {
         /// Lease: units of debt paid from a later grant before any of it was spent (the
         /// service counted them when it granted them: they are not charged).
         LeaseRepaid = "lease.repaid",
-        /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
-        /// service could not charge: forgiven.
+        /// Lease: units admitted under the failure rule beyond `max_debt`, that the
+        /// service could not charge, or whose counter could not be named (the request's
+        /// partition could not be read): forgiven.
         LeaseForgiven = "lease.forgiven",
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).

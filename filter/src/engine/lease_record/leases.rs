@@ -221,20 +221,22 @@ impl<S: Store> Leases<'_, S> {
 
     /// Settles a response's cost above its estimate (`excess` units, already served):
     /// what the lease's live tokens hold is taken from them; the rest is owed like a
-    /// fallback's admissions, up to `max_debt`, and charged to the service later. Returns
-    /// what was forgiven (beyond `max_debt`) and whether the record now owes something.
+    /// fallback's admissions, up to `max_debt`, on the global counter `whose` names, and
+    /// charged to the service later (`None`: no counter can be named, the request's
+    /// partition could not be read, so nothing is owed). Returns what was forgiven
+    /// (beyond `max_debt`, or owed nowhere) and whether the record now owes something.
     pub(crate) fn overspend(
         &self,
         place: &Placement,
         excess: u64,
         max_debt: u64,
-        (counter, tag): (u128, Option<u128>),
+        whose: Option<(u128, Option<u128>)>,
         now: Nanos,
     ) -> Result<Updated<(u64, bool)>, UpdateError> {
         let updated = self.update(place, now, |record| {
             let taken = excess.min(record.live_tokens(now));
             record.take(taken, now);
-            let owed = record.owe(excess - taken, max_debt, (counter, tag), now);
+            let owed = whose.map_or(0, |whose| record.owe(excess - taken, max_debt, whose, now));
             (taken > 0 || owed > 0, (excess - taken - owed, record.debt > 0))
         })?;
         Ok(Updated { result: Some(updated.result.unwrap_or((excess, false))), forgiven: updated.forgiven })

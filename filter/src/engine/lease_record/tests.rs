@@ -321,8 +321,8 @@ fn a_cost_above_its_estimate_is_taken_from_the_lease_and_owed_beyond_it_up_to_th
     let leases = Leases { store: &store, anchor: "a" };
     grant(&leases, 5, T, 1000, T);
 
-    let within = leases.overspend(&place(), 3, 4, (9, None), T).unwrap().result.unwrap();
-    let beyond = leases.overspend(&place(), 8, 4, (9, None), T).unwrap().result.unwrap();
+    let within = leases.overspend(&place(), 3, 4, Some((9, None)), T).unwrap().result.unwrap();
+    let beyond = leases.overspend(&place(), 8, 4, Some((9, None)), T).unwrap().result.unwrap();
 
     assert_eq!(within, (0, false), "three of the five live tokens");
     assert_eq!(beyond, (2, true), "two tokens left, four owed, two forgiven");
