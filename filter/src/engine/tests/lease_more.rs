@@ -407,3 +407,29 @@ fn what_the_failure_rule_admits_when_the_partition_cannot_be_read_is_owed_to_no_
     assert_eq!(w.metrics.get(0, Counter::CostForgiven), 19, "the response's cost above it");
     assert_eq!(w.metrics.get(0, Counter::CostCharged), 0);
 }
+
+/// The live tokens of policy `index`'s lease for `request`.
+fn lease_tokens(w: &World, request: &FakeRequest, index: usize) -> u64 {
+    let Place::Global { lease: Some(slot), .. } = resolve_lease(w, request, index) else { unreachable!() };
+    let now = w.limiter.clock().now();
+    w.engine.0.leases(w.limiter.store()).peek(&slot, now).unwrap().map_or(0, |r| r.live_tokens(now))
+}
+
+#[test]
+fn a_stream_that_ends_while_one_lease_waits_gives_back_what_its_other_lease_spent_as_a_rejection_would() {
+    let mut w = world_with(TWO_LEASES);
+    let first = waiting(w.begin_with(&routed("a", "t")));
+    let _ = w.tick(|_| granted(10));
+    assert_eq!(status(&w.retry(first)), Some(200));
+    let before = lease_tokens(&w, &routed("a", "u"), 0);
+
+    // Route "a" has tokens; tenant "u" has none yet: the request spends the route's lease,
+    // then waits for the tenant's refill, and its client leaves.
+    let pending = waiting(w.begin_with(&routed("a", "u")));
+    assert_eq!(lease_tokens(&w, &routed("a", "u"), 0), before - 1, "the route's lease paid for it");
+    w.engine.forget(pending, &w.limiter, &mut w.metrics);
+
+    assert_eq!(lease_tokens(&w, &routed("a", "u"), 0), before, "never forwarded: its spend is given back");
+    assert_eq!(w.metrics.get(0, Counter::Abandoned), 1);
+    assert_eq!(w.metrics.get(0, Counter::Rejected), 1);
+}
