@@ -252,6 +252,13 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         }
     }
 
+    /// Stream `id`'s response trailers arrived: its body has ended (the last chunk came
+    /// without the end of the stream, which the trailers carry), so the costs it reports
+    /// are settled as for a body that ended.
+    pub fn on_response_trailers(&self, id: u32) {
+        self.on_response_body(id, Some(&[]), true);
+    }
+
     /// Settles a stream's estimates to what its response reported (`complete`: its body
     /// ended; otherwise the stream was cut short).
     fn settle_costs(&self, costs: StreamCosts, complete: bool) {

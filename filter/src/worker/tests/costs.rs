@@ -129,6 +129,25 @@ fn an_event_stream_is_settled_by_the_usage_of_its_last_event() {
 }
 
 #[test]
+fn a_body_that_ends_with_trailers_is_settled_to_what_it_reported_when_they_arrive() {
+    let w = worker(&policy(BY_JSON, 100));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    let events = FakeResponse::default().with_header("content-type", "text/event-stream");
+    assert!(admits(&w, 1));
+    assert!(w.on_response_headers(1, &json, true));
+    w.on_response_body(1, Some(br#"{"usage": {"total_tokens": 30}}"#), false);
+    w.on_response_trailers(1);
+    assert!(admits(&w, 2));
+    assert!(w.on_response_headers(2, &events, true));
+    w.on_response_body(2, Some(b"data: {\"usage\": {\"total_tokens\": 4}}"), false);
+    w.on_response_trailers(2);
+    w.on_stream_end(1);
+    w.on_stream_end(2);
+    assert_eq!(counted(&w, Counter::CostUnknown), 0);
+    assert_eq!((counted(&w, Counter::CostCharged), counted(&w, Counter::CostCredited)), (20, 6));
+}
+
+#[test]
 fn a_body_cut_short_or_lost_or_absent_settles_to_on_unknown_and_is_counted() {
     let w = worker(&policy(BY_JSON, 1000));
     let json = FakeResponse::default().with_header("content-type", "application/json");
