@@ -9,7 +9,9 @@
 //! Nothing is delayed or changed: the reader sees a copy of each chunk. Its memory is
 //! bounded per stream: a JSON body is kept up to [`MAX_JSON_BODY`] bytes (beyond that it
 //! is dropped and its cost is unknown), an event stream only its current line, up to
-//! [`MAX_EVENT_LINE`] bytes (a longer line is skipped).
+//! [`MAX_EVENT_LINE`] bytes (a longer line is skipped); and per worker, across its
+//! streams, by [`MAX_HELD_PER_WORKER`] (the worker passes each reader its room:
+//! [`UsageReader::feed_within`]).
 
 use serde_json::Value;
 
@@ -17,6 +19,9 @@ use serde_json::Value;
 pub const MAX_JSON_BODY: usize = 256 * 1024;
 /// The longest server-sent event line read; a longer one is skipped.
 pub const MAX_EVENT_LINE: usize = 64 * 1024;
+/// The most one worker's readers hold at once, across its streams: a JSON body that
+/// would take it beyond is dropped (its cost is unknown), an event line skipped.
+pub const MAX_HELD_PER_WORKER: usize = 8 * 1024 * 1024;
 
 /// How the body is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +42,9 @@ pub struct UsageReader {
     buffer: Vec<u8>,
     /// JSON: the body outgrew [`MAX_JSON_BODY`]. Events: the current line is being skipped.
     overflowed: bool,
+    /// Bytes were dropped because the worker's bound across its streams was reached
+    /// (not this stream's own).
+    over_budget: bool,
 }
 
 impl UsageReader {
@@ -53,6 +61,7 @@ impl UsageReader {
             form: if events { Form::Events } else { Form::Json },
             buffer: Vec::new(),
             overflowed: false,
+            over_budget: false,
         }
     }
 
@@ -63,13 +72,21 @@ impl UsageReader {
 
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
+        self.feed_within(chunk, usize::MAX);
+    }
+
+    /// Reads the next chunk of the body, holding at most `cap` bytes (what its worker
+    /// has room for, this reader's own bytes included): beyond it, a JSON body is dropped
+    /// and an event line skipped, as beyond the stream's own bound, and
+    /// [`Self::over_budget`] says so.
+    pub fn feed_within(&mut self, chunk: &[u8], cap: usize) {
         match self.form {
-            Form::Json => self.hold(chunk, MAX_JSON_BODY),
+            Form::Json => self.hold(chunk, MAX_JSON_BODY, cap),
             Form::Events => {
                 let mut rest = chunk;
                 while let Some(end) = rest.iter().position(|b| *b == b'\n') {
                     let (line, after) = rest.split_at(end);
-                    self.extend_line(line);
+                    self.hold(line, MAX_EVENT_LINE, cap);
                     if !self.overflowed {
                         let line = std::mem::take(&mut self.buffer);
                         self.event_line(&line);
@@ -79,9 +96,15 @@ impl UsageReader {
                     self.overflowed = false;
                     rest = after.get(1..).unwrap_or_default();
                 }
-                self.extend_line(rest);
+                self.hold(rest, MAX_EVENT_LINE, cap);
             }
         }
+    }
+
+    /// Whether bytes were dropped because the worker's bound across its streams was
+    /// reached (see [`Self::feed_within`]).
+    pub fn over_budget(&self) -> bool {
+        self.over_budget
     }
 
     /// The body has ended (`complete`) or was cut short: what was found for each path, in
@@ -111,17 +134,16 @@ impl UsageReader {
         self.buffer.len()
     }
 
-    fn extend_line(&mut self, bytes: &[u8]) {
-        self.hold(bytes, MAX_EVENT_LINE);
-    }
-
-    /// Keeps `bytes` unless the buffer would outgrow `limit`: then it is dropped, and
-    /// stays dropped until the caller resets `overflowed`.
-    fn hold(&mut self, bytes: &[u8], limit: usize) {
+    /// Keeps `bytes` unless the buffer would outgrow `limit` (the stream's own bound) or
+    /// `cap` (its worker's room): then it is dropped, and stays dropped until the caller
+    /// resets `overflowed`.
+    fn hold(&mut self, bytes: &[u8], limit: usize, cap: usize) {
         if self.overflowed {
             return;
         }
-        if self.buffer.len().saturating_add(bytes.len()) > limit {
+        let wanted = self.buffer.len().saturating_add(bytes.len());
+        if wanted > limit || wanted > cap {
+            self.over_budget |= wanted <= limit;
             self.overflowed = true;
             self.buffer = Vec::new();
         } else {
@@ -229,6 +251,25 @@ mod tests {
         assert_eq!(reader.held(), 0, "the memory is released at once");
         reader.feed(br#""}"#);
         assert_eq!(reader.finish(true), [None]);
+    }
+
+    #[test]
+    fn beyond_the_room_its_worker_gives_a_json_body_is_dropped_and_an_event_line_skipped_and_both_say_so() {
+        let mut json = UsageReader::new(total(), None);
+        json.feed_within(br#"{"usage":{"total_tokens":42}}"#, 10);
+        assert_eq!((json.held(), json.over_budget()), (0, true));
+        assert_eq!(json.finish(true), [None]);
+
+        let mut events = UsageReader::new(total(), Some(b"text/event-stream"));
+        events.feed_within(b"data: {\"usage\":{\"total_tokens\":1}}\n\n", 8);
+        events.feed_within(b"data: {\"usage\":{\"total_tokens\":7}}\n\n", 100);
+        assert!(events.over_budget());
+        assert_eq!(events.finish(true), [Some(7)], "the line that fitted is read");
+
+        let mut within = UsageReader::new(total(), None);
+        within.feed_within(br#"{"usage":{"total_tokens":42}}"#, 29);
+        assert!(!within.over_budget());
+        assert_eq!(within.finish(true), [Some(42)]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::*;
 use crate::engine::MAX_OWING_REQUESTS;
 use crate::testing::FakeResponse;
+use crate::usage::{MAX_HELD_PER_WORKER, MAX_JSON_BODY};
 
 fn policy(cost: &str, burst: u64) -> String {
     format!(
@@ -145,6 +146,45 @@ fn a_body_that_ends_with_trailers_is_settled_to_what_it_reported_when_they_arriv
     w.on_stream_end(2);
     assert_eq!(counted(&w, Counter::CostUnknown), 0);
     assert_eq!((counted(&w, Counter::CostCharged), counted(&w, Counter::CostCredited)), (20, 6));
+}
+
+#[test]
+fn a_json_body_beyond_what_the_worker_can_hold_across_its_streams_has_no_cost_and_is_counted() {
+    let w = worker(&policy(BY_JSON, 1000));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    let document = br#"{"usage": {"total_tokens": 30}}"#;
+    // Bodies just under the bound of one stream (leading white space is valid JSON),
+    // on as many streams as the worker's bound holds.
+    let part = vec![b' '; MAX_JSON_BODY - 64];
+    let fit = MAX_HELD_PER_WORKER / part.len();
+    let mut next = 0;
+    let mut open = || {
+        next += 1;
+        assert!(admits(&w, next));
+        assert!(w.on_response_headers(next, &json, true));
+        w.on_response_body(next, Some(&part), false);
+        next
+    };
+    let held: Vec<u32> = (0..fit).map(|_| open()).collect();
+
+    let beyond = open();
+    w.on_response_body(beyond, Some(document), true);
+
+    assert_eq!(counted(&w, Counter::CostUnknown), 1, "no room was left for its body");
+    assert_eq!(counted(&w, Counter::CostOverBudget), 1);
+    assert_eq!(counted(&w, Counter::CostCharged), 40, "on_unknown (50) less the estimate");
+    // The bodies held are read whole; once one has ended, a new one has room again.
+    w.on_response_body(held[0], Some(document), true);
+    assert_eq!(counted(&w, Counter::CostCharged), 40 + 20);
+    let again = open();
+    w.on_response_body(again, Some(document), true);
+    assert_eq!(counted(&w, Counter::CostCharged), 40 + 20 + 20);
+    assert_eq!((counted(&w, Counter::CostUnknown), counted(&w, Counter::CostOverBudget)), (1, 1));
+    // A stream that ends cut short gives its room back too.
+    for id in held.into_iter().skip(1) {
+        w.on_stream_end(id);
+    }
+    assert_eq!(w.body_bytes_held(), 0);
 }
 
 #[test]
