@@ -13,6 +13,19 @@ pub(crate) struct Rules {
     pub(crate) low_water: u64,
     /// How long an election holds (the callout's deadline and a margin).
     pub(crate) refill_window: Nanos,
+    /// While the service says the budget is empty, how often a request asks again
+    /// anyway (the lease's duration): an operator's bypass, or the end of a clamp, may
+    /// have changed the answer since, and the READMEs promise it is obeyed within the
+    /// service's sweep and one lease duration.
+    pub(crate) probe_every: Nanos,
+}
+
+impl Rules {
+    /// Elects a refill in `record` at `now`.
+    fn elect(self, record: &mut Record, now: Nanos) {
+        record.refill_until = now.saturating_add(self.refill_window);
+        record.asked_at = now;
+    }
 }
 
 /// What a spend found.
@@ -127,17 +140,24 @@ impl<S: Store> Leases<'_, S> {
                 let left = record.live_tokens(now);
                 let refill = refill_free && left < rules.low_water && now >= record.empty_until;
                 if refill {
-                    record.refill_until = now.saturating_add(rules.refill_window);
+                    rules.elect(record, now);
                 }
                 return (true, Spend::Spent { refill, under: record.under() });
             }
             if now < record.empty_until {
+                // The service said the budget is empty until then. Once a lease duration
+                // has passed since the last refill, one request asks again (a probe, which
+                // it waits for); the others are rejected with the service's wait.
+                if refill_free && now >= record.asked_at.saturating_add(rules.probe_every) {
+                    rules.elect(record, now);
+                    return (true, Spend::Wait { elected: true });
+                }
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if !refill_free {
                 return (false, Spend::Wait { elected: false });
             }
-            record.refill_until = now.saturating_add(rules.refill_window);
+            rules.elect(record, now);
             (true, Spend::Wait { elected: true })
         })?;
         Ok(taken_if_none(outcome))
@@ -174,14 +194,16 @@ impl<S: Store> Leases<'_, S> {
                 record.take(cost, now);
                 return (true, Spend::Spent { refill: false, under: record.under() });
             }
-            if now < record.empty_until {
+            // While a refill is in flight on an empty budget (a probe), its waiters wait
+            // for its answer rather than for the wait it may change.
+            if now < record.empty_until && now >= record.refill_until {
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if record.failed_at >= since && record.failed_at > Nanos::ZERO {
                 return (false, Spend::Failed { reason: record.failed_reason });
             }
             if may_elect && now >= record.refill_until {
-                record.refill_until = now.saturating_add(rules.refill_window);
+                rules.elect(record, now);
                 return (true, Spend::Wait { elected: true });
             }
             (false, Spend::Wait { elected: false })

@@ -4,7 +4,9 @@
 //! A request spends every lease policy it matches. One that spent and left its lease
 //! low elects a refill; one whose lease is empty waits for a refill (electing it, when
 //! none is in flight, for itself: the grant is then held for it); one whose service
-//! granted nothing rejects the request with the service's wait; one that cannot be
+//! granted nothing rejects the request with the service's wait, except that once per
+//! lease duration one request asks again and waits (a probe: an operator's override may
+//! have changed the answer); one that cannot be
 //! decided (its refill failed, its slot is another key's, its record cannot be written,
 //! the circuit is open, the wait ran out, the worker holds `max_waiting` already) takes
 //! its own failure rule, counted under its own cause, and the others are still spent.
@@ -225,7 +227,8 @@ fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<
     else {
         return None;
     };
-    Some((slot, Rules { low_water: home.config.low_water, refill_window: window }))
+    let probe_every = home.config.duration();
+    Some((slot, Rules { low_water: home.config.low_water, refill_window: window, probe_every }))
 }
 
 /// Puts a refill of `resolved`'s lease in the outbox.
