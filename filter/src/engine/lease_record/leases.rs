@@ -40,6 +40,10 @@ pub(crate) enum Spend {
     /// The service granted nothing until then (the global budget is spent), `under` an
     /// operator's override when its answer said so.
     Empty { until: Nanos, under: Option<AppliedOverride> },
+    /// As `Empty`, but a lease duration has passed since the last refill: this request
+    /// was elected to ask again (a probe, which it waits for, as for `Wait { elected:
+    /// true }`); when no refill can be sent, the empty budget stands.
+    Probe { until: Nanos, under: Option<AppliedOverride> },
     /// The last refill failed (for this reason index) after the request began waiting:
     /// apply the failure rule.
     Failed { reason: u64 },
@@ -150,7 +154,7 @@ impl<S: Store> Leases<'_, S> {
                 // it waits for); the others are rejected with the service's wait.
                 if refill_free && now >= record.asked_at.saturating_add(rules.probe_every) {
                     rules.elect(record, now);
-                    return (true, Spend::Wait { elected: true });
+                    return (true, Spend::Probe { until: record.empty_until, under: record.under() });
                 }
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }

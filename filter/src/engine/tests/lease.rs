@@ -227,6 +227,27 @@ fn a_probe_of_an_empty_lease_waits_for_its_answer_and_one_that_finds_it_still_em
 }
 
 #[test]
+fn with_the_circuit_open_a_locked_out_caller_keeps_the_services_wait_rather_than_taking_the_failure_rule() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    let _ = w.tick(|_| nothing_granted(3_600_000));
+    let _ = w.retry(pending);
+    w.limiter.clock().advance(DURATION);
+    let now = w.limiter.clock().now();
+    let breaker = &w.engine.0.service.as_ref().unwrap().breaker;
+    for _ in 0..5 {
+        let _ = breaker.record(w.limiter.store(), now, Some(false), now);
+    }
+
+    let decided = w.begin();
+
+    assert_eq!(status(&decided), Some(429), "no probe can leave: the budget the service said is empty stands");
+    assert_eq!(w.metrics.get(0, Counter::EmergencyAllowed), 0);
+    assert_eq!(w.metrics.get(0, Counter::DegradedCircuitOpen), 0);
+    assert_eq!(w.engine.take_outgoing(&w.limiter, false), Vec::new(), "no refill elected");
+}
+
+#[test]
 fn a_failed_refill_sends_waiters_to_the_emergency_cap_and_what_it_admits_is_paid_back_after_recovery() {
     let mut w = world();
     let pending = waiting(w.begin());
