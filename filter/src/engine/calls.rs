@@ -128,9 +128,6 @@ pub(crate) fn tag_bits(tag: &str) -> Option<Option<u128>> {
     if tag == "none" {
         return Some(None);
     }
-    if tag.is_empty() || tag.len() > 32 {
-        return None;
-    }
     u128::from_str_radix(tag, 16).ok().map(Some)
 }
 
