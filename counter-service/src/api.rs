@@ -299,8 +299,7 @@ fn with_index(index: usize, e: ApiError) -> ApiError {
 
 /// A `policy` name: 1 to [`MAX_POLICY_BYTES`] bytes of `A-Z a-z 0-9 _ . -`.
 pub(crate) fn check_policy(policy: &str) -> Result<(), ApiError> {
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
-    if policy.is_empty() || policy.len() > MAX_POLICY_BYTES || !policy.bytes().all(allowed) {
+    if !sluice_protocol::is_policy_name(policy) {
         return Err(ApiError::bad_request(
             ErrorCode::InvalidPolicy,
             format!(
@@ -468,7 +467,7 @@ impl ChargePlan {
         }
         check_amount("cost", request.cost, "charge")?;
         let capacity = entry.limit.capacity();
-        if request.max_debt > capacity {
+        if request.max_debt > sluice_protocol::max_debt_bound(capacity) {
             return Err(ApiError::bad_request(
                 ErrorCode::InvalidMaxDebt,
                 format!("max_debt: {} is more than the limit's capacity ({capacity})", request.max_debt),

@@ -66,5 +66,6 @@ pub use shared_store::Algorithm;
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
     EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName, is_policy_name,
+    max_debt_bound,
 };

@@ -30,8 +30,24 @@ pub const MAX_CHARGE_ID_BYTES: usize = 64;
 pub const CHARGE_ID_TTL_MS: u64 = 600_000;
 /// The shortest `id_ttl_ms` a charge or credit may ask for, in milliseconds.
 pub const MIN_ID_TTL_MS: u64 = 1_000;
-/// Longest `policy` name, in bytes.
-pub const MAX_POLICY_BYTES: usize = 128;
+/// Longest `policy` name, in bytes: what the filter accepts for a policy's name (it names
+/// the policy's metrics too), and what the service accepts in a request or an override.
+pub const MAX_POLICY_BYTES: usize = 64;
+
+/// Whether `name` is a policy name: 1 to [`MAX_POLICY_BYTES`] characters among
+/// `A-Z a-z 0-9 _ . -` (the filter's configuration and the counter service apply the same
+/// rule, this one).
+pub fn is_policy_name(name: &str) -> bool {
+    (1..=MAX_POLICY_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The most debt a charge may leave a limit in, given its `capacity`: the capacity itself
+/// (a filter's `max_debt` and a charge's are refused above it). Twice the capacity keeps
+/// every integer of the Redis script inside the numeric envelope.
+pub const fn max_debt_bound(capacity: u64) -> u64 {
+    capacity
+}
 
 /// `POST /v1/check`: one all-or-nothing decision over one or several entries.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
