@@ -16,6 +16,7 @@ use crate::api::{self, ApiError};
 use crate::app::App;
 use crate::overrides::{MAX_OVERRIDES, Override, OverrideRequest, RemovalRequest, is_override_id, override_id};
 use crate::store::{CounterStore, Stored};
+use sluice_protocol::ErrorCode;
 
 /// The target of the audit lines.
 pub const AUDIT_TARGET: &str = "sluice_counter::audit";
@@ -75,7 +76,7 @@ impl App {
                     self.metrics().overrides_active(active);
                     return Err(ApiError {
                         status: 409,
-                        code: "too_many_overrides",
+                        code: ErrorCode::TooManyOverrides,
                         message: format!(
                             "{active} overrides are live, the most this service keeps ({MAX_OVERRIDES}); remove one \
                              or wait for one to expire"
@@ -85,7 +86,11 @@ impl App {
                 Stored::Exists => {}
             }
         }
-        Err(ApiError { status: 500, code: "internal", message: "could not make a fresh override id".to_owned() })
+        Err(ApiError {
+            status: 500,
+            code: ErrorCode::Internal,
+            message: "could not make a fresh override id".to_owned(),
+        })
     }
 
     /// `GET /admin/v1/overrides`: the live overrides, by expiry.
@@ -117,7 +122,7 @@ impl App {
         };
         let not_found = || ApiError {
             status: 404,
-            code: "override_not_found",
+            code: ErrorCode::OverrideNotFound,
             message: "id: no live override has this id (it may have expired)".to_owned(),
         };
         if !is_override_id(id) {
@@ -162,21 +167,104 @@ impl App {
     }
 
     /// Reads the live overrides from the store and applies them from now on
-    /// ([`App::enforce`]). After each change made through this instance, and on every
-    /// sweep: on Redis, that is how an override another instance set reaches this one,
-    /// so `--sweep-interval-ms` bounds how late it is obeyed here. When the store fails,
-    /// the overrides read last stay (each still ends at its expiry), and the next sweep
-    /// tries again.
+    /// ([`App::enforce`]), after each change made through this instance. When the store
+    /// fails, the overrides read last stay (each still ends at its expiry), and the next
+    /// sweep tries again. A read applies only if no read that began after it was applied
+    /// first ([`App::apply_overrides`]): overrides are applied in the order they were read.
     pub async fn refresh_overrides(&self) {
+        self.read_overrides(None).await;
+    }
+
+    /// The sweep's refresh: on Redis, that is how an override another instance set or
+    /// removed reaches this one, so `--sweep-interval-ms` bounds how late it is obeyed
+    /// here. It first reads the store's overrides version (one `GET` of one small key on
+    /// Redis) and lists the overrides only when that changed since the snapshot applied.
+    pub async fn sweep_overrides(&self) {
         let store = self.store();
+        let ticket = self.overrides_ticket();
+        let version = match store.overrides_version().await {
+            Ok(version) => version,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the overrides' version; retrying at the next sweep");
+                return;
+            }
+        };
+        if version.is_some() && version == self.applied_overrides_version() {
+            return;
+        }
+        self.read_overrides(Some((ticket, version))).await;
+    }
+
+    /// Lists the live overrides and applies them with `read` (the ticket and version
+    /// taken before; fresh ones when `None`).
+    async fn read_overrides(&self, read: Option<(u64, Option<u64>)>) {
+        let store = self.store();
+        let (ticket, version) = match read {
+            Some(read) => read,
+            None => {
+                let ticket = self.overrides_ticket();
+                match store.overrides_version().await {
+                    Ok(version) => (ticket, version),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the overrides; applying the ones read last");
+                        return;
+                    }
+                }
+            }
+        };
         match store.list_overrides(store.now_ms()).await {
             Ok(live) => {
                 if !live.is_empty() {
                     self.overrides_seen.store(true, Ordering::Relaxed);
                 }
-                self.apply_overrides(live);
+                self.apply_overrides(ticket, version, live);
             }
             Err(error) => tracing::warn!(%error, "cannot read the overrides; applying the ones read last"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::store::{CounterStore, MemoryConfig, MemoryCounters};
+    use crate::{App, auth::Auth};
+    use sluice_protocol::LimitSpec;
+
+    fn app() -> App {
+        let store = CounterStore::Memory(MemoryCounters::new(MemoryConfig::default()));
+        App::new(store, &Config::defaults(), Auth::Open)
+    }
+
+    fn named_entry(policy: &str) -> crate::call::Call {
+        let request = sluice_protocol::CheckRequest {
+            tag: None,
+            entries: vec![sluice_protocol::EntryRequest {
+                policy: Some(policy.to_owned()),
+                key: "k".to_owned(),
+                policy_version: 0,
+                limit: LimitSpec::TokenBucket { amount: 1, per_ms: 1000, burst: 5 },
+                cost: 0,
+            }],
+        };
+        crate::call::Call::Check(crate::api::CheckPlan::new(&request, 8).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_read_of_the_overrides_that_began_before_an_override_was_set_never_undoes_it() {
+        let app = app();
+        let call = named_entry("per-tenant");
+        app.enforce(&call);
+        // A sweep begins its read: nothing is set yet.
+        let ticket = app.overrides_ticket();
+        let stale = app.store().list_overrides(app.store().now_ms()).await.unwrap();
+        // Meanwhile an operator sets a bypass through this instance.
+        let body = br#"{"kind": "bypass", "policy": "per-tenant", "ttl_ms": 60000, "reason": "r", "operator": "o"}"#;
+        app.set_override(body).await.unwrap();
+
+        let applied = app.apply_overrides(ticket, None, stale);
+
+        assert!(!applied, "the stale read is not applied");
+        assert_eq!(app.enforce(&call).all_applied().count(), 1, "the bypass still applies");
     }
 }

@@ -10,8 +10,9 @@
 
 use shared_store::Nanos;
 use sluice_protocol::{
-    CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, LeaseRequest, LimitSpec, MAX_AMOUNT,
-    MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, SpecError,
+    Algorithm, CHARGE_ID_TTL_MS, ChargeRequest, CheckRequest, CreditRequest, ErrorCode, LeaseRequest, LimitSpec,
+    MAX_AMOUNT, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS,
+    SpecError,
 };
 
 use crate::spec::StoreLimit;
@@ -22,15 +23,20 @@ pub struct ApiError {
     /// HTTP status.
     pub status: u16,
     /// Stable machine-readable code.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// What is wrong, for a human.
     pub message: String,
 }
 
 impl ApiError {
+    /// An error with `code`, answered with its status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { status: code.status(), code, message: message.into() }
+    }
+
     /// A 400 with `code`.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self { status: 400, code, message: message.into() }
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::new(code, message)
     }
 }
 
@@ -43,22 +49,26 @@ impl From<SpecError> for ApiError {
 impl ApiError {
     /// `413 body_too_large`.
     pub(crate) fn body_too_large(limit: usize) -> Self {
-        Self { status: 413, code: "body_too_large", message: format!("the request body is larger than {limit} bytes") }
+        Self {
+            status: 413,
+            code: ErrorCode::BodyTooLarge,
+            message: format!("the request body is larger than {limit} bytes"),
+        }
     }
 
     /// `404 not_found`.
     pub(crate) fn not_found(path: &str) -> Self {
-        Self { status: 404, code: "not_found", message: format!("no route for {path}") }
+        Self { status: 404, code: ErrorCode::NotFound, message: format!("no route for {path}") }
     }
 
     /// `405 method_not_allowed`.
     pub(crate) fn method_not_allowed(method: &str, path: &str) -> Self {
-        Self { status: 405, code: "method_not_allowed", message: format!("{method} is not allowed on {path}") }
+        Self { status: 405, code: ErrorCode::MethodNotAllowed, message: format!("{method} is not allowed on {path}") }
     }
 
     /// The JSON body this error is answered with.
     pub fn body(&self) -> sluice_protocol::ErrorBody {
-        sluice_protocol::ErrorBody::new(self.code, self.message.clone())
+        sluice_protocol::ErrorBody::new(self.code.name(), self.message.clone())
     }
 }
 
@@ -76,6 +86,24 @@ pub struct PlannedEntry {
     /// Which policy and key it is, as the request named them: what operators' overrides
     /// are matched against ([`crate::enforce`]).
     pub scope: Scope,
+    /// When the counter may be forgotten whatever it holds (Unix ns): `None` for a
+    /// policy's counter; a clamp's counter ends with its override ([`clamp_key`]).
+    pub expires: Option<Nanos>,
+}
+
+impl PlannedEntry {
+    /// The counter of the clamp `override_id` for this entry: the clamp's `limit`, the
+    /// entry's cost, a key of its own in the entry's hash tag ([`clamp_key`]), forgotten
+    /// at `expires` (the override's end).
+    pub fn clamp(&self, override_id: &str, limit: StoreLimit, expires: Nanos) -> Self {
+        Self {
+            storage_key: clamp_key(&self.storage_key, override_id),
+            limit,
+            cost: self.cost,
+            scope: self.scope.clone(),
+            expires: Some(expires),
+        }
+    }
 }
 
 /// An entry's policy and key, as its request named them.
@@ -107,6 +135,9 @@ pub struct LeasePlan {
     pub min_tokens: u64,
     /// Lease duration (ms).
     pub ttl_ms: u64,
+    /// An operator's clamp on the entry: a second counter, granted from together with
+    /// the entry's (a grant is at most what both allow).
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// A validated charge.
@@ -122,6 +153,8 @@ pub struct ChargePlan {
     /// How long the id is remembered, in milliseconds ([`MIN_ID_TTL_MS`] to
     /// [`CHARGE_ID_TTL_MS`], the default); unused without an id.
     pub id_ttl_ms: u64,
+    /// An operator's clamp on the entry: a second counter, charged the same units.
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// A validated credit.
@@ -137,6 +170,9 @@ pub struct CreditPlan {
     pub credit_key: Option<String>,
     /// How long the id is remembered, as a charge's ([`ChargePlan::id_ttl_ms`]).
     pub id_ttl_ms: u64,
+    /// An operator's clamp on the entry whose counter counted the spend: a second
+    /// counter, credited the same units.
+    pub clamp: Option<PlannedEntry>,
 }
 
 /// The storage key of one counter: its tag, policy version and key, and not the limit's
@@ -145,6 +181,17 @@ pub struct CreditPlan {
 /// cannot contain braces and the version is digits, so the key (last) is unambiguous.
 pub fn storage_key(tag: &str, version: u64, key: &str) -> String {
     format!("sluice:{{{tag}}}:v{version}:{key}")
+}
+
+/// The counter of clamp `override_id` on the counter at `storage_key`: the same hash tag
+/// (one Redis Cluster slot with the counter it clamps), `clamp:` and the override's id
+/// after it, then the rest of the storage key. Injective: override ids have one form
+/// (`ovr-` and 16 hex digits) and no storage key has `clamp` after its tag.
+pub fn clamp_key(storage_key: &str, override_id: &str) -> String {
+    match storage_key.split_once("}:") {
+        Some((tagged, rest)) => format!("{tagged}}}:clamp:{override_id}:{rest}"),
+        None => format!("{storage_key}:clamp:{override_id}"),
+    }
 }
 
 /// Where a charge id is remembered: within the counter's tag (one Redis Cluster slot
@@ -163,7 +210,7 @@ pub fn credit_key(tag: &str, version: u64, key: &str, id: &str) -> String {
 
 /// An id that makes a charge or a credit idempotent: `field` (`charge_id`, `credit_id`)
 /// is refused with `code` unless it is 1 to [`MAX_CHARGE_ID_BYTES`] visible ASCII bytes.
-fn check_id(field: &str, code: &'static str, id: &str) -> Result<(), ApiError> {
+fn check_id(field: &str, code: ErrorCode, id: &str) -> Result<(), ApiError> {
     if id.is_empty() || id.len() > MAX_CHARGE_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::bad_request(
             code,
@@ -186,13 +233,13 @@ fn check_id_ttl(id_field: &str, has_id: bool, id_ttl_ms: Option<u64>) -> Result<
     let Some(ttl) = id_ttl_ms else { return Ok(CHARGE_ID_TTL_MS) };
     if !has_id {
         return Err(ApiError::bad_request(
-            "invalid_id_ttl",
+            ErrorCode::InvalidIdTtl,
             format!("id_ttl_ms: given without a {id_field} (it says how long the id is remembered)"),
         ));
     }
     if !(MIN_ID_TTL_MS..=CHARGE_ID_TTL_MS).contains(&ttl) {
         return Err(ApiError::bad_request(
-            "invalid_id_ttl",
+            ErrorCode::InvalidIdTtl,
             format!("id_ttl_ms: {ttl} is not between {MIN_ID_TTL_MS} and {CHARGE_ID_TTL_MS}"),
         ));
     }
@@ -204,7 +251,7 @@ fn check_id_ttl(id_field: &str, has_id: bool, id_ttl_ms: Option<u64>) -> Result<
 fn check_amount(field: &str, amount: u64, what: &str) -> Result<(), ApiError> {
     if amount > MAX_AMOUNT {
         return Err(ApiError::bad_request(
-            "outside_envelope",
+            ErrorCode::OutsideEnvelope,
             format!(
                 "{field}: {amount} is above the largest {what}, {MAX_AMOUNT} (numeric envelope: see the counter \
                  service's README)"
@@ -216,17 +263,17 @@ fn check_amount(field: &str, amount: u64, what: &str) -> Result<(), ApiError> {
 
 fn check_tag(tag: &str) -> Result<(), ApiError> {
     if tag.is_empty() {
-        return Err(ApiError::bad_request("invalid_tag", "tag: must not be empty"));
+        return Err(ApiError::bad_request(ErrorCode::InvalidTag, "tag: must not be empty"));
     }
     if tag.len() > MAX_TAG_BYTES {
         return Err(ApiError::bad_request(
-            "invalid_tag",
+            ErrorCode::InvalidTag,
             format!("tag: {} bytes is longer than {MAX_TAG_BYTES}", tag.len()),
         ));
     }
     if tag.contains(['{', '}']) {
         return Err(ApiError::bad_request(
-            "invalid_tag",
+            ErrorCode::InvalidTag,
             "tag: must not contain '{' or '}' (it becomes the Redis Cluster hash tag)",
         ));
     }
@@ -235,11 +282,11 @@ fn check_tag(tag: &str) -> Result<(), ApiError> {
 
 fn check_key(field: &str, key: &str) -> Result<(), ApiError> {
     if key.is_empty() {
-        return Err(ApiError::bad_request("invalid_key", format!("{field}: must not be empty")));
+        return Err(ApiError::bad_request(ErrorCode::InvalidKey, format!("{field}: must not be empty")));
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(ApiError::bad_request(
-            "invalid_key",
+            ErrorCode::InvalidKey,
             format!("{field}: {} bytes is longer than {MAX_KEY_BYTES}", key.len()),
         ));
     }
@@ -252,10 +299,9 @@ fn with_index(index: usize, e: ApiError) -> ApiError {
 
 /// A `policy` name: 1 to [`MAX_POLICY_BYTES`] bytes of `A-Z a-z 0-9 _ . -`.
 pub(crate) fn check_policy(policy: &str) -> Result<(), ApiError> {
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
-    if policy.is_empty() || policy.len() > MAX_POLICY_BYTES || !policy.bytes().all(allowed) {
+    if !sluice_protocol::is_policy_name(policy) {
         return Err(ApiError::bad_request(
-            "invalid_policy",
+            ErrorCode::InvalidPolicy,
             format!(
                 "policy: must be 1 to {MAX_POLICY_BYTES} characters among A-Z a-z 0-9 _ . - ({} bytes given)",
                 policy.len()
@@ -278,12 +324,12 @@ fn plan_entry(
     let store_limit = StoreLimit::new(limit)?;
     if cost > store_limit.capacity() {
         return Err(ApiError::bad_request(
-            "cost_exceeds_capacity",
+            ErrorCode::CostExceedsCapacity,
             format!("cost: {cost} is more than this limit can ever hold ({})", store_limit.capacity()),
         ));
     }
     let scope = Scope { policy: policy.cloned(), version, key: key.to_owned() };
-    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost, scope })
+    Ok(PlannedEntry { storage_key: storage_key(tag, version, key), limit: store_limit, cost, scope, expires: None })
 }
 
 impl CheckPlan {
@@ -293,11 +339,11 @@ impl CheckPlan {
     /// A 400 [`ApiError`] naming the first problem found.
     pub fn new(request: &CheckRequest, max_entries: usize) -> Result<Self, ApiError> {
         if request.entries.is_empty() {
-            return Err(ApiError::bad_request("no_entries", "entries: must hold at least one entry"));
+            return Err(ApiError::bad_request(ErrorCode::NoEntries, "entries: must hold at least one entry"));
         }
         if request.entries.len() > max_entries {
             return Err(ApiError::bad_request(
-                "too_many_entries",
+                ErrorCode::TooManyEntries,
                 format!("entries: {} entries, at most {max_entries} per check", request.entries.len()),
             ));
         }
@@ -306,7 +352,7 @@ impl CheckPlan {
             (None, [only]) => only.key.as_str(),
             (None, _) => {
                 return Err(ApiError::bad_request(
-                    "tag_required",
+                    ErrorCode::TagRequired,
                     "tag: required when a check has several entries, so that one Redis node decides them atomically",
                 ));
             }
@@ -318,13 +364,34 @@ impl CheckPlan {
                 .map_err(|err| with_index(index, err))?;
             if entries.iter().any(|p: &PlannedEntry| p.storage_key == planned.storage_key) {
                 return Err(ApiError::bad_request(
-                    "duplicate_entry",
+                    ErrorCode::DuplicateEntry,
                     format!("entries[{index}]: same key and version as an earlier entry (one counter)"),
                 ));
             }
             entries.push(planned);
         }
         Ok(Self { entries })
+    }
+}
+
+impl LeasePlan {
+    /// The counters it grants from: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
+    }
+}
+
+impl ChargePlan {
+    /// The counters it charges: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
+    }
+}
+
+impl CreditPlan {
+    /// The counters it credits: the entry's, then its clamp's.
+    pub fn counters(&self) -> impl Iterator<Item = &PlannedEntry> {
+        std::iter::once(&self.entry).chain(&self.clamp)
     }
 }
 
@@ -339,13 +406,17 @@ impl LeasePlan {
         let entry = plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.leasable() {
             return Err(ApiError::bad_request(
-                "lease_unsupported",
-                "limit.algorithm: a leaky_bucket shapes with delays and cannot be leased",
+                ErrorCode::LeaseUnsupported,
+                format!(
+                    "limit.algorithm: a {} cannot be leased: only a {} can",
+                    request.limit.algorithm(),
+                    LimitSpec::names_of(Algorithm::leasable)
+                ),
             ));
         }
         if request.tokens == 0 || request.tokens > entry.limit.capacity() {
             return Err(ApiError::bad_request(
-                "invalid_tokens",
+                ErrorCode::InvalidTokens,
                 format!(
                     "tokens: {} is not between 1 and the limit's capacity ({})",
                     request.tokens,
@@ -355,17 +426,17 @@ impl LeasePlan {
         }
         if request.min_tokens == 0 || request.min_tokens > request.tokens {
             return Err(ApiError::bad_request(
-                "invalid_tokens",
+                ErrorCode::InvalidTokens,
                 format!("min_tokens: {} is not between 1 and tokens ({})", request.min_tokens, request.tokens),
             ));
         }
         if request.ttl_ms == 0 || request.ttl_ms > MAX_LEASE_TTL_MS {
             return Err(ApiError::bad_request(
-                "invalid_ttl",
+                ErrorCode::InvalidTtl,
                 format!("ttl_ms: {} is not between 1 and {MAX_LEASE_TTL_MS}", request.ttl_ms),
             ));
         }
-        Ok(Self { entry, tokens: request.tokens, min_tokens: request.min_tokens, ttl_ms: request.ttl_ms })
+        Ok(Self { entry, tokens: request.tokens, min_tokens: request.min_tokens, ttl_ms: request.ttl_ms, clamp: None })
     }
 }
 
@@ -384,30 +455,34 @@ impl ChargePlan {
         check_tag(tag)?;
         let mut entry =
             plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
-        if !entry.limit.leasable() {
+        if !entry.limit.chargeable() {
             return Err(ApiError::bad_request(
-                "not_chargeable",
-                "limit.algorithm: a leaky_bucket shapes with delays and cannot be charged",
+                ErrorCode::NotChargeable,
+                format!(
+                    "limit.algorithm: a {} cannot be charged: only a {} can",
+                    request.limit.algorithm(),
+                    LimitSpec::names_of(Algorithm::chargeable)
+                ),
             ));
         }
         check_amount("cost", request.cost, "charge")?;
         let capacity = entry.limit.capacity();
-        if request.max_debt > capacity {
+        if request.max_debt > sluice_protocol::max_debt_bound(capacity) {
             return Err(ApiError::bad_request(
-                "invalid_max_debt",
+                ErrorCode::InvalidMaxDebt,
                 format!("max_debt: {} is more than the limit's capacity ({capacity})", request.max_debt),
             ));
         }
         let charge_key = match &request.charge_id {
             Some(id) => {
-                check_id("charge_id", "invalid_charge_id", id)?;
+                check_id("charge_id", ErrorCode::InvalidChargeId, id)?;
                 Some(charge_key(tag, request.policy_version, &request.key, id))
             }
             None => None,
         };
         let id_ttl_ms = check_id_ttl("charge_id", charge_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.cost;
-        Ok(Self { entry, max_debt: request.max_debt, charge_key, id_ttl_ms })
+        Ok(Self { entry, max_debt: request.max_debt, charge_key, id_ttl_ms, clamp: None })
     }
 }
 
@@ -426,30 +501,32 @@ impl CreditPlan {
         let mut entry =
             plan_entry(tag, (request.policy.as_ref(), &request.key, request.policy_version), request.limit, 0)?;
         if !entry.limit.creditable() {
-            return Err(ApiError::bad_request("not_creditable", not_creditable(&request.limit)));
+            return Err(ApiError::bad_request(ErrorCode::NotCreditable, not_creditable(&request.limit)));
         }
         check_amount("units", request.units, "credit")?;
         let credit_key = match &request.credit_id {
             Some(id) => {
-                check_id("credit_id", "invalid_credit_id", id)?;
+                check_id("credit_id", ErrorCode::InvalidCreditId, id)?;
                 Some(credit_key(tag, request.policy_version, &request.key, id))
             }
             None => None,
         };
         let id_ttl_ms = check_id_ttl("credit_id", credit_key.is_some(), request.id_ttl_ms)?;
         entry.cost = request.units;
-        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key, id_ttl_ms })
+        Ok(Self { entry, spent_at: Nanos(request.spent_at_ns), credit_key, id_ttl_ms, clamp: None })
     }
 }
 
 /// Why `limit` cannot be credited (`shared_store::Limit::credit`), naming the field.
 fn not_creditable(limit: &LimitSpec) -> String {
-    let why = match limit {
-        LimitSpec::LeakyBucket { .. } => "a leaky_bucket's state is its queue of delays, which the request has left",
-        LimitSpec::SlidingLog { .. } => "a sliding_log's entries are not addressable by request",
-        _ => "this algorithm cannot give units back",
+    let why = match limit.kind() {
+        Algorithm::LeakyBucket => "a leaky_bucket's state is its queue of delays, which the request has left",
+        Algorithm::SlidingLog => "a sliding_log's entries are not addressable by request",
+        Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Concurrency => {
+            "this algorithm cannot give units back"
+        }
     };
-    format!("limit.algorithm: {why}: only a token_bucket, fixed_window or sliding_window can be credited")
+    format!("limit.algorithm: {why}: only a {} can be credited", LimitSpec::names_of(Algorithm::creditable))
 }
 
 /// Classifies a JSON parsing failure into a stable code and a message with its path.
@@ -459,12 +536,12 @@ pub fn json_error(err: serde_path_to_error::Error<serde_json::Error>) -> ApiErro
     let detail = inner.to_string();
     let code = match inner.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
-            "malformed_json"
+            ErrorCode::MalformedJson
         }
-        serde_json::error::Category::Data if detail.starts_with("unknown field") => "unknown_field",
-        serde_json::error::Category::Data if detail.starts_with("missing field") => "missing_field",
-        serde_json::error::Category::Data if detail.starts_with("unknown variant") => "unknown_algorithm",
-        serde_json::error::Category::Data => "invalid_value",
+        serde_json::error::Category::Data if detail.starts_with("unknown field") => ErrorCode::UnknownField,
+        serde_json::error::Category::Data if detail.starts_with("missing field") => ErrorCode::MissingField,
+        serde_json::error::Category::Data if detail.starts_with("unknown variant") => ErrorCode::UnknownAlgorithm,
+        serde_json::error::Category::Data => ErrorCode::InvalidValue,
     };
     let message = if path == "." { detail } else { format!("{path}: {detail}") };
     ApiError::bad_request(code, message)
@@ -483,7 +560,7 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
     de.end().map_err(|e| {
-        ApiError::bad_request("malformed_json", format!("trailing characters after the JSON body: {e}"))
+        ApiError::bad_request(ErrorCode::MalformedJson, format!("trailing characters after the JSON body: {e}"))
     })?;
     Ok(value)
 }
@@ -499,7 +576,7 @@ mod tests {
 
         let err = parse::<CheckRequest>(body).unwrap_err();
 
-        assert_eq!(err.code, "unknown_field", "{err:?}");
+        assert_eq!(err.code.name(), "unknown_field", "{err:?}");
         assert!(err.message.contains("entries[0].limit"), "{err:?}");
     }
 
@@ -510,7 +587,7 @@ mod tests {
 
         let err = parse::<CheckRequest>(body).unwrap_err();
 
-        assert_eq!(err.code, "invalid_value", "{err:?}");
+        assert_eq!(err.code.name(), "invalid_value", "{err:?}");
         assert!(err.message.contains("entries[0].cost"), "{err:?}");
     }
 
@@ -548,7 +625,7 @@ mod tests {
         for limit in [leaky, log] {
             let err = CreditPlan::new(&credit(limit, 1, None)).unwrap_err();
 
-            assert_eq!((err.status, err.code), (400, "not_creditable"), "{err:?}");
+            assert_eq!((err.status, err.code.name()), (400, "not_creditable"), "{err:?}");
             assert!(err.message.starts_with("limit.algorithm: "), "{err:?}");
         }
     }
@@ -560,7 +637,7 @@ mod tests {
         for id in ["", "a b", &"x".repeat(65), "é"] {
             let err = CreditPlan::new(&credit(bucket, 1, Some(id))).unwrap_err();
 
-            assert_eq!(err.code, "invalid_credit_id", "{id:?}");
+            assert_eq!(err.code.name(), "invalid_credit_id", "{id:?}");
             assert!(err.message.starts_with("credit_id: "), "{err:?}");
         }
         let longest = CreditPlan::new(&credit(bucket, 1 << 40, Some(&"x".repeat(64)))).unwrap();
@@ -568,7 +645,7 @@ mod tests {
 
         assert_eq!(longest.credit_key.as_deref(), Some(credit_key("k", 0, "k", &"x".repeat(64)).as_str()));
         assert_eq!((longest.entry.cost, longest.spent_at), (1 << 40, Nanos(7)));
-        assert_eq!(too_many.code, "outside_envelope");
+        assert_eq!(too_many.code.name(), "outside_envelope");
         assert!(too_many.message.starts_with("units: "), "{too_many:?}");
     }
 
@@ -599,12 +676,12 @@ mod tests {
         for ttl in [0, 999, 600_001, u64::MAX] {
             let err = charge(Some(ttl)).unwrap_err();
 
-            assert_eq!((err.status, err.code), (400, "invalid_id_ttl"));
+            assert_eq!((err.status, err.code.name()), (400, "invalid_id_ttl"));
             assert_eq!(err.message, format!("id_ttl_ms: {ttl} is not between 1000 and 600000"));
         }
         let without_id = with_ttl(None, Some(90_000)).unwrap_err();
         assert_eq!(
-            (without_id.code, without_id.message.as_str()),
+            (without_id.code.name(), without_id.message.as_str()),
             ("invalid_id_ttl", "id_ttl_ms: given without a credit_id (it says how long the id is remembered)")
         );
     }
@@ -631,6 +708,6 @@ mod tests {
             ],
         };
 
-        assert_eq!(CheckPlan::new(&request, 16).unwrap_err().code, "duplicate_entry");
+        assert_eq!(CheckPlan::new(&request, 16).unwrap_err().code.name(), "duplicate_entry");
     }
 }

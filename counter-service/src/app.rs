@@ -17,6 +17,16 @@ use crate::metrics::Metrics;
 use crate::overrides::Override;
 use crate::policies::KnownPolicies;
 use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
+use sluice_protocol::ErrorCode;
+
+/// The overrides an instance applies: the set, the ticket of the read that found it, and
+/// the store's overrides version then.
+#[derive(Debug, Default)]
+struct Snapshot {
+    ticket: u64,
+    version: Option<u64>,
+    snapshot: Arc<OverrideSet>,
+}
 
 /// Everything a request handler needs.
 #[derive(Debug)]
@@ -29,7 +39,9 @@ pub struct App {
     /// The filters' global hash key, for keyed overrides.
     hash_key: Option<shared_store::HashKey>,
     /// The live overrides, as this instance last read them ([`crate::enforce`]).
-    overrides: std::sync::RwLock<Arc<OverrideSet>>,
+    overrides: std::sync::RwLock<Snapshot>,
+    /// Tickets handed to reads of the overrides, in the order they began.
+    override_reads: AtomicU64,
     /// The policies requests have named, for validating overrides.
     known: KnownPolicies,
     /// Whether this instance has seen an override (its sweeper then looks for expired
@@ -58,6 +70,7 @@ impl App {
             hash_key: None,
             overrides_seen: std::sync::atomic::AtomicBool::new(false),
             overrides: std::sync::RwLock::default(),
+            override_reads: AtomicU64::new(0),
             known: KnownPolicies::default(),
             max_entries: usize::from(config.max_entries),
             max_body: usize::try_from(config.max_body_bytes).unwrap_or(usize::MAX),
@@ -105,25 +118,46 @@ impl App {
 
     /// Learns the policies `call` names, and applies the live overrides to it.
     pub fn enforce(&self, call: &Call) -> Enforced {
-        self.known.learn(call.entries());
-        let set = self.overrides.read().map_or_else(|poisoned| poisoned.into_inner().clone(), |set| set.clone());
+        let now_ms = self.store.now_ms();
+        let learned = self.known.learn(call.entries(), now_ms);
+        self.metrics.policies(learned.known, learned.forgotten, learned.unlearned);
+        let set = self
+            .overrides
+            .read()
+            .map_or_else(|poisoned| poisoned.into_inner().snapshot.clone(), |o| o.snapshot.clone());
         if set.is_empty() {
             return Enforced::default();
         }
-        let enforced = Enforced::new(call, &set, self.store.now_ms());
+        let enforced = Enforced::new(call, &set, now_ms);
         for (_, applied) in enforced.all_applied() {
             self.metrics.overridden(applied.kind);
         }
         enforced
     }
 
-    /// Replaces the overrides this instance applies with `live`.
-    pub(crate) fn apply_overrides(&self, live: Vec<Override>) {
-        let set = Arc::new(OverrideSet::new(live));
-        match self.overrides.write() {
-            Ok(mut current) => *current = set,
-            Err(poisoned) => *poisoned.into_inner() = set,
+    /// A ticket for a read of the overrides about to start: reads are applied in the
+    /// order they started ([`App::apply_overrides`]).
+    pub(crate) fn overrides_ticket(&self) -> u64 {
+        self.override_reads.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Replaces the overrides this instance applies with `live`, read with `ticket` (from
+    /// [`App::overrides_ticket`], taken before the read began) at the store's overrides
+    /// `version` (`None`: the store keeps none), unless a read that began later was
+    /// applied already: a slow read that began before an override was set or removed can
+    /// never undo what a later read applied. Returns whether it was applied.
+    pub(crate) fn apply_overrides(&self, ticket: u64, version: Option<u64>, live: Vec<Override>) -> bool {
+        let mut current = self.overrides.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ticket < current.ticket {
+            return false;
         }
+        *current = Snapshot { ticket, version, snapshot: Arc::new(OverrideSet::new(live)) };
+        true
+    }
+
+    /// The store's overrides version the applied snapshot was read at.
+    pub(crate) fn applied_overrides_version(&self) -> Option<u64> {
+        self.overrides.read().unwrap_or_else(std::sync::PoisonError::into_inner).version
     }
 
     /// How callers are authenticated, for the startup log line: `bearer` or `none`.
@@ -155,7 +189,7 @@ impl App {
         self.auth.check_values(values).map_err(|refusal| {
             tracing::debug!(%refusal, "caller refused");
             self.metrics.unauthorized();
-            ApiError { status: 401, code: "unauthorized", message: refusal.to_string() }
+            ApiError { status: 401, code: ErrorCode::Unauthorized, message: refusal.to_string() }
         })
     }
 
@@ -167,7 +201,7 @@ impl App {
         let Some(admin) = &self.admin else {
             return Err(ApiError {
                 status: 404,
-                code: "admin_disabled",
+                code: ErrorCode::AdminDisabled,
                 message: "the admin API is not enabled: start the service with --admin-token-env".to_owned(),
             });
         };
@@ -176,7 +210,7 @@ impl App {
             self.metrics.unauthorized();
             ApiError {
                 status: 401,
-                code: "admin_unauthorized",
+                code: ErrorCode::AdminUnauthorized,
                 message: format!(
                     "{refusal} (the admin API takes the admin token, --admin-token-env, never the proxies' token)"
                 ),
@@ -190,7 +224,7 @@ impl App {
             self.metrics.shed();
             ApiError {
                 status: 503,
-                code: "overloaded",
+                code: ErrorCode::Overloaded,
                 message: "too many requests in flight; retry later or add instances".to_owned(),
             }
         })

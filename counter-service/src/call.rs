@@ -42,3 +42,15 @@ pub enum Outcome {
     /// To a credit.
     Credit(CreditOutcome),
 }
+
+impl Outcome {
+    /// Units of debt the call's carry-overs to other numbers could not keep.
+    pub const fn carry_forgiven(&self) -> u64 {
+        match self {
+            Self::Check(o) => o.carry_forgiven,
+            Self::Lease(o) => o.carry_forgiven,
+            Self::Charge(o) => o.carry_forgiven,
+            Self::Credit(o) => o.carry_forgiven,
+        }
+    }
+}

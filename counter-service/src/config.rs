@@ -88,7 +88,7 @@ pub struct Config {
 
     /// Redis URL(s), comma-separated: one for `redis`, seed nodes for `redis-cluster`.
     /// A password (`redis://user:password@host`) is never shown: not by `--help`, in a
-    /// log line, an error or a `Debug` print (see [`RedisUrl`]).
+    /// log line, an error or a `Debug` print (each shows `redis://***@host`).
     #[arg(
         long,
         env = "SLUICE_COUNTER_REDIS_URL",

@@ -8,12 +8,16 @@
 //! * A **bypass** takes the entry out of the store's hands: it is admitted without
 //!   spending ([`bypassed`]), a lease of it granted in full, a charge or credit of it
 //!   forgiven (nothing was spent under the bypass, so nothing is settled).
-//! * A **clamp** replaces the entry's limit with the clamp's, on the same counter: the
-//!   store carries the counter over to the lower numbers as it does for any change of
-//!   numbers (`shared_store::Limit::adopt`), so nothing already spent is forgotten, and
-//!   back again when the clamp ends. A clamp that would not lower the entry's limit
-//!   (another algorithm, or a number that lets more through: the policy changed since
-//!   the clamp was set) is not applied; a clamp never raises a limit.
+//! * A **clamp** is a second limit, decided together with the entry's own: the entry is
+//!   decided under the policy's numbers on the policy's counter, *and* under the clamp's
+//!   numbers on a counter of the clamp's own ([`PlannedEntry::clamp`]: keyed by the
+//!   override and the entry's key, forgotten when the override ends), all or nothing.
+//!   The policy's counter never changes numbers because of an override, so nothing is
+//!   carried over at either end of a clamp, a clamp can never raise a limit (what is
+//!   admitted fits both), and a clamp of another algorithm or window length is simply a
+//!   second limit. A lease is granted at most what both counters allow; a charge is
+//!   charged to both; a credit is given back to both, to the clamp's counter only for
+//!   units spent since the clamp was set (units spent before it never counted there).
 //!
 //! The overrides read here are a snapshot ([`OverrideSet`]) the app refreshes when one
 //! is set or removed through this instance, and on every sweep (for Redis, where another
@@ -84,8 +88,27 @@ impl OverrideSet {
 pub enum Effect {
     /// Admitted without spending.
     Bypass(AppliedOverride),
-    /// Decided under these lower numbers.
-    Clamp(AppliedOverride, StoreLimit),
+    /// Decided also on the clamp's own counter, under its numbers.
+    Clamp(AppliedOverride, Clamp),
+}
+
+/// A clamp as it applies to one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Clamp {
+    /// The clamp's numbers.
+    pub limit: StoreLimit,
+    /// When the override was set (Unix ns): units spent before never counted on the
+    /// clamp's counter.
+    pub since: Nanos,
+    /// When it ends (Unix ns): its counter is forgotten then.
+    pub until: Nanos,
+}
+
+impl Clamp {
+    /// The clamp's counter for `entry`.
+    fn counter(&self, applied: AppliedOverride, entry: &PlannedEntry) -> PlannedEntry {
+        entry.clamp(&applied.id.to_string(), self.limit.clone(), self.until)
+    }
 }
 
 impl Effect {
@@ -97,32 +120,44 @@ impl Effect {
     }
 }
 
-/// What the overrides in `set` do to `entry` at `now_ms`: `None` when none applies, or
-/// when a clamp would not lower its limit.
+/// What the overrides in `set` do to `entry` at `now_ms`: `None` when none applies.
 pub fn effect(set: &OverrideSet, entry: &PlannedEntry, now_ms: u64) -> Option<Effect> {
     let item = set.find(&entry.scope, now_ms)?;
     let applied = AppliedOverride { id: OverrideId::parse(&item.id)?, kind: item.kind };
     match (item.kind, item.limit) {
         (OverrideKind::Bypass, _) => Some(Effect::Bypass(applied)),
-        (OverrideKind::Clamp, Some(spec)) if spec.admits_at_most(&entry.limit.spec) => {
-            StoreLimit::new(spec).ok().map(|limit| Effect::Clamp(applied, limit))
-        }
-        (OverrideKind::Clamp, _) => None,
+        (OverrideKind::Clamp, Some(spec)) => StoreLimit::new(spec).ok().map(|limit| {
+            let ns = |ms: u64| Nanos::from_millis(ms);
+            Effect::Clamp(applied, Clamp { limit, since: ns(item.created_at_ms), until: ns(item.expires_at_ms) })
+        }),
+        // A clamp always carries its limit (validated when set); one without is no clamp.
+        (OverrideKind::Clamp, None) => None,
     }
+}
+
+/// Where the store decided an entry of the original call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decided {
+    /// Not at all: bypassed.
+    Bypassed,
+    /// At this position of the store's check, and its clamp's counter at that one.
+    At(usize, Option<usize>),
 }
 
 /// A call with the overrides applied: what the store is to decide, and which override
 /// decided each entry of the original call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Enforced {
-    /// The call for the store when overrides changed it (clamped entries under the
-    /// clamp's numbers, bypassed entries left out); `None` with `changed` false: the
-    /// original call as it is.
+    /// The call for the store when overrides changed it (clamped entries with their
+    /// clamp's counter beside them, bypassed entries left out); `None` with `changed`
+    /// false: the original call as it is.
     call: Option<Call>,
     changed: bool,
     /// Per entry of the original call (one for a lease, charge or credit), the override
     /// that decided it; empty when none did.
     applied: Vec<Option<AppliedOverride>>,
+    /// Per entry of the original check, where the store decided it.
+    decided: Vec<Decided>,
 }
 
 impl Enforced {
@@ -131,48 +166,67 @@ impl Enforced {
         if set.is_empty() {
             return Self::default();
         }
-        let effects: Vec<Option<Effect>> = entries(call).iter().map(|e| effect(set, e, now_ms)).collect();
+        let effects: Vec<Option<Effect>> = call.entries().map(|e| effect(set, e, now_ms)).collect();
         if effects.iter().all(Option::is_none) {
             return Self::default();
         }
         let applied = effects.iter().map(|e| e.as_ref().map(Effect::applied)).collect();
         let mut store_call = call.clone();
+        let mut decided = Vec::new();
         let first = effects.first().and_then(Option::as_ref);
         let keep = match (&mut store_call, first) {
             (Call::Check(plan), _) => {
-                let mut kept = Vec::with_capacity(plan.entries.len());
+                let mut kept = Vec::with_capacity(plan.entries.len() + effects.len());
+                let mut clamps = Vec::new();
                 for (entry, effect) in plan.entries.drain(..).zip(&effects) {
-                    match effect {
-                        Some(Effect::Bypass(_)) => {}
-                        Some(Effect::Clamp(_, limit)) => kept.push(PlannedEntry { limit: limit.clone(), ..entry }),
-                        None => kept.push(entry),
+                    decided.push(match effect {
+                        Some(Effect::Bypass(_)) => Decided::Bypassed,
+                        Some(Effect::Clamp(applied, clamp)) => {
+                            clamps.push((kept.len(), clamp.counter(*applied, &entry)));
+                            kept.push(entry);
+                            Decided::At(kept.len() - 1, None)
+                        }
+                        None => {
+                            kept.push(entry);
+                            Decided::At(kept.len() - 1, None)
+                        }
+                    });
+                }
+                for (at, counter) in clamps {
+                    let position = kept.len();
+                    kept.push(counter);
+                    if let Some(slot) = decided.iter_mut().find(|d| matches!(d, Decided::At(a, None) if *a == at)) {
+                        *slot = Decided::At(at, Some(position));
                     }
                 }
                 plan.entries = kept;
                 !plan.entries.is_empty()
             }
             (_, Some(Effect::Bypass(_))) => false,
-            (Call::Lease(plan), Some(Effect::Clamp(_, limit))) => {
-                // A lease asks for at most the capacity: under the clamp, the clamp's.
-                plan.tokens = plan.tokens.min(limit.capacity());
+            (Call::Lease(plan), Some(Effect::Clamp(applied, clamp))) => {
+                // A lease asks for at most the capacity: under the clamp, the clamp's too.
+                plan.tokens = plan.tokens.min(clamp.limit.capacity());
                 plan.min_tokens = plan.min_tokens.min(plan.tokens);
-                plan.entry.limit = limit.clone();
+                plan.clamp = Some(clamp.counter(*applied, &plan.entry));
                 true
             }
-            (Call::Charge(plan), Some(Effect::Clamp(_, limit))) => {
-                plan.max_debt = plan.max_debt.min(limit.capacity());
-                plan.entry.limit = limit.clone();
+            (Call::Charge(plan), Some(Effect::Clamp(applied, clamp))) => {
+                // A shaper's counter cannot be charged: the policy's counter alone then.
+                if clamp.limit.chargeable() {
+                    plan.clamp = Some(clamp.counter(*applied, &plan.entry));
+                }
                 true
             }
-            (Call::Credit(plan), Some(Effect::Clamp(_, limit))) => {
-                if limit.creditable() {
-                    plan.entry.limit = limit.clone();
+            (Call::Credit(plan), Some(Effect::Clamp(applied, clamp))) => {
+                // Units spent before the clamp was set never counted on its counter.
+                if clamp.limit.creditable() && plan.spent_at >= clamp.since {
+                    plan.clamp = Some(clamp.counter(*applied, &plan.entry));
                 }
                 true
             }
             (_, None) => true,
         };
-        Self { call: keep.then_some(store_call), changed: true, applied }
+        Self { call: keep.then_some(store_call), changed: true, applied, decided }
     }
 
     /// What the store is to decide: `None` when every entry is bypassed.
@@ -190,28 +244,29 @@ impl Enforced {
         self.applied.iter().enumerate().filter_map(|(i, a)| a.map(|a| (i, a)))
     }
 
-    fn bypassed(&self, index: usize) -> bool {
-        self.applied(index).is_some_and(|a| a.kind == OverrideKind::Bypass)
-    }
-
     /// The outcome of the original call: the store's (for what it decided, `None` when
-    /// it decided nothing) with every bypassed entry admitted without spending, at `now`.
+    /// it decided nothing), with every bypassed entry admitted without spending and every
+    /// clamped one answered for both its counters, at `now`.
     pub fn complete(&self, original: &Call, decided: Option<Outcome>, now: Nanos) -> Option<Outcome> {
         if !self.changed {
             return decided;
         }
         Some(match (original, decided) {
             (Call::Check(plan), decided) => {
-                let (admitted, at, mut decisions) = match decided {
-                    Some(Outcome::Check(o)) => (o.admitted, o.at, o.decisions.into_iter()),
-                    None => (true, now, Vec::new().into_iter()),
+                let (admitted, at, decisions, carry_forgiven) = match decided {
+                    Some(Outcome::Check(o)) => (o.admitted, o.at, o.decisions, o.carry_forgiven),
+                    None => (true, now, Vec::new(), 0),
                     Some(_) => return None,
                 };
                 let mut all = Vec::with_capacity(plan.entries.len());
-                for (index, entry) in plan.entries.iter().enumerate() {
-                    all.push(if self.bypassed(index) { bypassed_decision(entry) } else { decisions.next()? });
+                for (entry, place) in plan.entries.iter().zip(&self.decided) {
+                    all.push(match *place {
+                        Decided::Bypassed => bypassed_decision(entry),
+                        Decided::At(at, None) => *decisions.get(at)?,
+                        Decided::At(at, Some(clamp)) => decisions.get(at)?.and(*decisions.get(clamp)?),
+                    });
                 }
-                Outcome::Check(CheckOutcome { admitted, at, decisions: all })
+                Outcome::Check(CheckOutcome { admitted, at, decisions: all, carry_forgiven })
             }
             (_, Some(outcome)) => outcome,
             (Call::Lease(plan), None) => Outcome::Lease(LeaseOutcome {
@@ -220,6 +275,7 @@ impl Enforced {
                 at: now,
                 decision: bypassed_decision(&plan.entry),
                 refill_after: Nanos::ZERO,
+                carry_forgiven: 0,
             }),
             (Call::Charge(plan), None) => Outcome::Charge(ChargeOutcome {
                 charged: 0,
@@ -227,6 +283,7 @@ impl Enforced {
                 duplicate: false,
                 at: now,
                 decision: bypassed_decision(&plan.entry),
+                carry_forgiven: 0,
             }),
             (Call::Credit(plan), None) => Outcome::Credit(CreditOutcome {
                 credited: 0,
@@ -234,18 +291,9 @@ impl Enforced {
                 duplicate: false,
                 at: now,
                 decision: bypassed_decision(&plan.entry),
+                carry_forgiven: 0,
             }),
         })
-    }
-}
-
-/// The entries of `call`, in order.
-fn entries(call: &Call) -> Vec<&PlannedEntry> {
-    match call {
-        Call::Check(plan) => plan.entries.iter().collect(),
-        Call::Lease(plan) => vec![&plan.entry],
-        Call::Charge(plan) => vec![&plan.entry],
-        Call::Credit(plan) => vec![&plan.entry],
     }
 }
 
@@ -285,6 +333,7 @@ mod tests {
             limit: StoreLimit::new(limit).unwrap(),
             cost: 1,
             scope: Scope { policy: policy.map(str::to_owned), version: 0, key: key.to_owned() },
+            expires: None,
         }
     }
 
@@ -321,16 +370,66 @@ mod tests {
 
         let applied = effect(&set, &entry("a", Some("per-tenant"), bucket(10)), 0);
 
-        assert!(matches!(applied, Some(Effect::Clamp(a, limit)) if a.id.0 == 7 && limit.capacity() == 3));
+        assert!(matches!(applied, Some(Effect::Clamp(a, limit)) if a.id.0 == 7 && limit.limit.capacity() == 3));
     }
 
     #[test]
-    fn a_clamp_that_would_raise_the_entrys_limit_is_not_applied() {
+    fn a_clamp_is_a_second_counter_beside_the_policys_own_whatever_its_numbers() {
+        // Burst 2 on a policy of burst 1, and on a fixed window: a second limit either way.
         let set = OverrideSet::new(vec![item(1, OverrideKind::Clamp, None, 0)]);
         let window = LimitSpec::FixedWindow { limit: 100, window_ms: 1000 };
+        let plan = crate::api::CheckPlan {
+            entries: vec![entry("a", Some("per-tenant"), bucket(1)), entry("b", Some("per-tenant"), window)],
+        };
+        let call = Call::Check(plan.clone());
 
-        assert_eq!(kind_for(&set, &entry("a", Some("per-tenant"), bucket(1)), 0), None, "burst 2 > 1");
-        assert_eq!(kind_for(&set, &entry("a", Some("per-tenant"), window), 0), None, "another algorithm");
+        let enforced = Enforced::new(&call, &set, 0);
+        let Some(Call::Check(decided)) = enforced.store_call(&call) else { panic!("a check for the store") };
+
+        assert_eq!(decided.entries.len(), 4, "both entries as they were, and a clamp counter for each");
+        assert_eq!(decided.entries[..2], plan.entries[..], "the policy's counters keep the policy's numbers");
+        let clamp = &decided.entries[2];
+        assert_eq!(clamp.storage_key, "sluice:{a}:clamp:ovr-0000000000000001:v0:a");
+        assert_eq!(clamp.limit.spec, bucket(2));
+        assert_eq!(clamp.expires, Some(Nanos::from_millis(10_000)), "forgotten when the override ends");
+        assert_eq!(decided.entries[3].storage_key, "sluice:{b}:clamp:ovr-0000000000000001:v0:b");
+    }
+
+    #[test]
+    fn a_clamped_entry_is_answered_for_both_its_counters_and_admitted_only_if_both_admit() {
+        let set = OverrideSet::new(vec![item(1, OverrideKind::Clamp, Some("a"), 0)]);
+        let call = Call::Check(crate::api::CheckPlan { entries: vec![entry("a", Some("per-tenant"), bucket(10))] });
+        let enforced = Enforced::new(&call, &set, 0);
+        let allowed = Decision { verdict: Verdict::Allowed, limit: 10, remaining: 6, reset_after: Nanos(40) };
+        let rejected = Decision {
+            verdict: Verdict::Rejected { retry_after: Nanos(7) },
+            limit: 2,
+            remaining: 0,
+            reset_after: Nanos(9),
+        };
+        let decided =
+            CheckOutcome { admitted: false, at: Nanos(5), decisions: vec![allowed, rejected], carry_forgiven: 0 };
+
+        let Some(Outcome::Check(all)) = enforced.complete(&call, Some(Outcome::Check(decided)), Nanos(9)) else {
+            panic!("a check's outcome")
+        };
+
+        assert_eq!(all.decisions, [allowed.and(rejected)]);
+        assert_eq!(all.decisions[0].retry_after(), Some(Nanos(7)));
+    }
+
+    #[test]
+    fn a_keyed_clamp_above_the_policys_numbers_still_applies_and_a_keyed_override_of_another_version_hides_nothing() {
+        let mut keyed = item(1, OverrideKind::Clamp, Some("a"), 0);
+        keyed.limit = Some(bucket(50));
+        let set = OverrideSet::new(vec![keyed, item(2, OverrideKind::Bypass, None, 0)]);
+        let other_version = PlannedEntry {
+            scope: Scope { version: 1, ..entry("a", Some("per-tenant"), bucket(10)).scope },
+            ..entry("a", Some("per-tenant"), bucket(10))
+        };
+
+        assert_eq!(kind_for(&set, &entry("a", Some("per-tenant"), bucket(10)), 0), Some((1, OverrideKind::Clamp)));
+        assert_eq!(kind_for(&set, &other_version, 0), Some((2, OverrideKind::Bypass)), "the policy-wide one applies");
     }
 
     #[test]
@@ -352,6 +451,7 @@ mod tests {
                 remaining: 0,
                 reset_after: Nanos(1),
             }],
+            carry_forgiven: 0,
         };
         let Some(Outcome::Check(all)) = enforced.complete(&call, Some(Outcome::Check(decided)), Nanos(9)) else {
             panic!("a check's outcome")

@@ -18,6 +18,7 @@ use crate::api::{self, ApiError, ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 use crate::app::App;
 use crate::enforce::Enforced;
 use crate::store::CounterStore;
+use sluice_protocol::ErrorCode;
 
 /// A decision route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,7 @@ impl App {
     fn complete(&self, call: &Call, enforced: &Enforced, decided: Option<Outcome>) -> Result<Outcome, ApiError> {
         enforced.complete(call, decided, self.store().now()).ok_or_else(|| ApiError {
             status: 500,
-            code: "internal",
+            code: ErrorCode::Internal,
             message: "the store answered another kind of request".to_owned(),
         })
     }
@@ -123,7 +124,7 @@ impl App {
         let CounterStore::Memory(memory) = self.store() else {
             return Err(ApiError {
                 status: 503,
-                code: "store_unavailable",
+                code: ErrorCode::StoreUnavailable,
                 message: "handle_now decides on the memory store only: the redis store needs the async HTTP path"
                     .to_owned(),
             });
@@ -144,6 +145,7 @@ impl App {
     /// A 500 `internal` when the answer cannot be encoded (it always can).
     pub fn answer(&self, call: &Call, outcome: &Outcome, enforced: &Enforced) -> Result<Vec<u8>, ApiError> {
         let metrics = self.metrics();
+        metrics.carried_forgiven(outcome.carry_forgiven());
         let encoded = match (call, outcome) {
             (Call::Check(_), Outcome::Check(outcome)) => {
                 metrics.decision(outcome.admitted);
@@ -155,6 +157,7 @@ impl App {
                         .all_applied()
                         .map(|(entry, a)| EntryOverride { entry, id: a.id, kind: a.kind })
                         .collect(),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Lease(_), Outcome::Lease(outcome)) => {
@@ -166,6 +169,7 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     refill_after_ns: outcome.refill_after.as_u64(),
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Charge(_), Outcome::Charge(outcome)) => {
@@ -181,6 +185,7 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             (Call::Credit(_), Outcome::Credit(outcome)) => {
@@ -196,19 +201,20 @@ impl App {
                     entry: EntryResponse::from(&outcome.decision),
                     duplicate: outcome.duplicate,
                     applied: enforced.applied(0),
+                    carry_forgiven: outcome.carry_forgiven,
                 })
             }
             _ => {
                 return Err(ApiError {
                     status: 500,
-                    code: "internal",
+                    code: ErrorCode::Internal,
                     message: "the store answered another kind of request".to_owned(),
                 });
             }
         };
         encoded.map_err(|e| ApiError {
             status: 500,
-            code: "internal",
+            code: ErrorCode::Internal,
             message: format!("cannot encode the response: {e}"),
         })
     }
@@ -248,7 +254,7 @@ impl App {
         if matches!(path, "/healthz" | "/readyz" | "/metrics") {
             return Err(ApiError {
                 status: 404,
-                code: "not_found",
+                code: ErrorCode::NotFound,
                 message: format!("{path} is served over HTTP only: handle_now serves the decision routes"),
             });
         }

@@ -52,6 +52,10 @@ pub struct Metrics {
     tokens_credited: Counter,
     credit_tokens_forgiven: Counter,
     duplicate_credits: Counter,
+    carry_forgiven: Counter,
+    policies_known: Gauge,
+    policies_forgotten: Counter,
+    policies_unlearned: Counter,
     store_errors: [Counter; ERROR_KINDS.len()],
     store_latency: Latency,
     in_flight: Gauge,
@@ -144,6 +148,24 @@ impl Metrics {
             "duplicate_credits",
             "Credits whose id had been applied already: answered again, not applied",
         );
+        let carry_forgiven = counter(
+            &mut registry,
+            "carry_forgiven_tokens",
+            "Units of debt a counter carried over to other numbers (a policy changed without a version bump) \
+             could not keep: more than the new capacity below empty",
+        );
+        let policies_known =
+            gauge(&mut registry, "policies_known", "Policy names this instance remembers (to validate overrides)");
+        let policies_forgotten = counter(
+            &mut registry,
+            "policies_forgotten",
+            "Policy names forgotten after no request named them for a while, to make room for new ones",
+        );
+        let policies_unlearned = counter(
+            &mut registry,
+            "policies_unlearned",
+            "Requests naming a new policy that was not learned: the table of names was full of recent ones",
+        );
         let (latency, [store_latency]) = fixed("store", [store]);
         registry.register("store_latency_seconds", "Latency of store calls", latency);
         let (errors, store_errors) = fixed("kind", ERROR_KINDS);
@@ -191,6 +213,10 @@ impl Metrics {
             tokens_credited,
             credit_tokens_forgiven,
             duplicate_credits,
+            carry_forgiven,
+            policies_known,
+            policies_forgotten,
+            policies_unlearned,
             store_errors,
             store_latency,
             in_flight,
@@ -281,6 +307,21 @@ impl Metrics {
     /// Counts a credit whose id had been applied already (answered, not applied again).
     pub fn duplicate_credit(&self) {
         self.duplicate_credits.inc();
+    }
+
+    /// Counts units of debt a carry-over to other numbers could not keep.
+    pub fn carried_forgiven(&self, units: u64) {
+        if units > 0 {
+            self.carry_forgiven.inc_by(units);
+        }
+    }
+
+    /// Records what the table of policy names did: how many it holds now, how many it
+    /// forgot, how many new names it could not learn.
+    pub fn policies(&self, known: usize, forgotten: usize, unlearned: usize) {
+        self.policies_known.set(i64::try_from(known).unwrap_or(i64::MAX));
+        self.policies_forgotten.inc_by(forgotten as u64);
+        self.policies_unlearned.inc_by(unlearned as u64);
     }
 
     /// Records one store call's latency.

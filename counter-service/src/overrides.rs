@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 use shared_store::HashKey;
-use sluice_protocol::LimitSpec;
+use sluice_protocol::{ErrorCode, LimitSpec};
 
 use crate::api::{ApiError, check_policy};
 use crate::spec::StoreLimit;
@@ -120,9 +120,9 @@ impl RemovalRequest {
     /// # Errors
     /// A 400 [`ApiError`] naming `operator` or `reason`.
     pub fn validate(&self) -> Result<(), ApiError> {
-        check_text("operator", "invalid_operator", &self.operator, MAX_OPERATOR_BYTES)?;
+        check_text("operator", ErrorCode::InvalidOperator, &self.operator, MAX_OPERATOR_BYTES)?;
         if let Some(reason) = &self.reason {
-            check_text("reason", "invalid_reason", reason, MAX_REASON_BYTES)?;
+            check_text("reason", ErrorCode::InvalidReason, reason, MAX_REASON_BYTES)?;
         }
         Ok(())
     }
@@ -153,7 +153,7 @@ impl Override {
             "clamp" => OverrideKind::Clamp,
             other => {
                 return Err(ApiError::bad_request(
-                    "invalid_kind",
+                    ErrorCode::InvalidKind,
                     format!("kind: {other:?} is neither \"bypass\" nor \"clamp\""),
                 ));
             }
@@ -166,12 +166,12 @@ impl Override {
             }
             (OverrideKind::Clamp, None) => {
                 return Err(ApiError::bad_request(
-                    "invalid_limit",
+                    ErrorCode::InvalidLimit,
                     "limit: required for a clamp (its lowered numbers)",
                 ));
             }
             (OverrideKind::Bypass, Some(_)) => {
-                return Err(ApiError::bad_request("invalid_limit", "limit: a bypass carries no limit"));
+                return Err(ApiError::bad_request(ErrorCode::InvalidLimit, "limit: a bypass carries no limit"));
             }
             (OverrideKind::Bypass, None) => None,
         };
@@ -182,7 +182,7 @@ impl Override {
             }
             (None, Some(_)) => {
                 return Err(ApiError::bad_request(
-                    "invalid_key",
+                    ErrorCode::InvalidKey,
                     "policy_version: only with key (it is the version the key is hashed under)",
                 ));
             }
@@ -190,15 +190,15 @@ impl Override {
         };
         if !(MIN_OVERRIDE_TTL_MS..=MAX_OVERRIDE_TTL_MS).contains(&ttl_ms) {
             return Err(ApiError::bad_request(
-                "invalid_ttl",
+                ErrorCode::InvalidTtl,
                 format!(
                     "ttl_ms: {ttl_ms} is not between {MIN_OVERRIDE_TTL_MS} and {MAX_OVERRIDE_TTL_MS} (24 h): \
                      every override expires"
                 ),
             ));
         }
-        check_text("reason", "invalid_reason", &reason, MAX_REASON_BYTES)?;
-        check_text("operator", "invalid_operator", &operator, MAX_OPERATOR_BYTES)?;
+        check_text("reason", ErrorCode::InvalidReason, &reason, MAX_REASON_BYTES)?;
+        check_text("operator", ErrorCode::InvalidOperator, &operator, MAX_OPERATOR_BYTES)?;
         Ok(Self {
             id,
             kind,
@@ -245,7 +245,7 @@ pub fn key_hash(hash_key: &HashKey, policy: &str, policy_version: u64, values: &
 }
 
 fn key_scope(policy: &str, version: u64, values: &[String], hash_key: Option<&HashKey>) -> Result<String, ApiError> {
-    let bad = |message: String| ApiError::bad_request("invalid_key", message);
+    let bad = |message: String| ApiError::bad_request(ErrorCode::InvalidKey, message);
     if values.is_empty() || values.len() > MAX_KEY_VALUES {
         return Err(bad(format!(
             "key: {} values; give 1 to {MAX_KEY_VALUES}, one per key part of the policy, in order",
@@ -257,7 +257,7 @@ fn key_scope(policy: &str, version: u64, values: &[String], hash_key: Option<&Ha
     }
     let Some(hash_key) = hash_key else {
         return Err(ApiError::bad_request(
-            "no_hash_key",
+            ErrorCode::NoHashKey,
             "key: this service has no hash key (--hash-key-env), so it cannot hash a key as the filters do",
         ));
     };
@@ -265,7 +265,7 @@ fn key_scope(policy: &str, version: u64, values: &[String], hash_key: Option<&Ha
 }
 
 /// Free text of 1 to `max` bytes without control characters (it goes into log lines).
-fn check_text(field: &str, code: &'static str, text: &str, max: usize) -> Result<(), ApiError> {
+fn check_text(field: &str, code: ErrorCode, text: &str, max: usize) -> Result<(), ApiError> {
     if text.trim().is_empty() || text.len() > max {
         return Err(ApiError::bad_request(code, format!("{field}: required, 1 to {max} bytes ({} given)", text.len())));
     }

@@ -18,6 +18,7 @@ use crate::api::ApiError;
 use crate::app::App;
 use crate::handle::Route;
 use crate::overrides::OverrideList;
+use sluice_protocol::ErrorCode;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -141,14 +142,15 @@ async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<by
     let too_large = || ApiError::body_too_large(limit);
     let timed_out = || ApiError {
         status: 408,
-        code: "request_timeout",
+        code: ErrorCode::RequestTimeout,
         message: format!(
             "the request body did not arrive within {} ms of its headers (--request-timeout-ms)",
             timeout.as_millis()
         ),
     };
-    let unreadable =
-        |e: axum::Error| ApiError::bad_request("body_unreadable", format!("the request body could not be read: {e}"));
+    let unreadable = |e: axum::Error| {
+        ApiError::bad_request(ErrorCode::BodyUnreadable, format!("the request body could not be read: {e}"))
+    };
     let mut buffer = bytes::BytesMut::new();
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -178,8 +180,10 @@ async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<by
 fn json<T: serde::Serialize>(value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(bytes) => json_bytes(bytes),
-        Err(e) => ApiError { status: 500, code: "internal", message: format!("cannot encode the response: {e}") }
-            .into_response(),
+        Err(e) => {
+            ApiError { status: 500, code: ErrorCode::Internal, message: format!("cannot encode the response: {e}") }
+                .into_response()
+        }
     }
 }
 

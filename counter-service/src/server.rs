@@ -96,7 +96,7 @@ pub async fn serve_until(
                     tracing::trace!(dropped, "swept idle keys");
                 }
                 app.expire_overrides().await;
-                app.refresh_overrides().await;
+                app.sweep_overrides().await;
             }
         }))
     };

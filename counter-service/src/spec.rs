@@ -7,7 +7,7 @@
 //! and the signature that names the limit a Redis state was decided under.
 
 use shared_store::Limit;
-use sluice_protocol::{LimitSpec, SpecError, ValidLimit};
+use sluice_protocol::{Algorithm, LimitSpec, SpecError, ValidLimit};
 
 /// Which algorithm the Redis script runs, with its integers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +16,20 @@ pub struct ScriptParams {
     pub code: &'static str,
     /// Up to four parameters (see `decide.lua`).
     pub args: [u64; 4],
+}
+
+/// The code `decide.lua` dispatches on for `algorithm` (it refuses any other): the one
+/// place an algorithm is given its script code. A concurrency limit is never decided by
+/// the service.
+pub const fn script_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::TokenBucket => "tb",
+        Algorithm::LeakyBucket => "lb",
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindow => "sw",
+        Algorithm::SlidingLog => "sl",
+        Algorithm::Concurrency => "cc",
+    }
 }
 
 /// A validated limit: what each store runs, and the signature that names it in Redis.
@@ -50,17 +64,14 @@ impl StoreLimit {
         let spec = valid.spec();
         // Buckets always have a reduced rate; the fallback is never taken.
         let (a, p) = valid.reduced_rate().unwrap_or((0, 0));
-        let script = match spec {
-            LimitSpec::TokenBucket { burst, .. } => ScriptParams { code: "tb", args: [a, p, burst, 0] },
-            LimitSpec::LeakyBucket { max_queue, max_wait_ms, .. } => {
-                ScriptParams { code: "lb", args: [a, p, max_queue, max_wait_ms * 1000] }
-            }
-            LimitSpec::FixedWindow { limit, window_ms } => ScriptParams { code: "fw", args: [limit, window_ms, 0, 0] },
-            LimitSpec::SlidingWindow { limit, window_ms } => {
-                ScriptParams { code: "sw", args: [limit, window_ms, 0, 0] }
-            }
-            LimitSpec::SlidingLog { limit, window_ms } => ScriptParams { code: "sl", args: [limit, window_ms, 0, 0] },
+        let args = match spec {
+            LimitSpec::TokenBucket { burst, .. } => [a, p, burst, 0],
+            LimitSpec::LeakyBucket { max_queue, max_wait_ms, .. } => [a, p, max_queue, max_wait_ms * 1000],
+            LimitSpec::FixedWindow { limit, window_ms }
+            | LimitSpec::SlidingWindow { limit, window_ms }
+            | LimitSpec::SlidingLog { limit, window_ms } => [limit, window_ms, 0, 0],
         };
+        let script = ScriptParams { code: script_code(spec.kind()), args };
         let [p1, p2, p3, p4] = script.args;
         let signature = format!("{}.{p1}.{p2}.{p3}.{p4}", script.code);
         Self { spec, limit: valid.limit(), script, signature }
@@ -71,16 +82,20 @@ impl StoreLimit {
         self.limit.capacity()
     }
 
-    /// Whether leases and charges make sense for this limit (shaping delays cannot be
-    /// leased or charged).
-    pub fn leasable(&self) -> bool {
-        !matches!(self.spec, LimitSpec::LeakyBucket { .. })
+    /// Whether leases make sense for this limit ([`sluice_protocol::Algorithm::leasable`]).
+    pub const fn leasable(&self) -> bool {
+        self.spec.kind().leasable()
     }
 
-    /// Whether a credit can give units back to this limit ([`Limit::can_credit`]: not a
-    /// leaky bucket, not a sliding log).
+    /// Whether it can be charged ([`sluice_protocol::Algorithm::chargeable`]).
+    pub const fn chargeable(&self) -> bool {
+        self.spec.kind().chargeable()
+    }
+
+    /// Whether a credit can give units back to this limit
+    /// ([`sluice_protocol::Algorithm::creditable`]).
     pub const fn creditable(&self) -> bool {
-        self.limit.can_credit()
+        self.spec.kind().creditable()
     }
 }
 

@@ -10,6 +10,7 @@ pub mod overrides;
 pub mod redis;
 
 use shared_store::{Decision, Limit, Nanos};
+use sluice_protocol::ErrorCode;
 
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 pub use memory::{MemoryConfig, MemoryCounters};
@@ -25,6 +26,9 @@ pub struct CheckOutcome {
     pub at: Nanos,
     /// One decision per entry, in order.
     pub decisions: Vec<Decision>,
+    /// Units of debt a carry-over to other numbers could not keep ([`Limit::carry`]), summed
+    /// over the counters decided: forgiven, and counted.
+    pub carry_forgiven: u64,
 }
 
 /// The outcome of a lease.
@@ -44,6 +48,9 @@ pub struct LeaseOutcome {
     /// deciding `min_tokens` on the state the grant left; [`Nanos::MAX`] for never).
     /// Zero otherwise, and when nothing was granted (`decision` carries the wait then).
     pub refill_after: Nanos,
+    /// Units of debt a carry-over to other numbers could not keep ([`Limit::carry`]), summed
+    /// over the counters decided: forgiven, and counted.
+    pub carry_forgiven: u64,
 }
 
 /// The outcome of a charge.
@@ -62,15 +69,18 @@ pub struct ChargeOutcome {
     pub at: Nanos,
     /// The limit after the charge: [`shared_store::Limit::status`].
     pub decision: Decision,
+    /// Units of debt a carry-over to other numbers could not keep ([`Limit::carry`]).
+    pub carry_forgiven: u64,
 }
 
 /// The outcome of a credit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreditOutcome {
-    /// The units given back: all of them when the credit changed the counter, none when
-    /// there was nothing to give them back to (a full bucket, a window the spend no
-    /// longer counts in, a count already at zero, a key absent or expired); for a
-    /// duplicate, what the first credit with this id gave back.
+    /// The units given back: as many as the counter could take back (fewer than asked
+    /// when a bucket refilled meanwhile or a count is lower; none when there was nothing
+    /// to give them back to: a full bucket, a window the spend no longer counts in, a
+    /// count at zero, a key absent or expired); under a clamp, what both counters took
+    /// back; for a duplicate, what the first credit with this id gave back.
     pub credited: u64,
     /// `units - credited`; for a duplicate, what the first credit with this id forgave.
     pub forgiven: u64,
@@ -81,6 +91,8 @@ pub struct CreditOutcome {
     pub at: Nanos,
     /// The limit after the credit: [`shared_store::Limit::status`].
     pub decision: Decision,
+    /// Units of debt a carry-over to other numbers could not keep ([`Limit::carry`]).
+    pub carry_forgiven: u64,
 }
 
 /// Why a store could not decide. Every variant maps to a 503 the filter treats as
@@ -143,10 +155,12 @@ impl CounterStoreError {
     }
 
     /// The API error code.
-    pub const fn code(&self) -> &'static str {
+    pub const fn code(&self) -> ErrorCode {
         match self {
-            Self::Full { .. } | Self::ChargeIdsFull { .. } => "store_full",
-            _ => "store_unavailable",
+            Self::Full { .. } | Self::ChargeIdsFull { .. } => ErrorCode::StoreFull,
+            Self::Timeout { .. } | Self::Unreachable { .. } | Self::Server(_) | Self::Protocol(_) => {
+                ErrorCode::StoreUnavailable
+            }
         }
     }
 }
@@ -244,16 +258,37 @@ pub fn lease_life(limit: &Limit, at: Nanos, ttl_ms: u64) -> Result<u64, Nanos> {
                 whole_ms => Ok(ttl_ms.min(whole_ms)),
             }
         }
-        _ => Ok(ttl_ms),
+        Limit::TokenBucket { .. }
+        | Limit::LeakyBucket { .. }
+        | Limit::SlidingLog { .. }
+        | Limit::Concurrency { .. } => Ok(ttl_ms),
     }
 }
 
+/// [`lease_life`] of a lease granted from several counters (an entry and its clamp): the
+/// shortest; `Err` with the longest wait when any counter's window is closing.
+///
+/// # Errors
+/// As [`lease_life`].
+pub fn lease_life_of<'a>(limits: impl IntoIterator<Item = &'a Limit>, at: Nanos, ttl_ms: u64) -> Result<u64, Nanos> {
+    let mut life = Ok(ttl_ms);
+    for limit in limits {
+        life = match (life, lease_life(limit, at, ttl_ms)) {
+            (Err(a), Err(b)) => Err(a.max(b)),
+            (Err(wait), Ok(_)) | (Ok(_), Err(wait)) => Err(wait),
+            (Ok(a), Ok(b)) => Ok(a.min(b)),
+        };
+    }
+    life
+}
+
 impl LeaseOutcome {
-    /// The outcome of `plan` decided at `at`, with the lease's life ([`lease_life`]; 0
-    /// when the window was closing and nothing was granted).
-    pub fn new(plan: &LeasePlan, (granted, refill_after): (u64, Nanos), at: Nanos, decision: Decision) -> Self {
-        let expires_in_ms = lease_life(&plan.entry.limit.limit, at, plan.ttl_ms).unwrap_or(0);
-        Self { granted, expires_in_ms, at, decision, refill_after }
+    /// The outcome of `plan` decided at `at`, with the lease's life ([`lease_life_of`] its
+    /// counters; 0 when a window was closing and nothing was granted).
+    pub fn new(plan: &LeasePlan, leased: (u64, Nanos, u64), at: Nanos, decision: Decision) -> Self {
+        let (granted, refill_after, carry_forgiven) = leased;
+        let expires_in_ms = lease_life_of(plan.counters().map(|e| &e.limit.limit), at, plan.ttl_ms).unwrap_or(0);
+        Self { granted, expires_in_ms, at, decision, refill_after, carry_forgiven }
     }
 }
 
@@ -264,47 +299,60 @@ pub(crate) struct Leased {
     pub granted: u64,
     /// [`LeaseOutcome::refill_after`].
     pub refill_after: Nanos,
-    /// After spending `granted`, or the rejection of `min_tokens`.
+    /// After spending `granted`, or the rejection of `min_tokens`: every counter's
+    /// decisions together ([`Decision::and`]).
     pub decision: Decision,
-    /// The state to write: `Some` only when something was granted.
-    pub next: Option<shared_store::State>,
+    /// Per counter, the state to write: `Some` only when something was granted.
+    pub next: Vec<Option<shared_store::State>>,
 }
 
-/// Decides a lease with the pure algorithm: grant the smaller of `tokens` and what is
-/// left when that is at least `min_tokens`; otherwise grant nothing and answer the
+/// Decides a lease from one or more counters (an entry, and an operator's clamp on it),
+/// each at its own time, with the pure algorithm: grant the smaller of `tokens` and what every counter has
+/// left, when that is at least `min_tokens`; otherwise grant nothing and answer the
 /// rejection of `min_tokens` units, whose `retry_after` is the exact wait until that many
-/// are left. When the window is `closing` (less than a millisecond left, see
-/// [`lease_life`]), grant nothing and answer the rejection with the wait until it ends.
-/// A grant that leaves fewer than `min_tokens` also answers when that many are back: the
-/// `retry_after` of deciding `min_tokens` on the state the grant leaves.
+/// are left (on every counter: the longest wait). When a window is `closing` (less than
+/// a millisecond left, see [`lease_life`]), grant nothing and answer the rejection with
+/// the wait until it ends. A grant that leaves fewer than `min_tokens` also answers when
+/// that many are back: the longest `retry_after` of deciding `min_tokens` on the states
+/// the grant leaves.
 pub(crate) fn decide_lease(
-    limit: &shared_store::Limit,
-    state: Option<&shared_store::State>,
-    now: Nanos,
+    counters: &[(&Limit, Option<&shared_store::State>, Nanos)],
     (tokens, min_tokens): (u64, u64),
     closing: Option<Nanos>,
 ) -> Leased {
-    let (query, _) = limit.decide(state, now, 0);
-    let nothing = |decision| Leased { granted: 0, refill_after: Nanos::ZERO, decision, next: None };
+    let together = |decisions: &mut dyn Iterator<Item = Decision>| decisions.reduce(Decision::and);
+    let none = || counters.iter().map(|_| None).collect();
+    let nothing = |decision| Leased { granted: 0, refill_after: Nanos::ZERO, decision, next: none() };
+    let Some(query) = together(&mut counters.iter().map(|(limit, state, at)| limit.decide(*state, *at, 0).0)) else {
+        return nothing(Decision {
+            verdict: shared_store::Verdict::Exceeds,
+            limit: 0,
+            remaining: 0,
+            reset_after: Nanos::ZERO,
+        });
+    };
     if let Some(retry_after) = closing {
         return nothing(Decision { verdict: shared_store::Verdict::Rejected { retry_after }, ..query });
     }
     let left = tokens.min(query.remaining);
     let granted = if left >= min_tokens { left } else { 0 };
-    let (decision, next) = limit.decide(state, now, granted.max(min_tokens).max(1));
+    let asked = granted.max(min_tokens).max(1);
+    let decided: Vec<(Decision, Option<shared_store::State>)> =
+        counters.iter().map(|(limit, state, at)| limit.decide(*state, *at, asked)).collect();
+    let decision = together(&mut decided.iter().map(|(d, _)| *d)).unwrap_or(query);
     // Spending what the query reported left always admits, and asking for more than is
     // left always rejects; the check keeps that an invariant rather than an assumption.
-    match next {
-        Some(next) if granted > 0 && decision.is_admitted() => {
-            let refill_after = if decision.remaining < min_tokens {
-                limit.decide(Some(&next), now, min_tokens).0.retry_after().unwrap_or(Nanos::ZERO)
-            } else {
-                Nanos::ZERO
-            };
-            Leased { granted, refill_after, decision, next: Some(next) }
-        }
-        _ => nothing(decision),
+    if granted == 0 || !decided.iter().all(|(d, next)| d.is_admitted() && next.is_some()) {
+        return nothing(decision);
     }
+    let refill_after = counters
+        .iter()
+        .zip(&decided)
+        .filter(|(_, (d, _))| d.remaining < min_tokens)
+        .filter_map(|((limit, _, at), (_, next))| limit.decide(next.as_ref(), *at, min_tokens).0.retry_after())
+        .max()
+        .unwrap_or(Nanos::ZERO);
+    Leased { granted, refill_after, decision, next: decided.into_iter().map(|(_, next)| next).collect() }
 }
 
 #[cfg(test)]

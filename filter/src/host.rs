@@ -216,8 +216,9 @@ counters! {
         /// Lease: units of debt paid from a later grant before any of it was spent (the
         /// service counted them when it granted them: they are not charged).
         LeaseRepaid = "lease.repaid",
-        /// Lease: units admitted under the failure rule beyond `max_debt`, or that the
-        /// service could not charge: forgiven.
+        /// Lease: units admitted under the failure rule beyond `max_debt`, that the
+        /// service could not charge, or whose counter could not be named (the request's
+        /// partition could not be read): forgiven.
         LeaseForgiven = "lease.forgiven",
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
@@ -232,6 +233,11 @@ counters! {
         /// Response cost: units not settled: charged beyond the debt bound, a credit the
         /// algorithm cannot give, or a settlement that failed.
         CostForgiven = "cost.forgiven",
+        /// Response cost: responses whose body the worker could not hold, having its
+        /// bound (`usage::MAX_HELD_PER_WORKER`) in other streams' bodies already: a JSON
+        /// body was dropped (its cost is unknown, and counted as such too), an event line
+        /// skipped.
+        CostOverBudget = "cost.over_budget",
         /// Concurrency: renewals of this worker's slots that could not be written (every
         /// CAS attempt lost, a store error, a key with no room for another holder). Slots
         /// not renewed for `STALE_AFTER` stop counting while their requests are in flight.

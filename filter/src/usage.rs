@@ -2,12 +2,16 @@
 //! (`{"usage": {"total_tokens": 42}}`, read whole once it has ended) or a stream of
 //! server-sent events (`text/event-stream`, each `data:` line read as it completes; the
 //! last event that carries the path gives the cost, as in OpenAI's streams with
-//! `stream_options.include_usage`).
+//! `stream_options.include_usage`). A number is read as a count when it is a whole number
+//! from 0; one beyond `u64::MAX` is read as `u64::MAX` (then clamped to the policy's `max`,
+//! as a response header's is).
 //!
 //! Nothing is delayed or changed: the reader sees a copy of each chunk. Its memory is
 //! bounded per stream: a JSON body is kept up to [`MAX_JSON_BODY`] bytes (beyond that it
 //! is dropped and its cost is unknown), an event stream only its current line, up to
-//! [`MAX_EVENT_LINE`] bytes (a longer line is skipped).
+//! [`MAX_EVENT_LINE`] bytes (a longer line is skipped); and per worker, across its
+//! streams, by [`MAX_HELD_PER_WORKER`] (the worker passes each reader its room:
+//! [`UsageReader::feed_within`]).
 
 use serde_json::Value;
 
@@ -15,6 +19,9 @@ use serde_json::Value;
 pub const MAX_JSON_BODY: usize = 256 * 1024;
 /// The longest server-sent event line read; a longer one is skipped.
 pub const MAX_EVENT_LINE: usize = 64 * 1024;
+/// The most one worker's readers hold at once, across its streams: a JSON body that
+/// would take it beyond is dropped (its cost is unknown), an event line skipped.
+pub const MAX_HELD_PER_WORKER: usize = 8 * 1024 * 1024;
 
 /// How the body is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +42,9 @@ pub struct UsageReader {
     buffer: Vec<u8>,
     /// JSON: the body outgrew [`MAX_JSON_BODY`]. Events: the current line is being skipped.
     overflowed: bool,
+    /// Bytes were dropped because the worker's bound across its streams was reached
+    /// (not this stream's own).
+    over_budget: bool,
 }
 
 impl UsageReader {
@@ -51,6 +61,7 @@ impl UsageReader {
             form: if events { Form::Events } else { Form::Json },
             buffer: Vec::new(),
             overflowed: false,
+            over_budget: false,
         }
     }
 
@@ -61,13 +72,21 @@ impl UsageReader {
 
     /// Reads the next chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
+        self.feed_within(chunk, usize::MAX);
+    }
+
+    /// Reads the next chunk of the body, holding at most `cap` bytes (what its worker
+    /// has room for, this reader's own bytes included): beyond it, a JSON body is dropped
+    /// and an event line skipped, as beyond the stream's own bound, and
+    /// [`Self::over_budget`] says so.
+    pub fn feed_within(&mut self, chunk: &[u8], cap: usize) {
         match self.form {
-            Form::Json => self.hold(chunk, MAX_JSON_BODY),
+            Form::Json => self.hold(chunk, MAX_JSON_BODY, cap),
             Form::Events => {
                 let mut rest = chunk;
                 while let Some(end) = rest.iter().position(|b| *b == b'\n') {
                     let (line, after) = rest.split_at(end);
-                    self.extend_line(line);
+                    self.hold(line, MAX_EVENT_LINE, cap);
                     if !self.overflowed {
                         let line = std::mem::take(&mut self.buffer);
                         self.event_line(&line);
@@ -77,9 +96,15 @@ impl UsageReader {
                     self.overflowed = false;
                     rest = after.get(1..).unwrap_or_default();
                 }
-                self.extend_line(rest);
+                self.hold(rest, MAX_EVENT_LINE, cap);
             }
         }
+    }
+
+    /// Whether bytes were dropped because the worker's bound across its streams was
+    /// reached (see [`Self::feed_within`]).
+    pub fn over_budget(&self) -> bool {
+        self.over_budget
     }
 
     /// The body has ended (`complete`) or was cut short: what was found for each path, in
@@ -109,17 +134,16 @@ impl UsageReader {
         self.buffer.len()
     }
 
-    fn extend_line(&mut self, bytes: &[u8]) {
-        self.hold(bytes, MAX_EVENT_LINE);
-    }
-
-    /// Keeps `bytes` unless the buffer would outgrow `limit`: then it is dropped, and
-    /// stays dropped until the caller resets `overflowed`.
-    fn hold(&mut self, bytes: &[u8], limit: usize) {
+    /// Keeps `bytes` unless the buffer would outgrow `limit` (the stream's own bound) or
+    /// `cap` (its worker's room): then it is dropped, and stays dropped until the caller
+    /// resets `overflowed`.
+    fn hold(&mut self, bytes: &[u8], limit: usize, cap: usize) {
         if self.overflowed {
             return;
         }
-        if self.buffer.len().saturating_add(bytes.len()) > limit {
+        let wanted = self.buffer.len().saturating_add(bytes.len());
+        if wanted > limit || wanted > cap {
+            self.over_budget |= wanted <= limit;
             self.overflowed = true;
             self.buffer = Vec::new();
         } else {
@@ -144,11 +168,21 @@ impl UsageReader {
     fn read(&mut self, document: &Value) {
         for (path, found) in self.paths.iter().zip(self.found.iter_mut()) {
             let value = path.iter().try_fold(document, |at, key| at.get(key.as_str()));
-            if let Some(number) = value.and_then(Value::as_u64) {
+            if let Some(number) = value.and_then(count) {
                 *found = Some(number);
             }
         }
     }
+}
+
+/// A JSON value as a count: a whole number from 0, or, beyond `u64::MAX` (which
+/// serde_json reads as a float), `u64::MAX`, as a response header beyond it reads:
+/// settling clamps it to the policy's `max`, never takes it for no report. Anything else
+/// (a fraction, a negative number, a string) is no count.
+fn count(value: &Value) -> Option<u64> {
+    /// 2^64, the first float beyond every `u64`.
+    const BEYOND_U64: f64 = 18_446_744_073_709_551_616.0;
+    value.as_u64().or_else(|| value.as_f64().filter(|f| *f >= BEYOND_U64).map(|_| u64::MAX))
 }
 
 /// Whether `data` mentions the path's first key as a JSON string (a cheap test before
@@ -196,6 +230,19 @@ mod tests {
     }
 
     #[test]
+    fn a_json_usage_above_the_largest_count_is_read_as_the_largest_count_like_a_header_not_as_unknown() {
+        // serde_json reads an integer beyond u64 as a float: such a report is clamped to
+        // the policy's `max` when it is settled, as a response header's is.
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":99999999999999999999999}}"#]), Some(u64::MAX));
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":18446744073709551616}}"#]), Some(u64::MAX));
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":18446744073709551615}}"#]), Some(u64::MAX));
+        let mut events = UsageReader::new(total(), Some(b"text/event-stream"));
+        events.feed(b"data: {\"usage\":{\"total_tokens\":123456789012345678901234567890}}\n\n");
+        assert_eq!(events.finish(true), [Some(u64::MAX)]);
+        assert_eq!(read_json(&[br#"{"usage":{"total_tokens":-99999999999999999999999}}"#]), None);
+    }
+
+    #[test]
     fn a_json_body_beyond_the_bound_is_dropped_and_has_no_cost() {
         let mut reader = UsageReader::new(total(), None);
         let filler = vec![b' '; MAX_JSON_BODY];
@@ -204,6 +251,25 @@ mod tests {
         assert_eq!(reader.held(), 0, "the memory is released at once");
         reader.feed(br#""}"#);
         assert_eq!(reader.finish(true), [None]);
+    }
+
+    #[test]
+    fn beyond_the_room_its_worker_gives_a_json_body_is_dropped_and_an_event_line_skipped_and_both_say_so() {
+        let mut json = UsageReader::new(total(), None);
+        json.feed_within(br#"{"usage":{"total_tokens":42}}"#, 10);
+        assert_eq!((json.held(), json.over_budget()), (0, true));
+        assert_eq!(json.finish(true), [None]);
+
+        let mut events = UsageReader::new(total(), Some(b"text/event-stream"));
+        events.feed_within(b"data: {\"usage\":{\"total_tokens\":1}}\n\n", 8);
+        events.feed_within(b"data: {\"usage\":{\"total_tokens\":7}}\n\n", 100);
+        assert!(events.over_budget());
+        assert_eq!(events.finish(true), [Some(7)], "the line that fitted is read");
+
+        let mut within = UsageReader::new(total(), None);
+        within.feed_within(br#"{"usage":{"total_tokens":42}}"#, 29);
+        assert!(!within.over_budget());
+        assert_eq!(within.finish(true), [Some(42)]);
     }
 
     #[test]

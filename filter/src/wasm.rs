@@ -186,6 +186,16 @@ impl HttpContext for Filter {
         }
         Action::Continue
     }
+
+    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+        // The trailers end the body (its last chunk came without the end of the stream,
+        // as an HTTP/2 or gRPC upstream sends it): settle what it reported.
+        if let Some(worker) = self.worker.as_ref().filter(|w| w.reads_response_body(self.id)) {
+            worker.on_response_trailers(self.id);
+            worker.after_response(&mut HostPort);
+        }
+        Action::Continue
+    }
 }
 
 impl Drop for Filter {

@@ -215,7 +215,7 @@ impl Ledger {
                         if tracked {
                             sample(&mut remaining, admit.at, &references);
                         }
-                        let Some(limit @ Limit::TokenBucket { rate, burst }) = limit_of(admit) else { continue };
+                        let Some(limit @ Limit::TokenBucket { rate, burst, .. }) = limit_of(admit) else { continue };
                         let (amount, per) = (rate.amount(), rate.per().0);
                         // New numbers carry the allowance left over, capped, as the filter
                         // and the service do.

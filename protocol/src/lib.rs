@@ -34,7 +34,7 @@
 //! let slow = LimitSpec::TokenBucket { amount: 1, per_ms: 86_400_000, burst: 1000 };
 //! let err = slow.validate().unwrap_err();
 //! assert_eq!(err.field(), "limit.burst");
-//! assert_eq!(err.code(), "outside_envelope");
+//! assert_eq!(err.code().name(), "outside_envelope");
 //!
 //! let check = CheckRequest {
 //!     tag: Some("c8f3a9e1".to_owned()),
@@ -47,6 +47,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing))]
 #![deny(missing_docs)]
 
+pub mod errors;
 pub mod limit;
 pub mod overrides;
 pub mod wire;
@@ -58,11 +59,13 @@ pub const DEFAULT_MAX_ENTRIES: u16 = 16;
 pub const MAX_ENTRIES_LIMIT: u16 = 256;
 const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
 
+pub use errors::ErrorCode;
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use overrides::{AppliedOverride, EntryOverride, OverrideId, OverrideKind};
 pub use shared_store::Algorithm;
 pub use wire::{
     CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
     EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName,
+    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName, is_policy_name,
+    max_debt_bound,
 };

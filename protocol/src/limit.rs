@@ -37,6 +37,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use shared_store::{Algorithm, Limit, MAX_LOG_ENTRIES, Nanos, Rate};
 
+use crate::ErrorCode;
+
 /// Longest period, window or shaping wait: 31 days, in milliseconds.
 pub const MAX_PERIOD_MS: u64 = 31 * 24 * 3600 * 1000;
 /// Largest `amount`, `burst`, `limit` or `max_queue` (and largest charge cost): 2^40.
@@ -122,10 +124,10 @@ impl SpecError {
 
     /// The API error code this refusal is answered with: `invalid_limit` or
     /// `outside_envelope`.
-    pub const fn code(&self) -> &'static str {
+    pub const fn code(&self) -> ErrorCode {
         match self {
-            Self::Invalid { .. } => "invalid_limit",
-            Self::OutsideEnvelope { .. } => "outside_envelope",
+            Self::Invalid { .. } => ErrorCode::InvalidLimit,
+            Self::OutsideEnvelope { .. } => ErrorCode::OutsideEnvelope,
         }
     }
 }
@@ -181,7 +183,7 @@ impl ValidLimit {
     /// Whether leases (and charges) make sense for this limit: a leaky bucket answers
     /// with delays, not a count, so it can neither be leased nor charged.
     pub const fn leasable(&self) -> bool {
-        !matches!(self.spec, LimitSpec::LeakyBucket { .. })
+        self.spec.kind().leasable()
     }
 }
 
@@ -359,6 +361,17 @@ impl LimitSpec {
         }
     }
 
+    /// The names of the algorithms that `can`, in the list's order, for messages
+    /// (`token_bucket, fixed_window or sliding_window`).
+    pub fn names_of(can: impl Fn(Algorithm) -> bool) -> String {
+        let names: Vec<&str> = Algorithm::ALL.into_iter().filter(|a| can(*a)).map(Algorithm::name).collect();
+        match names.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
     /// The algorithm's name in JSON (`token_bucket`, `fixed_window`, …).
     pub const fn algorithm(&self) -> &'static str {
         self.kind().name()
@@ -368,6 +381,41 @@ impl LimitSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A limit of `algorithm` as a request carries it, `None` for one the counter service
+    /// does not decide: the exhaustive match is where a new algorithm must be given its
+    /// wire form.
+    fn spec_of(algorithm: Algorithm) -> Option<LimitSpec> {
+        Some(match algorithm {
+            Algorithm::TokenBucket => LimitSpec::TokenBucket { amount: 2, per_ms: 1000, burst: 2 },
+            Algorithm::LeakyBucket => {
+                LimitSpec::LeakyBucket { amount: 2, per_ms: 1000, max_queue: 2, max_wait_ms: 1000 }
+            }
+            Algorithm::FixedWindow => LimitSpec::FixedWindow { limit: 2, window_ms: 1000 },
+            Algorithm::SlidingWindow => LimitSpec::SlidingWindow { limit: 2, window_ms: 1000 },
+            Algorithm::SlidingLog => LimitSpec::SlidingLog { limit: 2, window_ms: 1000 },
+            Algorithm::Concurrency => return None,
+        })
+    }
+
+    #[test]
+    fn every_algorithm_the_service_decides_travels_as_a_limit_with_its_name_and_runs_as_shared_store_builds_it() {
+        for algorithm in Algorithm::ALL {
+            let spec = spec_of(algorithm);
+            assert_eq!(spec.is_some(), algorithm.global(), "{algorithm}");
+            let Some(spec) = spec else { continue };
+            let json = serde_json::to_value(spec).unwrap();
+            assert_eq!(json["algorithm"], algorithm.name());
+            assert_eq!(spec.kind(), algorithm);
+            assert_eq!(spec.validate().unwrap().limit(), algorithm.example(), "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn messages_list_the_algorithms_that_can_from_the_one_list() {
+        assert_eq!(LimitSpec::names_of(Algorithm::creditable), "token_bucket, fixed_window or sliding_window");
+        assert_eq!(LimitSpec::names_of(|a| a == Algorithm::SlidingLog), "sliding_log");
+    }
 
     #[test]
     fn a_valid_token_bucket_runs_the_same_limit_as_shared_store_builds() {
@@ -414,7 +462,7 @@ mod tests {
 
         assert!(matches!(err, SpecError::Invalid { field: "limit.window_ms", .. }), "{err}");
         assert_eq!(err.to_string(), "limit.window_ms: a window must be at least 1 ms long");
-        assert_eq!(err.code(), "invalid_limit");
+        assert_eq!(err.code(), ErrorCode::InvalidLimit);
     }
 
     #[test]
@@ -429,7 +477,7 @@ mod tests {
         let err = LimitSpec::TokenBucket { amount: 1, per_ms: 86_400_000, burst: 40 }.validate().unwrap_err();
 
         assert!(matches!(err, SpecError::OutsideEnvelope { field: "limit.burst", .. }), "{err}");
-        assert_eq!(err.code(), "outside_envelope");
+        assert_eq!(err.code(), ErrorCode::OutsideEnvelope);
         assert_eq!(
             err.to_string(),
             "limit.burst: refilling 40 units at 1 per 86400000 ms takes 3456000000 ms, above the longest \

@@ -30,8 +30,24 @@ pub const MAX_CHARGE_ID_BYTES: usize = 64;
 pub const CHARGE_ID_TTL_MS: u64 = 600_000;
 /// The shortest `id_ttl_ms` a charge or credit may ask for, in milliseconds.
 pub const MIN_ID_TTL_MS: u64 = 1_000;
-/// Longest `policy` name, in bytes.
-pub const MAX_POLICY_BYTES: usize = 128;
+/// Longest `policy` name, in bytes: what the filter accepts for a policy's name (it names
+/// the policy's metrics too), and what the service accepts in a request or an override.
+pub const MAX_POLICY_BYTES: usize = 64;
+
+/// Whether `name` is a policy name: 1 to [`MAX_POLICY_BYTES`] characters among
+/// `A-Z a-z 0-9 _ . -` (the filter's configuration and the counter service apply the same
+/// rule, this one).
+pub fn is_policy_name(name: &str) -> bool {
+    (1..=MAX_POLICY_BYTES).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The most debt a charge may leave a limit in, given its `capacity`: the capacity itself
+/// (a filter's `max_debt` and a charge's are refused above it). Twice the capacity keeps
+/// every integer of the Redis script inside the numeric envelope.
+pub const fn max_debt_bound(capacity: u64) -> u64 {
+    capacity
+}
 
 /// `POST /v1/check`: one all-or-nothing decision over one or several entries.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -250,6 +266,12 @@ impl EntryResponse {
     }
 }
 
+/// Whether a count is zero (left out of an answer then).
+#[allow(clippy::trivially_copy_pass_by_ref)]
+const fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// The answer to a check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 // Answers accept fields they do not know (requests stay strict): a filter keeps
@@ -265,6 +287,11 @@ pub struct CheckResponse {
     /// for most checks; older services never send it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<EntryOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a lease.
@@ -292,9 +319,15 @@ pub struct LeaseResponse {
     #[serde(default)]
     pub refill_after_ns: u64,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a charge.
@@ -318,9 +351,15 @@ pub struct ChargeResponse {
     #[serde(default)]
     pub duplicate: bool,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The answer to a credit.
@@ -328,9 +367,10 @@ pub struct ChargeResponse {
 // Answers accept fields they do not know (requests stay strict): a filter keeps
 // working when a newer service adds one.
 pub struct CreditResponse {
-    /// `units` when the credit changed the counter; 0 when there was nothing to give
-    /// them back to (the bucket was full, the window the spend counted in has passed,
-    /// the counter had expired).
+    /// The units given back: `units`, or fewer when the counter could take back fewer (a
+    /// bucket that refilled meanwhile, a count lower than `units`), 0 when there was
+    /// nothing to give them back to (the bucket was full, the window the spend counted in
+    /// has passed, the counter had expired).
     pub credited: u64,
     /// `units - credited`.
     pub forgiven: u64,
@@ -343,9 +383,15 @@ pub struct CreditResponse {
     #[serde(default)]
     pub duplicate: bool,
     /// The operator override that decided it, if one did (a bypass: nothing was spent; a
-    /// clamp: it was decided under the clamp's numbers). Older services never send it.
+    /// clamp: it was decided on the clamp's own counter too, under the clamp's numbers).
+    /// Older services never send it.
     #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
     pub applied: Option<AppliedOverride>,
+    /// Units of debt that carrying a counter over to other numbers (a policy changed
+    /// without a version bump) could not keep: forgiven, and counted. 0, and absent, for
+    /// almost every answer (older services never send it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub carry_forgiven: u64,
 }
 
 /// The body of every error answer: `{"error": {"code": …, "message": …}}`.

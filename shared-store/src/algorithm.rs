@@ -6,7 +6,8 @@
 //! algorithm fails to compile in [`Algorithm::of`] and fails every test that iterates
 //! [`Algorithm::ALL`] until each layer covers it.
 
-use crate::limit::Limit;
+use crate::limit::{Limit, Rate};
+use crate::time::Nanos;
 
 /// An algorithm, without its numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,6 +105,25 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// A limit of this algorithm with small numbers (2 units a second, bursts, windows and
+    /// queues of 2, waits of a second): what a test that must cover every algorithm starts
+    /// from.
+    pub const fn example(self) -> Limit {
+        // 2 a second, in lowest terms, as `Rate::new` keeps it.
+        let rate = Rate::HALF_SECOND_EACH;
+        let second = Nanos::from_secs(1);
+        match self {
+            Self::TokenBucket => Limit::TokenBucket { rate, burst: 2 },
+            Self::LeakyBucket => Limit::LeakyBucket { rate, max_queue: 2, max_wait: second },
+            Self::FixedWindow => Limit::FixedWindow { limit: 2, window: second },
+            Self::SlidingWindow => Limit::SlidingWindow { limit: 2, window: second },
+            Self::SlidingLog => Limit::SlidingLog { limit: 2, window: second },
+            Self::Concurrency => Limit::Concurrency { limit: 2 },
+        }
+    }
+}
+
 impl std::fmt::Display for Algorithm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -113,19 +133,10 @@ impl std::fmt::Display for Algorithm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Nanos, Rate};
 
     /// One limit of each algorithm.
     fn one_of_each() -> Vec<Limit> {
-        let rate = Rate::new(1, Nanos::from_secs(1)).unwrap();
-        vec![
-            Limit::token_bucket(rate, 2).unwrap(),
-            Limit::leaky_bucket(rate, 2, Nanos::from_secs(1)).unwrap(),
-            Limit::fixed_window(2, Nanos::from_secs(1)).unwrap(),
-            Limit::sliding_window(2, Nanos::from_secs(1)).unwrap(),
-            Limit::sliding_log(2, Nanos::from_secs(1)).unwrap(),
-            Limit::concurrency(2).unwrap(),
-        ]
+        Algorithm::ALL.into_iter().map(Algorithm::example).collect()
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! by something else. Bytes that do not decode are never guessed at: the caller gets a
 //! [`DecodeError`] and replaces them with the limit's most conservative state.
 
+use crate::algorithm::Algorithm;
 use crate::limit::{Holding, Limit, LogEntry, MAX_HOLDERS, MAX_LOG_ENTRIES, Rate, State};
 use crate::time::Nanos;
 
@@ -81,26 +82,41 @@ fn checksum(bytes: &[u8]) -> u32 {
     (hash ^ (hash >> 32)) as u32
 }
 
-fn kind_and_params(limit: &Limit) -> (u8, [u64; 4]) {
-    match *limit {
-        Limit::TokenBucket { rate, burst } => (1, [rate.amount(), rate.per().0, burst, 0]),
-        Limit::FixedWindow { limit, window } => (2, [limit, window.0, 0, 0]),
-        Limit::SlidingWindow { limit, window } => (3, [limit, window.0, 0, 0]),
-        Limit::SlidingLog { limit, window } => (4, [limit, window.0, 0, 0]),
-        Limit::LeakyBucket { rate, max_queue, max_wait } => (5, [rate.amount(), rate.per().0, max_queue, max_wait.0]),
-        Limit::Concurrency { limit } => (6, [limit, 0, 0, 0]),
+/// The byte that names an algorithm in a record. Persisted in shared data: a byte never
+/// changes meaning, and a new algorithm takes a new one.
+const fn kind_byte(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindow => 3,
+        Algorithm::SlidingLog => 4,
+        Algorithm::LeakyBucket => 5,
+        Algorithm::Concurrency => 6,
     }
 }
 
+fn kind_and_params(limit: &Limit) -> (u8, [u64; 4]) {
+    let params = match *limit {
+        Limit::TokenBucket { rate, burst } => [rate.amount(), rate.per().0, burst, 0],
+        Limit::FixedWindow { limit, window }
+        | Limit::SlidingWindow { limit, window }
+        | Limit::SlidingLog { limit, window } => [limit, window.0, 0, 0],
+        Limit::LeakyBucket { rate, max_queue, max_wait } => [rate.amount(), rate.per().0, max_queue, max_wait.0],
+        Limit::Concurrency { limit } => [limit, 0, 0, 0],
+    };
+    (kind_byte(Algorithm::of(limit)), params)
+}
+
 fn limit_from(kind: u8, [a, b, c, d]: [u64; 4]) -> Option<Limit> {
-    match kind {
-        1 => Limit::token_bucket(Rate::new(a, Nanos(b))?, c).ok(),
-        2 => Limit::fixed_window(a, Nanos(b)).ok(),
-        3 => Limit::sliding_window(a, Nanos(b)).ok(),
-        4 => Limit::sliding_log(a, Nanos(b)).ok(),
-        5 => Limit::leaky_bucket(Rate::new(a, Nanos(b))?, c, Nanos(d)).ok(),
-        6 if (b, c, d) == (0, 0, 0) => Limit::concurrency(a).ok(),
-        _ => None,
+    let algorithm = Algorithm::ALL.into_iter().find(|a| kind_byte(*a) == kind)?;
+    match algorithm {
+        Algorithm::TokenBucket => Limit::token_bucket(Rate::new(a, Nanos(b))?, c).ok(),
+        Algorithm::FixedWindow => Limit::fixed_window(a, Nanos(b)).ok(),
+        Algorithm::SlidingWindow => Limit::sliding_window(a, Nanos(b)).ok(),
+        Algorithm::SlidingLog => Limit::sliding_log(a, Nanos(b)).ok(),
+        Algorithm::LeakyBucket => Limit::leaky_bucket(Rate::new(a, Nanos(b))?, c, Nanos(d)).ok(),
+        Algorithm::Concurrency if (b, c, d) == (0, 0, 0) => Limit::concurrency(a).ok(),
+        Algorithm::Concurrency => None,
     }
 }
 
@@ -303,6 +319,19 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_algorithm_has_a_kind_byte_of_its_own_and_its_records_round_trip() {
+        let mut bytes: Vec<u8> = Algorithm::ALL.iter().map(|a| kind_byte(*a)).collect();
+        bytes.sort_unstable();
+        bytes.dedup();
+        assert_eq!(bytes.len(), Algorithm::ALL.len());
+        for algorithm in Algorithm::ALL {
+            let limit = algorithm.example();
+            let record = Record { owner: 7, limit, state: limit.exhausted(Nanos::from_secs(9)) };
+            assert_eq!(Record::decode(&record.encode()).as_ref(), Ok(&record), "{algorithm}");
+        }
+    }
 
     fn records() -> Vec<Record> {
         let rate = Rate::new(10, Nanos::from_secs(1)).unwrap();

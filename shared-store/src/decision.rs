@@ -57,4 +57,56 @@ impl Decision {
             _ => None,
         }
     }
+
+    /// The answer of this limit and `other` decided together, all or nothing (a policy
+    /// and an operator's clamp on it): admitted only if both admit; a rejection waits for
+    /// the later of the two (never, if either can never admit: [`Verdict::Exceeds`]); a
+    /// shaping delay is the longer one; `limit` and `remaining` are the lower, `reset_after`
+    /// the later.
+    #[must_use]
+    pub fn and(self, other: Self) -> Self {
+        let verdict = match (self.verdict, other.verdict) {
+            (Verdict::Exceeds, _) | (_, Verdict::Exceeds) => Verdict::Exceeds,
+            (Verdict::Rejected { retry_after: a }, Verdict::Rejected { retry_after: b }) => {
+                Verdict::Rejected { retry_after: a.max(b) }
+            }
+            (rejected @ Verdict::Rejected { .. }, _) | (_, rejected @ Verdict::Rejected { .. }) => rejected,
+            (Verdict::Delayed(a), Verdict::Delayed(b)) => Verdict::Delayed(a.max(b)),
+            (delayed @ Verdict::Delayed(_), Verdict::Allowed) | (Verdict::Allowed, delayed @ Verdict::Delayed(_)) => {
+                delayed
+            }
+            (Verdict::Allowed, Verdict::Allowed) => Verdict::Allowed,
+        };
+        Self {
+            verdict,
+            limit: self.limit.min(other.limit),
+            remaining: self.remaining.min(other.remaining),
+            reset_after: self.reset_after.max(other.reset_after),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(verdict: Verdict, limit: u64, remaining: u64, reset_ms: u64) -> Decision {
+        Decision { verdict, limit, remaining, reset_after: Nanos::from_millis(reset_ms) }
+    }
+
+    #[test]
+    fn two_limits_decided_together_admit_only_if_both_do_and_wait_for_the_later() {
+        let allowed = decision(Verdict::Allowed, 10, 7, 300);
+        let rejected = |ms| decision(Verdict::Rejected { retry_after: Nanos::from_millis(ms) }, 2, 0, 900);
+
+        assert_eq!(allowed.and(allowed), allowed);
+        assert_eq!(
+            allowed.and(rejected(50)),
+            decision(Verdict::Rejected { retry_after: Nanos::from_millis(50) }, 2, 0, 900)
+        );
+        assert_eq!(rejected(50).and(rejected(80)).retry_after(), Some(Nanos::from_millis(80)));
+        assert_eq!(rejected(50).and(decision(Verdict::Exceeds, 1, 0, 0)).verdict, Verdict::Exceeds);
+        let delayed = decision(Verdict::Delayed(Nanos::from_millis(20)), 4, 1, 100);
+        assert_eq!(delayed.and(allowed), decision(Verdict::Delayed(Nanos::from_millis(20)), 4, 1, 300));
+    }
 }

@@ -59,7 +59,7 @@ pub use codec::{DecodeError, Record};
 pub use decision::{Decision, Verdict};
 pub use key::{HashKey, OVERFLOW_OWNER, Placement, SlotTable, descriptor, push_decimal};
 pub use limit::{
-    ANONYMOUS_HOLDER, Holding, InvalidLimit, Limit, LogEntry, MAX_CONCURRENCY, MAX_HOLDERS, MAX_LOG_ENTRIES,
+    ANONYMOUS_HOLDER, Carried, Holding, InvalidLimit, Limit, LogEntry, MAX_CONCURRENCY, MAX_HOLDERS, MAX_LOG_ENTRIES,
     RENEW_EVERY, Rate, STALE_AFTER, State,
 };
 pub use limiter::{

@@ -230,6 +230,27 @@ proptest! {
     }
 
     #[test]
+    fn carrying_a_bucket_in_debt_keeps_what_it_owes_or_counts_it_as_forgiven(
+        (amount, per, burst) in bucket_params(), new_burst in 1u64..64, new_amount in 1u64..1_000,
+        debt in 0u64..64, elapsed in 0u64..10_000_000_000,
+    ) {
+        let old = Limit::token_bucket(Rate::new(amount, Nanos(per)).unwrap(), burst).unwrap();
+        let new = Limit::token_bucket(Rate::new(new_amount, Nanos(per)).unwrap(), new_burst).unwrap();
+        let start = Nanos(1 << 40);
+        let (state, _) = old.charge(None, start, burst + debt.min(burst), burst);
+        let now = Nanos(start.0 + elapsed);
+        let owed = old.owed(&state, now);
+
+        let carried = new.carry(&old, state, now);
+
+        prop_assert_eq!(new.owed(&carried.state, now) + carried.forgiven, owed);
+        prop_assert!(new.owed(&carried.state, now) <= new_burst);
+        if owed > 0 {
+            prop_assert_eq!(new.decide(Some(&carried.state), now, 0).0.remaining, 0);
+        }
+    }
+
+    #[test]
     fn adopting_keeps_what_was_counted_and_never_leaves_more_than_the_old_state_or_a_fresh_one(
         old in any_limit(), new in any_limit(),
         arrivals in prop::collection::vec((0u64..400_000_000, 1u64..6), 0..60),

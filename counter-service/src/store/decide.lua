@@ -9,24 +9,32 @@
 -- Redis runs a script atomically and never expires a key in the middle of one, so the
 -- reads, the decision and the writes below cannot interleave with another decision.
 --
--- KEYS[i]  state key of entry i; all share one hash tag (one Redis Cluster slot). A
---          charge or a credit has one entry, and KEYS[2] when it has an id: the key
---          that remembers the id with its first answer, "charged forgiven" or
---          "credited forgiven" (same hash tag; charge and credit ids have keys of
---          their own, see charge_key and credit_key in the service's api.rs)
+-- KEYS[i]  state key of entry i (i = 1..n); all share one hash tag (one Redis Cluster
+--          slot). A lease, a charge or a credit has one entry, or two under an
+--          operator's clamp (the policy's counter, then the clamp's). A charge or a
+--          credit with an id has KEYS[n + 1]: the key that remembers the id with its
+--          first answer, "charged forgiven" or "credited forgiven" (same hash tag;
+--          charge and credit ids have keys of their own, see charge_key and credit_key
+--          in the service's api.rs)
 -- ARGV[1]  time override in microseconds, "" in production (tests only)
 -- ARGV[2]  "check", "lease", "charge" or "credit"
--- ARGV[3]  tokens asked for (lease), max_debt (charge), when the credited units were
---          spent in us (credit: spent_at_ns / 1000, floored), else 0
--- ARGV[4 + 6(i-1) ..] entry i: code, p1, p2, p3, p4, cost (for a lease: min_tokens,
---          the fewest worth granting; for a credit: the units to give back)
--- ARGV[10] a charge or a credit: how long its id is remembered, in ms (the plan's
+-- ARGV[3]  tokens asked for (lease), max_debt (charge: each counter's own bound is the
+--          smaller of it and its capacity), when the credited units were spent in us
+--          (credit: spent_at_ns / 1000, floored), else 0
+-- ARGV[4]  n, the number of entries
+-- ARGV[5 + 7(i-1) ..] entry i: code, p1, p2, p3, p4, cost, expires_us (for a lease,
+--          cost is min_tokens, the fewest worth granting; for a credit, the units to
+--          give back; expires_us: when the counter may be forgotten whatever it holds,
+--          a clamp's counter at its override's end, in us; 0 for none)
+-- ARGV[5 + 7n] a charge or a credit: how long its id is remembered, in ms (the plan's
 --          id_ttl_ms: MIN_ID_TTL_MS to CHARGE_ID_TTL_MS, validated by the service)
 --   tb  token bucket  p1 = amount/g, p2 = per_us/g, p3 = burst
 --   lb  leaky bucket  p1 = amount/g, p2 = per_us/g, p3 = max_queue, p4 = max_wait_us
 --   fw  fixed window  p1 = limit, p2 = window_ms
 --   sw  sliding window  p1 = limit, p2 = window_ms
 --   sl  sliding log   p1 = limit, p2 = window_ms
+-- An unknown code is an error (the script stops before writing anything): a code the
+-- service sends and this script does not know is a bug, never another algorithm.
 --
 -- State (a string, written with SET .. PX so every key has a TTL): the signature of
 -- the limit it was decided under, "code.p1.p2.p3.p4" (the service's Policy::signature),
@@ -39,18 +47,20 @@
 -- version bump) is carried over to the request's limit first, exactly as
 -- shared_store::Limit::adopt does (adopt below).
 --
--- Reply: {sec, usec, admitted, granted, duplicate, forgiven, refill_after_ns, then per
--- entry: verdict, limit, remaining, reset_after_ns, wait_ns}; verdict 0 allowed, 1
--- delayed (wait = delay), 2 rejected (wait = retry_after, -1 = never), 3 exceeds. For a
--- lease, granted is the grant, and refill_after_ns, when the grant leaves fewer than
--- min_tokens, the wait until min_tokens could be granted again (the retry_after of
--- min_tokens on the state written; -1 = never), else 0; for a charge, granted and
--- forgiven are the units charged and forgiven, and the entry is the
--- limit's status after the charge. A charge whose id is remembered is not applied
--- again: duplicate is 1, granted and forgiven repeat its first answer, and the entry is
--- the limit's status now. A credit answers like a charge: granted is the units
--- credited (all of them when the credit changed the state, else 0 and nothing is
--- written), forgiven the rest, the entry the limit's status after it; a credit whose
+-- Reply: {sec, usec, admitted, granted, duplicate, forgiven, refill_after_ns,
+-- carry_forgiven, then per entry: verdict, limit, remaining, reset_after_ns, wait_ns};
+-- verdict 0 allowed, 1 delayed (wait = delay), 2 rejected (wait = retry_after, -1 =
+-- never), 3 exceeds. carry_forgiven: the units of debt the carry-overs of this call could
+-- not keep (adopt). For a lease, granted is the grant (at most what every entry has
+-- left), and refill_after_ns, when the grant leaves fewer than min_tokens on an entry,
+-- the longest wait until min_tokens could be granted again (the retry_after of
+-- min_tokens on the states written; -1 = never), else 0; for a charge, granted and
+-- forgiven are the units charged (the least any entry took) and forgiven, and each
+-- entry is its limit's status after the charge. A charge whose id is remembered is not
+-- applied again: duplicate is 1, granted and forgiven repeat its first answer, and each
+-- entry is its limit's status now. A credit answers like a charge: granted is the units
+-- credited (the least any entry took back; an entry that takes back nothing is not
+-- written), forgiven the rest, each entry its limit's status after it; a credit whose
 -- id is remembered is answered again the same way, with duplicate 1.
 --
 -- A charge may leave a counter up to max_debt (<= its capacity) below empty: debt and
@@ -304,12 +314,24 @@ local function slog(st, now, cost, limit, wms)
   return 2, limit, remaining, reset, retry, nil, 0
 end
 
+local function unknown(code)
+  error('sluice: unknown algorithm code ' .. tostring(code))
+end
+
 local function run(code, st, now, cost, p1, p2, p3, p4)
   if code == 'tb' then return gcra(st, now, cost, p1, p2, p3, 0, false) end
   if code == 'lb' then return gcra(st, now, cost, p1, p2, p3, p4, true) end
   if code == 'fw' then return fixed(st, now, cost, p1, p2) end
   if code == 'sw' then return sliding(st, now, cost, p1, p2) end
-  return slog(st, now, cost, p1, p2)
+  if code == 'sl' then return slog(st, now, cost, p1, p2) end
+  return unknown(code)
+end
+
+-- The capacity: the most one request may cost, and the deepest debt a charge may leave.
+local function capacity(code, p1, p3)
+  if code == 'tb' or code == 'lb' then return p3 end
+  if code == 'fw' or code == 'sw' or code == 'sl' then return p1 end
+  return unknown(code)
 end
 
 -- Charges: (state, now_us, cost, max_debt, p1..p3) -> new state (a table in the parsed
@@ -382,23 +404,27 @@ local function charge(code, st, now, cost, d, p1, p2, p3)
   if code == 'fw' then return charge_fixed(st, now, cost, d, p1, p2) end
   if code == 'sw' then return charge_sliding(st, now, cost, d, p1, p2) end
   if code == 'sl' then return charge_slog(st, now, cost, d, p1, p2) end
-  return nil, 0, 0 -- a leaky bucket is never charged
+  if code == 'lb' then return nil, 0, 0 end -- a leaky bucket is never charged
+  return unknown(code)
 end
 
 -- Credits: (state, now_us, units, spent_us, p1, p2) -> new state (a table in the parsed
--- form, first field now) and ns until idle, or nil when the credit changes nothing (a
--- key never seen, a state that does not decode, a full bucket, a window the spend does
--- not count in, a count already at zero, zero units). shared_store::Limit::credit.
+-- form, first field now), the units given back (at most units: fewer when the limit can
+-- take back fewer) and ns until idle; nil when the credit changes nothing (a key never
+-- seen, a state that does not decode, a full bucket, a window the spend does not count
+-- in, a count already at zero, zero units). shared_store::Limit::credit.
 
--- GCRA's tat - units * per, never below now: the debt less units tokens, never below 0.
+-- GCRA's tat - units * per, never below now: the debt less units tokens, never below 0;
+-- the tokens given back are the whole tokens missing (a partly refilled one counted).
 local function credit_gcra(st, now, units, a, p, burst)
-  if not st or not st[2] then return nil, 0 end
+  if not st or not st[2] then return nil, 0, 0 end
   local debt = bucket_debt(st, now, a, burst * p)
-  if debt <= 0 or units == 0 then return nil, 0 end
+  if debt <= 0 or units == 0 then return nil, 0, 0 end
+  local missing = cdiv(debt, p)
   local left = 0
   -- units * p is only formed when it is below the debt (under 2^53)
-  if units < cdiv(debt, p) then left = debt - units * p end
-  return { now, left }, drain(left, a)
+  if units < missing then left = debt - units * p end
+  return { now, left }, math.min(units, missing), drain(left, a)
 end
 
 -- The window a spend at spent_us counted in (shared-store: spent_at / window, in ns).
@@ -408,42 +434,47 @@ end
 
 -- Units fewer counted, if the spend counted in the stored window and that is now's.
 local function credit_fixed(st, now, units, spent_us, wms)
-  if not st or not st[4] then return nil, 0 end
+  if not st or not st[4] then return nil, 0, 0 end
   local spent_in = spent_window(spent_us, wms)
-  if st[2] ~= spent_in or spent_in ~= spent_window(now, wms) or st[3] == 0 or units == 0 then return nil, 0 end
+  if st[2] ~= spent_in or spent_in ~= spent_window(now, wms) or st[3] == 0 or units == 0 then return nil, 0, 0 end
   local now_ms = fdiv(now, 1000)
   local until_end = ((st[2] + 1) * wms - now_ms) * 1000000 - (now - now_ms * 1000) * 1000
   if until_end < 0 then until_end = 0 end
-  return { now, st[2], math.max(st[3] - units, 0), st[4] }, until_end
+  local back = math.min(units, st[3])
+  return { now, st[2], st[3] - back, st[4] }, back, until_end
 end
 
 -- Units fewer counted in the stored window if the spend counted in it, or in the one
 -- before it (previous) if the spend counted in that one; only while the spend's window
 -- is now's or the one before it (the trailing window reaches no further).
 local function credit_sliding(st, now, units, spent_us, wms)
-  if not st or not st[4] or units == 0 then return nil, 0 end
+  if not st or not st[4] or units == 0 then return nil, 0, 0 end
   local index, count, previous = st[2], st[3], st[4]
   local spent_in = spent_window(spent_us, wms)
   local current = spent_window(now, wms)
+  local back = 0
   if spent_in ~= current and spent_in + 1 ~= current then
-    return nil, 0
+    return nil, 0, 0
   elseif index == spent_in and count > 0 then
-    count = math.max(count - units, 0)
+    back = math.min(units, count)
+    count = count - back
   elseif index == spent_in + 1 and previous > 0 then
-    previous = math.max(previous - units, 0)
+    back = math.min(units, previous)
+    previous = previous - back
   else
-    return nil, 0
+    return nil, 0, 0
   end
   local idle = ((index + 2) * wms * 1000 - now) * 1000
   if idle < 0 then idle = 0 end
-  return { now, index, count, previous }, idle
+  return { now, index, count, previous }, back, idle
 end
 
 local function credit(code, st, now, units, spent_us, p1, p2, p3)
   if code == 'tb' then return credit_gcra(st, now, units, p1, p2, p3) end
   if code == 'fw' then return credit_fixed(st, now, units, spent_us, p2) end
   if code == 'sw' then return credit_sliding(st, now, units, spent_us, p2) end
-  return nil, 0 -- a leaky bucket or a sliding log is never credited
+  if code == 'lb' or code == 'sl' then return nil, 0, 0 end -- never credited
+  return unknown(code)
 end
 
 -- shared_store::Limit::status: a query, whose verdict is the rejection of one unit
@@ -457,42 +488,80 @@ local function status(code, st, now, p1, p2, p3, p4)
   return v, limit, remaining, reset, wait
 end
 
--- shared_store::Limit::exhausted at now, in the parsed form.
-local function exhausted(code, now, p1, p2, p3)
-  if code == 'tb' or code == 'lb' then return { now, p3 * p2 } end
-  if code == 'fw' or code == 'sw' then return { now, fdiv(fdiv(now, 1000), p2), p1, p1 } end
-  return { now, now, p1 }
+-- shared_store::Limit::owed: the whole units a state counts beyond its capacity at now.
+local function owed(code, st, now, p1, p2, p3)
+  if #st == 0 then return 0 end
+  if code == 'tb' then
+    return math.max(cdiv(bucket_debt(st, now, p1, p3 * p2), p2) - p3, 0)
+  end
+  if code == 'fw' then
+    if st[4] and st[2] == fdiv(fdiv(now, 1000), p2) then return math.max(st[3] - p1, 0) end
+    return 0
+  end
+  if code == 'sw' then
+    if not st[4] then return 0 end
+    local _, count, previous, offset = slide(st, now, p1, p2)
+    local w = p2 * 1000
+    return math.max(cdiv(previous * (w - offset) + count * w, w) - p1, 0)
+  end
+  if code == 'sl' then
+    if #st % 2 == 0 then return 0 end
+    local _, used = live_log(st, now, p1, p2 * 1000)
+    return math.max(used - p1, 0)
+  end
+  if code == 'lb' then return 0 end
+  return unknown(code)
 end
 
--- shared_store::Limit::adopt: the state st, decided under the limit named osig, as the
--- state of the limit (code, p1..p3) at now.
+-- shared_store::Limit::exhausted at now, in the parsed form, owing up to owe more units
+-- (at most the capacity); and the units it owes.
+local function exhausted(code, now, p1, p2, p3, owe)
+  local kept = math.min(owe or 0, capacity(code, p1, p3))
+  if code == 'tb' or code == 'lb' then return { now, (p3 + kept) * p2 }, kept end
+  if code == 'fw' or code == 'sw' then return { now, fdiv(fdiv(now, 1000), p2), p1 + kept, p1 }, kept end
+  return { now, now, p1 + kept }, kept
+end
+
+-- shared_store::Limit::carry: the state st, decided under the limit named osig, as the
+-- state of the limit (code, p1..p3) at now, and the units of debt it could not keep.
 local function adopt(code, p1, p2, p3, osig, st, now)
   local o = {}
   for w in string.gmatch(osig, '[^.]+') do o[#o + 1] = w end
   local o1, o2, o3 = tonumber(o[2]), tonumber(o[3]), tonumber(o[4])
-  if o[1] ~= code or not (o1 and o2 and o3) or #st == 0 then return exhausted(code, now, p1, p2, p3) end
+  if not (o1 and o2 and o3) or #st == 0 then return exhausted(code, now, p1, p2, p3, 0), 0 end
+  if o[1] ~= code then
+    -- another algorithm: exhausted, still owing what the old state owed
+    local debt = owed(o[1], st, now, o1, o2, o3)
+    local state, kept = exhausted(code, now, p1, p2, p3, debt)
+    return state, debt - kept
+  end
   if code == 'tb' or code == 'lb' then
-    -- whole units spent, rounded up; those available are kept, capped at the new capacity
+    -- whole units spent, rounded up; those available (negative in debt) are kept, at
+    -- most the new capacity above empty and below it
     local spent = cdiv(bucket_debt(st, now, o1, o3 * o2), o2) + p3 - o3
+    local forgiven = 0
     if spent < 0 then spent = 0 end
-    if spent > p3 then spent = p3 end
-    return { now, spent * p2 }
+    if spent > 2 * p3 then spent, forgiven = 2 * p3, spent - 2 * p3 end
+    return { now, spent * p2 }, forgiven
   end
   if code == 'fw' then
-    if not st[4] then return exhausted(code, now, p1, p2, p3) end
+    if not st[4] then return exhausted(code, now, p1, p2, p3, 0), 0 end
     local index, count = st[2], st[3]
     local cur = fdiv(fdiv(now, 1000), o2)
     if index < cur then index, count = cur, 0 end
     if p2 ~= o2 then index = fdiv(fdiv(now, 1000), p2) end
-    return { st[1], index, count, 0 }
+    local forgiven = math.max(count - 2 * p1, 0)
+    return { st[1], index, count - forgiven, 0 }, forgiven
   end
   if code == 'sw' then
-    if not st[4] then return exhausted(code, now, p1, p2, p3) end
+    if not st[4] then return exhausted(code, now, p1, p2, p3, 0), 0 end
     local index, count, previous = slide(st, now, o1, o2)
     if p2 ~= o2 then index = fdiv(fdiv(now, 1000), p2) end
-    return { st[1], index, count, previous }
+    local over_count, over_previous = math.max(count - 2 * p1, 0), math.max(previous - 2 * p1, 0)
+    return { st[1], index, count - over_count, previous - over_previous }, over_count + over_previous
   end
-  return st -- a sliding log keeps its entries
+  if code == 'sl' then return st, 0 end -- a sliding log keeps its entries
+  return unknown(code)
 end
 
 -- A stored state: its signature and its numbers (nil, nil for a key never seen; an
@@ -520,118 +589,164 @@ else
 end
 local op = ARGV[2]
 local tokens = tonumber(ARGV[3])
-
-local n = #KEYS
-local seen = nil
+local n = tonumber(ARGV[4])
 local remembers = op == 'charge' or op == 'credit'
-if remembers then
-  n = 1
-  if KEYS[2] then seen = parse(redis.call('GET', KEYS[2])) end
-end
-local reply = { 0, 0, 1, 0, 0, 0, 0 }
+local seen = nil
+if remembers and KEYS[n + 1] then seen = parse(redis.call('GET', KEYS[n + 1])) end
+
+local reply = { 0, 0, 1, 0, 0, 0, 0, 0 }
 reply[1] = fdiv(real_now, 1000000)
 reply[2] = real_now - reply[1] * 1000000
-local writes = {}
+
+-- How long a key written at now may live: until it is idle (plus the clock step we
+-- clamped over, plus a grace second), at most until its entry expires (a clamp's counter
+-- ends with its override); with a test time override, keep keys for ten minutes of real
+-- time unless they expire.
+local function ttl_of(idle_ns, now, expires)
+  local ttl = cdiv(idle_ns, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
+  if override ~= '' and ttl < 600000 then ttl = 600000 end
+  if expires > 0 then ttl = math.max(math.min(ttl, cdiv(expires - real_now, 1000)), 1) end
+  return ttl
+end
+
+-- Every entry: its numbers, its state at its own time (time never runs backwards for a
+-- key), carried over to the request's limit when it was decided under another.
+local entries = {}
 local carried = {}
+for i = 1, n do
+  local base = 5 + 7 * (i - 1)
+  local e = {
+    key = KEYS[i],
+    code = ARGV[base],
+    p1 = tonumber(ARGV[base + 1]), p2 = tonumber(ARGV[base + 2]),
+    p3 = tonumber(ARGV[base + 3]), p4 = tonumber(ARGV[base + 4]),
+    cost = tonumber(ARGV[base + 5]),
+    expires = tonumber(ARGV[base + 6]),
+  }
+  e.sig = e.code .. '.' .. ARGV[base + 1] .. '.' .. ARGV[base + 2] .. '.' .. ARGV[base + 3] .. '.' .. ARGV[base + 4]
+  local osig, st = parse_state(redis.call('GET', e.key))
+  e.now = real_now
+  if st and st[1] and st[1] > e.now then e.now = st[1] end
+  if st and osig ~= e.sig then
+    local forgiven
+    st, forgiven = adopt(e.code, e.p1, e.p2, e.p3, osig, st, e.now)
+    reply[8] = reply[8] + forgiven
+    st[1] = e.now -- the time it was carried over at, as the key's latest (`last` in memory)
+    -- kept whatever the decision (MemoryCounters::carry_over): a key rejected under new
+    -- numbers refills at the new rate from now, not again from its old state
+    local _, _, _, until_full = run(e.code, st, e.now, 0, e.p1, e.p2, e.p3, e.p4)
+    local ttl = ttl_of(until_full, e.now, e.expires)
+    local left = redis.call('PTTL', e.key)
+    if left > ttl and e.expires == 0 then ttl = left end
+    carried[i] = { e.key, e.sig .. ' ' .. serialize(st), ttl }
+  end
+  e.st = st
+  entries[i] = e
+end
+
+local function decide(e, cost)
+  return run(e.code, e.st, e.now, cost, e.p1, e.p2, e.p3, e.p4)
+end
+
+local writes = {}
 local admitted = true
 local granted = 0
 local forgiven = 0
+local answers = {}
 
-for i = 1, n do
-  local base = 4 + 6 * (i - 1)
-  local code = ARGV[base]
-  local p1, p2, p3, p4 = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
-  local cost = tonumber(ARGV[base + 5])
-  local sig = code .. '.' .. ARGV[base + 1] .. '.' .. ARGV[base + 2] .. '.' .. ARGV[base + 3] .. '.' .. ARGV[base + 4]
-  local osig, st = parse_state(redis.call('GET', KEYS[i]))
-  local now = real_now
-  if st and st[1] and st[1] > now then now = st[1] end
-  if st and osig ~= sig then
-    st = adopt(code, p1, p2, p3, osig, st, now)
-    st[1] = now -- the time it was carried over at, as the key's latest (`last` in memory)
-    -- kept whatever the decision (MemoryCounters::carry_over): a key rejected under new
-    -- numbers refills at the new rate from now, not again from its old state
-    local _, _, _, until_full = run(code, st, now, 0, p1, p2, p3, p4)
-    local ttl = cdiv(until_full, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
-    local left = redis.call('PTTL', KEYS[i])
-    if left > ttl then ttl = left end
-    if override ~= '' and ttl < 600000 then ttl = 600000 end
-    carried[i] = { KEYS[i], sig .. ' ' .. serialize(st), ttl }
-  end
-  local v, limit, remaining, reset, wait, state, idle
-  if op == 'lease' then
-    -- A window that ends within a millisecond of the reply's time grants nothing: the
-    -- rejection waits until it ends (lease_life in the service's store.rs).
-    local closing = nil
-    if code == 'fw' or code == 'sw' then
-      local left = (fdiv(fdiv(real_now, 1000), p2) + 1) * p2 * 1000 - real_now
-      if left < 1000 then closing = left * 1000 end
+if op == 'lease' then
+  -- A window that ends within a millisecond of the reply's time grants nothing: the
+  -- rejection waits until it ends (lease_life in the service's store.rs).
+  local closing = nil
+  local left = tokens
+  local min_tokens = 0
+  for _, e in ipairs(entries) do
+    if e.code == 'fw' or e.code == 'sw' then
+      local until_end = (fdiv(fdiv(real_now, 1000), e.p2) + 1) * e.p2 * 1000 - real_now
+      if until_end < 1000 and (not closing or until_end * 1000 > closing) then closing = until_end * 1000 end
     end
-    -- min(tokens, left) when that reaches min_tokens (the entry's cost), else the
-    -- rejection of min_tokens units (decide_lease in the service's store.rs)
-    local _, _, left = run(code, st, now, 0, p1, p2, p3, p4)
-    local g = math.min(tokens, left)
-    if g < cost then g = 0 end
+    local _, _, remaining = decide(e, 0)
+    left = math.min(left, remaining)
+    min_tokens = e.cost
+  end
+  -- min(tokens, what every entry has left) when that reaches min_tokens (every entry's
+  -- cost), else the rejection of min_tokens units (decide_lease in the service's store.rs)
+  local g = left
+  if g < min_tokens then g = 0 end
+  local all = true
+  for i, e in ipairs(entries) do
+    local v, limit, remaining, reset, wait, state, idle
     if closing then
-      v, limit, remaining, reset = run(code, st, now, 0, p1, p2, p3, p4)
+      v, limit, remaining, reset = decide(e, 0)
       v, wait = 2, closing
+      all = false
     else
-      v, limit, remaining, reset, wait, state, idle = run(code, st, now, math.max(g, cost, 1), p1, p2, p3, p4)
+      v, limit, remaining, reset, wait, state, idle = decide(e, math.max(g, e.cost, 1))
       if g > 0 and v <= 1 and state then
-        granted = g
+        writes[#writes + 1] = { e.key, e.sig .. ' ' .. state, ttl_of(idle, e.now, e.expires), i }
         -- Fewer than min_tokens left: when that many are back, decided on the state
-        -- about to be written (decide_lease's refill_after).
-        if remaining < cost then
-          local rv, _, _, _, rwait = run(code, parse(state), now, cost, p1, p2, p3, p4)
-          if rv == 2 then reply[7] = rwait end
+        -- about to be written (decide_lease's refill_after): the longest over entries.
+        if remaining < e.cost then
+          local rv, _, _, _, rwait = run(e.code, parse(state), e.now, e.cost, e.p1, e.p2, e.p3, e.p4)
+          if rv == 2 and reply[7] >= 0 and (rwait < 0 or rwait > reply[7]) then reply[7] = rwait end
         end
       else
-        state = nil
+        all = false
       end
     end
-  elseif remembers and seen then
-    granted, forgiven = seen[1] or 0, seen[2] or 0
-    reply[5] = 1
-    v, limit, remaining, reset, wait = status(code, st, now, p1, p2, p3, p4)
-  elseif op == 'charge' or op == 'credit' then
-    -- What it moved: a charge some of cost (max_debt bounds it), a credit all or none.
+    answers[i] = { v, limit, remaining, reset, wait }
+  end
+  if all and g > 0 then granted = g else reply[7] = 0 end
+  admitted = granted > 0
+elseif remembers and seen then
+  granted, forgiven = seen[1] or 0, seen[2] or 0
+  reply[5] = 1
+  for i, e in ipairs(entries) do
+    answers[i] = { status(e.code, e.st, e.now, e.p1, e.p2, e.p3, e.p4) }
+  end
+elseif remembers then
+  -- What each entry took: a charge some of the cost (its own max_debt bounds it), a
+  -- credit what the entry can take back; the answer is the least any entry took.
+  granted = nil
+  for i, e in ipairs(entries) do
     local moved_st, moved, moved_idle
     if op == 'charge' then
-      moved_st, moved, moved_idle = charge(code, st, now, cost, tokens, p1, p2, p3)
+      local d = math.min(tokens, capacity(e.code, e.p1, e.p3))
+      moved_st, moved, moved_idle = charge(e.code, e.st, e.now, e.cost, d, e.p1, e.p2, e.p3)
     else
-      moved_st, moved_idle = credit(code, st, now, cost, tokens, p1, p2, p3)
-      moved = cost
+      moved_st, moved, moved_idle = credit(e.code, e.st, e.now, e.cost, tokens, e.p1, e.p2, e.p3)
     end
-    local after = st
-    if moved_st then
-      after, granted, idle = moved_st, moved, moved_idle
-      state = serialize(moved_st)
+    local after = e.st
+    if moved_st and moved > 0 then
+      after = moved_st
+      writes[#writes + 1] = { e.key, e.sig .. ' ' .. serialize(moved_st), ttl_of(moved_idle, e.now, e.expires), i }
+    else
+      moved = 0
     end
-    forgiven = cost - granted
-    v, limit, remaining, reset, wait = status(code, after, now, p1, p2, p3, p4)
-  else
-    v, limit, remaining, reset, wait, state, idle = run(code, st, now, cost, p1, p2, p3, p4)
+    if not granted or moved < granted then granted = moved end
+    answers[i] = { status(e.code, after, e.now, e.p1, e.p2, e.p3, e.p4) }
+  end
+  granted = granted or 0
+  if granted > entries[1].cost then granted = entries[1].cost end
+  forgiven = entries[1].cost - granted
+else
+  for i, e in ipairs(entries) do
+    local v, limit, remaining, reset, wait, state, idle = decide(e, e.cost)
     if v > 1 then admitted = false end
+    if state then writes[#writes + 1] = { e.key, e.sig .. ' ' .. state, ttl_of(idle, e.now, e.expires), i } end
+    answers[i] = { v, limit, remaining, reset, wait }
   end
-  if state then
-    -- expire when idle (plus the clock step we clamped over, plus a grace second);
-    -- with a test time override, keep keys for ten minutes of real time
-    local ttl = cdiv(idle, 1000000) + cdiv(now - real_now, 1000) + GRACE_MS
-    if override ~= '' and ttl < 600000 then ttl = 600000 end
-    writes[#writes + 1] = { KEYS[i], sig .. ' ' .. state, ttl, i }
-  end
-  local k = #reply
-  reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] = v, limit, remaining, reset, wait
 end
 
 if op == 'lease' or remembers then
   reply[4] = granted
-  admitted = granted > 0
+  -- a charge or a credit writes what each entry took, whatever the others took
+  if remembers then admitted = true end
 end
 if remembers then
   reply[6] = forgiven
-  if KEYS[2] and not seen then
-    redis.call('SET', KEYS[2], fmt(granted) .. ' ' .. fmt(forgiven), 'PX', ARGV[10])
+  if KEYS[n + 1] and not seen then
+    redis.call('SET', KEYS[n + 1], fmt(granted) .. ' ' .. fmt(forgiven), 'PX', ARGV[5 + 7 * n])
   end
 end
 if admitted then
@@ -644,5 +759,9 @@ else
 end
 for _, c in pairs(carried) do
   redis.call('SET', c[1], c[2], 'PX', fmt(c[3]))
+end
+for i = 1, n do
+  local a = answers[i]
+  for j = 1, 5 do reply[#reply + 1] = a[j] end
 end
 return reply

@@ -63,7 +63,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use shared_store::{Clock, Decision, Limit, Nanos, State};
 
-use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome, decide_lease, lease_life};
+use super::{ChargeOutcome, CheckOutcome, CounterStoreError, CreditOutcome, LeaseOutcome, decide_lease, lease_life_of};
 use crate::api::{ChargePlan, CheckPlan, CreditPlan, LeasePlan, PlannedEntry};
 
 /// How long a shard that was found full of active keys is not swept again.
@@ -140,11 +140,15 @@ struct Slot {
     state: State,
     /// The latest time this key was decided at.
     last: Nanos,
+    /// When it may be dropped whatever it holds (a clamp's counter: its override's end).
+    expires: Option<Nanos>,
 }
 
 impl Slot {
+    /// Whether dropping it changes no answer: its state carries no information under the
+    /// numbers it was written under, or nothing will read it again (its override ended).
     fn is_idle(&self, now: Nanos) -> bool {
-        self.limit.is_idle(&self.state, now.max(self.last))
+        self.expires.is_some_and(|end| end <= now) || self.limit.is_idle(&self.state, now.max(self.last))
     }
 
     /// The state under `limit` at `at`: as stored, or carried over from the limit it
@@ -411,29 +415,20 @@ impl MemoryCounters {
         order.into_iter().filter_map(|i| self.shards.get(i).map(|s| (i, lock(s)))).collect()
     }
 
-    fn decide(
-        guards: &mut [(usize, MutexGuard<'_, Shard>)],
+    fn decide(guards: &[(usize, MutexGuard<'_, Shard>)], shard: usize, entry: &PlannedEntry, now: Nanos) -> Pending {
+        let (at, state) = Self::state_in(guards, shard, entry, now);
+        let (decision, next) = entry.limit.limit.decide(state.as_deref(), at, entry.cost);
+        Pending { shard, decision, next, at }
+    }
+
+    /// [`Shard::state_at`] of `entry` in its locked shard `shard`.
+    fn state_in<'a>(
+        guards: &'a [(usize, MutexGuard<'_, Shard>)],
         shard: usize,
         entry: &PlannedEntry,
         now: Nanos,
-        lease: Option<(u64, u64, Option<Nanos>)>,
-    ) -> (Pending, (u64, Nanos)) {
-        let slot = guards.iter().find(|(i, _)| *i == shard).and_then(|(_, g)| g.map.get(&entry.storage_key));
-        let at = slot.map_or(now, |s| s.last.max(now));
-        let limit = &entry.limit.limit;
-        let adopted = slot.map(|s| s.state_under(limit, at));
-        let state = adopted.as_deref();
-        let (grant, decision, next) = match lease {
-            Some((tokens, min_tokens, closing)) => {
-                let leased = decide_lease(limit, state, at, (tokens, min_tokens), closing);
-                ((leased.granted, leased.refill_after), leased.decision, leased.next)
-            }
-            None => {
-                let (decision, next) = limit.decide(state, at, entry.cost);
-                ((0, Nanos::ZERO), decision, next)
-            }
-        };
-        (Pending { shard, decision, next, at }, grant)
+    ) -> (Nanos, Option<Cow<'a, State>>) {
+        guards.iter().find(|(i, _)| *i == shard).map_or((now, None), |(_, guard)| guard.state_at(entry, now))
     }
 
     /// Makes room for the new keys `pending` would create, or refuses.
@@ -465,27 +460,31 @@ impl MemoryCounters {
     }
 
     /// Carries every key of `entries` decided under other numbers over to its entry's
-    /// ([`Limit::adopt`]) at `now`, and keeps that, whatever the decision that follows:
-    /// a key rejected under new numbers (a clamp lifted, a policy raised) then refills
-    /// at the new rate from now, rather than being carried over again later from its old
-    /// state, at the old rate.
+    /// ([`Limit::carry`]) at `now`, and keeps that, whatever the decision that follows:
+    /// a key rejected under new numbers (a policy raised or lowered) then refills at the
+    /// new rate from now, rather than being carried over again later from its old state,
+    /// at the old rate. Returns the units of debt the new numbers could not keep.
     fn carry_over(
         guards: &mut [(usize, MutexGuard<'_, Shard>)],
         entries: &[&PlannedEntry],
         shards: &[usize],
         now: Nanos,
-    ) {
+    ) -> u64 {
+        let mut forgiven = 0u64;
         for (entry, shard) in entries.iter().zip(shards) {
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| i == shard) else { continue };
             let Some(slot) = guard.map.get_mut(&entry.storage_key) else { continue };
             let limit = entry.limit.limit;
             if slot.limit != limit {
                 let at = slot.last.max(now);
-                slot.state = limit.adopt(&slot.limit, slot.state.clone(), at);
+                let carried = limit.carry(&slot.limit, slot.state.clone(), at);
+                forgiven = forgiven.saturating_add(carried.forgiven);
+                slot.state = carried.state;
                 slot.limit = limit;
                 slot.last = at;
             }
         }
+        forgiven
     }
 
     fn apply(guards: &mut [(usize, MutexGuard<'_, Shard>)], entries: &[&PlannedEntry], pending: Vec<Pending>) {
@@ -498,11 +497,11 @@ impl MemoryCounters {
                         slot.limit = entry.limit.limit;
                         slot.state = state;
                         slot.last = p.at;
+                        slot.expires = entry.expires;
                     }
                     None => {
-                        guard
-                            .map
-                            .insert(entry.storage_key.clone(), Slot { limit: entry.limit.limit, state, last: p.at });
+                        let slot = Slot { limit: entry.limit.limit, state, last: p.at, expires: entry.expires };
+                        guard.map.insert(entry.storage_key.clone(), slot);
                     }
                 }
             }
@@ -520,107 +519,150 @@ impl MemoryCounters {
         // Read the clock under the locks, so that decisions on a key are timed in the
         // order they are made (the time in the answer is the time decided at).
         let now = at.unwrap_or_else(|| self.now());
-        Self::carry_over(&mut guards, &entries, &shard_ids, now);
+        let carry_forgiven = Self::carry_over(&mut guards, &entries, &shard_ids, now);
         let pending: Vec<Pending> =
-            entries.iter().zip(&shard_ids).map(|(e, &s)| Self::decide(&mut guards, s, e, now, None).0).collect();
+            entries.iter().zip(&shard_ids).map(|(e, &s)| Self::decide(&guards, s, e, now)).collect();
         let admitted = pending.iter().all(|p| p.decision.is_admitted());
         let decisions = pending.iter().map(|p| p.decision).collect();
         if admitted {
             self.reserve(&mut guards, &entries, &pending, now)?;
             Self::apply(&mut guards, &entries, pending);
         }
-        Ok(CheckOutcome { admitted, at: now, decisions })
+        Ok(CheckOutcome { admitted, at: now, decisions, carry_forgiven })
     }
 
-    /// Grants up to `plan.tokens` at `at` (default: the store's clock).
+    /// Grants up to `plan.tokens` at `at` (default: the store's clock), from the entry's
+    /// counter and its clamp's together ([`decide_lease`]).
     ///
     /// # Errors
-    /// [`CounterStoreError::Full`] when the key is new and does not fit.
+    /// [`CounterStoreError::Full`] when a key is new and does not fit.
     pub fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, CounterStoreError> {
-        let entries = [&plan.entry];
-        let shard = self.shard_of(&plan.entry.storage_key);
-        let mut guards = self.lock_all(&[shard]);
+        let entries: Vec<&PlannedEntry> = plan.counters().collect();
+        let shards: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
+        let mut guards = self.lock_all(&shards);
         let now = at.unwrap_or_else(|| self.now());
-        Self::carry_over(&mut guards, &entries, &[shard], now);
-        let closing = lease_life(&plan.entry.limit.limit, now, plan.ttl_ms).err();
-        let lease = Some((plan.tokens, plan.min_tokens, closing));
-        let (pending, grant) = Self::decide(&mut guards, shard, &plan.entry, now, lease);
-        let decision = pending.decision;
-        let pending = vec![pending];
+        let carry_forgiven = Self::carry_over(&mut guards, &entries, &shards, now);
+        let closing = lease_life_of(entries.iter().map(|e| &e.limit.limit), now, plan.ttl_ms).err();
+        let states: Vec<(Nanos, Option<Cow<'_, State>>)> =
+            entries.iter().zip(&shards).map(|(e, &s)| Self::state_in(&guards, s, e, now)).collect();
+        let counters: Vec<(&Limit, Option<&State>, Nanos)> =
+            entries.iter().zip(&states).map(|(e, (at, state))| (&e.limit.limit, state.as_deref(), *at)).collect();
+        let leased = decide_lease(&counters, (plan.tokens, plan.min_tokens), closing);
+        let pending: Vec<Pending> = shards
+            .iter()
+            .zip(&states)
+            .zip(leased.next)
+            .map(|((&shard, (at, _)), next)| Pending { shard, decision: leased.decision, next, at: *at })
+            .collect();
+        drop(states);
         self.reserve(&mut guards, &entries, &pending, now)?;
         Self::apply(&mut guards, &entries, pending);
-        Ok(LeaseOutcome::new(plan, grant, now, decision))
+        Ok(LeaseOutcome::new(plan, (leased.granted, leased.refill_after, carry_forgiven), now, leased.decision))
     }
 
     /// Charges up to `plan.entry.cost` at `at` (default: the store's clock), leaving the
-    /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]). A charge
-    /// whose id is remembered is not applied again: its first answer is repeated, with
-    /// the limit's status now. A new id is remembered for `plan.id_ttl_ms`.
+    /// key at most `plan.max_debt` below empty ([`shared_store::Limit::charge`]); under a
+    /// clamp, its counter too, within its own bound, and the answer's `charged` is the
+    /// least any counter took (what it says is forgiven, no counter forgave more). A
+    /// charge whose id is remembered is not applied again: its first answer is repeated,
+    /// with the limit's status now. A new id is remembered for `plan.id_ttl_ms`.
     ///
     /// # Errors
-    /// [`CounterStoreError::Full`] when the key is new and does not fit;
+    /// [`CounterStoreError::Full`] when a key is new and does not fit;
     /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its id shard remembers
     /// as many live ids as it may.
     pub fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
-        let entry = &plan.entry;
-        let shard = self.shard_of(&entry.storage_key);
-        let mut guards = self.lock_all(&[shard]);
+        let entries: Vec<&PlannedEntry> = plan.counters().collect();
+        let shards: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
+        let mut guards = self.lock_all(&shards);
         let now = at.unwrap_or_else(|| self.now());
-        Self::carry_over(&mut guards, &[entry], &[shard], now);
+        let carry_forgiven = Self::carry_over(&mut guards, &entries, &shards, now);
         let mut id = self.lock_id(plan.charge_key.as_deref());
         if let Some(first) = self.recall(id.as_mut(), now)? {
-            let decision = Self::status_now(&guards, entry, now);
+            let decision = Self::status_of(&guards, &entries, &shards, now);
             let (charged, forgiven) = (first.applied, first.forgiven);
-            return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision });
+            return Ok(ChargeOutcome { charged, forgiven, duplicate: true, at: now, decision, carry_forgiven });
         }
-        let (decided_at, state) = Self::state_at(&guards, entry, now);
-        let (next, charged) = entry.limit.limit.charge(state.as_deref(), decided_at, entry.cost, plan.max_debt);
-        let decision = entry.limit.limit.status(Some(&next), decided_at);
-        let pending = vec![Pending { shard, decision, next: (charged > 0).then_some(next), at: decided_at }];
-        self.reserve(&mut guards, &[entry], &pending, now)?;
-        Self::apply(&mut guards, &[entry], pending);
-        let forgiven = entry.cost.saturating_sub(charged);
+        let states: Vec<(Nanos, Option<Cow<'_, State>>)> =
+            entries.iter().zip(&shards).map(|(e, &s)| Self::state_in(&guards, s, e, now)).collect();
+        // Each counter takes what fits its own debt bound (a clamp's is at most its
+        // capacity); the answer is what every one of them took.
+        let max_debt = |e: &PlannedEntry| plan.max_debt.min(e.limit.capacity());
+        let mut charged = u64::MAX;
+        let pending: Vec<Pending> = entries
+            .iter()
+            .zip(&shards)
+            .zip(&states)
+            .map(|((e, &shard), (at, state))| {
+                let (next, took) = e.limit.limit.charge(state.as_deref(), *at, plan.entry.cost, max_debt(e));
+                charged = charged.min(took);
+                let decision = e.limit.limit.status(Some(&next), *at);
+                Pending { shard, decision, next: (took > 0).then_some(next), at: *at }
+            })
+            .collect();
+        drop(states);
+        let charged = charged.min(plan.entry.cost);
+        let decision = together(&pending);
+        self.reserve(&mut guards, &entries, &pending, now)?;
+        Self::apply(&mut guards, &entries, pending);
+        let forgiven = plan.entry.cost.saturating_sub(charged);
         Self::remember(id, (charged, forgiven), now, plan.id_ttl_ms);
-        Ok(ChargeOutcome { charged, forgiven, duplicate: false, at: now, decision })
+        Ok(ChargeOutcome { charged, forgiven, duplicate: false, at: now, decision, carry_forgiven })
     }
 
     /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, at `at` (default: the
     /// store's clock), on the key's state as it stands ([`shared_store::Limit::credit`],
-    /// after carrying the state over to the plan's numbers if it was decided under others).
-    /// All of them are credited when that changes the state, which is then written; none
-    /// when it does not (a full bucket, a window the spend no longer counts in, a count
-    /// at zero, a key not held), and nothing is written. A credit whose id is remembered
-    /// is not applied again: its first answer is repeated, with the limit's status now. A
-    /// new id is remembered for `plan.id_ttl_ms`.
+    /// after carrying the state over to the plan's numbers if it was decided under others),
+    /// and on its clamp's counter when the plan has one: each counter takes back what it
+    /// can (nothing when there is nothing to give back to: a full bucket, a window the
+    /// spend no longer counts in, a count at zero, a key not held), and the answer's
+    /// `credited` is the least any counter took. A credit whose id is remembered is not
+    /// applied again: its first
+    /// answer is repeated, with the limit's status now. A new id is remembered for
+    /// `plan.id_ttl_ms`.
     ///
     /// # Errors
     /// [`CounterStoreError::ChargeIdsFull`] when the id is new and its id shard remembers
     /// as many live ids as it may.
     pub fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
-        let entry = &plan.entry;
-        let shard = self.shard_of(&entry.storage_key);
-        let mut guards = self.lock_all(&[shard]);
+        let entries: Vec<&PlannedEntry> = plan.counters().collect();
+        let shards: Vec<usize> = entries.iter().map(|e| self.shard_of(&e.storage_key)).collect();
+        let mut guards = self.lock_all(&shards);
         let now = at.unwrap_or_else(|| self.now());
-        Self::carry_over(&mut guards, &[entry], &[shard], now);
+        let carry_forgiven = Self::carry_over(&mut guards, &entries, &shards, now);
         let mut id = self.lock_id(plan.credit_key.as_deref());
         if let Some(first) = self.recall(id.as_mut(), now)? {
-            let decision = Self::status_now(&guards, entry, now);
+            let decision = Self::status_of(&guards, &entries, &shards, now);
             let (credited, forgiven) = (first.applied, first.forgiven);
-            return Ok(CreditOutcome { credited, forgiven, duplicate: true, at: now, decision });
+            return Ok(CreditOutcome { credited, forgiven, duplicate: true, at: now, decision, carry_forgiven });
         }
-        let limit = &entry.limit.limit;
-        let (decided_at, state) = Self::state_at(&guards, entry, now);
-        let state = state.as_deref();
-        let next = state
-            .and_then(|s| limit.credit(s, plan.spent_at, decided_at, entry.cost))
-            .filter(|next| Some(next) != state);
-        let decision = limit.status(next.as_ref().or(state), decided_at);
-        let credited = if next.is_some() { entry.cost } else { 0 };
-        // A credit writes only a key that exists: no new key, nothing to reserve.
-        Self::apply(&mut guards, &[entry], vec![Pending { shard, decision, next, at: decided_at }]);
-        let forgiven = entry.cost - credited;
+        let states: Vec<(Nanos, Option<Cow<'_, State>>)> =
+            entries.iter().zip(&shards).map(|(e, &s)| Self::state_in(&guards, s, e, now)).collect();
+        // Each counter takes back what it can; the answer is what every one of them took.
+        let mut credited = u64::MAX;
+        let pending: Vec<Pending> = entries
+            .iter()
+            .zip(&shards)
+            .zip(&states)
+            .map(|((e, &shard), (at, current))| {
+                let limit = &e.limit.limit;
+                let back = current.as_deref().and_then(|s| limit.credit(s, plan.spent_at, *at, plan.entry.cost));
+                let (next, took) = match back {
+                    Some((next, took)) if took > 0 => (Some(next), took),
+                    _ => (None, 0),
+                };
+                credited = credited.min(took);
+                let decision = limit.status(next.as_ref().or(current.as_deref()), *at);
+                Pending { shard, decision, next, at: *at }
+            })
+            .collect();
+        drop(states);
+        let credited = credited.min(plan.entry.cost);
+        let decision = together(&pending);
+        Self::apply(&mut guards, &entries, pending);
+        let forgiven = plan.entry.cost - credited;
         Self::remember(id, (credited, forgiven), now, plan.id_ttl_ms);
-        Ok(CreditOutcome { credited, forgiven, duplicate: false, at: now, decision })
+        Ok(CreditOutcome { credited, forgiven, duplicate: false, at: now, decision, carry_forgiven })
     }
 
     /// The first answer of the id in `id` (charge or credit), when its locked id shard
@@ -645,18 +687,32 @@ impl MemoryCounters {
         }
     }
 
-    /// [`Shard::state_at`] in the one locked shard of a charge or a credit.
-    fn state_at<'a>(
-        guards: &'a [(usize, MutexGuard<'_, Shard>)],
-        entry: &PlannedEntry,
+    /// Every counter's status now ([`Limit::status`]) together, as a duplicate answers it.
+    fn status_of(
+        guards: &[(usize, MutexGuard<'_, Shard>)],
+        entries: &[&PlannedEntry],
+        shards: &[usize],
         now: Nanos,
-    ) -> (Nanos, Option<Cow<'a, State>>) {
-        guards.first().map_or((now, None), |(_, guard)| guard.state_at(entry, now))
+    ) -> Decision {
+        let statuses = entries.iter().zip(shards).map(|(e, &shard)| {
+            let (at, state) = Self::state_in(guards, shard, e, now);
+            e.limit.limit.status(state.as_deref(), at)
+        });
+        statuses.reduce(Decision::and).unwrap_or(Decision {
+            verdict: shared_store::Verdict::Exceeds,
+            limit: 0,
+            remaining: 0,
+            reset_after: Nanos::ZERO,
+        })
     }
+}
 
-    /// The limit's status now ([`Limit::status`]), as a duplicate answers it.
-    fn status_now(guards: &[(usize, MutexGuard<'_, Shard>)], entry: &PlannedEntry, now: Nanos) -> Decision {
-        let (at, state) = Self::state_at(guards, entry, now);
-        entry.limit.limit.status(state.as_deref(), at)
-    }
+/// The decisions of `pending` together ([`Decision::and`]): an entry's and its clamp's.
+fn together(pending: &[Pending]) -> Decision {
+    pending.iter().map(|p| p.decision).reduce(Decision::and).unwrap_or(Decision {
+        verdict: shared_store::Verdict::Exceeds,
+        limit: 0,
+        remaining: 0,
+        reset_after: Nanos::ZERO,
+    })
 }

@@ -9,6 +9,11 @@
 //!   [`INDEX_GRACE_MS`], so that every key the service writes has a TTL and an expired
 //!   override stays in the index until a sweep claims it (and audits it).
 //!
+//! On Redis a third key, `sluice:{overrides}:version`, changes with every set and removal
+//! (the later of its value plus one and the time in ms, so a version lost with its key
+//! never comes back lower): an instance reads it every sweep and lists the overrides only
+//! when it changed.
+//!
 //! Each override is claimed once when it ends: removed by the operator, or found expired
 //! by one sweep ([`CounterStore::expire_overrides`]); with several service instances on
 //! one Redis, the script that removes it from the index decides which one audits it.
@@ -156,6 +161,18 @@ impl CounterStore {
         match self {
             Self::Memory(m) => Ok(m.overrides().remove(id, now_ms)),
             Self::Redis(r) => r.remove_override(id, now_ms).await,
+        }
+    }
+
+    /// The version of the overrides: a number that changes whenever one is set or removed
+    /// (`None` on the memory store, whose changes all go through this instance).
+    ///
+    /// # Errors
+    /// See [`CounterStoreError`].
+    pub async fn overrides_version(&self) -> Result<Option<u64>, CounterStoreError> {
+        match self {
+            Self::Memory(_) => Ok(None),
+            Self::Redis(r) => r.overrides_version().await.map(Some),
         }
     }
 

@@ -96,6 +96,8 @@ pub struct RedisCounters {
     client: Client,
     slots: Box<[Slot]>,
     next: AtomicUsize,
+    /// The decision script ([`SCRIPT`], or a test's mutant of it) and its SHA1.
+    script: std::borrow::Cow<'static, str>,
     sha: String,
     started: Instant,
     /// Pool and script counters.
@@ -115,10 +117,20 @@ impl RedisCounters {
     /// # Errors
     /// When a URL does not parse.
     pub fn new(config: RedisConfig) -> Result<Self, CounterStoreError> {
+        Self::with_script(config, SCRIPT.into())
+    }
+
+    /// A store for `config` that decides with `script` instead of [`SCRIPT`]: for tests
+    /// that show a differential test catches a script that decides wrongly.
+    ///
+    /// # Errors
+    /// When a URL does not parse.
+    pub fn with_script(config: RedisConfig, script: std::borrow::Cow<'static, str>) -> Result<Self, CounterStoreError> {
         let client = Client::new(&config)?;
         let slots = Slot::pool(config.pool_size);
         Ok(Self {
-            sha: redis::Script::new(SCRIPT).get_hash().to_owned(),
+            sha: redis::Script::new(&script).get_hash().to_owned(),
+            script,
             config,
             client,
             slots,
@@ -140,40 +152,41 @@ impl RedisCounters {
     /// See [`CounterStoreError`].
     pub async fn check(&self, plan: &CheckPlan, at: Option<Nanos>) -> Result<CheckOutcome, CounterStoreError> {
         let entries: Vec<(&PlannedEntry, u64)> = plan.entries.iter().map(|e| (e, e.cost)).collect();
-        let Reply { at, admitted, decisions, .. } = self.decide("check", 0, &entries, at).await?;
-        Ok(CheckOutcome { admitted, at, decisions })
+        let Reply { at, admitted, decisions, carry_forgiven, .. } = self.decide("check", 0, &entries, at).await?;
+        Ok(CheckOutcome { admitted, at, decisions, carry_forgiven })
     }
 
-    /// Grants up to `plan.tokens` (nothing when fewer than `plan.min_tokens` are left),
-    /// deducted in the same script.
+    /// Grants up to `plan.tokens` (nothing when fewer than `plan.min_tokens` are left on
+    /// the entry's counter or its clamp's), deducted in the same script.
     ///
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn lease(&self, plan: &LeasePlan, at: Option<Nanos>) -> Result<LeaseOutcome, CounterStoreError> {
-        let Reply { at, granted, refill_after, decisions, .. } =
-            self.decide("lease", plan.tokens, &[(&plan.entry, plan.min_tokens)], at).await?;
-        let decision = decisions
-            .into_iter()
-            .next()
-            .ok_or_else(|| CounterStoreError::Protocol("lease reply without a decision".into()))?;
-        Ok(LeaseOutcome::new(plan, (granted, refill_after), at, decision))
+        let entries: Vec<(&PlannedEntry, u64)> = plan.counters().map(|e| (e, plan.min_tokens)).collect();
+        let Reply { at, granted, refill_after, decisions, carry_forgiven, .. } =
+            self.decide("lease", plan.tokens, &entries, at).await?;
+        let decision = together("lease", decisions)?;
+        Ok(LeaseOutcome::new(plan, (granted, refill_after, carry_forgiven), at, decision))
     }
 
-    /// Charges up to `plan.entry.cost`, bounded by `plan.max_debt`, in one script; a
-    /// charge with an id is remembered (with its answer) in the same script, under its
-    /// charge key with a TTL of `plan.id_ttl_ms`, and not applied again while it is.
+    /// Charges up to `plan.entry.cost` (and its clamp's counter, when it has one), each
+    /// bounded by `plan.max_debt` and its own capacity, in one script; a charge with an id
+    /// is remembered (with its answer) in the same script, under its charge key with a
+    /// TTL of `plan.id_ttl_ms`, and not applied again while it is.
     ///
     /// # Errors
     /// See [`CounterStoreError`].
     pub async fn charge(&self, plan: &ChargePlan, at: Option<Nanos>) -> Result<ChargeOutcome, CounterStoreError> {
+        let counters: Vec<&PlannedEntry> = plan.counters().collect();
         let (reply, decision) = self
-            .remembered("charge", plan.max_debt, &plan.entry, (plan.charge_key.as_deref(), plan.id_ttl_ms), at)
+            .remembered("charge", plan.max_debt, &counters, (plan.charge_key.as_deref(), plan.id_ttl_ms), at)
             .await?;
         let (charged, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
-        Ok(ChargeOutcome { charged, forgiven, duplicate, at: reply.at, decision })
+        Ok(ChargeOutcome { charged, forgiven, duplicate, at: reply.at, decision, carry_forgiven: reply.carry_forgiven })
     }
 
-    /// Gives back `plan.entry.cost` units spent at `plan.spent_at`, in one script (see
+    /// Gives back `plan.entry.cost` units spent at `plan.spent_at` (to the entry's counter
+    /// and its clamp's, when it has one), in one script (see
     /// [`super::MemoryCounters::credit`] for what is credited); a credit with an id is
     /// remembered (with its answer) in the same script, under its credit key with a TTL
     /// of `plan.id_ttl_ms`, and not applied again while it is.
@@ -182,32 +195,38 @@ impl RedisCounters {
     /// See [`CounterStoreError`].
     pub async fn credit(&self, plan: &CreditPlan, at: Option<Nanos>) -> Result<CreditOutcome, CounterStoreError> {
         let spent_us = spent_at_us(plan.spent_at);
+        let counters: Vec<&PlannedEntry> = plan.counters().collect();
         let (reply, decision) =
-            self.remembered("credit", spent_us, &plan.entry, (plan.credit_key.as_deref(), plan.id_ttl_ms), at).await?;
+            self.remembered("credit", spent_us, &counters, (plan.credit_key.as_deref(), plan.id_ttl_ms), at).await?;
         let (credited, forgiven, duplicate) = (reply.granted, reply.forgiven, reply.duplicate);
-        Ok(CreditOutcome { credited, forgiven, duplicate, at: reply.at, decision })
+        Ok(CreditOutcome {
+            credited,
+            forgiven,
+            duplicate,
+            at: reply.at,
+            decision,
+            carry_forgiven: reply.carry_forgiven,
+        })
     }
 
-    /// Runs `op` (a charge or a credit: one entry, `param` its script argument) with its
-    /// id's key, remembered for `id_ttl_ms` (unused without an id); the reply and the
-    /// entry's decision.
+    /// Runs `op` (a charge or a credit: one counter and its clamp's, `param` its script
+    /// argument) with its id's key, remembered for `id_ttl_ms` (unused without an id); the
+    /// reply and the counters' decisions together.
     async fn remembered(
         &self,
         op: &'static str,
         param: u64,
-        entry: &PlannedEntry,
+        counters: &[&PlannedEntry],
         (id_key, id_ttl_ms): (Option<&str>, u64),
         at: Option<Nanos>,
     ) -> Result<(Reply, Decision), CounterStoreError> {
-        let mut keys = vec![entry.storage_key.as_str()];
+        let mut keys: Vec<&str> = counters.iter().map(|e| e.storage_key.as_str()).collect();
         keys.extend(id_key);
-        let mut args = Self::script_args(op, param, &[(entry, entry.cost)], at);
+        let entries: Vec<(&PlannedEntry, u64)> = counters.iter().map(|e| (*e, e.cost)).collect();
+        let mut args = Self::script_args(op, param, &entries, at);
         args.push(id_ttl_ms.to_string());
-        let mut reply = parse_reply(&self.run_script(&keys, &args).await?, 1)?;
-        let decision = reply
-            .decisions
-            .pop()
-            .ok_or_else(|| CounterStoreError::Protocol(format!("{op} reply without a decision")))?;
+        let mut reply = parse_reply(&self.run_script(&keys, &args).await?, counters.len())?;
+        let decision = together(op, std::mem::take(&mut reply.decisions))?;
         Ok((reply, decision))
     }
 
@@ -242,6 +261,14 @@ impl RedisCounters {
         }
         checks
     }
+}
+
+/// The decisions of one counter and its clamp's together ([`Decision::and`]).
+fn together(op: &str, decisions: Vec<Decision>) -> Result<Decision, CounterStoreError> {
+    decisions
+        .into_iter()
+        .reduce(Decision::and)
+        .ok_or_else(|| CounterStoreError::Protocol(format!("{op} reply without a decision")))
 }
 
 /// The latest time the script takes exactly: 2^53 - 1 microseconds (the year 2255).

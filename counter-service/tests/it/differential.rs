@@ -119,6 +119,8 @@ struct Reference {
     last: Nanos,
     charge_ids: std::collections::HashMap<String, (u64, u64)>,
     credit_ids: std::collections::HashMap<String, (u64, u64)>,
+    /// Units of debt the last call's carry-over could not keep.
+    carry_forgiven: u64,
 }
 
 impl Reference {
@@ -126,11 +128,13 @@ impl Reference {
     /// The state under `limit` at `at`, carried over from the limit it was decided under
     /// when that differs, and kept (whatever the decision that follows, as both stores do).
     fn state_under(&mut self, limit: &Limit, at: Nanos) -> Option<State> {
+        self.carry_forgiven = 0;
         if let (Some(state), Some(old)) = (&self.state, &self.limit)
             && old != limit
         {
-            let adopted = limit.adopt(old, state.clone(), at);
-            self.write(limit, adopted, at);
+            let carried = limit.carry(old, state.clone(), at);
+            self.carry_forgiven = carried.forgiven;
+            self.write(limit, carried.state, at);
         }
         self.state.clone()
     }
@@ -209,8 +213,8 @@ impl Reference {
 
 impl Reference {
     /// What the memory store does: `Limit::credit` at the key's latest time on the state
-    /// under `limit`; all `units` are credited when that changes the state (then written),
-    /// none otherwise (nothing written); the status after it. A credit id seen before
+    /// under `limit`; the units it gave back are credited (the state then written),
+    /// nothing is written when it gave back none; the status after it. A credit id seen before
     /// answers its first (credited, forgiven) again, with the status now. Returns
     /// (credited, forgiven, duplicate, status).
     fn credit(
@@ -225,13 +229,10 @@ impl Reference {
         if let Some(&(credited, forgiven)) = id.and_then(|id| self.credit_ids.get(id)) {
             return (credited, forgiven, true, limit.status(state.as_ref(), at));
         }
-        let next = state
-            .as_ref()
-            .and_then(|s| limit.credit(s, spent_at, at, units))
-            .filter(|next| Some(next) != state.as_ref());
-        let status = limit.status(next.as_ref().or(state.as_ref()), at);
-        let credited = if next.is_some() { units } else { 0 };
-        if let Some(next) = next {
+        let back = state.as_ref().and_then(|s| limit.credit(s, spent_at, at, units)).filter(|(_, took)| *took > 0);
+        let status = limit.status(back.as_ref().map(|(next, _)| next).or(state.as_ref()), at);
+        let credited = back.as_ref().map_or(0, |(_, took)| *took);
+        if let Some((next, _)) = back {
             self.write(limit, next, at);
         }
         if let Some(id) = id {
@@ -294,6 +295,8 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     let mut credits = 0u64;
     let mut credited = 0u64;
     let mut credit_duplicates = 0u64;
+    let mut carry_forgiven = 0u64;
+    let mut partial_credits = 0u64;
 
     for case in 0..cases {
         let mut spec = random_spec(&mut rng);
@@ -344,11 +347,13 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "credit of {units} spent at {spent}, id {id:?}: {}",
                     context()
                 );
+                assert_eq!(got.carry_forgiven, reference.carry_forgiven, "{}", context());
                 if let (Some(id), false) = (&id, expected.2) {
                     assert_id_ttl(&redis, &credit_key(&tag, 0, "k", id), id_ttl_ms, &context());
                 }
                 credits += 1;
                 credited += u64::from(expected.0 > 0 && !expected.2);
+                partial_credits += u64::from(expected.0 > 0 && expected.0 < units && !expected.2);
                 credit_duplicates += u64::from(expected.2);
                 last = expected.3;
             } else if policy.leasable() && rng.chance(15) {
@@ -375,6 +380,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "charge of {cost}, debt {max_debt}, id {id:?}: {}",
                     context()
                 );
+                assert_eq!(got.carry_forgiven, reference.carry_forgiven, "{}", context());
                 if let (Some(id), false) = (&id, duplicate) {
                     assert_id_ttl(&redis, &charge_key(&tag, 0, "k", id), id_ttl_ms, &context());
                 }
@@ -396,6 +402,7 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                     "lease of {tokens}, at least {min_tokens}: {}",
                     context()
                 );
+                assert_eq!(got.carry_forgiven, reference.carry_forgiven, "{}", context());
                 leases += 1;
                 refills += u64::from(refill_after > Nanos::ZERO);
                 assert_eq!(got.expires_in_ms, lease_life(&policy.limit, now, LEASE_TTL_MS).unwrap_or(0));
@@ -409,11 +416,13 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
                 assert_eq!(got.decisions, vec![expected], "cost {cost}: {}", context());
                 assert_eq!(got.admitted, expected.is_admitted(), "{}", context());
                 assert_eq!(got.at, now, "{}", context());
+                assert_eq!(got.carry_forgiven, reference.carry_forgiven, "{}", context());
                 if !expected.is_admitted() {
                     rejections += 1;
                 }
                 last = expected;
             }
+            carry_forgiven += reference.carry_forgiven;
             times.push(now_us as u64);
             compared += 1;
         }
@@ -427,5 +436,8 @@ async fn the_redis_script_decides_exactly_like_shared_store_on_random_limits_tim
     assert!(credited > credits / 5, "credits must give back often: {credited} of {credits}");
     assert!(credits - credited - credit_duplicates > credits / 10, "and find nothing to give back often");
     assert!(credit_duplicates > credits / 20, "credits must be sent again with their id often");
+    assert!(carry_forgiven > 0, "a carry-over must sometimes find more debt than the new numbers hold");
+    let partial = partial_credits;
+    assert!(partial > credits / 50, "credits must sometimes give back fewer units than asked: {partial} of {credits}");
     redis.assert_every_key_has_a_ttl();
 }

@@ -65,8 +65,8 @@ async fn a_clamp_lowers_a_policys_numbers_for_every_caller_on_the_next_check_and
     clock.advance(shared_store::Nanos::from_millis(500));
     let (refilled, answer) = checks(&running, &key_of("tenant-a"), 10).await;
 
-    assert_eq!(at_once, 0, "the end of a clamp hands out no fresh budget: what was left under it is kept");
-    assert_eq!(refilled, 5, "and it refills at the policy's 10 a second again (the clamp's 1 a second gives none)");
+    assert_eq!(at_once, 5, "the end of a clamp hands out no fresh budget: the policy's counter spent 5 of its 10");
+    assert_eq!(refilled, 5, "and it refills at the policy's 10 a second (the clamp's 1 a second never touched it)");
     assert!(answer.get("overrides").is_none(), "{answer}");
     running.stop().await.expect("clean stop");
 }
@@ -157,26 +157,53 @@ async fn a_lease_under_a_clamp_is_granted_at_most_the_clamps_burst() {
 }
 
 #[tokio::test]
-async fn an_override_for_a_policy_no_proxy_named_or_a_clamp_above_its_policy_is_refused_and_nothing_is_stored() {
+async fn an_override_for_a_policy_no_proxy_named_or_a_shaping_clamp_on_a_counting_policy_is_refused_and_nothing_is_stored()
+ {
     let running = start(crate::overrides::admin_config(sluice_counter::config::Config::defaults())).await;
     teach(&running, &["per-tenant"]).await;
     let http = admin(&running);
-    let mut above = clamp_fields("per-tenant");
-    above.insert("limit".to_owned(), json!({"algorithm": "token_bucket", "amount": 11, "per_ms": 1000, "burst": 5}));
-    let mut other = clamp_fields("per-tenant");
-    other.insert("limit".to_owned(), json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 1000}));
+    let mut shaping = clamp_fields("per-tenant");
+    shaping.insert(
+        "limit".to_owned(),
+        json!({"algorithm": "leaky_bucket", "amount": 1, "per_ms": 1000, "max_queue": 2, "max_wait_ms": 500}),
+    );
 
     let (unknown, typo) = http.post(OVERRIDES, &clamp("per-tenent")).await;
-    let (faster, raised) = http.post(OVERRIDES, &Value::Object(above)).await;
-    let (algorithm, changed) = http.post(OVERRIDES, &Value::Object(other)).await;
+    let (shaper, refused) = http.post(OVERRIDES, &Value::Object(shaping)).await;
 
     assert_eq!((unknown, typo["error"]["code"].as_str()), (400, Some("unknown_policy")), "{typo}");
     assert!(typo["error"]["message"].as_str().is_some_and(|m| m.starts_with("policy: ")), "{typo}");
-    for (status, body) in [(faster, &raised), (algorithm, &changed)] {
-        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("clamp_above_policy")), "{body}");
-        assert!(body["error"]["message"].as_str().is_some_and(|m| m.starts_with("limit: ")), "{body}");
-    }
+    assert_eq!((shaper, refused["error"]["code"].as_str()), (400, Some("invalid_clamp")), "{refused}");
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.starts_with("limit: ")), "{refused}");
     assert!(list(&http).await.is_empty(), "nothing was stored");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_clamp_of_another_algorithm_or_higher_numbers_is_a_second_limit_and_never_lets_more_through() {
+    let clock = ManualClock::at(t_us(1_000_000));
+    let running = start_on_clock(&clock);
+    teach(&running, &["per-tenant"]).await;
+    let mut window = clamp_fields("per-tenant");
+    window.insert("limit".to_owned(), json!({"algorithm": "fixed_window", "limit": 3, "window_ms": 60_000}));
+    let (status, set) = admin(&running).post(OVERRIDES, &Value::Object(window)).await;
+    assert_eq!(status, 201, "{set}");
+
+    let (a, answer) = checks(&running, &key_of("tenant-a"), 10).await;
+    clock.advance(shared_store::Nanos::from_millis(1_000));
+    let (later, _) = checks(&running, &key_of("tenant-a"), 10).await;
+    let id = set["id"].as_str().expect("an id");
+    admin(&running).send("DELETE", &format!("{OVERRIDES}/{id}"), "").await;
+    let mut higher = clamp_fields("per-tenant");
+    higher.insert("limit".to_owned(), json!({"algorithm": "token_bucket", "amount": 100, "per_ms": 1000, "burst": 50}));
+    let (status, _) = admin(&running).post(OVERRIDES, &Value::Object(higher)).await;
+    assert_eq!(status, 201);
+    let (b, _) = checks(&running, &key_of("tenant-b"), 20).await;
+
+    assert_eq!(a, 3, "3 a minute: the clamp's window, beside the policy's burst of 10");
+    assert_eq!(answer["entries"][0]["verdict"], "rejected", "{answer}");
+    assert_eq!(later, 0, "the clamp's window is spent for the minute, though the policy refilled");
+    assert_eq!(b, 10, "a clamp above the policy's numbers leaves the policy's own limit in force");
     running.stop().await.expect("clean stop");
 }
 

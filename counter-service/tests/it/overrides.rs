@@ -226,8 +226,9 @@ async fn an_override_is_set_listed_and_removed_on_redis_and_every_key_it_writes_
     set_list_and_remove_round_trip(&running).await;
 
     let keys = redis.limiter_keys();
-    assert_eq!(keys.len(), 2, "one override key and the index: {keys:?}");
+    assert_eq!(keys.len(), 3, "one override key, the index and the version: {keys:?}");
     assert!(keys.iter().any(|(k, _)| k == "sluice:{overrides}:index"), "{keys:?}");
+    assert!(keys.iter().any(|(k, _)| k == "sluice:{overrides}:version"), "{keys:?}");
     redis.assert_every_key_has_a_ttl();
     running.stop().await.expect("clean stop");
 }
@@ -569,4 +570,79 @@ async fn the_cli_sets_lists_and_removes_overrides_on_a_running_service() {
     assert!(bad.contains("400 invalid_ttl: ttl_ms: 5"), "{bad}");
     assert!(list(&admin(&running)).await.is_empty());
     running.stop().await.expect("clean stop");
+}
+
+/// The calls `redis` has served of `command` (its `INFO commandstats`).
+fn calls_of(redis: &RedisServer, command: &str) -> u64 {
+    let info: String = redis.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (at most 10 s) until the instances have swept `sweeps` more times between them:
+/// each sweep reads the overrides' version once.
+async fn sweeps(redis: &RedisServer, sweeps: u64) {
+    let from = calls_of(redis, "get");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while calls_of(redis, "get") < from + sweeps {
+        assert!(std::time::Instant::now() < deadline, "the sweeps stopped");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The overrides listed so far: ZRANGEBYSCORE calls less those of expiry sweeps (once an
+/// instance has seen an override, each sweep also claims expired ones in a script that
+/// calls ZRANGEBYSCORE and ZCOUNT once each), and less the set script's ZCOUNT.
+fn lists(redis: &RedisServer, sets: u64) -> u64 {
+    calls_of(redis, "zrangebyscore") - (calls_of(redis, "zcount") - sets)
+}
+
+#[tokio::test]
+async fn on_redis_a_sweep_reads_one_version_key_and_lists_the_overrides_only_when_it_changed() {
+    let _shared = HEAVY.read().await;
+    let redis = RedisServer::start();
+    let one = start(redis_config(&redis)).await;
+    let two = start(redis_config(&redis)).await;
+    teach(&one, &["per-tenant"]).await;
+
+    // Each instance lists the overrides once when it starts; then, without overrides,
+    // its sweeps only read the version.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while lists(&redis, 0) < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let at_start = lists(&redis, 0);
+    sweeps(&redis, 20).await;
+    let idle = lists(&redis, 0) - at_start;
+    let (status, _) = admin(&one).post(OVERRIDES, &clamp("per-tenant")).await;
+    assert_eq!(status, 201);
+    sweeps(&redis, 20).await;
+    let after_a_set = lists(&redis, 1) - at_start;
+
+    assert_eq!(at_start, 2, "one list per instance as it starts");
+    assert_eq!(idle, 0, "twenty sweeps while nothing changed list nothing");
+    // The set's own read on `one`, and one read on `two` when it finds the new version.
+    assert_eq!(after_a_set, 2, "one list per instance after a change, not one per sweep");
+    one.stop().await.expect("clean stop");
+    two.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn the_redis_script_refuses_an_algorithm_code_it_does_not_know_and_writes_nothing() {
+    let _shared = HEAVY.read().await;
+    let redis = RedisServer::start();
+    let script = sluice_counter::store::redis::SCRIPT;
+    let key = "sluice:{t}:v0:k";
+
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(1).arg(key).arg("").arg("check").arg(0).arg(1);
+    cmd.arg("zz").arg(1).arg(1).arg(1).arg(0).arg(1).arg(0);
+    let answer: redis::RedisResult<redis::Value> = cmd.query(&mut redis.conn());
+
+    let error = answer.expect_err("an unknown code is an error").to_string();
+    assert!(error.contains("unknown algorithm code zz"), "{error}");
+    assert!(redis.limiter_keys().is_empty(), "nothing written");
 }

@@ -121,11 +121,19 @@ impl SentOutgoing {
 /// Keys this worker owes charges for, by slot key.
 pub(crate) type PendingCharges = BTreeMap<String, Target>;
 
-/// A check tag as the lease record keeps it: the 128-bit hash, or `None` for `"none"`
-/// (no partition).
-pub(crate) fn tag_bits(tag: &str) -> Option<u128> {
-    (tag != "none").then(|| u128::from_str_radix(tag, 16).unwrap_or(0))
+/// A check tag as the lease record keeps it: `Some` of the 128-bit hash, or `Some(None)`
+/// for `"none"` (no partition); `None` when the tag names no counter: the request's
+/// partition could not be read (its tag is empty), so nothing can be owed under it.
+pub(crate) fn tag_bits(tag: &str) -> Option<Option<u128>> {
+    if tag == "none" {
+        return Some(None);
+    }
+    u128::from_str_radix(tag, 16).ok().map(Some)
 }
+
+/// The tag of a request whose partition could not be read: it names no counter, so
+/// what the failure rule admits under it is owed nowhere (forgiven, and counted).
+pub(crate) const UNREAD_TAG: &str = "";
 
 /// How long the service is asked to remember the id of a charge or a settlement, in
 /// milliseconds: neither is sent again later than `DEBT_LIFE` after it was first claimed

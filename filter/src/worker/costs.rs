@@ -53,11 +53,33 @@ impl StreamCosts {
         true
     }
 
-    /// Reads the next chunk of the body.
-    pub(super) fn on_body(&mut self, chunk: &[u8]) {
+    /// Reads the next chunk of the body, holding at most `cap` bytes (its worker's room
+    /// for it).
+    pub(super) fn on_body(&mut self, chunk: &[u8], cap: usize) {
         if let Some((reader, _)) = &mut self.body {
-            reader.feed(chunk);
+            reader.feed_within(chunk, cap);
         }
+    }
+
+    /// The policies whose cost the body reports, once each, when some of the body was
+    /// dropped for want of room in its worker.
+    pub(super) fn over_budget(&self) -> Vec<usize> {
+        let mut policies = Vec::new();
+        if let Some((reader, targets)) = &self.body
+            && reader.over_budget()
+        {
+            for policy in targets.iter().filter_map(|i| self.owed.get(*i)).map(Owed::policy) {
+                if !policies.contains(&policy) {
+                    policies.push(policy);
+                }
+            }
+        }
+        policies
+    }
+
+    /// Bytes its body's reader holds now.
+    pub(super) fn held(&self) -> usize {
+        self.body.as_ref().map_or(0, |(reader, _)| reader.held())
     }
 
     /// Whether the body is being read.

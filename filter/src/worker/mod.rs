@@ -40,13 +40,14 @@ use crate::due::DueQueue;
 use crate::engine::{
     Begun, Decided, Disposition, Engine, HeldSlots, LocalResponse, Outcome, Pending, SentOutgoing, Tally,
 };
-use crate::host::{CalloutAnswer, Metrics, PluginCounter, RequestFacts, ResponseFacts};
+use crate::host::{CalloutAnswer, Counter, Metrics, PluginCounter, RequestFacts, ResponseFacts};
+use crate::usage::MAX_HELD_PER_WORKER;
 use batched::Batched;
 use costs::StreamCosts;
 pub use port::{Flow, Port};
 pub use setup::{LEASE_TICK_MS, MAX_DEADLINE_TICK_MS, MetricName, metric_names, tick_period};
 use shared_store::{Clock, Limiter, Store};
-use std::cell::{RefCell, RefMut};
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
 
 /// One worker's engine, limiter, metrics and held requests.
@@ -72,6 +73,9 @@ pub struct Worker<S, C, M> {
     /// The concurrency slots each forwarded (or shaped) request holds until its stream
     /// ends, by context id.
     slots: RefCell<HashMap<u32, HeldSlots>>,
+    /// Bytes the body readers of `costs` hold, across its streams: at most
+    /// [`MAX_HELD_PER_WORKER`].
+    body_bytes: Cell<usize>,
     /// This worker's shared queue, through which a request wakes the root context to
     /// send what it put in the outbox (`None`: the host has no shared queues; the tick
     /// sends it).
@@ -137,6 +141,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             response_headers: RefCell::new(HashMap::new()),
             costs: RefCell::new(HashMap::new()),
             slots: RefCell::new(HashMap::new()),
+            body_bytes: Cell::new(0),
             wake,
         }
     }
@@ -240,7 +245,10 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         let Ok(mut map) = self.costs.try_borrow_mut() else { return };
         let lost = chunk.is_none();
         if let (Some(costs), Some(chunk)) = (map.get_mut(&id), chunk) {
-            costs.on_body(chunk);
+            // Its room: the worker's bound, less what the other streams' readers hold.
+            let others = self.body_bytes.get().saturating_sub(costs.held());
+            costs.on_body(chunk, MAX_HELD_PER_WORKER.saturating_sub(others));
+            self.body_bytes.set(others.saturating_add(costs.held()));
         }
         if !end_of_stream && !lost {
             return;
@@ -252,10 +260,27 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         }
     }
 
+    /// Stream `id`'s response trailers arrived: its body has ended (the last chunk came
+    /// without the end of the stream, which the trailers carry), so the costs it reports
+    /// are settled as for a body that ended.
+    pub fn on_response_trailers(&self, id: u32) {
+        self.on_response_body(id, Some(&[]), true);
+    }
+
+    /// Bytes its streams' body readers hold now, across its streams (bounded by
+    /// [`MAX_HELD_PER_WORKER`]).
+    pub fn body_bytes_held(&self) -> usize {
+        self.body_bytes.get()
+    }
+
     /// Settles a stream's estimates to what its response reported (`complete`: its body
     /// ended; otherwise the stream was cut short).
     fn settle_costs(&self, costs: StreamCosts, complete: bool) {
+        self.body_bytes.set(self.body_bytes.get().saturating_sub(costs.held()));
         let mut counts = self.counts();
+        for policy in costs.over_budget() {
+            counts.add(policy, Counter::CostOverBudget, 1);
+        }
         for (owed, reported) in costs.finish(complete) {
             self.engine.settle_cost(&owed, reported, &self.limiter, &mut counts);
         }

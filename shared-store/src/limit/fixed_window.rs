@@ -1,7 +1,7 @@
 //! The fixed window: how at most `limit` units per clock-aligned window are decided and
 //! charged.
 
-use super::{InvalidLimit, Limit, State};
+use super::{Carried, InvalidLimit, Limit, State};
 use crate::decision::{Decision, Verdict};
 use crate::time::Nanos;
 
@@ -72,12 +72,16 @@ pub(super) fn is_idle(window: Nanos, (index, count): (u64, u64), now: Nanos) -> 
 }
 
 /// The window `(index, count)`, kept under windows of `old_window`, in windows of `window`
-/// (see [`Limit::adopt`]).
-pub(super) fn adopt(window: Nanos, old_window: Nanos, (index, count): (u64, u64), now: Nanos) -> State {
+/// for a limit of `limit` (see [`Limit::carry`]): the count is kept, at most `2 × limit`.
+pub(super) fn carry(limit: u64, window: Nanos, old_window: Nanos, (index, count): (u64, u64), now: Nanos) -> Carried {
     let current = now.0 / old_window.0.max(1);
     let (index, count) = if index >= current { (index, count) } else { (current, 0) };
     let index = if window == old_window { index } else { now.0 / window.0.max(1) };
-    State::Window { index, count, previous: 0 }
+    let most = limit.saturating_mul(2);
+    Carried {
+        state: State::Window { index, count: count.min(most), previous: 0 },
+        forgiven: count.saturating_sub(most),
+    }
 }
 
 #[cfg(test)]

@@ -62,6 +62,9 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 impl Rate {
+    /// One unit every 500 ms (2 a second), in lowest terms.
+    pub(crate) const HALF_SECOND_EACH: Self = Self { amount: 1, per: Nanos::from_millis(500) };
+
     /// `amount` units every `per`; `None` if either is zero.
     pub const fn new(amount: u64, per: Nanos) -> Option<Self> {
         if amount == 0 || per.0 == 0 {
@@ -106,9 +109,17 @@ impl std::fmt::Display for InvalidLimit {
 impl std::error::Error for InvalidLimit {}
 
 /// One limit: an algorithm and its validated numbers.
+///
+/// Outside this crate a limit is built only by its constructors ([`Limit::token_bucket`],
+/// …), which refuse numbers that mean nothing (a zero burst or window): every variant is
+/// `#[non_exhaustive]`, so its fields can be read in a pattern (`{ rate, .. }`) but a
+/// literal cannot build one. Every match on a limit in this crate names each variant, so
+/// a new algorithm fails to compile wherever it must be handled ([`crate::Algorithm`] is
+/// the list the other layers derive theirs from).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Limit {
     /// Token bucket (GCRA form): refills at `rate`, holds at most `burst`.
+    #[non_exhaustive]
     TokenBucket {
         /// Sustained refill rate.
         rate: Rate,
@@ -116,6 +127,7 @@ pub enum Limit {
         burst: u64,
     },
     /// At most `limit` per clock-aligned window.
+    #[non_exhaustive]
     FixedWindow {
         /// Units per window.
         limit: u64,
@@ -124,6 +136,7 @@ pub enum Limit {
     },
     /// Sliding window counter: the previous window's count, weighted by how much of it
     /// still overlaps the trailing window, plus the current count.
+    #[non_exhaustive]
     SlidingWindow {
         /// Units per trailing window.
         limit: u64,
@@ -131,6 +144,7 @@ pub enum Limit {
         window: Nanos,
     },
     /// Sliding window log: exact count over the trailing window.
+    #[non_exhaustive]
     SlidingLog {
         /// Units per trailing window, at most [`MAX_LOG_ENTRIES`].
         limit: u64,
@@ -138,6 +152,7 @@ pub enum Limit {
         window: Nanos,
     },
     /// Leaky bucket as a shaper: admitted requests are delayed so they leave at `rate`.
+    #[non_exhaustive]
     LeakyBucket {
         /// Drain rate.
         rate: Rate,
@@ -148,6 +163,7 @@ pub enum Limit {
     },
     /// At most `limit` requests in flight at once, taken on admission and given back
     /// when the request ends ([`concurrency`]).
+    #[non_exhaustive]
     Concurrency {
         /// Requests in flight, at most [`MAX_CONCURRENCY`].
         limit: u64,
@@ -191,6 +207,40 @@ pub enum State {
         /// One entry per holder, at most [`MAX_HOLDERS`].
         entries: Vec<Holding>,
     },
+}
+
+impl State {
+    /// A bucket's theoretical arrival time, if this is a bucket's state.
+    pub const fn gcra(&self) -> Option<u128> {
+        match self {
+            Self::Gcra { tat } => Some(*tat),
+            Self::Window { .. } | Self::Log { .. } | Self::Holders { .. } => None,
+        }
+    }
+
+    /// A window's `(index, count, previous)`, if this is a window's state.
+    pub const fn window(&self) -> Option<(u64, u64, u64)> {
+        match self {
+            Self::Window { index, count, previous } => Some((*index, *count, *previous)),
+            Self::Gcra { .. } | Self::Log { .. } | Self::Holders { .. } => None,
+        }
+    }
+
+    /// A sliding log's entries, if this is a log's state.
+    pub fn log(&self) -> Option<&[LogEntry]> {
+        match self {
+            Self::Log { entries } => Some(entries),
+            Self::Gcra { .. } | Self::Window { .. } | Self::Holders { .. } => None,
+        }
+    }
+
+    /// A concurrency limit's holders, if this is its state.
+    pub fn holders(&self) -> Option<&[Holding]> {
+        match self {
+            Self::Holders { entries } => Some(entries),
+            Self::Gcra { .. } | Self::Window { .. } | Self::Log { .. } => None,
+        }
+    }
 }
 
 fn ns(value: u128) -> Nanos {
@@ -287,19 +337,21 @@ impl Limit {
     /// nothing counted. Only such state may be given to another key (see `key`), so that
     /// flooding a slot table cannot reset anyone's bucket.
     pub fn is_idle(&self, state: &State, now: Nanos) -> bool {
-        match (*self, state) {
-            (Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. }, State::Gcra { tat }) => {
-                *tat <= u128::from(now.0) * u128::from(rate.amount)
+        // A state of another algorithm carries what this one cannot read: never idle.
+        match *self {
+            Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. } => {
+                state.gcra().is_some_and(|tat| tat <= u128::from(now.0) * u128::from(rate.amount))
             }
-            (Self::FixedWindow { window, .. }, State::Window { index, count, .. }) => {
-                fixed_window::is_idle(window, (*index, *count), now)
+            Self::FixedWindow { window, .. } => {
+                state.window().is_some_and(|(index, count, _)| fixed_window::is_idle(window, (index, count), now))
             }
-            (Self::SlidingWindow { window, .. }, State::Window { index, count, previous }) => {
-                sliding_window::is_idle(window, (*index, *count, *previous), now)
+            Self::SlidingWindow { window, .. } => {
+                state.window().is_some_and(|counters| sliding_window::is_idle(window, counters, now))
             }
-            (Self::SlidingLog { window, .. }, State::Log { entries }) => sliding_log::is_idle(window, entries, now),
-            (Self::Concurrency { .. }, State::Holders { entries }) => concurrency::is_idle(entries, now),
-            _ => false,
+            Self::SlidingLog { window, .. } => {
+                state.log().is_some_and(|entries| sliding_log::is_idle(window, entries, now))
+            }
+            Self::Concurrency { .. } => state.holders().is_some_and(|entries| concurrency::is_idle(entries, now)),
         }
     }
 
@@ -329,27 +381,28 @@ impl Limit {
                 &owned
             }
         };
-        match (*self, state) {
-            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => {
-                Gcra::new(rate, burst).step(*tat, now, cost, None)
+        // `accepts` made the state this algorithm's kind; a mismatch is unreachable, and
+        // would admit nothing.
+        let mismatch = || (self.rejected_forever(), None);
+        match *self {
+            Self::TokenBucket { rate, burst } => {
+                state.gcra().map_or_else(mismatch, |tat| Gcra::new(rate, burst).step(tat, now, cost, None))
             }
-            (Self::LeakyBucket { rate, max_queue, max_wait }, State::Gcra { tat }) => {
-                Gcra::new(rate, max_queue).step(*tat, now, cost, Some(max_wait))
+            Self::LeakyBucket { rate, max_queue, max_wait } => state
+                .gcra()
+                .map_or_else(mismatch, |tat| Gcra::new(rate, max_queue).step(tat, now, cost, Some(max_wait))),
+            Self::FixedWindow { limit, window } => state.window().map_or_else(mismatch, |(index, count, _)| {
+                fixed_window::decide(limit, window, (index, count), now, cost)
+            }),
+            Self::SlidingWindow { limit, window } => state
+                .window()
+                .map_or_else(mismatch, |counters| sliding_window::decide(limit, window, counters, now, cost)),
+            Self::SlidingLog { limit, window } => {
+                state.log().map_or_else(mismatch, |entries| sliding_log::decide(limit, window, entries, now, cost))
             }
-            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
-                fixed_window::decide(limit, window, (*index, *count), now, cost)
+            Self::Concurrency { limit } => {
+                state.holders().map_or_else(mismatch, |entries| concurrency::decide(limit, entries, holder, now, cost))
             }
-            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
-                sliding_window::decide(limit, window, (*index, *count, *previous), now, cost)
-            }
-            (Self::SlidingLog { limit, window }, State::Log { entries }) => {
-                sliding_log::decide(limit, window, entries, now, cost)
-            }
-            (Self::Concurrency { limit }, State::Holders { entries }) => {
-                concurrency::decide(limit, entries, holder, now, cost)
-            }
-            // `accepts` guarantees the kinds match; this arm only satisfies the compiler.
-            _ => (self.rejected_forever(), None),
         }
     }
 
@@ -379,20 +432,22 @@ impl Limit {
             Some(_) => self.exhausted(now),
             None => self.fresh(),
         };
-        let charged = match (*self, &current) {
-            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => {
-                Gcra::new(rate, burst).charge(*tat, now, cost, max_debt).map(|(tat, c)| (State::Gcra { tat }, c))
+        let charged = match *self {
+            Self::TokenBucket { rate, burst } => current.gcra().and_then(|tat| {
+                Gcra::new(rate, burst).charge(tat, now, cost, max_debt).map(|(tat, c)| (State::Gcra { tat }, c))
+            }),
+            Self::FixedWindow { limit, window } => current
+                .window()
+                .map(|(index, count, _)| fixed_window::charge(limit, window, (index, count), now, cost, max_debt)),
+            Self::SlidingWindow { limit, window } => {
+                current.window().map(|counters| sliding_window::charge(limit, window, counters, now, cost, max_debt))
             }
-            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
-                Some(fixed_window::charge(limit, window, (*index, *count), now, cost, max_debt))
+            Self::SlidingLog { limit, window } => {
+                current.log().and_then(|entries| sliding_log::charge(limit, window, entries, now, cost, max_debt))
             }
-            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
-                Some(sliding_window::charge(limit, window, (*index, *count, *previous), now, cost, max_debt))
-            }
-            (Self::SlidingLog { limit, window }, State::Log { entries }) => {
-                sliding_log::charge(limit, window, entries, now, cost, max_debt)
-            }
-            _ => None,
+            // A shaper's state is its queue, which requests never delayed cannot join; a
+            // concurrency limit counts requests in flight, not units over time.
+            Self::LeakyBucket { .. } | Self::Concurrency { .. } => None,
         };
         match charged {
             Some((next, charged)) if charged > 0 => (next, charged),
@@ -461,89 +516,184 @@ impl Limit {
     /// the slots `holder` holds (exact, whatever other holders did in between; `now`
     /// prunes stale holders). Every other algorithm ignores `holder`.
     pub fn refund_for(&self, current: &State, written: &State, now: Nanos, cost: u64, holder: u64) -> Option<State> {
-        Some(match (*self, current, written) {
-            (Self::Concurrency { .. }, State::Holders { entries }, _) => {
-                concurrency::release(entries, holder, now, cost)
-            }
-            (
-                Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. },
-                State::Gcra { tat: current },
-                State::Gcra { tat: written },
-            ) => token_bucket::refund(rate, *current, *written, cost)?,
-            (
-                Self::FixedWindow { .. } | Self::SlidingWindow { .. },
-                State::Window { index, count, previous },
-                State::Window { index: ours, .. },
-            ) => {
-                if index == ours {
-                    State::Window { index: *index, count: count.saturating_sub(cost), previous: *previous }
-                } else if Some(*index) == ours.checked_add(1) {
-                    State::Window { index: *index, count: *count, previous: previous.saturating_sub(cost) }
-                } else {
-                    current.clone()
+        // Either state of another kind: nothing can be given back safely, so nothing is.
+        Some(match *self {
+            Self::Concurrency { .. } => match current.holders() {
+                Some(entries) => concurrency::release(entries, holder, now, cost),
+                None => current.clone(),
+            },
+            Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. } => match (current.gcra(), written.gcra()) {
+                (Some(current), Some(written)) => token_bucket::refund(rate, current, written, cost)?,
+                _ => current.clone(),
+            },
+            Self::FixedWindow { .. } | Self::SlidingWindow { .. } => match (current.window(), written.window()) {
+                (Some((index, count, previous)), Some((ours, ..))) => {
+                    if index == ours {
+                        State::Window { index, count: count.saturating_sub(cost), previous }
+                    } else if Some(index) == ours.checked_add(1) {
+                        State::Window { index, count, previous: previous.saturating_sub(cost) }
+                    } else {
+                        current.clone()
+                    }
                 }
-            }
-            (Self::SlidingLog { .. }, State::Log { entries }, State::Log { entries: ours }) => {
-                sliding_log::refund(entries, ours)
-            }
-            _ => current.clone(),
+                _ => current.clone(),
+            },
+            Self::SlidingLog { .. } => match (current.log(), written.log()) {
+                (Some(entries), Some(ours)) => sliding_log::refund(entries, ours),
+                _ => current.clone(),
+            },
         })
     }
 
     /// Converts `state`, kept under the limit `old`, to this limit at `now`: what a key
     /// decided under other numbers (a policy changed without a version bump) holds
-    /// under these. Never looser than the old state (what it counted stays counted), and
-    /// never looser than a fresh state of this limit. The rule is integer-exact, so the
-    /// counter service's Redis script computes the same state:
+    /// under these. [`Limit::carry`] without what it forgave.
+    pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
+        self.carry(old, state, now).state
+    }
+
+    /// Converts `state`, kept under the limit `old`, to this limit at `now`, keeping what
+    /// was spent, debt included: never looser than the old state (what it counted stays
+    /// counted, what it owed stays owed), and never looser than a fresh state of this
+    /// limit. Debt is kept up to this limit's capacity below empty (the most any charge
+    /// may leave, `max_debt ≤ capacity`); what that drops is [`Carried::forgiven`], which
+    /// the caller counts. The rule is integer-exact, so the counter service's Redis script
+    /// computes the same state:
     ///
     /// * **Buckets** (token to token, leaky to leaky): the units spent are rounded up to
     ///   whole units, `spent = ceil(debt / per_old)` with `debt = tat − now` (scaled, 0
-    ///   when negative); then `spent_new = min(max(spent + burst_new − burst_old, 0),
-    ///   burst_new)`, stored as `tat = now × amount_new + spent_new × per_new`. That is,
-    ///   the whole units available are kept, capped at the new capacity: a smaller
-    ///   burst takes effect at once, a larger one fills up at the new rate (a raise does
-    ///   not refill), and a debt below empty is capped at an empty bucket.
+    ///   when negative); then `spent_new = max(spent + burst_new − burst_old, 0)`, at most
+    ///   `2 × burst_new`, stored as `tat = now × amount_new + spent_new × per_new`. That
+    ///   is, the whole units available (negative in debt) are kept, capped at the new
+    ///   capacity: a smaller burst takes effect at once, a larger one fills up at the new
+    ///   rate (a raise does not refill), and a debt stays owed.
     /// * **Windows** (fixed to fixed, sliding to sliding): the state is first brought to
     ///   `now` under the old limit (a fixed window older than the current one counts 0;
     ///   a sliding window's counts shift as its decision would shift them); then, if the
     ///   window length is unchanged, it is kept, and otherwise its counts are carried
-    ///   into the current window of the new length. The counts are kept, so a larger
-    ///   limit leaves more room in the same window.
+    ///   into the current window of the new length. The counts are kept (each at most
+    ///   `2 × limit_new`), so a larger limit leaves more room in the same window and a
+    ///   count in debt stays in debt.
     /// * **Sliding log** to sliding log: the entries are kept.
-    /// * **Another algorithm**: [`Limit::exhausted`] (stricter, never looser).
-    pub fn adopt(&self, old: &Self, state: State, now: Nanos) -> State {
+    /// * **Concurrency**: the slots held stay held.
+    /// * **Another algorithm**: [`Limit::exhausted`], owing what the old state owed
+    ///   ([`Limit::owed`], at most the capacity): stricter, never looser.
+    pub fn carry(&self, old: &Self, state: State, now: Nanos) -> Carried {
         if old == self {
-            return state;
+            return Carried { state, forgiven: 0 };
         }
+        let kept = |state| Carried { state, forgiven: 0 };
         match (*self, *old, state) {
             (
                 Self::TokenBucket { rate, burst },
                 Self::TokenBucket { rate: old_rate, burst: old_burst },
                 State::Gcra { tat },
             ) => Gcra::new(rate, burst)
-                .adopt(&Gcra::new(old_rate, old_burst), tat, now)
-                .unwrap_or_else(|| self.exhausted(now)),
+                .carry(&Gcra::new(old_rate, old_burst), tat, now)
+                .unwrap_or_else(|| kept(self.exhausted(now))),
             (
                 Self::LeakyBucket { rate, max_queue, .. },
                 Self::LeakyBucket { rate: old_rate, max_queue: old_queue, .. },
                 State::Gcra { tat },
             ) => Gcra::new(rate, max_queue)
-                .adopt(&Gcra::new(old_rate, old_queue), tat, now)
-                .unwrap_or_else(|| self.exhausted(now)),
+                .carry(&Gcra::new(old_rate, old_queue), tat, now)
+                .unwrap_or_else(|| kept(self.exhausted(now))),
             (
-                Self::FixedWindow { window, .. },
+                Self::FixedWindow { limit, window },
                 Self::FixedWindow { window: old_window, .. },
                 State::Window { index, count, .. },
-            ) => fixed_window::adopt(window, old_window, (index, count), now),
+            ) => fixed_window::carry(limit, window, old_window, (index, count), now),
             (
-                Self::SlidingWindow { window, .. },
+                Self::SlidingWindow { limit, window },
                 Self::SlidingWindow { window: old_window, .. },
                 State::Window { index, count, previous },
-            ) => sliding_window::adopt(window, old_window, (index, count, previous), now),
-            (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => state,
+            ) => sliding_window::carry(limit, window, old_window, (index, count, previous), now),
+            (Self::SlidingLog { .. }, Self::SlidingLog { .. }, state @ State::Log { .. }) => kept(state),
             // What is in flight stays in flight: a new limit applies to the next request.
-            (Self::Concurrency { .. }, Self::Concurrency { .. }, state @ State::Holders { .. }) => state,
-            _ => self.exhausted(now),
+            (Self::Concurrency { .. }, Self::Concurrency { .. }, state @ State::Holders { .. }) => kept(state),
+            (
+                Self::TokenBucket { .. }
+                | Self::LeakyBucket { .. }
+                | Self::FixedWindow { .. }
+                | Self::SlidingWindow { .. }
+                | Self::SlidingLog { .. }
+                | Self::Concurrency { .. },
+                _,
+                state,
+            ) => {
+                let owed = if old.accepts(&state) { old.owed(&state, now) } else { 0 };
+                let (state, kept) = self.exhausted_owing(now, owed);
+                Carried { state, forgiven: owed - kept }
+            }
         }
     }
+
+    /// The units `state` owes below empty at `now`: spent beyond the capacity by charges
+    /// (0 for a state within its capacity, and for a shaper or a concurrency limit,
+    /// which are never charged).
+    pub fn owed(&self, state: &State, now: Nanos) -> u64 {
+        match (*self, state) {
+            (Self::TokenBucket { rate, burst }, State::Gcra { tat }) => Gcra::new(rate, burst).owed(*tat, now),
+            (Self::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
+                if *index == now.0 / window.0.max(1) { count.saturating_sub(limit) } else { 0 }
+            }
+            (Self::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
+                sliding_window::owed(limit, window, (*index, *count, *previous), now)
+            }
+            (Self::SlidingLog { limit, window }, State::Log { entries }) => entries
+                .iter()
+                .filter(|e| e.at.saturating_add(window.0) > now.0)
+                .fold(0u64, |sum, e| sum.saturating_add(e.cost))
+                .saturating_sub(limit),
+            (
+                Self::TokenBucket { .. }
+                | Self::FixedWindow { .. }
+                | Self::SlidingWindow { .. }
+                | Self::SlidingLog { .. }
+                | Self::LeakyBucket { .. }
+                | Self::Concurrency { .. },
+                _,
+            ) => 0,
+        }
+    }
+
+    /// [`Limit::exhausted`] at `now`, owing up to `owed` more units (at most the
+    /// capacity; a concurrency limit owes nothing), and the units it owes.
+    fn exhausted_owing(&self, now: Nanos, owed: u64) -> (State, u64) {
+        let owed = owed.min(self.capacity());
+        let exhausted = self.exhausted(now);
+        match *self {
+            Self::TokenBucket { rate, .. } | Self::LeakyBucket { rate, .. } => match exhausted.gcra() {
+                Some(tat) => (State::Gcra { tat: tat.saturating_add(u128::from(owed) * u128::from(rate.per.0)) }, owed),
+                None => (exhausted, 0),
+            },
+            Self::FixedWindow { .. } | Self::SlidingWindow { .. } => match exhausted.window() {
+                Some((index, count, previous)) => {
+                    (State::Window { index, count: count.saturating_add(owed), previous }, owed)
+                }
+                None => (exhausted, 0),
+            },
+            Self::SlidingLog { .. } => match exhausted {
+                State::Log { mut entries } => {
+                    if let Some(entry) = entries.first_mut() {
+                        entry.cost = entry.cost.saturating_add(owed);
+                    }
+                    (State::Log { entries }, owed)
+                }
+                other => (other, 0),
+            },
+            // Slots come back when requests end: there is nothing to owe.
+            Self::Concurrency { .. } => (exhausted, 0),
+        }
+    }
+}
+
+/// A state carried over to other numbers ([`Limit::carry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Carried {
+    /// The state under the new numbers.
+    pub state: State,
+    /// Units of debt the new numbers could not hold (more than their capacity below
+    /// empty): dropped, and to be counted by whoever carried the state over.
+    pub forgiven: u64,
 }

@@ -2,7 +2,7 @@
 //! previous window's count (weighted by its overlap) plus the current one, decides and is
 //! charged.
 
-use super::{InvalidLimit, Limit, State, ns};
+use super::{Carried, InvalidLimit, Limit, State, ns};
 use crate::decision::{Decision, Verdict};
 use crate::time::Nanos;
 
@@ -143,11 +143,29 @@ pub(super) fn is_idle(window: Nanos, (index, count, previous): (u64, u64, u64), 
 }
 
 /// The counters `(index, count, previous)`, kept under windows of `old_window`, in
-/// windows of `window` (see [`Limit::adopt`]).
-pub(super) fn adopt(window: Nanos, old_window: Nanos, (index, count, previous): (u64, u64, u64), now: Nanos) -> State {
+/// windows of `window` for a limit of `limit` (see [`Limit::carry`]): both counts are
+/// kept, each at most `2 × limit`.
+pub(super) fn carry(
+    limit: u64,
+    window: Nanos,
+    old_window: Nanos,
+    (index, count, previous): (u64, u64, u64),
+    now: Nanos,
+) -> Carried {
     let (index, previous, count, _) = slide(old_window.0.max(1), (index, count, previous), now);
     let index = if window == old_window { index } else { now.0 / window.0.max(1) };
-    State::Window { index, count, previous }
+    let most = limit.saturating_mul(2);
+    let forgiven = count.saturating_sub(most).saturating_add(previous.saturating_sub(most));
+    Carried { state: State::Window { index, count: count.min(most), previous: previous.min(most) }, forgiven }
+}
+
+/// The whole units the counters count beyond `limit` in the trailing window at `now`
+/// (see [`Limit::owed`]).
+pub(super) fn owed(limit: u64, window: Nanos, (index, count, previous): (u64, u64, u64), now: Nanos) -> u64 {
+    let w = window.0.max(1);
+    let (_, previous, count, offset) = slide(w, (index, count, previous), now);
+    let used = weighted(w, previous, count, offset).div_ceil(u128::from(w));
+    u64::try_from(used.saturating_sub(u128::from(limit))).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

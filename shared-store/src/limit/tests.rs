@@ -56,6 +56,18 @@ fn adopting_another_algorithms_state_starts_exhausted() {
 }
 
 #[test]
+fn a_debt_carried_to_another_algorithm_is_still_owed() {
+    let window = Limit::fixed_window(5, Nanos(S)).unwrap();
+    let (in_debt, _) = bucket().charge(None, T0, 8, 3);
+
+    let carried = window.carry(&bucket(), in_debt.clone(), T0);
+
+    assert_eq!(bucket().owed(&in_debt, T0), 3);
+    assert_eq!((window.owed(&carried.state, T0), carried.forgiven), (3, 0));
+    assert_eq!(window.status(Some(&carried.state), T0).remaining, 0);
+}
+
+#[test]
 fn the_status_of_a_limit_with_something_left_is_the_query() {
     let (_, state) = bucket().decide(None, T0, 2);
 

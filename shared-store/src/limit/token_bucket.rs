@@ -2,7 +2,7 @@
 //! decides, is charged and adopts other numbers. The leaky bucket runs on the same
 //! arithmetic ([`Gcra`]), as a shaper.
 
-use super::{InvalidLimit, Limit, Rate, State, ceil_div, floor_div, ns};
+use super::{Carried, InvalidLimit, Limit, Rate, State, ceil_div, floor_div, ns};
 use crate::decision::{Decision, Verdict};
 use crate::time::Nanos;
 
@@ -114,24 +114,37 @@ impl Gcra {
     }
 
     /// Gives back `units` tokens, never past a full bucket at `now` (see
-    /// [`Limit::credit`]).
-    pub(super) fn credit(&self, tat: u128, now: Nanos, units: u64) -> u128 {
+    /// [`Limit::credit`]): the state, and the whole tokens given back (a partly refilled
+    /// token counts as one).
+    pub(super) fn credit(&self, tat: u128, now: Nanos, units: u64) -> (u128, u64) {
         let now = self.now(now);
         if tat <= now {
-            return tat;
+            return (tat, 0);
         }
-        tat.saturating_sub(u128::from(units).saturating_mul(self.per)).max(now)
+        let missing = ceil_div(tat - now, self.per.max(1));
+        let credited = u64::try_from(missing.min(u128::from(units))).unwrap_or(units);
+        (tat.saturating_sub(u128::from(units).saturating_mul(self.per)).max(now), credited)
     }
 
     /// Re-expresses a bucket kept under `old` in this bucket's units (see
-    /// [`Limit::adopt`]): the whole units available are kept, capped at this capacity.
-    /// `None` when the arithmetic overflows.
-    pub(super) fn adopt(&self, old: &Self, tat: u128, now: Nanos) -> Option<State> {
+    /// [`Limit::carry`]): the whole units available are kept (negative in debt), capped at
+    /// this capacity above and at this capacity below empty; what the lower cap drops is
+    /// forgiven. `None` when the arithmetic overflows.
+    pub(super) fn carry(&self, old: &Self, tat: u128, now: Nanos) -> Option<Carried> {
         let debt = tat.saturating_sub(old.now(now));
         let spent = ceil_div(debt, old.per.max(1));
         let burst = u128::from(self.burst);
-        let spent = spent.saturating_add(burst).saturating_sub(u128::from(old.burst)).min(burst);
-        Some(State::Gcra { tat: self.now(now).checked_add(spent.checked_mul(self.per)?)? })
+        let spent = spent.saturating_add(burst).saturating_sub(u128::from(old.burst));
+        let most = burst.saturating_mul(2);
+        let forgiven = u64::try_from(spent.saturating_sub(most)).unwrap_or(u64::MAX);
+        let spent = spent.min(most);
+        Some(Carried { state: State::Gcra { tat: self.now(now).checked_add(spent.checked_mul(self.per)?)? }, forgiven })
+    }
+
+    /// The whole units spent beyond the burst at `now` (see [`Limit::owed`]).
+    pub(super) fn owed(&self, tat: u128, now: Nanos) -> u64 {
+        let spent = ceil_div(tat.saturating_sub(self.now(now)), self.per.max(1));
+        u64::try_from(spent.saturating_sub(u128::from(self.burst))).unwrap_or(u64::MAX)
     }
 }
 
@@ -183,6 +196,34 @@ mod tests {
         assert_eq!((again, charged), (state, 0));
         assert_eq!(more, 1, "a larger bound lets one more unit in");
         assert_eq!(bucket().status(Some(&deeper), T0).reset_after, Nanos(900 * MS));
+    }
+
+    #[test]
+    fn a_bucket_in_debt_carried_to_other_numbers_stays_in_debt() {
+        // 5 tokens, 100 ms each: spent whole and charged 3 more (3 below empty).
+        let (in_debt, _) = bucket().charge(None, T0, 8, 3);
+        let raised = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 6).unwrap();
+
+        let carried = raised.carry(&bucket(), in_debt, T0);
+        let early = raised.decide(Some(&carried.state), at(400 * MS - 1), 1).0;
+        let on_time = raised.decide(Some(&carried.state), at(400 * MS), 1).0;
+
+        // Still 3 below empty: the first token is back after 400 ms, as before the change.
+        assert_eq!(carried.forgiven, 0);
+        assert!(matches!(early.verdict, Verdict::Rejected { retry_after: Nanos(1) }), "{early:?}");
+        assert!(on_time.is_admitted());
+    }
+
+    #[test]
+    fn a_debt_deeper_than_the_new_capacity_is_kept_up_to_it_and_the_rest_is_counted_as_forgiven() {
+        // 5 below empty under a burst of 5; carried to a burst of 2: at most 2 below empty.
+        let (in_debt, _) = bucket().charge(None, T0, 10, 5);
+        let lowered = Limit::token_bucket(Rate::new(10, Nanos(S)).unwrap(), 2).unwrap();
+
+        let carried = lowered.carry(&bucket(), in_debt, T0);
+
+        assert_eq!(carried.forgiven, 3);
+        assert_eq!(lowered.status(Some(&carried.state), T0).reset_after, Nanos(400 * MS), "2 + 2 tokens to refill");
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                 };
                 match credited {
                     // A credit that changes nothing (a full bucket, a window gone) gives nothing.
-                    Some(next) if plan.state.as_ref() != Some(&next) => (next, 0, units),
+                    Some((next, credited)) if credited > 0 && plan.state.as_ref() != Some(&next) => (next, 0, credited),
                     _ => {
                         settlement.forgiven = units;
                         return Ok(settlement);

@@ -30,16 +30,16 @@ fn chargeable_limit() -> impl Strategy<Value = Limit> {
 /// `(below_empty_scaled, unit)`. Zero when not below empty.
 fn debt(limit: &Limit, state: &State, now: Nanos) -> (u128, u128) {
     match (*limit, state) {
-        (Limit::TokenBucket { rate, burst }, State::Gcra { tat }) => {
+        (Limit::TokenBucket { rate, burst, .. }, State::Gcra { tat }) => {
             let per = u128::from(rate.per().0);
             let now = u128::from(now.0) * u128::from(rate.amount());
             (tat.saturating_sub(now).saturating_sub(u128::from(burst) * per), per)
         }
-        (Limit::FixedWindow { limit, window }, State::Window { index, count, .. }) => {
+        (Limit::FixedWindow { limit, window, .. }, State::Window { index, count, .. }) => {
             let counted = if *index >= now.0 / window.0 { *count } else { 0 };
             (u128::from(counted.saturating_sub(limit)), 1)
         }
-        (Limit::SlidingWindow { limit, window }, State::Window { index, count, previous }) => {
+        (Limit::SlidingWindow { limit, window, .. }, State::Window { index, count, previous }) => {
             let w = u128::from(window.0);
             let (current, offset) = (now.0 / window.0, u128::from(now.0 % window.0));
             let used = if *index > current {
@@ -53,7 +53,7 @@ fn debt(limit: &Limit, state: &State, now: Nanos) -> (u128, u128) {
             };
             (used.saturating_sub(u128::from(limit) * w), w)
         }
-        (Limit::SlidingLog { limit, window }, State::Log { entries }) => {
+        (Limit::SlidingLog { limit, window, .. }, State::Log { entries }) => {
             let used: u64 = entries.iter().filter(|e| e.at + window.0 > now.0).map(|e| e.cost).sum();
             (u128::from(used.saturating_sub(limit)), 1)
         }

@@ -7,6 +7,7 @@ use sluice_testkit::redis::RedisServer;
 use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::cluster;
+use sluice_tests::h2::TrailersUpstream;
 use sluice_tests::llm::{self, LlmUpstream};
 use std::sync::Arc;
 use std::thread;
@@ -309,6 +310,28 @@ fn a_json_answer_below_the_estimate_gives_the_rest_back() {
     let response = send(&envoy, &completion("tokens=8"));
 
     assert_eq!(response.text(), llm::document(8));
+    assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
+}
+
+#[test]
+fn a_json_answer_that_ends_with_http2_trailers_is_settled_to_its_usage_not_taken_for_one_cut_short() {
+    let upstream = TrailersUpstream::start();
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(cluster("llm", upstream.addr(), true))
+        .route_to("llm")
+        .sluice(sluice(TOKENS))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let response = send(&envoy, &completion("tokens=8"));
+
+    assert_eq!((response.status, response.text()), (200, llm::document(8)), "the answer passes unchanged");
+    assert_eq!(upstream.served(), 1, "the upstream ended its answer with trailers");
+    wait::until(Duration::from_secs(10), "the answer to be settled", || {
+        envoy.metric("tokens", "cost.credited") + envoy.metric("tokens", "cost.charged") > 0
+    });
+    assert_eq!(envoy.metric("tokens", "cost.unknown"), 0, "the trailers ended the body: it was read whole");
     assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
 }
 

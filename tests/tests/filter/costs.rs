@@ -55,6 +55,20 @@ fn a_json_body_below_the_estimate_gives_the_rest_back() {
 }
 
 #[test]
+fn a_json_body_that_ends_with_trailers_is_settled_to_its_usage_not_taken_for_one_cut_short() {
+    let mut host = tokens(r#"{"response_json": "usage.total_tokens", "estimate": 30, "max": 1000}"#);
+    // As an HTTP/2 upstream (a gRPC gateway, say) ends its answer: DATA, then HEADERS.
+    let response = json(r#"{"usage": {"total_tokens": 4}}"#).trailer("x-request-cost", "4");
+
+    let exchange = host.worker(0).exchange(ask(), response).unwrap();
+
+    assert_eq!(exchange.status(), Some(200));
+    assert_eq!(metric(&host, "tokens", "cost.unknown"), 0, "the trailers end the body: it was read whole");
+    assert_eq!(metric(&host, "tokens", "cost.credited"), 26);
+    assert_accounting(&host, "tokens");
+}
+
+#[test]
 fn the_usage_in_the_last_event_of_a_stream_is_charged() {
     let mut host = tokens(r#"{"response_json": "usage.total_tokens", "estimate": 10, "max": 1000}"#);
     let stream = concat!(

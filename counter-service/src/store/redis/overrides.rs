@@ -9,6 +9,22 @@ use crate::store::overrides::{Expired, INDEX_GRACE_MS, Stored};
 
 /// The index of every override, scored by expiry (Unix ms).
 pub const INDEX_KEY: &str = "sluice:{overrides}:index";
+/// The overrides' version: changed by every set and removal.
+pub const VERSION_KEY: &str = "sluice:{overrides}:version";
+
+/// The Lua that moves the version (KEYS[3]) on: to the later of its value plus one and
+/// the time (ARGV[n], ms), with the index's TTL (ARGV[m]).
+macro_rules! bump_version {
+    ($now:literal, $keep:literal) => {
+        concat!(
+            "local version = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') + 1, tonumber(ARGV[",
+            $now,
+            "]))\nredis.call('SET', KEYS[3], string.format('%.0f', version), 'PX', ARGV[",
+            $keep,
+            "])\n"
+        )
+    };
+}
 
 /// Most expired overrides one sweep claims (the next sweep claims the rest).
 const SWEEP_BATCH: usize = 100;
@@ -16,7 +32,8 @@ const SWEEP_BATCH: usize = 100;
 /// Stores an override unless the live ones reach the bound or its id is taken; keeps the
 /// index's TTL beyond the latest expiry. Replies `{status, live}`: 1 stored, 0 full, -1 id
 /// taken.
-const SET: &str = r"
+const SET: &str = concat!(
+    r"
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[3], '+inf')
 if live >= tonumber(ARGV[4]) then return {0, live} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, live} end
@@ -24,20 +41,25 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 local keep = tonumber(ARGV[6])
 if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
-return {1, live + 1}
-";
+",
+    bump_version!("3", "6"),
+    "return {1, live + 1}\n"
+);
 
 /// Removes an override still live at ARGV[1] (an ended one is left to the sweep, so that
 /// a removal and a sweep never both claim it); replies its JSON, or nil.
-const REMOVE: &str = r"
+const REMOVE: &str = concat!(
+    r"
 local value = redis.call('GET', KEYS[1])
 if not value then return false end
 local score = redis.call('ZSCORE', KEYS[2], value)
 if not score or tonumber(score) <= tonumber(ARGV[1]) then return false end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], value)
-return value
-";
+",
+    bump_version!("1", "2"),
+    "return value\n"
+);
 
 /// Claims up to ARGV[2] overrides expired at ARGV[1]; replies `{live, {json...}}`.
 const EXPIRE: &str = r"
@@ -91,7 +113,7 @@ impl RedisCounters {
             ttl_ms.to_string(),
             (ttl_ms + INDEX_GRACE_MS).to_string(),
         ];
-        let reply = self.eval(SET, &[&key, INDEX_KEY], &args).await?;
+        let reply = self.eval(SET, &[&key, INDEX_KEY, VERSION_KEY], &args).await?;
         let (status, live): (i64, i64) = redis::from_redis_value(reply).map_err(|e| protocol("set reply", e))?;
         Ok(match status {
             1 => Stored::Set { active: count(live) },
@@ -118,9 +140,23 @@ impl RedisCounters {
     /// See [`crate::store::CounterStore::remove_override`].
     pub(crate) async fn remove_override(&self, id: &str, now_ms: u64) -> Result<Option<Override>, CounterStoreError> {
         let key = override_key(id);
-        let reply = self.eval(REMOVE, &[&key, INDEX_KEY], &[now_ms.to_string()]).await?;
+        let keep = (INDEX_GRACE_MS + crate::overrides::MAX_OVERRIDE_TTL_MS).to_string();
+        let reply = self.eval(REMOVE, &[&key, INDEX_KEY, VERSION_KEY], &[now_ms.to_string(), keep]).await?;
         let value: Option<String> = redis::from_redis_value(reply).map_err(|e| protocol("remove reply", e))?;
         value.map(|v| decode(&v)).transpose()
+    }
+
+    /// See [`crate::store::CounterStore::overrides_version`]: 0 before any was set.
+    pub(crate) async fn overrides_version(&self) -> Result<u64, CounterStoreError> {
+        let reply = self
+            .call(async |conn: &mut Conn| {
+                let mut get = redis::cmd("GET");
+                get.arg(VERSION_KEY);
+                conn.query(&get).await
+            })
+            .await?;
+        let version: Option<u64> = redis::from_redis_value(reply).map_err(|e| protocol("version reply", e))?;
+        Ok(version.unwrap_or(0))
     }
 
     /// See [`crate::store::CounterStore::expire_overrides`].

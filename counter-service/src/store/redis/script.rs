@@ -25,7 +25,7 @@ impl RedisCounters {
                     Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                         self.stats.script_reloads.fetch_add(1, Ordering::Relaxed);
                         let mut eval = redis::cmd("EVAL");
-                        eval.arg(SCRIPT).arg(keys.len()).arg(keys).arg(args);
+                        eval.arg(self.script.as_ref()).arg(keys.len()).arg(keys).arg(args);
                         conn.query(&eval).await
                     }
                     other => other,
@@ -36,24 +36,27 @@ impl RedisCounters {
             .map_err(|e| CounterStoreError::Protocol(format!("script reply: {e}")))
     }
 
-    /// The script's arguments; each entry travels with its number: the cost of a check's
-    /// entry or a charge, the `min_tokens` of a lease, the units of a credit. `tokens` is
-    /// a lease's tokens, a charge's `max_debt` or when a credit's units were spent (us).
+    /// The script's arguments; each entry travels with its number (the cost of a check's
+    /// entry or a charge, the `min_tokens` of a lease, the units of a credit) and its
+    /// expiry (a clamp's counter's, in us; 0 for none). `tokens` is a lease's tokens, a
+    /// charge's `max_debt` or when a credit's units were spent (us).
     pub(super) fn script_args(
         op: &str,
         tokens: u64,
         entries: &[(&PlannedEntry, u64)],
         at: Option<Nanos>,
     ) -> Vec<String> {
-        let mut args = Vec::with_capacity(3 + 6 * entries.len());
+        let mut args = Vec::with_capacity(4 + 7 * entries.len());
         args.push(at.map_or_else(String::new, |t| (t.as_u64() / 1000).to_string()));
         args.push(op.to_owned());
         args.push(tokens.to_string());
+        args.push(entries.len().to_string());
         for (e, number) in entries {
             let s = &e.limit.script;
             args.push(s.code.to_owned());
             args.extend(s.args.iter().map(u64::to_string));
             args.push(number.to_string());
+            args.push(e.expires.map_or(0, |end| end.as_u64() / 1000).to_string());
         }
         args
     }
@@ -108,15 +111,17 @@ pub(super) struct Reply {
     /// A lease: the wait until `min_tokens` could be granted again, when the grant left
     /// fewer ([`Nanos::MAX`] for never); zero otherwise.
     pub(super) refill_after: Nanos,
+    /// Units of debt the call's carry-overs could not keep.
+    pub(super) carry_forgiven: u64,
     /// One per entry.
     pub(super) decisions: Vec<Decision>,
 }
 
-/// Parses `{sec, usec, admitted, granted, duplicate, forgiven, refill_after, (verdict,
-/// limit, remaining, reset, wait)*}`.
+/// Parses `{sec, usec, admitted, granted, duplicate, forgiven, refill_after,
+/// carry_forgiven, (verdict, limit, remaining, reset, wait)*}`.
 pub(super) fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, CounterStoreError> {
     let (head, rest) = reply
-        .split_first_chunk::<7>()
+        .split_first_chunk::<8>()
         .ok_or_else(|| CounterStoreError::Protocol(format!("script reply has {} values", reply.len())))?;
     if rest.len() != 5 * entries {
         return Err(CounterStoreError::Protocol(format!(
@@ -124,7 +129,7 @@ pub(super) fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, Counte
             reply.len()
         )));
     }
-    let [sec, usec, admitted, granted, duplicate, forgiven, refill_after] = *head;
+    let [sec, usec, admitted, granted, duplicate, forgiven, refill_after, carry_forgiven] = *head;
     let at = Nanos::from_secs(non_negative(sec, "time")?)
         .saturating_add(Nanos(non_negative(usec, "time")?.saturating_mul(1000)));
     let mut decisions = Vec::with_capacity(entries);
@@ -145,6 +150,7 @@ pub(super) fn parse_reply(reply: &[i64], entries: usize) -> Result<Reply, Counte
         duplicate: duplicate == 1,
         forgiven: non_negative(forgiven, "forgiven")?,
         refill_after: wait(refill_after),
+        carry_forgiven: non_negative(carry_forgiven, "carry_forgiven")?,
         decisions,
     })
 }
@@ -156,16 +162,25 @@ mod tests {
     #[test]
     fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
         assert!(matches!(parse_reply(&[1, 2, 3], 1), Err(CounterStoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0], 1), Err(CounterStoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 9, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
-        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, -3, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 0, 5, 4, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1), Err(CounterStoreError::Protocol(_))));
+        assert!(matches!(
+            parse_reply(&[1, 2, 1, 0, 0, 0, 0, 0, 9, 5, 4, 0, 0], 1),
+            Err(CounterStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[-1, 2, 1, 0, 0, 0, 0, 0, 0, 5, 4, 0, 0], 1),
+            Err(CounterStoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[1, 2, 1, 0, 0, -3, 0, 0, 0, 5, 4, 0, 0], 1),
+            Err(CounterStoreError::Protocol(_))
+        ));
     }
 
     #[test]
     fn a_reply_is_read_into_decisions_and_the_redis_time() {
-        let reply = parse_reply(&[7, 5, 0, 3, 1, 2, 0, 2, 5, 0, 900, -1], 1).unwrap();
+        let reply = parse_reply(&[7, 5, 0, 3, 1, 2, 0, 0, 2, 5, 0, 900, -1], 1).unwrap();
 
         assert_eq!((reply.at, reply.admitted, reply.granted), (Nanos(7_000_005_000), false, 3));
         assert_eq!((reply.duplicate, reply.forgiven, reply.refill_after), (true, 2, Nanos::ZERO));
@@ -175,8 +190,8 @@ mod tests {
 
     #[test]
     fn a_lease_reply_carries_the_wait_until_its_minimum_is_back_with_minus_one_for_never() {
-        let soon = parse_reply(&[7, 5, 1, 2, 0, 0, 1_500_000_000, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
-        let never = parse_reply(&[7, 5, 1, 2, 0, 0, -1, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
+        let soon = parse_reply(&[7, 5, 1, 2, 0, 0, 1_500_000_000, 0, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
+        let never = parse_reply(&[7, 5, 1, 2, 0, 0, -1, 0, 0, 5, 0, 4_500_000_000, 0], 1).unwrap();
 
         assert_eq!((soon.granted, soon.refill_after), (2, Nanos(1_500_000_000)));
         assert_eq!(never.refill_after, Nanos::MAX);

@@ -1,7 +1,8 @@
 //! Whether credits give back alike on every store: what a token bucket, a fixed window and
 //! a sliding window get back of the units a check spent on an estimate and the request
-//! did not use, where nothing is given back, and how a credit is remembered by its id
-//! (scenarios of the shared behavioural suite).
+//! did not use (as many as the counter can take back, and the answer says how many),
+//! where nothing is given back, and how a credit is remembered by its id (scenarios of
+//! the shared behavioural suite).
 
 use shared_store::{Nanos, Verdict};
 use sluice_protocol::LimitSpec;
@@ -23,7 +24,11 @@ async fn a_token_bucket_credited_gets_its_units_back_and_never_more_than_its_bur
     // One token of debt left, at 500 ms a token.
     assert_eq!(back.decision.verdict, Verdict::Allowed);
     assert_eq!((back.decision.remaining, back.decision.reset_after), (3, Nanos::from_millis(500)));
-    assert_eq!((beyond_the_burst.credited, beyond_the_burst.decision.remaining), (5, 4), "full, and no fuller");
+    assert_eq!(
+        (beyond_the_burst.credited, beyond_the_burst.forgiven, beyond_the_burst.decision.remaining),
+        (1, 4, 4),
+        "full, and no fuller: the one token missing given back, the other four forgiven"
+    );
     assert_eq!(beyond_the_burst.decision.reset_after, Nanos::ZERO);
     assert_eq!((full.credited, full.forgiven, full.decision.remaining), (0, 1, 4), "nothing to give back to");
     assert_eq!((never_seen.credited, never_seen.forgiven, never_seen.decision.remaining), (0, 1, 4));
@@ -33,12 +38,13 @@ async fn a_token_bucket_credited_gets_its_units_back_and_never_more_than_its_bur
 async fn a_token_bucket_that_refilled_meanwhile_is_credited_only_up_to_full(target: Target<'_>, tag: &str) {
     one(target, tag, entry("k", bucket(), 4), 0).await;
 
-    // 1.5 s on, three tokens are back: a credit of 3 tops the bucket up to its 4.
+    // 1.5 s on, three tokens are back: a credit of 3 tops the bucket up to its 4, giving
+    // back the one token missing.
     let topped_up = target.credit(tag, "k", bucket(), (3, t_us(0)), t_us(1500 * MS)).await;
     let burst = one(target, tag, entry("k", bucket(), 4), 1500 * MS).await;
     let fifth = one(target, tag, entry("k", bucket(), 1), 1500 * MS).await;
 
-    assert_eq!((topped_up.credited, topped_up.decision.remaining), (3, 4));
+    assert_eq!((topped_up.credited, topped_up.forgiven, topped_up.decision.remaining), (1, 2, 4));
     assert_eq!(burst.verdict, Verdict::Allowed);
     assert_eq!(fifth.verdict, Verdict::Rejected { retry_after: Nanos::from_millis(500) });
 }
@@ -60,7 +66,11 @@ async fn a_fixed_window_is_credited_only_in_the_window_the_spend_counted_in(targ
     assert_eq!((spent_earlier.credited, spent_earlier.forgiven, spent_earlier.decision.remaining), (0, 1, 4));
     assert_eq!((window_gone.credited, window_gone.forgiven), (0, 2), "the window that counted it has ended");
     assert_eq!(window_gone.decision.remaining, 3);
-    assert_eq!((this_window.credited, this_window.decision.remaining), (5, 5), "down to zero, never below");
+    assert_eq!(
+        (this_window.credited, this_window.forgiven, this_window.decision.remaining),
+        (2, 3, 5),
+        "down to zero, never below: the 2 counted given back, the rest forgiven"
+    );
     assert_eq!(this_window.decision.reset_after, Nanos::ZERO);
     assert_eq!((at_zero.credited, at_zero.forgiven), (0, 1), "nothing counted: nothing to give back");
 }

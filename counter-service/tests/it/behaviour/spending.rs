@@ -214,8 +214,9 @@ async fn a_lease_and_a_charge_share_the_counter_whatever_numbers_they_carry(targ
     assert_eq!(leased.granted, 10);
     assert_eq!((raised.granted, raised.decision.verdict), (0, rejected(60_000)), "the raise hands out nothing");
     assert_eq!((charged.charged, charged.forgiven), (2, 1), "empty under 20, then 2 below empty");
-    // Back under 10: 22 spent is more than empty, so empty (a debt is capped at empty).
-    assert_eq!(checked.verdict, rejected(60_000));
+    // Back under 10: still 2 below empty (a debt is carried over whole, up to the new
+    // capacity), so one unit waits for three tokens, a minute each.
+    assert_eq!(checked.verdict, rejected(180_000));
 }
 
 on_every_store!(

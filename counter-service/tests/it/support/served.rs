@@ -60,6 +60,7 @@ impl Target<'_> {
                     admitted: answer.admitted,
                     at: Nanos(answer.at_ns),
                     decisions: answer.entries.iter().map(EntryResponse::decision).collect(),
+                    carry_forgiven: answer.carry_forgiven,
                 }
             }
         }
@@ -91,6 +92,7 @@ impl Target<'_> {
                     at: Nanos(answer.at_ns),
                     decision: answer.entry.decision(),
                     refill_after: Nanos(answer.refill_after_ns),
+                    carry_forgiven: answer.carry_forgiven,
                 }
             }
         }
@@ -134,6 +136,7 @@ impl Target<'_> {
                     duplicate: answer.duplicate,
                     at: Nanos(answer.at_ns),
                     decision: answer.entry.decision(),
+                    carry_forgiven: answer.carry_forgiven,
                 }
             }
         }
@@ -175,14 +178,12 @@ impl Target<'_> {
                     duplicate: answer.duplicate,
                     at: Nanos(answer.at_ns),
                     decision: answer.entry.decision(),
+                    carry_forgiven: answer.carry_forgiven,
                 }
             }
         };
         if !outcome.duplicate {
-            assert!(
-                [(units, 0), (0, units)].contains(&(outcome.credited, outcome.forgiven)),
-                "all or nothing: {outcome:?}"
-            );
+            assert_eq!(outcome.credited + outcome.forgiven, units, "what is not given back is forgiven: {outcome:?}");
         }
         outcome
     }

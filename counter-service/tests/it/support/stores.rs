@@ -20,6 +20,13 @@ pub fn redis_store(server: &RedisServer) -> CounterStore {
     ))
 }
 
+/// A store on `server` that decides with `script` (a mutant of the real one).
+pub fn redis_store_running(server: &RedisServer, script: std::borrow::Cow<'static, str>) -> CounterStore {
+    CounterStore::Redis(Box::new(
+        RedisCounters::with_script(redis_config(vec![server.url()], Topology::Standalone), script).expect("store"),
+    ))
+}
+
 pub fn cluster_store(cluster: &RedisCluster) -> CounterStore {
     CounterStore::Redis(Box::new(RedisCounters::new(redis_config(cluster.urls(), Topology::Cluster)).expect("store")))
 }

@@ -13,6 +13,19 @@ pub(crate) struct Rules {
     pub(crate) low_water: u64,
     /// How long an election holds (the callout's deadline and a margin).
     pub(crate) refill_window: Nanos,
+    /// While the service says the budget is empty, how often a request asks again
+    /// anyway (the lease's duration): an operator's bypass, or the end of a clamp, may
+    /// have changed the answer since, and the READMEs promise it is obeyed within the
+    /// service's sweep and one lease duration.
+    pub(crate) probe_every: Nanos,
+}
+
+impl Rules {
+    /// Elects a refill in `record` at `now`.
+    fn elect(self, record: &mut Record, now: Nanos) {
+        record.refill_until = now.saturating_add(self.refill_window);
+        record.asked_at = now;
+    }
 }
 
 /// What a spend found.
@@ -27,6 +40,10 @@ pub(crate) enum Spend {
     /// The service granted nothing until then (the global budget is spent), `under` an
     /// operator's override when its answer said so.
     Empty { until: Nanos, under: Option<AppliedOverride> },
+    /// As `Empty`, but a lease duration has passed since the last refill: this request
+    /// was elected to ask again (a probe, which it waits for, as for `Wait { elected:
+    /// true }`); when no refill can be sent, the empty budget stands.
+    Probe { until: Nanos, under: Option<AppliedOverride> },
     /// The last refill failed (for this reason index) after the request began waiting:
     /// apply the failure rule.
     Failed { reason: u64 },
@@ -127,17 +144,24 @@ impl<S: Store> Leases<'_, S> {
                 let left = record.live_tokens(now);
                 let refill = refill_free && left < rules.low_water && now >= record.empty_until;
                 if refill {
-                    record.refill_until = now.saturating_add(rules.refill_window);
+                    rules.elect(record, now);
                 }
                 return (true, Spend::Spent { refill, under: record.under() });
             }
             if now < record.empty_until {
+                // The service said the budget is empty until then. Once a lease duration
+                // has passed since the last refill, one request asks again (a probe, which
+                // it waits for); the others are rejected with the service's wait.
+                if refill_free && now >= record.asked_at.saturating_add(rules.probe_every) {
+                    rules.elect(record, now);
+                    return (true, Spend::Probe { until: record.empty_until, under: record.under() });
+                }
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if !refill_free {
                 return (false, Spend::Wait { elected: false });
             }
-            record.refill_until = now.saturating_add(rules.refill_window);
+            rules.elect(record, now);
             (true, Spend::Wait { elected: true })
         })?;
         Ok(taken_if_none(outcome))
@@ -174,14 +198,16 @@ impl<S: Store> Leases<'_, S> {
                 record.take(cost, now);
                 return (true, Spend::Spent { refill: false, under: record.under() });
             }
-            if now < record.empty_until {
+            // While a refill is in flight on an empty budget (a probe), its waiters wait
+            // for its answer rather than for the wait it may change.
+            if now < record.empty_until && now >= record.refill_until {
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if record.failed_at >= since && record.failed_at > Nanos::ZERO {
                 return (false, Spend::Failed { reason: record.failed_reason });
             }
             if may_elect && now >= record.refill_until {
-                record.refill_until = now.saturating_add(rules.refill_window);
+                rules.elect(record, now);
                 return (true, Spend::Wait { elected: true });
             }
             (false, Spend::Wait { elected: false })
@@ -221,20 +247,22 @@ impl<S: Store> Leases<'_, S> {
 
     /// Settles a response's cost above its estimate (`excess` units, already served):
     /// what the lease's live tokens hold is taken from them; the rest is owed like a
-    /// fallback's admissions, up to `max_debt`, and charged to the service later. Returns
-    /// what was forgiven (beyond `max_debt`) and whether the record now owes something.
+    /// fallback's admissions, up to `max_debt`, on the global counter `whose` names, and
+    /// charged to the service later (`None`: no counter can be named, the request's
+    /// partition could not be read, so nothing is owed). Returns what was forgiven
+    /// (beyond `max_debt`, or owed nowhere) and whether the record now owes something.
     pub(crate) fn overspend(
         &self,
         place: &Placement,
         excess: u64,
         max_debt: u64,
-        (counter, tag): (u128, Option<u128>),
+        whose: Option<(u128, Option<u128>)>,
         now: Nanos,
     ) -> Result<Updated<(u64, bool)>, UpdateError> {
         let updated = self.update(place, now, |record| {
             let taken = excess.min(record.live_tokens(now));
             record.take(taken, now);
-            let owed = record.owe(excess - taken, max_debt, (counter, tag), now);
+            let owed = whose.map_or(0, |whose| record.owe(excess - taken, max_debt, whose, now));
             (taken > 0 || owed > 0, (excess - taken - owed, record.debt > 0))
         })?;
         Ok(Updated { result: Some(updated.result.unwrap_or((excess, false))), forgiven: updated.forgiven })

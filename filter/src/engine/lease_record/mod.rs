@@ -16,8 +16,9 @@
 //!   deadline the election is void, so a worker that died or whose callout never returns
 //!   cannot block refills for longer than one callout's deadline;
 //! * `empty_until`: the service granted nothing (the global budget is spent); until then
-//!   requests the live tokens cannot cover are rejected with the time left, without
-//!   asking again;
+//!   requests the live tokens cannot cover are rejected with the time left, except one
+//!   per lease duration since the last election (`asked_at`), which asks again (a probe:
+//!   an operator's override may have changed the answer since);
 //! * `failed_at`: the last refill that failed: requests waiting for it apply the failure
 //!   rule at once;
 //! * `debt`: units admitted under the failure rule while the service could not decide,

@@ -11,9 +11,13 @@ pub(crate) const MAX_ATTEMPTS: u32 = 16;
 /// the debt is forgiven (counted as `lease.forgiven`). Charges are retried meanwhile.
 pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
-pub(crate) const VERSION: u8 = 4;
+pub(crate) const VERSION: u8 = 5;
 /// Encoded fields, each a little-endian u64.
-pub(crate) const FIELDS: usize = 26;
+pub(crate) const FIELDS: usize = 27;
+/// Version 4, a record without `asked_at` (written by an earlier build), is still read.
+const VERSION_4: u8 = 4;
+/// The fields of a version-4 record.
+const FIELDS_V4: usize = 26;
 /// Version 3, a record without the override of its latest grant (written by an earlier
 /// build), is still read.
 const VERSION_3: u8 = 3;
@@ -85,6 +89,9 @@ pub(crate) struct Record {
     /// spending this lease are decided under.
     pub(crate) override_id: u64,
     pub(crate) override_kind: u64,
+    /// When a refill was last elected (0: never, or not known): while the service says
+    /// the budget is empty, the next is elected no sooner than a lease duration later.
+    pub(crate) asked_at: Nanos,
 }
 
 impl Record {
@@ -116,6 +123,7 @@ impl Record {
             self.granted_at.0,
             self.override_id,
             self.override_kind,
+            self.asked_at.0,
         ]
     }
 
@@ -123,13 +131,21 @@ impl Record {
         words::encode(VERSION, &self.fields())
     }
 
-    /// `None` for bytes that are not a record of this version (or of version 2, whose
-    /// charge in flight is taken as first claimed when its last send's window ended).
+    /// `None` for bytes that are not a record of this version (or of version 4, whose
+    /// last election is not known; 3, granted under no override; or 2, whose charge in
+    /// flight is taken as first claimed when its last send's window ended).
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         if let Some((VERSION, fields)) = words::decode::<FIELDS>(bytes) {
             return Some(Self::from_fields(fields));
         }
         let mut fields = [0; FIELDS];
+        if let Some((VERSION_4, old)) = words::decode::<FIELDS_V4>(bytes) {
+            // No election known: the next may be elected at once.
+            for (field, value) in fields.iter_mut().zip(old) {
+                *field = value;
+            }
+            return Some(Self::from_fields(fields));
+        }
         if let Some((VERSION_3, old)) = words::decode::<FIELDS_V3>(bytes) {
             // No override known: none.
             for (field, value) in fields.iter_mut().zip(old) {
@@ -174,6 +190,7 @@ impl Record {
             granted_at,
             override_id,
             override_kind,
+            asked_at,
         ] = fields;
         let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
         Self {
@@ -197,6 +214,7 @@ impl Record {
             tag: (has_tag != 0).then(|| wide(tag_low, tag_high)),
             override_id,
             override_kind,
+            asked_at: Nanos(asked_at),
         }
     }
 

@@ -3,7 +3,7 @@
 use super::*;
 use shared_store::{MemoryStore, Placement, Store};
 
-const RULES: Rules = Rules { low_water: 2, refill_window: Nanos(100) };
+const RULES: Rules = Rules { low_water: 2, refill_window: Nanos(100), probe_every: Nanos(2000) };
 const T: Nanos = Nanos(1_000_000);
 
 fn place() -> Placement {
@@ -321,8 +321,8 @@ fn a_cost_above_its_estimate_is_taken_from_the_lease_and_owed_beyond_it_up_to_th
     let leases = Leases { store: &store, anchor: "a" };
     grant(&leases, 5, T, 1000, T);
 
-    let within = leases.overspend(&place(), 3, 4, (9, None), T).unwrap().result.unwrap();
-    let beyond = leases.overspend(&place(), 8, 4, (9, None), T).unwrap().result.unwrap();
+    let within = leases.overspend(&place(), 3, 4, Some((9, None)), T).unwrap().result.unwrap();
+    let beyond = leases.overspend(&place(), 8, 4, Some((9, None)), T).unwrap().result.unwrap();
 
     assert_eq!(within, (0, false), "three of the five live tokens");
     assert_eq!(beyond, (2, true), "two tokens left, four owed, two forgiven");
@@ -371,6 +371,7 @@ fn a_record_survives_its_encoding() {
         tag: Some((20 << 64) | 21),
         override_id: 24,
         override_kind: 2,
+        asked_at: Nanos(25),
     };
 
     assert_eq!(Record::decode(&r.encode()), Some(r));
@@ -388,4 +389,35 @@ fn a_version_3_record_left_by_an_earlier_build_reads_as_one_granted_under_no_ove
     let read = Record::decode(&old).expect("a version-3 record is read");
 
     assert_eq!((read.owner, read.debt, read.under()), (7, 3, None));
+}
+
+#[test]
+fn a_version_4_record_left_by_an_earlier_build_reads_as_one_whose_last_election_is_not_known() {
+    let current = Record { owner: 7, debt: 3, override_id: 9, override_kind: 1, asked_at: at(5), ..Record::default() };
+    let fields = current.fields();
+    let old: [u8; shared_store::words::width(26)] =
+        shared_store::words::encode(4, &<[u64; 26]>::try_from(&fields[..26]).unwrap());
+
+    let read = Record::decode(&old).expect("a version-4 record is read");
+
+    assert_eq!(read, Record { asked_at: Nanos::ZERO, ..current });
+}
+
+#[test]
+fn while_the_budget_is_empty_one_request_asks_again_each_lease_duration_and_its_waiter_waits_for_the_answer() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let _ = spend(&leases, 1, T);
+    leases.grant(&place(), 0, None, T, Nanos(1000), (Nanos(60_000), Nanos::ZERO), None, at(10)).unwrap();
+
+    assert_eq!(spend(&leases, 1, at(1999)), Spend::Empty { until: at(60_010), under: None });
+    let probe = Spend::Probe { until: at(60_010), under: None };
+    assert_eq!(spend(&leases, 1, at(2000)), probe, "a lease duration after the last ask");
+    assert_eq!(spend(&leases, 1, at(2001)), Spend::Empty { until: at(60_010), under: None }, "one at a time");
+    let retried = leases.retry(&place(), 1, at(2050), at(2000), 9, true, RULES).unwrap().result.unwrap();
+    assert_eq!(retried, Spend::Wait { elected: false }, "the probe's waiter waits for its answer");
+    let late = leases.retry(&place(), 1, at(2100), at(2000), 9, true, RULES).unwrap().result.unwrap();
+    assert_eq!(late, Spend::Empty { until: at(60_010), under: None }, "its answer never came: the wait stands");
+    assert_eq!(spend(&leases, 1, at(3999)), Spend::Empty { until: at(60_010), under: None });
+    assert_eq!(spend(&leases, 1, at(4000)), probe);
 }

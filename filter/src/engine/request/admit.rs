@@ -4,8 +4,9 @@
 //! back, and its reply.
 
 use super::state::Granted;
+use crate::engine::cause::Note;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom};
+use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom, Tally};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::overridden;
@@ -15,6 +16,7 @@ use crate::engine::setup::Setup;
 use crate::engine::slots;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Reservation, Store};
+use sluice_protocol::AppliedOverride;
 
 /// The admitted path: keep the spend, decide shadows, build the headers, and hold the
 /// request if a policy shapes it.
@@ -67,8 +69,8 @@ pub(crate) fn conclude<S: Store, C: Clock>(
     admit(setup, granted, limiter, metrics)
 }
 
-/// Rejects a request after some of it was spent: gives back its lease spends, its
-/// local reservation and its concurrency slots, and has its check spends credited back at the service.
+/// Rejects a request after some of it was spent: gives back everything it spent
+/// ([`unspend`]).
 pub(crate) fn reject<S: Store, C: Clock>(
     setup: &Setup,
     granted: Granted,
@@ -77,6 +79,31 @@ pub(crate) fn reject<S: Store, C: Clock>(
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
 ) -> Decided {
+    let Unspent { tally, fallback, overrides } = unspend(setup, granted, limiter, metrics);
+    let note = fallback.as_ref().map(|note| note.render(&setup.policies));
+    let mut response = rejection(setup, strictest, status, note.as_deref());
+    overridden::add_header(setup, &overrides, &mut response.headers);
+    Decided::new(Outcome::Reject(response), tally)
+}
+
+/// What is left of a request once everything it spent has been given back: how it is
+/// counted, and what its rejection names.
+pub(crate) struct Unspent {
+    pub(crate) tally: Tally,
+    pub(crate) fallback: Option<Note>,
+    pub(crate) overrides: Vec<(usize, AppliedOverride)>,
+}
+
+/// Gives back everything a request that will not be forwarded has spent (a rejection
+/// after some of it was spent, or a stream that ended while it waited): its lease spends
+/// (to the lease, while it lives), its local reservation and its concurrency slots, and
+/// its check spends, credited back at the service.
+pub(crate) fn unspend<S: Store, C: Clock>(
+    setup: &Setup,
+    granted: Granted,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Unspent {
     let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
     for (_, slot, cost) in &granted.spent {
@@ -87,10 +114,7 @@ pub(crate) fn reject<S: Store, C: Clock>(
     for spent in &granted.checked_spent {
         settlement::refund(setup, spent.policy, (spent.key, &spent.tag, spent.at_ns), spent.cost, now, metrics);
     }
-    let note = granted.fallback.as_ref().map(|note| note.render(&setup.policies));
-    let mut response = rejection(setup, strictest, status, note.as_deref());
-    overridden::add_header(setup, &granted.overrides, &mut response.headers);
-    Decided::new(Outcome::Reject(response), granted.tally)
+    Unspent { tally: granted.tally, fallback: granted.fallback, overrides: granted.overrides }
 }
 
 /// Gives a local reservation back, counting what could not be (under the first local

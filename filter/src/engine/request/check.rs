@@ -11,6 +11,7 @@ use super::fallback::apply_failure_rule;
 use super::local::Admitted;
 use super::state::{CheckSpent, CheckWait, Global, Granted, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
+use crate::engine::calls::UNREAD_TAG;
 use crate::engine::cause::Cause;
 use crate::engine::compiled::Home;
 use crate::engine::headers;
@@ -46,8 +47,9 @@ pub(crate) fn enter<S: Store, C: Clock>(
             for resolved in checked.iter().chain(&leased) {
                 metrics.add(resolved.policy, Counter::ReadFailures, 1);
             }
-            // No tag could be read: the lease policies that fall back owe under none.
-            let global = Global { granted, checked, leased, tag: String::new() };
+            // No tag could be read: the lease policies that fall back owe nothing (no
+            // counter could be named to charge it to), and that is counted as forgiven.
+            let global = Global { granted, checked, leased, tag: UNREAD_TAG.to_owned() };
             return degrade(setup, Cause::Service(Reason::DispatchFailed), global, true, limiter, metrics);
         }
     };

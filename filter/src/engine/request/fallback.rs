@@ -200,7 +200,13 @@ fn owe<S: Store, C: Clock>(
     let (Some(leased), Place::Global { key, lease: Some(slot), .. }) = (setup.leased_home(policy), &resolved.at) else {
         return;
     };
-    let whose = (*key, tag_bits(tag));
+    let Some(bits) = tag_bits(tag) else {
+        // The request's partition could not be read: its counter cannot be named, and a
+        // charge under another tag would go to a counter nobody spends from.
+        metrics.add(policy, Counter::LeaseForgiven, units(cost));
+        return;
+    };
+    let whose = (*key, bits);
     let owed = setup.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, whose, now);
     match counted(policy, owed, metrics) {
         Ok(Some((forgiven, owes))) => {

@@ -4,7 +4,9 @@
 //! A request spends every lease policy it matches. One that spent and left its lease
 //! low elects a refill; one whose lease is empty waits for a refill (electing it, when
 //! none is in flight, for itself: the grant is then held for it); one whose service
-//! granted nothing rejects the request with the service's wait; one that cannot be
+//! granted nothing rejects the request with the service's wait, except that once per
+//! lease duration one request asks again and waits (a probe: an operator's override may
+//! have changed the answer); one that cannot be
 //! decided (its refill failed, its slot is another key's, its record cannot be written,
 //! the circuit is open, the wait ran out, the worker holds `max_waiting` already) takes
 //! its own failure rule, counted under its own cause, and the others are still spent.
@@ -90,7 +92,14 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 }
                 waiting.push(resolved);
             }
-            Spent::Done(Spend::Empty { until, under }) => {
+            Spent::Done(Spend::Probe { .. }) if !circuit_open(setup, limiter) => {
+                // Asks again whether the budget is still empty, and waits for the answer.
+                elect(setup, &tag, &resolved, Asker::Waiter { waiter, cost: resolved.cost });
+                waiting.push(resolved);
+            }
+            // No probe can leave while the circuit is open: the budget the service said
+            // is empty stands (the election expires with its window).
+            Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
                 count_causes(&failed, metrics);
@@ -145,7 +154,8 @@ pub(crate) fn retry<S: Store, C: Clock>(
                 granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
-            Spent::Done(Spend::Empty { until, under }) => {
+            // (A retry never probes: it waited for the refill that found the budget empty.)
+            Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 count_causes(&failed, metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
@@ -225,7 +235,8 @@ fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<
     else {
         return None;
     };
-    Some((slot, Rules { low_water: home.config.low_water, refill_window: window }))
+    let probe_every = home.config.duration();
+    Some((slot, Rules { low_water: home.config.low_water, refill_window: window, probe_every }))
 }
 
 /// Puts a refill of `resolved`'s lease in the outbox.
@@ -250,11 +261,10 @@ fn open_circuit_decides<S: Store, C: Clock>(
     if waiting.is_empty() {
         return;
     }
-    let now = limiter.clock().now();
-    let open = setup.service.as_ref().is_some_and(|s| s.breaker.admit_quietly(limiter.store(), now) == Admit::Open);
-    if !open {
+    if !circuit_open(setup, limiter) {
         return;
     }
+    let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
     let mut given_up = Vec::new();
     for resolved in std::mem::take(waiting) {
@@ -268,6 +278,12 @@ fn open_circuit_decides<S: Store, C: Clock>(
     if let Ok(mut outbox) = setup.outbox.try_borrow_mut() {
         outbox.retain(|call| !matches!(call, Outgoing::Refill(target, _) if given_up.contains(&target.slot.key)));
     }
+}
+
+/// Whether the circuit breaker is open: no refill can be sent (a shared-data read).
+fn circuit_open<S: Store, C: Clock>(setup: &Setup, limiter: &Limiter<S, C>) -> bool {
+    let now = limiter.clock().now();
+    setup.service.as_ref().is_some_and(|s| s.breaker.admit_quietly(limiter.store(), now) == Admit::Open)
 }
 
 /// The service granted nothing to this caller: reject with the time it said.

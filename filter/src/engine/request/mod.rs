@@ -122,9 +122,13 @@ pub(crate) fn decide_now<S: Store, C: Clock>(
     }
 }
 
-/// Forgets a waiting request whose stream ended: its local reservation and concurrency
-/// slots are given back (it was never forwarded), it is counted as rejected and abandoned, and if its check
-/// was the probe of a half-open circuit, the next request probes instead.
+/// Forgets a waiting request whose stream ended: it was never forwarded, so everything
+/// it spent is given back as a rejection gives it back (its lease spends, its local
+/// reservation and concurrency slots, and what an admitting check spent, credited back
+/// at the service); it is counted as rejected and abandoned; and if its check was the
+/// probe of a half-open circuit, the next request probes instead. A check still in
+/// flight keeps whatever the service spends for it: its answer, which says so, is lost
+/// with the stream (stricter, never looser).
 pub(crate) fn forget<S: Store, C: Clock>(
     setup: &Setup,
     pending: Pending,
@@ -143,10 +147,9 @@ pub(crate) fn forget<S: Store, C: Clock>(
         Pending::Check(wait) => wait.global.granted,
         Pending::Lease(wait) => wait.rest.granted,
     };
-    admit::give_back(granted.reservation, &granted.local, limiter, metrics);
-    crate::engine::slots::release(setup, granted.slots.into_vec(), limiter, metrics);
-    granted.tally.settle(Disposition::Rejected, metrics);
-    granted.tally.abandon(metrics);
+    let tally = admit::unspend(setup, granted, limiter, metrics).tally;
+    tally.settle(Disposition::Rejected, metrics);
+    tally.abandon(metrics);
 }
 
 /// The most requests a worker should hold waiting for this request's refills

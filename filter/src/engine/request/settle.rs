@@ -67,15 +67,17 @@ pub(crate) fn settle<S: Store, C: Clock>(
             let Some(leased) = setup.leased_home(policy) else { return };
             let leases = setup.leases(limiter.store());
             let now = limiter.clock().now();
+            // `None` when the request's partition could not be read: its estimate was
+            // owed nowhere (forgiven when the failure rule admitted it), and so is any
+            // excess beyond what the lease's live tokens hold.
+            let whose = tag_bits(tag).map(|bits| (*key, bits));
             let forgiven = if actual > owed.estimate {
                 let excess = actual - owed.estimate;
-                match counted(
-                    policy,
-                    leases.overspend(slot, excess, leased.config.max_debt, (*key, tag_bits(tag)), now),
-                    metrics,
-                ) {
+                match counted(policy, leases.overspend(slot, excess, leased.config.max_debt, whose, now), metrics) {
                     Ok(Some((forgiven, owes))) => {
-                        if owes {
+                        // Debt of this key owed under its known tag is charged by that
+                        // request's schedule, or the sweep: never under an unread tag.
+                        if owes && whose.is_some() {
                             setup.schedule_charge(Target { policy, slot: slot.clone(), key: *key, tag: tag.clone() });
                         }
                         add(metrics, policy, Counter::CostCharged, excess - forgiven);
@@ -84,6 +86,9 @@ pub(crate) fn settle<S: Store, C: Clock>(
                     // The slot is another key's, or the record could not be written.
                     Ok(None) | Err(_) => excess,
                 }
+            } else if whose.is_none() {
+                // Nothing was spent or owed for the estimate: nothing to give back.
+                0
             } else {
                 let unused = owed.estimate - actual;
                 match counted(policy, leases.unspend(slot, unused, now), metrics) {

@@ -162,6 +162,91 @@ fn an_empty_global_budget_rejects_with_the_services_wait_and_asks_no_more_until_
     assert_eq!(w.tick(|_| granted(10)), 0, "no refill while the service said the budget is empty");
 }
 
+/// A grant of `n` tokens under an operator's override of `kind`.
+pub(super) fn granted_under(n: u64, kind: &str) -> CalloutAnswer {
+    let CalloutAnswer::Response { body, .. } = granted(n) else { unreachable!() };
+    let body = String::from_utf8(body).unwrap();
+    let body = body.trim_end().strip_suffix('}').unwrap().to_owned()
+        + &format!(r#","override":{{"id":"ovr-00000000000000c1","kind":"{kind}"}}}}"#);
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
+}
+
+/// How long the lease of [`LEASED`] lives.
+const DURATION: Nanos = Nanos::from_secs(2);
+
+#[test]
+fn a_lease_the_service_left_empty_for_long_asks_again_once_a_lease_duration_has_passed_so_a_bypass_is_obeyed_in_time() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    // The caller's budget is empty for an hour: its requests are rejected without asking.
+    let _ = w.tick(|_| nothing_granted(3_600_000));
+    assert_eq!(status(&w.retry(pending)), Some(429));
+    w.limiter.clock().advance(DURATION.saturating_sub(Nanos(1)));
+    assert_eq!(status(&w.begin()), Some(429));
+    assert_eq!(w.tick(|_| granted(10)), 0, "nothing is asked within a lease's duration");
+
+    // An operator lets the caller through. Once a lease's duration has passed since the
+    // last refill, one request asks again (and waits for the answer); the others are
+    // still rejected at once with the service's wait.
+    w.limiter.clock().advance(Nanos(1));
+    let probe = waiting(w.begin());
+    assert_eq!(status(&w.begin()), Some(429), "one probe at a time");
+    assert_eq!(w.tick(|_| granted_under(10, "bypass")), 1);
+
+    assert_eq!(status(&w.retry(probe)), Some(200), "the bypass is obeyed by the request that asked");
+    assert_eq!(status(&w.begin()), Some(200));
+    assert_eq!(w.metrics.get(0, Counter::OverrideBypassed), 2);
+    assert_eq!(w.metrics.get(0, Counter::LeaseRefills), 2);
+}
+
+#[test]
+fn a_probe_of_an_empty_lease_waits_for_its_answer_and_one_that_finds_it_still_empty_rejects_with_the_new_wait() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    let _ = w.tick(|_| nothing_granted(3_600_000));
+    let _ = w.retry(pending);
+    w.limiter.clock().advance(DURATION);
+
+    let probe = waiting(w.begin());
+    let sent = w.engine.take_outgoing(&w.limiter, false);
+    let probe = waiting(w.retry(probe));
+    for call in sent {
+        if let Some(out) = w.engine.dispatch_outgoing(call, &mut w.callouts, &w.limiter, &mut w.metrics) {
+            w.engine.outgoing_answered(out, &nothing_granted(5_000), &w.limiter, &mut w.metrics, |_| true);
+        }
+    }
+    let rejected = w.retry(probe);
+
+    let Begun::Decided(Decided { outcome: Outcome::Reject(response), .. }) = rejected else {
+        panic!("the budget is still empty: {rejected:?}")
+    };
+    assert!(response.headers.iter().any(|(n, v)| n == "retry-after" && v == "5"), "{:?}", response.headers);
+    assert_eq!(status(&w.begin()), Some(429));
+    assert_eq!(w.tick(|_| granted(10)), 0, "the next probe waits another lease duration");
+    assert_eq!(w.metrics.plugin(PluginCounter::Waiting), 0);
+}
+
+#[test]
+fn with_the_circuit_open_a_locked_out_caller_keeps_the_services_wait_rather_than_taking_the_failure_rule() {
+    let mut w = world();
+    let pending = waiting(w.begin());
+    let _ = w.tick(|_| nothing_granted(3_600_000));
+    let _ = w.retry(pending);
+    w.limiter.clock().advance(DURATION);
+    let now = w.limiter.clock().now();
+    let breaker = &w.engine.0.service.as_ref().unwrap().breaker;
+    for _ in 0..5 {
+        let _ = breaker.record(w.limiter.store(), now, Some(false), now);
+    }
+
+    let decided = w.begin();
+
+    assert_eq!(status(&decided), Some(429), "no probe can leave: the budget the service said is empty stands");
+    assert_eq!(w.metrics.get(0, Counter::EmergencyAllowed), 0);
+    assert_eq!(w.metrics.get(0, Counter::DegradedCircuitOpen), 0);
+    assert_eq!(w.engine.take_outgoing(&w.limiter, false), Vec::new(), "no refill elected");
+}
+
 #[test]
 fn a_failed_refill_sends_waiters_to_the_emergency_cap_and_what_it_admits_is_paid_back_after_recovery() {
     let mut w = world();

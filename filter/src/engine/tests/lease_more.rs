@@ -340,3 +340,96 @@ fn a_grant_that_empties_the_budget_serves_its_waiter_and_rejects_the_next_with_t
     assert!(response.headers.iter().any(|(n, v)| n == "retry-after" && v == "1"), "{:?}", response.headers);
     assert_eq!(w.tick(|_| granted(10)), 0, "no refill until the service's wait has passed");
 }
+
+/// One lease policy whose counters live under a partition (the caller's tenant), one slot,
+/// failing open, with a cost the response reports.
+const PARTITIONED: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
+                      "partition": [{"header": "x-tenant"}]},
+  "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
+                "cost": {"response_header": "x-usage", "estimate": 1, "max": 50},
+                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_debt": 100}},
+                "on_failure": {"action": "allow"}}]
+}"#;
+
+/// A request whose `x-tenant` header reads once and then fails as a host error would:
+/// its key is read, its partition is not.
+struct PartitionUnread {
+    request: FakeRequest,
+    reads: std::cell::Cell<u32>,
+}
+
+impl crate::host::RequestFacts for PartitionUnread {
+    fn header(&self, name: &str) -> Result<Option<Vec<u8>>, crate::host::HostFailure> {
+        if name == "x-tenant" {
+            self.reads.set(self.reads.get() + 1);
+            if self.reads.get() > 1 {
+                return Err(crate::host::HostFailure { status: 2 });
+            }
+        }
+        self.request.header(name)
+    }
+
+    fn property(&self, path: &[&str]) -> Result<Option<Vec<u8>>, crate::host::HostFailure> {
+        self.request.property(path)
+    }
+}
+
+#[test]
+fn what_the_failure_rule_admits_when_the_partition_cannot_be_read_is_owed_to_no_counter_and_counted_as_forgiven() {
+    let mut w = world_with(PARTITIONED);
+    let request = PartitionUnread { request: tenant("acme"), reads: std::cell::Cell::new(0) };
+
+    let decided = w.engine.begin(&request, &w.limiter, &mut w.callouts, true, &mut w.metrics);
+    let Begun::Decided(Decided { outcome: Outcome::Continue { .. }, owed, .. }) = decided else {
+        panic!("the failure rule (allow) admits: {decided:?}")
+    };
+    // Its response costs 20 (1 spent on the estimate): 19 more.
+    for owed in &owed {
+        w.engine.settle_cost(owed, Some(20), &w.limiter, &mut w.metrics);
+    }
+    // The service answers again; the sweep reads every slot.
+    w.engine.sweep_debts(&w.limiter);
+    let _ = w.tick(|_| charged(20));
+
+    assert_eq!(w.metrics.get(0, Counter::ReadFailures), 1);
+    assert_eq!(w.metrics.get(0, Counter::FailureAllowed), 1);
+    let charges: Vec<&str> = w
+        .callouts
+        .sent
+        .iter()
+        .filter(|c| c.headers.iter().any(|(n, v)| n == ":path" && v == "/v1/charge"))
+        .map(|c| c.body.as_str())
+        .collect();
+    assert_eq!(charges, Vec::<&str>::new(), "its counter's tag is unknown: no charge to a phantom counter");
+    assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 0);
+    assert_eq!(w.metrics.get(0, Counter::LeaseForgiven), 1, "the estimate the failure rule admitted");
+    assert_eq!(w.metrics.get(0, Counter::CostForgiven), 19, "the response's cost above it");
+    assert_eq!(w.metrics.get(0, Counter::CostCharged), 0);
+}
+
+/// The live tokens of policy `index`'s lease for `request`.
+fn lease_tokens(w: &World, request: &FakeRequest, index: usize) -> u64 {
+    let Place::Global { lease: Some(slot), .. } = resolve_lease(w, request, index) else { unreachable!() };
+    let now = w.limiter.clock().now();
+    w.engine.0.leases(w.limiter.store()).peek(&slot, now).unwrap().map_or(0, |r| r.live_tokens(now))
+}
+
+#[test]
+fn a_stream_that_ends_while_one_lease_waits_gives_back_what_its_other_lease_spent_as_a_rejection_would() {
+    let mut w = world_with(TWO_LEASES);
+    let first = waiting(w.begin_with(&routed("a", "t")));
+    let _ = w.tick(|_| granted(10));
+    assert_eq!(status(&w.retry(first)), Some(200));
+    let before = lease_tokens(&w, &routed("a", "u"), 0);
+
+    // Route "a" has tokens; tenant "u" has none yet: the request spends the route's lease,
+    // then waits for the tenant's refill, and its client leaves.
+    let pending = waiting(w.begin_with(&routed("a", "u")));
+    assert_eq!(lease_tokens(&w, &routed("a", "u"), 0), before - 1, "the route's lease paid for it");
+    w.engine.forget(pending, &w.limiter, &mut w.metrics);
+
+    assert_eq!(lease_tokens(&w, &routed("a", "u"), 0), before, "never forwarded: its spend is given back");
+    assert_eq!(w.metrics.get(0, Counter::Abandoned), 1);
+    assert_eq!(w.metrics.get(0, Counter::Rejected), 1);
+}

@@ -3,6 +3,7 @@
 use super::check::{
     answer, begin, decided, engine, entry, header, limiter, request, response_headers, status, waiting,
 };
+use super::lease::granted_under;
 use crate::host::{CalloutAnswer, Counter};
 use crate::testing::{FakeCallouts, RecordedMetrics};
 
@@ -56,14 +57,6 @@ fn a_request_no_override_decided_has_no_override_header() {
 
     assert_eq!(header(response_headers(&done), "x-sluice-override"), None);
     assert_eq!(metrics.get(0, Counter::OverrideClamped), 0);
-}
-
-fn granted_under(n: u64, kind: &str) -> CalloutAnswer {
-    let CalloutAnswer::Response { body, .. } = super::lease::granted(n) else { unreachable!() };
-    let body = String::from_utf8(body).unwrap();
-    let body = body.trim_end().strip_suffix('}').unwrap().to_owned()
-        + &format!(r#","override":{{"id":"ovr-00000000000000c1","kind":"{kind}"}}}}"#);
-    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
 #[test]

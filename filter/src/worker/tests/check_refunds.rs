@@ -112,3 +112,30 @@ fn a_check_spend_is_credited_back_when_no_room_is_left_to_hold_a_shaped_request(
     let body: serde_json::Value = serde_json::from_str(&root.bodies[0]).unwrap();
     assert_eq!((body["units"].as_u64(), body["spent_at_ns"].as_u64()), (Some(1), Some(SPENT_AT_NS)));
 }
+
+#[test]
+fn a_check_spend_is_credited_back_when_the_client_leaves_while_its_lease_waits_for_a_refill() {
+    let w = worker(&config(BUCKET));
+    let mut port = FakePort::default();
+    assert_eq!(w.on_request_headers(1, &user("a"), &mut port), Flow::Pause);
+    let entry =
+        r#"{"verdict":"allowed","limit":100,"remaining":99,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}"#;
+    w.on_check_answer(1, &ok(format!(r#"{{"admitted":true,"at_ns":{SPENT_AT_NS},"entries":[{entry}]}}"#)), &mut port);
+    assert_eq!(w.held(), (0, 0, 1), "the check admitted it; its lease waits for a refill");
+
+    w.on_stream_end(1);
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+
+    let credits: Vec<serde_json::Value> = root
+        .sent
+        .iter()
+        .zip(&root.bodies)
+        .filter(|(path, _)| *path == "/v1/credit")
+        .map(|(_, body)| serde_json::from_str(body).unwrap())
+        .collect();
+    assert_eq!(credits.len(), 1, "never forwarded: what its check spent is credited back ({:?})", root.sent);
+    assert_eq!((credits[0]["units"].as_u64(), credits[0]["spent_at_ns"].as_u64()), (Some(1), Some(SPENT_AT_NS)));
+    let m = w.metrics().unwrap();
+    assert_eq!((m.get(0, Counter::Rejected), m.get(0, Counter::Abandoned), m.get(0, Counter::Unrefunded)), (1, 1, 0));
+}

@@ -4,6 +4,7 @@
 use super::*;
 use crate::engine::MAX_OWING_REQUESTS;
 use crate::testing::FakeResponse;
+use crate::usage::{MAX_HELD_PER_WORKER, MAX_JSON_BODY};
 
 fn policy(cost: &str, burst: u64) -> String {
     format!(
@@ -104,6 +105,17 @@ fn a_json_body_is_read_as_it_passes_and_settled_when_it_ends() {
 }
 
 #[test]
+fn a_json_usage_beyond_the_largest_count_is_charged_up_to_max_like_a_header_not_left_at_the_estimate() {
+    let w = worker(&policy(BY_JSON, 100));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    assert!(admits(&w, 1));
+    assert!(w.on_response_headers(1, &json, true));
+    w.on_response_body(1, Some(br#"{"usage": {"total_tokens": 99999999999999999999999}}"#), true);
+    assert_eq!(counted(&w, Counter::CostUnknown), 0);
+    assert_eq!(counted(&w, Counter::CostCharged), 990, "max 1 000 less the estimate of 10");
+}
+
+#[test]
 fn an_event_stream_is_settled_by_the_usage_of_its_last_event() {
     let w = worker(&policy(BY_JSON, 100));
     let events = FakeResponse::default().with_header("content-type", "text/event-stream");
@@ -115,6 +127,64 @@ fn an_event_stream_is_settled_by_the_usage_of_its_last_event() {
     w.on_response_body(1, Some(b""), true);
     assert_eq!(counted(&w, Counter::CostCredited), 6);
     assert_eq!(counted(&w, Counter::CostUnknown), 0);
+}
+
+#[test]
+fn a_body_that_ends_with_trailers_is_settled_to_what_it_reported_when_they_arrive() {
+    let w = worker(&policy(BY_JSON, 100));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    let events = FakeResponse::default().with_header("content-type", "text/event-stream");
+    assert!(admits(&w, 1));
+    assert!(w.on_response_headers(1, &json, true));
+    w.on_response_body(1, Some(br#"{"usage": {"total_tokens": 30}}"#), false);
+    w.on_response_trailers(1);
+    assert!(admits(&w, 2));
+    assert!(w.on_response_headers(2, &events, true));
+    w.on_response_body(2, Some(b"data: {\"usage\": {\"total_tokens\": 4}}"), false);
+    w.on_response_trailers(2);
+    w.on_stream_end(1);
+    w.on_stream_end(2);
+    assert_eq!(counted(&w, Counter::CostUnknown), 0);
+    assert_eq!((counted(&w, Counter::CostCharged), counted(&w, Counter::CostCredited)), (20, 6));
+}
+
+#[test]
+fn a_json_body_beyond_what_the_worker_can_hold_across_its_streams_has_no_cost_and_is_counted() {
+    let w = worker(&policy(BY_JSON, 1000));
+    let json = FakeResponse::default().with_header("content-type", "application/json");
+    let document = br#"{"usage": {"total_tokens": 30}}"#;
+    // Bodies just under the bound of one stream (leading white space is valid JSON),
+    // on as many streams as the worker's bound holds.
+    let part = vec![b' '; MAX_JSON_BODY - 64];
+    let fit = MAX_HELD_PER_WORKER / part.len();
+    let mut next = 0;
+    let mut open = || {
+        next += 1;
+        assert!(admits(&w, next));
+        assert!(w.on_response_headers(next, &json, true));
+        w.on_response_body(next, Some(&part), false);
+        next
+    };
+    let held: Vec<u32> = (0..fit).map(|_| open()).collect();
+
+    let beyond = open();
+    w.on_response_body(beyond, Some(document), true);
+
+    assert_eq!(counted(&w, Counter::CostUnknown), 1, "no room was left for its body");
+    assert_eq!(counted(&w, Counter::CostOverBudget), 1);
+    assert_eq!(counted(&w, Counter::CostCharged), 40, "on_unknown (50) less the estimate");
+    // The bodies held are read whole; once one has ended, a new one has room again.
+    w.on_response_body(held[0], Some(document), true);
+    assert_eq!(counted(&w, Counter::CostCharged), 40 + 20);
+    let again = open();
+    w.on_response_body(again, Some(document), true);
+    assert_eq!(counted(&w, Counter::CostCharged), 40 + 20 + 20);
+    assert_eq!((counted(&w, Counter::CostUnknown), counted(&w, Counter::CostOverBudget)), (1, 1));
+    // A stream that ends cut short gives its room back too.
+    for id in held.into_iter().skip(1) {
+        w.on_stream_end(id);
+    }
+    assert_eq!(w.body_bytes_held(), 0);
 }
 
 #[test]
