@@ -140,6 +140,16 @@ pub enum Decision {
         /// The operator's override that decided it, if one did.
         overridden: Option<AppliedOverride>,
     },
+    /// Carrying counters over to other numbers forgave `units` of their debt (the answer's
+    /// `carry_forgiven`, for the call on `keys`, admitted or not).
+    CarryForgiven {
+        /// The counters of the call (one for a lease, charge or credit).
+        keys: Vec<String>,
+        /// Units forgiven.
+        units: u64,
+        /// When, on the service's own clock.
+        service_at: u64,
+    },
     /// The service restarted: every counter is fresh from here.
     Restart {
         /// When (the proxies' clock).
@@ -179,8 +189,9 @@ pub struct Service {
     verbose: bool,
     /// What the admin API is served with ([`Service::with_admin`]); kept across restarts.
     admin: Option<AdminAccess>,
-    /// Units the service counted as forgiven in its metrics, before its last restart.
-    forgiven_before: u64,
+    /// Units the service counted as forgiven in its metrics, before its last restart:
+    /// charges' and carry-overs'.
+    forgiven_before: (u64, u64),
     /// A deliberately wrong service, for the tests that show an oracle catches one.
     tamper: Tamper,
 }
@@ -254,7 +265,7 @@ impl Service {
             calls: 0,
             verbose: std::env::var_os("SLUICE_FLEET_TRACE").is_some(),
             admin: None,
-            forgiven_before: 0,
+            forgiven_before: (0, 0),
             tamper: Tamper::None,
         }
     }
@@ -309,10 +320,17 @@ impl Service {
         dropped
     }
 
-    /// Units the service counted as forgiven (`sluice_counter_forgiven_tokens_total`)
-    /// since it started, across restarts.
+    /// Units the service counted as forgiven by charges
+    /// (`sluice_counter_forgiven_tokens_total`) since it started, across restarts.
     pub fn forgiven(&self) -> u64 {
-        self.forgiven_before + metric(&self.app, "sluice_counter_forgiven_tokens_total")
+        self.forgiven_before.0 + metric(&self.app, "sluice_counter_forgiven_tokens_total")
+    }
+
+    /// Units of debt the service counted as forgiven by carrying counters over to other
+    /// numbers (`sluice_counter_carry_forgiven_tokens_total`) since it started, across
+    /// restarts.
+    pub fn carry_forgiven(&self) -> u64 {
+        self.forgiven_before.1 + metric(&self.app, "sluice_counter_carry_forgiven_tokens_total")
     }
 
     /// Stops (or resumes) recording decisions: a long run keeps no history.
@@ -355,7 +373,7 @@ impl Service {
 
     /// Restarts the service with nothing kept (its memory store lost every counter).
     pub fn restart(&mut self) {
-        self.forgiven_before = self.forgiven();
+        self.forgiven_before = (self.forgiven(), self.carry_forgiven());
         self.app = app(&self.config, &self.clock, self.admin.as_ref());
         let at = self.fleet_clock.monotonic_nanos();
         self.decisions.push(Decision::Restart { at });
@@ -442,6 +460,25 @@ impl Service {
     }
 
     fn record(&mut self, path: &str, request: &[u8], answer: &[u8], at: u64, service_at: u64) {
+        let carried = serde_json::from_slice::<serde_json::Value>(answer)
+            .ok()
+            .and_then(|a| a.get("carry_forgiven").and_then(serde_json::Value::as_u64))
+            .filter(|units| *units > 0);
+        if let Some(units) = carried {
+            let keys = match serde_json::from_slice::<serde_json::Value>(request) {
+                Ok(request) => match request.get("entries").and_then(serde_json::Value::as_array) {
+                    Some(entries) => entries
+                        .iter()
+                        .filter_map(|e| e.get("key").and_then(serde_json::Value::as_str).map(str::to_owned))
+                        .collect(),
+                    None => {
+                        request.get("key").and_then(serde_json::Value::as_str).map(str::to_owned).into_iter().collect()
+                    }
+                },
+                Err(_) => Vec::new(),
+            };
+            self.decisions.push(Decision::CarryForgiven { keys, units, service_at });
+        }
         match path {
             "/v1/lease" => {
                 if let (Ok(request), Ok(answer)) =

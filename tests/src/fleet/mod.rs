@@ -509,7 +509,7 @@ impl<'a> Fleet<'a> {
         let now = self.now();
         let (decisions, forgiven) = {
             let service = self.service.lock().unwrap_or_else(PoisonError::into_inner);
-            (service.decisions().to_vec(), service.forgiven())
+            (service.decisions().to_vec(), (service.forgiven(), service.carry_forgiven()))
         };
         for (p, proxy) in self.proxies.iter().enumerate() {
             let result = self.oracle.proxy(p, &proxy.host, &proxy.policies, now);

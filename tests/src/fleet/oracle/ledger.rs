@@ -156,8 +156,10 @@ impl Oracle {
 
     /// Replays the service's new decisions through each counter's bound, and each
     /// clamped counter's clamp; checks what each charge forgave. `forgiven` is what the
-    /// service counted as forgiven so far (its metric, across restarts).
-    pub(super) fn counter_bounds(&mut self, decisions: &[Decision], forgiven: u64) -> Result<(), Violation> {
+    /// service counted as forgiven so far (its metrics, across restarts): by charges, and
+    /// by carrying counters over to other numbers.
+    pub(super) fn counter_bounds(&mut self, decisions: &[Decision], forgiven: (u64, u64)) -> Result<(), Violation> {
+        let (forgiven, carried) = forgiven;
         let first = self.budget_seen;
         let fresh = decisions.get(first..).unwrap_or_default().to_vec();
         self.budget_seen = decisions.len();
@@ -166,8 +168,10 @@ impl Oracle {
                 self.charge_forgiven += forgiven;
             }
         }
-        // What the service forgave outside charges' answers (a carry-over's cap): any
-        // counter may have been given that much.
+        // What the service's metrics count as forgiven by charges beyond what their answers
+        // said (nothing, for a service whose answers are true): any counter may have been
+        // given that. What a carry-over forgave is the counter's own (below).
+        let _ = carried;
         let slack = forgiven.saturating_sub(self.charge_forgiven);
         for (index, decision) in fresh.into_iter().enumerate() {
             let index = first + index;
@@ -205,6 +209,10 @@ impl Oracle {
                     (key, Effect::Credit { units: credited, spent_at }, service_at, overridden, what)
                 }
                 Decision::Credit { .. } => continue,
+                Decision::CarryForgiven { keys, units, service_at } => {
+                    self.carried_over(&keys, units, service_at)?;
+                    continue;
+                }
             };
             let Some((name, version)) = self.counters.get(&key).cloned() else { continue };
             let applies = self.applicable(index, &key, &name, version, at);
@@ -234,17 +242,19 @@ impl Oracle {
             let watched = self.budgets.entry(key.clone()).or_insert_with(|| Watched::new(numbers, allowance));
             watched.note(line.clone());
             let past = spend.apply(&mut watched.replay, at);
-            if past > watched.allowance + slack {
+            let carried = self.carry_forgiven.get(&key).copied().unwrap_or(0);
+            if past > watched.allowance + slack + carried {
                 return Err(Violation::new(
                     "counter bound",
                     format!(
                         "policy {name} v{version}, counter {key}: at {:.3} ms (the service's clock) the service had \
                          counted {past} units past {numbers:?} (the loosest numbers in force), beyond the debt the \
-                         policy allows ({}) and what it forgave outside charges ({slack}): over some interval more \
-                         was admitted than the numbers and the debt bound allow (a counter started over, or its \
-                         debt was forgiven silently); last decisions on it {:#?}",
+                         policy allows ({}) and what it counted as forgiven outside charges ({}): over some \
+                         interval more was admitted than the numbers and the debt bound allow (a counter started \
+                         over, or its debt was forgiven silently); last decisions on it {:#?}",
                         ms(at),
                         watched.allowance,
+                        slack + carried,
                         watched.history
                     ),
                 ));
@@ -257,7 +267,7 @@ impl Oracle {
             let clamped = watch.replays.entry(key.clone()).or_insert_with(|| Watched::new(clamp, allowance));
             clamped.note(line);
             let past = spend.apply(&mut clamped.replay, at);
-            if past > clamped.allowance + slack {
+            if past > clamped.allowance + slack + carried {
                 return Err(Violation::new(
                     "clamp bound",
                     format!(
@@ -273,6 +283,30 @@ impl Oracle {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A carry-over forgave `units` of debt on one of `keys` (the counters of one call):
+    /// only where the numbers changed (counter-service/README.md: debt is kept up to the
+    /// new capacity, the rest forgiven and counted). Each of them may have been given
+    /// that much.
+    fn carried_over(&mut self, keys: &[String], units: u64, at: u64) -> Result<(), Violation> {
+        let changed = |oracle: &Self, key: &String| {
+            oracle.counters.get(key).and_then(|id| oracle.forms.get(id)).is_some_and(|forms| forms.len() > 1)
+        };
+        if !keys.iter().any(|k| changed(self, k)) {
+            return Err(Violation::new(
+                "forgiven",
+                format!(
+                    "at {:.3} ms the service forgave {units} units of debt carrying over one of {keys:?}, whose \
+                     policy's numbers never changed",
+                    ms(at)
+                ),
+            ));
+        }
+        for key in keys {
+            *self.carry_forgiven.entry(key.clone()).or_insert(0) += units;
         }
         Ok(())
     }

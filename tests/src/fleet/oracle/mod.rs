@@ -149,6 +149,8 @@ pub struct Oracle {
     budgets: BTreeMap<String, Watched>,
     /// Units the service's charges forgave, as their answers said.
     charge_forgiven: u64,
+    /// Per counter: units of debt a carry-over forgave (the answers' `carry_forgiven`).
+    carry_forgiven: BTreeMap<String, u64>,
     /// The overrides the service took.
     overrides: Vec<Watch>,
     /// The proxies' wall clock minus their monotonic clock (local windows align to it).
@@ -197,6 +199,7 @@ impl Oracle {
             budget_seen: 0,
             budgets: BTreeMap::new(),
             charge_forgiven: 0,
+            carry_forgiven: BTreeMap::new(),
             overrides: Vec::new(),
             real_offset,
             start_real: start + real_offset,
@@ -612,7 +615,7 @@ impl Oracle {
     pub fn service(
         &mut self,
         decisions: &[Decision],
-        forgiven: u64,
+        forgiven: (u64, u64),
         proxies: &[&wasm_host::Host],
         now: u64,
     ) -> Result<(), Violation> {
