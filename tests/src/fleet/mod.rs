@@ -37,9 +37,12 @@
 //!
 //! runs that seed alone and prints its trace's end (`SLUICE_FLEET_TRACE=1`: all of it;
 //! `SLUICE_FLEET_MAX_PAUSE_MS` raises the pause bound, to see whether a request that waited
-//! too long is ever answered). `SLUICE_FLEET_SEEDS` and
+//! too long is ever answered; `SLUICE_FLEET_CONTENDED=lease` or `local` replays a
+//! contended scenario, as its failure says). `SLUICE_FLEET_SEEDS` and
 //! `SLUICE_FLEET_STEPS` make the CI run longer (see `tests/tests/fleet.rs`), and
 //! `SLUICE_WASM_UNDER_TEST` runs another build of the filter (an older one, a mutant).
+//! [`run_variant`] runs a deliberately wrong fleet ([`Variant`]), to show an oracle
+//! catches it.
 
 pub mod interleave;
 pub mod oracle;
