@@ -812,8 +812,16 @@ impl Scenario {
         }
         let mut overrides = Vec::new();
         if !global.is_empty() {
+            let mut taken = Vec::new();
             for _ in 0..changes.below(3) {
-                let when = Duration::from_millis(changes.between(50, span * 2 / 3));
+                // Each at a millisecond of its own: the service orders overrides set in one
+                // millisecond by their random ids.
+                let mut ms = changes.between(50, span * 2 / 3);
+                while taken.contains(&ms) {
+                    ms += 1;
+                }
+                taken.push(ms);
+                let when = Duration::from_millis(ms);
                 let policy = changes.pick(&global);
                 let clamp = changes.chance(70).then(|| (changes.pick(&[1, 2, 4, 10]), changes.pick(&[1, 1, 2, 5])));
                 let keyed = changes.chance(50);
