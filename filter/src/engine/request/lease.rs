@@ -1,5 +1,5 @@
 //! The lease stage: a request's lease-mode policies are spent from this proxy's leases
-//! (the records in `lease_record.rs`), without a callout while a lease has tokens.
+//! (the records of `lease_record/`), without a callout while a lease has tokens.
 //!
 //! A request spends every lease policy it matches. One that spent and left its lease
 //! low elects a refill; one whose lease is empty waits for a refill (electing it, when
