@@ -94,8 +94,90 @@ pub trait Metrics {
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64);
 }
 
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = ($name:literal, $counter:ident),)*) => {
+        /// Why the counter service (or a lease) could not decide a request: one failure
+        /// class each, with its name in metrics, logs and the fallback header, and the
+        /// per-policy counter that counts it (`degraded.<name>`).
+        ///
+        /// **Append only.** A reason's index ([`Reason::index`], its position here) is
+        /// persisted in lease records (why a refill failed), which outlive a
+        /// configuration and a filter update: add a reason at the end, never reorder or
+        /// remove one (a test pins the indices).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in index order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)*];
+
+            /// The name in metrics, logs and the fallback header.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+
+            /// The name of the per-policy counter that counts it, `degraded.<name>`.
+            pub const fn metric_name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => concat!("degraded.", $name),)*
+                }
+            }
+
+            /// The per-policy counter that counts it.
+            pub const fn counter(self) -> Counter {
+                match self {
+                    $(Self::$variant => Counter::$counter,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// No answer within the deadline.
+    Timeout = ("timeout", DegradedTimeout),
+    /// The connection was refused.
+    Refused = ("refused", DegradedRefused),
+    /// The call was reset, or the answer was not HTTP.
+    Reset = ("reset", DegradedReset),
+    /// An answer with a status other than 200 (or 401).
+    BadStatus = ("bad_status", DegradedBadStatus),
+    /// A 200 whose body is not a check answer for these entries.
+    BadBody = ("bad_body", DegradedBadBody),
+    /// 401: the service refused the filter's token.
+    Unauthorized = ("unauthorized", DegradedUnauthorized),
+    /// The circuit breaker is open.
+    CircuitOpen = ("circuit_open", DegradedCircuitOpen),
+    /// The proxy would not send the call.
+    DispatchFailed = ("dispatch_failed", DegradedDispatchFailed),
+    /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
+    LeaseQueueFull = ("lease_queue_full", DegradedLeaseQueueFull),
+    /// Lease mode: the caller's slot in the lease table is held by another key's lease
+    /// (give the policy more `slots`).
+    LeaseSlotTaken = ("lease_slot_taken", DegradedLeaseSlotTaken),
+    /// Lease mode: the wait ran out while refills were granted, and other requests
+    /// spent them first (demand above what refills bring: a larger `size`).
+    LeaseContended = ("lease_contended", DegradedLeaseContended),
+}
+
+impl Reason {
+    /// Its position in [`Reason::ALL`], as lease records keep it.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The reason of an index ([`Reason::index`]); `Timeout` for one out of range.
+    pub fn from_index(index: u64) -> Self {
+        usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
+    }
+}
+
 macro_rules! counters {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = $text:literal $(gauge $gauge:tt)?,)* }) => {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = ($text:expr $(, $gauge:ident)?),)* }) => {
         $(#[$meta])*
         $vis enum $name {
             $($(#[$doc])* $variant,)*
@@ -126,7 +208,7 @@ macro_rules! counters {
         }
     };
     (@gauge) => { false };
-    (@gauge $t:tt) => { true };
+    (@gauge gauge) => { true };
 }
 
 counters! {
@@ -135,113 +217,113 @@ counters! {
     pub enum Counter {
         /// Requests the policy applied to, counted when their fate is known.
         /// `Offered = Allowed + Rejected + Queued` at all times.
-        Offered = "offered",
+        Offered = ("offered"),
         /// Of those, requests forwarded upstream (now, after a shaping delay, or by a
         /// failure rule). A queued request whose client left also counts here: it spent
         /// its place in the queue (see `Abandoned`).
-        Allowed = "allowed",
+        Allowed = ("allowed"),
         /// Of those, requests answered with a rejection, whichever policy caused it.
-        Rejected = "rejected",
+        Rejected = ("rejected"),
         /// Gauge: requests paused by shaping right now.
-        Queued = "queued" gauge *,
+        Queued = ("queued", gauge),
         /// This policy's own decision said no (the policy that binds): locally, or the
         /// counter service for a global policy.
-        OverLimit = "over_limit",
+        OverLimit = ("over_limit"),
         /// This shadow policy would have rejected the request.
-        ShadowRejected = "shadow_rejected",
+        ShadowRejected = ("shadow_rejected"),
         /// Requests missing a key part.
-        MissingKey = "missing_key",
+        MissingKey = ("missing_key"),
         /// Requests for which a host call failed while reading the key, the cost or a
         /// match condition: the policy's `on_failure` decided.
-        ReadFailures = "read_failures",
+        ReadFailures = ("read_failures"),
         /// CAS writes that lost a race and were retried.
-        CasConflicts = "cas_conflicts",
+        CasConflicts = ("cas_conflicts"),
         /// Decisions abandoned after every CAS attempt conflicted.
-        CasExhausted = "cas_exhausted",
+        CasExhausted = ("cas_exhausted"),
         /// Decisions that failed because the shared-data store failed.
-        StoreErrors = "store_errors",
+        StoreErrors = ("store_errors"),
         /// Undecodable shared-data states replaced by exhausted ones.
-        Repaired = "repaired",
+        Repaired = ("repaired"),
         /// Decisions made on the overflow bucket because the caller's slot was held.
-        Overflowed = "overflowed",
+        Overflowed = ("overflowed"),
         /// Spends that could not be given back (all-or-nothing refunds): stricter, never looser.
-        Unrefunded = "unrefunded",
+        Unrefunded = ("unrefunded"),
         /// Requests forwarded by the failure action `allow`.
-        FailureAllowed = "failure_allowed",
+        FailureAllowed = ("failure_allowed"),
         /// Requests denied by the failure action `deny`.
-        FailureDenied = "failure_denied",
+        FailureDenied = ("failure_denied"),
         /// Queued requests whose stream ended before their release.
-        Abandoned = "abandoned",
+        Abandoned = ("abandoned"),
         /// Global: the counter service did not answer in time (Envoy's 504 or the filter's deadline).
-        DegradedTimeout = "degraded.timeout",
+        DegradedTimeout = (Reason::Timeout.metric_name()),
         /// Global: the connection to the service was refused (Envoy's 503 "connection failure").
-        DegradedRefused = "degraded.refused",
+        DegradedRefused = (Reason::Refused.metric_name()),
         /// Global: the call was reset (no response, a reset mid-answer, a protocol error).
-        DegradedReset = "degraded.reset",
+        DegradedReset = (Reason::Reset.metric_name()),
         /// Global: the service answered a status other than 200 (401 aside).
-        DegradedBadStatus = "degraded.bad_status",
+        DegradedBadStatus = (Reason::BadStatus.metric_name()),
         /// Global: the service's answer could not be read.
-        DegradedBadBody = "degraded.bad_body",
+        DegradedBadBody = (Reason::BadBody.metric_name()),
         /// Global: the service refused the filter's token (401).
-        DegradedUnauthorized = "degraded.unauthorized",
+        DegradedUnauthorized = (Reason::Unauthorized.metric_name()),
         /// Global: the circuit breaker was open; no callout was made.
-        DegradedCircuitOpen = "degraded.circuit_open",
+        DegradedCircuitOpen = (Reason::CircuitOpen.metric_name()),
         /// Global: the proxy refused to send the callout (unknown cluster).
-        DegradedDispatchFailed = "degraded.dispatch_failed",
+        DegradedDispatchFailed = (Reason::DispatchFailed.metric_name()),
         /// Lease: too many requests waited for a refill on one worker.
-        DegradedLeaseQueueFull = "degraded.lease_queue_full",
+        DegradedLeaseQueueFull = (Reason::LeaseQueueFull.metric_name()),
         /// Lease: the caller's lease slot was held by another key's lease.
-        DegradedLeaseSlotTaken = "degraded.lease_slot_taken",
+        DegradedLeaseSlotTaken = (Reason::LeaseSlotTaken.metric_name()),
         /// Lease: a wait ran out while refills were granted and spent by others.
-        DegradedLeaseContended = "degraded.lease_contended",
+        DegradedLeaseContended = (Reason::LeaseContended.metric_name()),
         /// Global: requests the counter service decided under an operator's bypass
         /// (admitted without spending).
-        OverrideBypassed = "override.bypassed",
+        OverrideBypassed = ("override.bypassed"),
         /// Global: requests the counter service decided under an operator's clamp (the
         /// policy's numbers lowered fleet-wide), admitted or rejected.
-        OverrideClamped = "override.clamped",
+        OverrideClamped = ("override.clamped"),
         /// Global: admitted by the emergency cap while the service could not decide.
-        EmergencyAllowed = "emergency.allowed",
+        EmergencyAllowed = ("emergency.allowed"),
         /// Global: rejected by the emergency cap while the service could not decide.
-        EmergencyRejected = "emergency.rejected",
+        EmergencyRejected = ("emergency.rejected"),
         /// Lease: refills sent.
-        LeaseRefills = "lease.refills",
+        LeaseRefills = ("lease.refills"),
         /// Lease: tokens granted by the service.
-        LeaseGranted = "lease.granted",
+        LeaseGranted = ("lease.granted"),
         /// Lease: tokens that expired unspent (forfeited).
-        LeaseExpired = "lease.expired",
+        LeaseExpired = ("lease.expired"),
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
-        LeaseReconciled = "lease.reconciled",
+        LeaseReconciled = ("lease.reconciled"),
         /// Lease: units of debt paid from a later grant before any of it was spent (the
         /// service counted them when it granted them: they are not charged).
-        LeaseRepaid = "lease.repaid",
+        LeaseRepaid = ("lease.repaid"),
         /// Lease: units admitted under the failure rule beyond `max_debt`, that the
         /// service could not charge, or whose counter could not be named (the request's
         /// partition could not be read): forgiven.
-        LeaseForgiven = "lease.forgiven",
+        LeaseForgiven = ("lease.forgiven"),
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
-        CostEstimated = "cost.estimated",
+        CostEstimated = ("cost.estimated"),
         /// Response cost: responses that did not report their cost (the estimate, or
         /// `on_unknown`, stood).
-        CostUnknown = "cost.unknown",
+        CostUnknown = ("cost.unknown"),
         /// Response cost: units charged beyond the estimates (the responses cost more).
-        CostCharged = "cost.charged",
+        CostCharged = ("cost.charged"),
         /// Response cost: units of the estimates given back (the responses cost less).
-        CostCredited = "cost.credited",
+        CostCredited = ("cost.credited"),
         /// Response cost: units not settled: charged beyond the debt bound, a credit the
         /// algorithm cannot give, or a settlement that failed.
-        CostForgiven = "cost.forgiven",
+        CostForgiven = ("cost.forgiven"),
         /// Response cost: responses whose body the worker could not hold, having its
         /// bound (`usage::MAX_HELD_PER_WORKER`) in other streams' bodies already: a JSON
         /// body was dropped (its cost is unknown, and counted as such too), an event line
         /// skipped.
-        CostOverBudget = "cost.over_budget",
+        CostOverBudget = ("cost.over_budget"),
         /// Concurrency: renewals of this worker's slots that could not be written (every
         /// CAS attempt lost, a store error, a key with no room for another holder). Slots
         /// not renewed for `STALE_AFTER` stop counting while their requests are in flight.
-        ConcurrencyRenewFailures = "concurrency.renew_failures",
+        ConcurrencyRenewFailures = ("concurrency.renew_failures"),
     }
 }
 
@@ -250,18 +332,18 @@ counters! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
     pub enum PluginCounter {
         /// Callouts sent to the counter service.
-        Callouts = "counter_service.callouts",
+        Callouts = ("counter_service.callouts"),
         /// Gauge: requests waiting for the counter service right now.
-        Waiting = "counter_service.waiting" gauge *,
+        Waiting = ("counter_service.waiting", gauge),
         /// Times this proxy's circuit breaker opened.
-        CircuitOpened = "counter_service.circuit_opened",
+        CircuitOpened = ("counter_service.circuit_opened"),
         /// Shared-data keys this plugin created for buckets (bounded by the slot tables).
-        KeysCreated = "keys_created",
+        KeysCreated = ("keys_created"),
         /// Local replies the host refused; the request was then reset or, if that failed
         /// too, forwarded (and counted as allowed).
-        ReplyFailures = "reply_failures",
+        ReplyFailures = ("reply_failures"),
         /// Paused requests the host would not resume (their stream had ended).
-        ResumeFailures = "resume_failures",
+        ResumeFailures = ("resume_failures"),
     }
 }
 
@@ -287,5 +369,45 @@ impl PluginCounter {
     /// Whether only a configuration with a counter service can move it.
     pub fn is_service_only(self) -> bool {
         self.name().starts_with("counter_service.")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_of_every_reason_is_pinned_because_lease_records_keep_it() {
+        // Append only: a reason added goes at the end; an index here never changes.
+        let pinned = [
+            (0, "timeout"),
+            (1, "refused"),
+            (2, "reset"),
+            (3, "bad_status"),
+            (4, "bad_body"),
+            (5, "unauthorized"),
+            (6, "circuit_open"),
+            (7, "dispatch_failed"),
+            (8, "lease_queue_full"),
+            (9, "lease_slot_taken"),
+            (10, "lease_contended"),
+        ];
+        let indices: Vec<(usize, &str)> = Reason::ALL.iter().map(|r| (r.index(), r.name())).collect();
+
+        assert_eq!(indices[..pinned.len()], pinned, "a reason was reordered, renamed or removed");
+        for reason in Reason::ALL {
+            assert_eq!(Reason::from_index(reason.index() as u64), *reason);
+        }
+    }
+
+    #[test]
+    fn every_reason_has_its_own_degraded_counter_and_every_degraded_counter_a_reason() {
+        for reason in Reason::ALL {
+            assert_eq!(reason.counter().name(), format!("degraded.{}", reason.name()), "{reason:?}");
+        }
+        let degraded: Vec<Counter> =
+            Counter::ALL.iter().copied().filter(|c| c.name().starts_with("degraded.")).collect();
+        let counted: Vec<Counter> = Reason::ALL.iter().map(|r| r.counter()).collect();
+        assert_eq!(degraded, counted);
     }
 }

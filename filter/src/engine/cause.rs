@@ -4,8 +4,7 @@
 
 use super::compiled::Compiled;
 use super::resolved::{Few, Resolved};
-use super::wire::Reason;
-use crate::host::Counter;
+use crate::host::{Counter, Reason};
 use shared_store::Nanos;
 use std::collections::BTreeMap;
 
@@ -47,17 +46,7 @@ impl Cause {
     /// The per-policy counter that counts it.
     pub(crate) const fn counter(self) -> Counter {
         match self {
-            Self::Service(Reason::Timeout) => Counter::DegradedTimeout,
-            Self::Service(Reason::Refused) => Counter::DegradedRefused,
-            Self::Service(Reason::Reset) => Counter::DegradedReset,
-            Self::Service(Reason::BadStatus) => Counter::DegradedBadStatus,
-            Self::Service(Reason::BadBody) => Counter::DegradedBadBody,
-            Self::Service(Reason::Unauthorized) => Counter::DegradedUnauthorized,
-            Self::Service(Reason::CircuitOpen) => Counter::DegradedCircuitOpen,
-            Self::Service(Reason::DispatchFailed) => Counter::DegradedDispatchFailed,
-            Self::Service(Reason::LeaseQueueFull) => Counter::DegradedLeaseQueueFull,
-            Self::Service(Reason::LeaseSlotTaken) => Counter::DegradedLeaseSlotTaken,
-            Self::Service(Reason::LeaseContended) => Counter::DegradedLeaseContended,
+            Self::Service(reason) => reason.counter(),
             Self::CasExhausted => Counter::CasExhausted,
             Self::StoreError => Counter::StoreErrors,
         }

@@ -75,10 +75,10 @@ pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 pub use request::{Begun, CheckWait, LeaseWait, Pending};
 
+pub use crate::host::Reason;
 use setup::{Service, Setup};
 use shared_store::{Clock, HashKey, Limiter, Nanos, Store};
 use std::cell::{Cell, RefCell};
-pub use wire::Reason;
 
 /// The configuration compiled against one plugin's identity and hash secrets.
 #[derive(Debug)]

@@ -31,8 +31,8 @@ use super::lease_record::Updated;
 use super::namespace;
 use super::settlement;
 use super::setup::Setup;
-use super::wire::{self, Reason};
-use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
+use super::wire;
+use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Limiter, Nanos, Placement, Store, UpdateError};
 use sluice_protocol::{ChargeRequest, LeaseRequest};
 

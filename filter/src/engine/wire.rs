@@ -8,7 +8,7 @@
 //! the headers (or a body slower than the timeout) is a callout with no headers.
 
 use super::resolved::{Place, Resolved};
-use crate::host::CalloutAnswer;
+use crate::host::{CalloutAnswer, Reason};
 use sluice_protocol::{
     ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec,
 };
@@ -23,79 +23,6 @@ pub(crate) const CHARGE_PATH: &str = "/v1/charge";
 pub(crate) const CREDIT_PATH: &str = "/v1/credit";
 /// The largest answer the filter reads; an entry's answer is about 150 bytes.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
-
-/// Why the counter service could not decide a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    /// No answer within the deadline.
-    Timeout,
-    /// The connection was refused.
-    Refused,
-    /// The call was reset, or the answer was not HTTP.
-    Reset,
-    /// An answer with a status other than 200 (or 401).
-    BadStatus,
-    /// A 200 whose body is not a check answer for these entries.
-    BadBody,
-    /// 401: the service refused the filter's token.
-    Unauthorized,
-    /// The circuit breaker is open.
-    CircuitOpen,
-    /// The proxy would not send the call.
-    DispatchFailed,
-    /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
-    LeaseQueueFull,
-    /// Lease mode: the caller's slot in the lease table is held by another key's lease
-    /// (give the policy more `slots`).
-    LeaseSlotTaken,
-    /// Lease mode: the wait ran out while refills were granted, and other requests
-    /// spent them first (demand above what refills bring: a larger `size`).
-    LeaseContended,
-}
-
-impl Reason {
-    /// Every reason, in a fixed order.
-    pub const ALL: [Self; 11] = [
-        Self::Timeout,
-        Self::Refused,
-        Self::Reset,
-        Self::BadStatus,
-        Self::BadBody,
-        Self::Unauthorized,
-        Self::CircuitOpen,
-        Self::DispatchFailed,
-        Self::LeaseQueueFull,
-        Self::LeaseSlotTaken,
-        Self::LeaseContended,
-    ];
-
-    /// The name in metrics, logs and the fallback header.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Refused => "refused",
-            Self::Reset => "reset",
-            Self::BadStatus => "bad_status",
-            Self::BadBody => "bad_body",
-            Self::Unauthorized => "unauthorized",
-            Self::CircuitOpen => "circuit_open",
-            Self::DispatchFailed => "dispatch_failed",
-            Self::LeaseQueueFull => "lease_queue_full",
-            Self::LeaseSlotTaken => "lease_slot_taken",
-            Self::LeaseContended => "lease_contended",
-        }
-    }
-
-    /// Position in [`Reason::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The reason of an index ([`Reason::index`]); `Timeout` for one out of range.
-    pub fn from_index(index: u64) -> Self {
-        usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
-    }
-}
 
 /// The body of the check for `global` (policy `i` named and specified by `spec_of(i)`:
 /// its name, limit and version), every counter under one hash `tag`.

@@ -27,8 +27,7 @@ use crate::engine::lease_record::{Rules, Spend, Updated};
 use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
-use crate::engine::wire::Reason;
-use crate::host::{Counter, Metrics, PluginCounter};
+use crate::host::{Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
 use sluice_protocol::AppliedOverride;
 
