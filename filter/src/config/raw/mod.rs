@@ -11,7 +11,7 @@ mod cost;
 mod forms;
 
 pub use cost::{RawCost, RawEstimateWord, RawHeaderCost, RawOnUnknown, RawResponseCost};
-pub use forms::{DurationSpec, RateSpec};
+pub use forms::{DurationSpec, RateSpec, RawAlgorithm};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -299,27 +299,6 @@ pub struct RawHeaderMatch {
     /// The header's value must equal this exactly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub equals: Option<String>,
-}
-
-/// The admission algorithm.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RawAlgorithm {
-    /// Token bucket (GCRA): `rate` and `burst`.
-    #[default]
-    TokenBucket,
-    /// At most `limit` per clock-aligned `window`.
-    FixedWindow,
-    /// Weighted two-window estimate of the trailing `window`.
-    SlidingWindow,
-    /// Exact count over the trailing `window` (`limit` at most 256).
-    SlidingLog,
-    /// Shaping: requests leave at `rate`, waiting up to `max_wait` in a queue of `queue` units.
-    LeakyBucket,
-    /// At most `limit` requests in flight at once per key, across the proxy's workers; a
-    /// slot is given back when the request's stream ends. Local only: no `global`,
-    /// `cost`, `unit` or `shadow`.
-    Concurrency,
 }
 
 /// What a `leaky_bucket` does with a request that would have to wait.

@@ -4,11 +4,22 @@
 use super::issues::Issues;
 use crate::config::model::policy::MAX_CONFIGURED_AMOUNT;
 use crate::config::raw::DurationSpec;
-use shared_store::Nanos;
+use shared_store::{Algorithm, Nanos};
 
 /// A policy name or metric prefix: 1 to 64 characters from `A-Z a-z 0-9 _ . -`.
 pub(super) fn is_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The algorithms `which` picks, in [`Algorithm::ALL`] order, each written by `each`
+/// from its name: `a, b or c`.
+pub(super) fn algorithms(which: impl Fn(Algorithm) -> bool, each: impl Fn(&str) -> String) -> String {
+    let names: Vec<String> = Algorithm::ALL.iter().filter(|a| which(**a)).map(|a| each(a.name())).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => String::new(),
+    }
 }
 
 /// An HTTP field name as Envoy stores it: a lower-case token.

@@ -11,22 +11,18 @@ use super::matcher::validate_match;
 use crate::config::model::global::{Global, Strategy};
 use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
 use crate::config::model::request::MissingKey;
-use crate::config::raw::{RawAlgorithm, RawFailureAction, RawMissingKey, RawPolicy};
+use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
+use shared_store::Algorithm;
 use std::num::NonZeroU32;
 
 /// Longest quota unit name, in bytes.
 const MAX_UNIT_BYTES: usize = 32;
 
-/// What a concurrency policy refuses: it counts this proxy's requests in flight, one slot
-/// each, given back when they end, so nothing about it is global, costed or shadowed.
-fn local_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
-    if raw.global.is_some() {
-        issues.add(
-            format!("{path}.global"),
-            "is not supported by algorithm \"concurrency\": requests in flight are counted per proxy, \
-             in its shared data",
-        );
-    }
+/// What a concurrency policy refuses beside `global` (which [`validate_global`] refuses
+/// for every algorithm the service cannot decide): it counts this proxy's requests in
+/// flight, one slot each, given back when they end, so nothing about it is costed or
+/// shadowed.
+fn in_flight_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
     if raw.cost.is_some() {
         issues.add(format!("{path}.cost"), "is not used by algorithm \"concurrency\": each request holds one slot");
     }
@@ -51,13 +47,15 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
         );
     }
     let limit = validate_limit(issues, path, &raw);
-    if raw.algorithm == RawAlgorithm::Concurrency {
-        local_only(issues, path, &raw);
+    let global = raw.global.as_ref().and_then(|global| validate_global(issues, path, &raw, global, limit.as_ref()));
+    match raw.algorithm.0 {
+        Algorithm::Concurrency => in_flight_only(issues, path, &raw),
+        Algorithm::TokenBucket
+        | Algorithm::LeakyBucket
+        | Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog => {}
     }
-    let global = match (&raw.global, &limit) {
-        (Some(global), Some(limit)) => validate_global(issues, path, &raw, global, limit),
-        _ => None,
-    };
     let emergency = match raw.on_failure.as_ref().and_then(|f| f.emergency.as_ref()) {
         Some(_) if raw.global.is_none() => {
             issues.add(
