@@ -5,7 +5,7 @@
 use crate::config::Policy;
 use crate::engine::Engine;
 use crate::host::{Counter, PluginCounter, Scope};
-use shared_store::{Algorithm, Limit, Nanos, RENEW_EVERY};
+use shared_store::{Algorithm, Limit, RENEW_EVERY};
 
 /// The longest tick while requests wait for the counter service: a wait outlives its
 /// deadline by at most this (or a quarter of the timeout, if shorter).
@@ -20,8 +20,7 @@ pub const LEASE_TICK_MS: u32 = 10;
 /// policies (to renew their slots), at most `metrics_flush` when metrics are
 /// kept in the VM; `None` when nothing needs a tick.
 pub fn tick_period(engine: &Engine) -> Option<u32> {
-    let shaping =
-        engine.policies().any(|p| matches!(p.limit, Limit::LeakyBucket { max_wait, .. } if max_wait > Nanos::ZERO));
+    let shaping = engine.policies().any(|p| may_delay(&p.limit));
     let mut tick_ms = shaping.then_some(engine.shaping().tick_ms);
     if let Some(timeout) = engine.callout_timeout().filter(|_| engine.has_global()) {
         let quarter = u32::try_from(timeout.0 / 4_000_000).unwrap_or(MAX_DEADLINE_TICK_MS);
@@ -39,6 +38,19 @@ pub fn tick_period(engine: &Engine) -> Option<u32> {
         tick_ms = Some(tick_ms.map_or(flush, |t| t.min(flush)));
     }
     tick_ms
+}
+
+/// Whether `limit` may hold a request back (shaping), for the root context to release
+/// on its tick.
+const fn may_delay(limit: &Limit) -> bool {
+    match *limit {
+        Limit::LeakyBucket { max_wait, .. } => max_wait.0 > 0,
+        Limit::TokenBucket { .. }
+        | Limit::FixedWindow { .. }
+        | Limit::SlidingWindow { .. }
+        | Limit::SlidingLog { .. }
+        | Limit::Concurrency { .. } => false,
+    }
 }
 
 /// A metric to define: its full name and whether it is a gauge.
