@@ -20,10 +20,12 @@
 //!
 //! # Counting
 //!
-//! A decision is counted when the glue has carried it out ([`Engine::settle`]): `offered`
+//! A decision is counted when the glue has carried it out ([`Engine::record`]): `offered`
 //! and its disposition (`allowed`, `rejected`, `queued`) move together, so
 //! `offered = allowed + rejected + queued` holds at every moment, also for a local reply
-//! the host refuses (the glue then settles what really happened).
+//! the host refuses (the glue then records what really happened). "Settle" means one
+//! thing: an estimate spent at admission settled to the cost the response reports
+//! ([`Engine::settle_cost`]).
 //!
 //! # Keys
 //!
@@ -387,8 +389,8 @@ impl Engine {
     }
 
     /// Counts a request's fate once the glue has carried it out.
-    pub fn settle(&self, tally: &Tally, disposition: Disposition, metrics: &mut impl Metrics) {
-        tally.settle(disposition, metrics);
+    pub fn record(&self, tally: &Tally, disposition: Disposition, metrics: &mut impl Metrics) {
+        tally.record(disposition, metrics);
     }
 
     /// Counts a paused request released to the upstream.

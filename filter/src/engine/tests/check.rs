@@ -88,13 +88,13 @@ pub(super) fn answer(admitted: bool, entries: &[String]) -> CalloutAnswer {
     CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
-pub(super) fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
+pub(super) fn record(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
     let disposition = match decided.outcome {
         Outcome::Continue { .. } => Disposition::Allowed,
         Outcome::Reject(_) => Disposition::Rejected,
         Outcome::Delay { .. } => Disposition::Queued,
     };
-    engine.settle(&decided.tally, disposition, metrics);
+    engine.record(&decided.tally, disposition, metrics);
 }
 
 pub(super) fn status(decided: &Decided) -> u16 {
@@ -207,7 +207,7 @@ fn a_local_rejection_makes_no_callout() {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
         let decided =
             decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
 
     let fourth = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
@@ -229,7 +229,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
         assert_eq!(status(&decided), 429);
         assert_eq!(header(response_headers(&decided), "retry-after"), Some("3"));
         assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=0;t=3"));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
     // Five rejections later, the local window (3 per minute) is still untouched.
     let mut admitted = 0;
@@ -238,7 +238,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
         let decided =
             decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
         admitted += usize::from(status(&decided) == 200);
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
 
     assert_eq!(admitted, 3);
@@ -332,7 +332,7 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
         let pending = waiting(begin(&engine, &request, &limiter, &mut callouts, &mut metrics));
         let decided = decided(engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics));
         statuses.push(status(&decided));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
         last = Some(decided);
     }
     let last = last.unwrap();
