@@ -80,6 +80,7 @@ const CONFIG: &[Layer] = &[
     ("the module: map, re-exports, entry", &[MOD]),
 ];
 const CONFIG_MODEL: &[Layer] = &[
+    ("every bound and default", &["bounds"]),
     ("what a policy reads from a request", &["request"]),
     ("global settings", &["global"]),
     ("a policy, the response", &["policy", "response"]),

@@ -3,14 +3,15 @@
 //! sends are validated with the service's own rules ([`sluice_protocol::LimitSpec::validate`]),
 //! so a configuration the filter accepts is never refused by the service.
 
-use super::fields::{amount, is_header_value};
+use super::fields::{amount, between, duration_between, is_header_value};
 use super::issues::Issues;
 use super::key::validate_key;
-use crate::config::model::global::{
-    Breaker, CounterService, DEFAULT_BREAKER_COOLDOWN_MS, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE_MS,
-    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT_MS, Global, Lease, MAX_BREAKER_COOLDOWN_MS, MAX_SECRET_BYTES, MAX_TIMEOUT_MS,
-    MIN_HASH_KEY_BYTES, MIN_TIMEOUT_MS, Secret, SecretSource, Strategy,
+use crate::config::model::bounds::{
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT,
+    MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_LEASE, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
+    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
 };
+use crate::config::model::global::{Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 use crate::config::raw::{
     DurationSpec, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawLease, RawPolicy, RawStrategy,
 };
@@ -53,33 +54,24 @@ fn secret_source(
 }
 
 fn timeout_ms(issues: &mut Issues, path: &str, spec: Option<DurationSpec>) -> u32 {
-    let Some(spec) = spec else { return DEFAULT_TIMEOUT_MS };
-    if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&spec.millis) {
-        issues.add(path, format!("must be between 1ms and 10s, got \"{}{}\"", spec.amount, spec.unit));
-        return DEFAULT_TIMEOUT_MS;
-    }
-    u32::try_from(spec.millis).unwrap_or(DEFAULT_TIMEOUT_MS)
+    let default = u32::try_from(DEFAULT_TIMEOUT.millis()).unwrap_or(u32::MAX);
+    let Some(spec) = spec else { return default };
+    duration_between(issues, path, spec, MIN_TIMEOUT, MAX_TIMEOUT)
+        .and_then(|ms| u32::try_from(ms).ok())
+        .unwrap_or(default)
 }
 
 fn breaker(issues: &mut Issues, path: &str, raw: Option<RawCircuitBreaker>) -> Breaker {
     let raw = raw.unwrap_or(RawCircuitBreaker { failures: None, cooldown: None });
     let failures = raw.failures.unwrap_or(DEFAULT_BREAKER_FAILURES);
-    if !(1..=1000).contains(&failures) {
-        issues.add(format!("{path}.failures"), format!("must be between 1 and 1000, got {failures}"));
-    }
-    let cooldown = match raw.cooldown {
-        None => Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS),
-        Some(spec) if (1..=MAX_BREAKER_COOLDOWN_MS).contains(&spec.millis) => {
-            Nanos::from_millis(u64::try_from(spec.millis).unwrap_or(DEFAULT_BREAKER_COOLDOWN_MS))
-        }
-        Some(spec) => {
-            issues.add(
-                format!("{path}.cooldown"),
-                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
-            );
-            Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS)
-        }
-    };
+    between(issues, &format!("{path}.failures"), failures, MIN_BREAKER_FAILURES, MAX_BREAKER_FAILURES);
+    let cooldown = raw
+        .cooldown
+        .and_then(|spec| {
+            duration_between(issues, &format!("{path}.cooldown"), spec, MIN_BREAKER_COOLDOWN, MAX_BREAKER_COOLDOWN)
+        })
+        .unwrap_or(DEFAULT_BREAKER_COOLDOWN.millis());
+    let cooldown = Nanos::from_millis(cooldown);
     Breaker { failures, cooldown }
 }
 
@@ -242,33 +234,22 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
             format!("must be between 1 and the policy's capacity ({capacity}), got {size}"),
         );
     }
-    let duration_ms = match raw.duration {
-        None => DEFAULT_LEASE_MS,
-        Some(spec) if (1..=u128::from(sluice_protocol::MAX_LEASE_TTL_MS)).contains(&spec.millis) => {
-            u64::try_from(spec.millis).unwrap_or(DEFAULT_LEASE_MS)
-        }
-        Some(spec) => {
-            issues.add(
-                format!("{path}.duration"),
-                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
-            );
-            DEFAULT_LEASE_MS
-        }
-    };
+    let duration_ms = raw
+        .duration
+        .and_then(|spec| duration_between(issues, &format!("{path}.duration"), spec, MIN_LEASE, MAX_LEASE))
+        .unwrap_or(DEFAULT_LEASE.millis());
     let low_water = raw.low_water.unwrap_or(size / 4);
     if low_water >= size {
         issues.add(format!("{path}.low_water"), format!("must be below size ({size}), got {low_water}"));
     }
     let max_waiting = raw.max_waiting.unwrap_or(DEFAULT_MAX_WAITING);
-    if !(1..=100_000).contains(&max_waiting) {
-        issues.add(format!("{path}.max_waiting"), format!("must be between 1 and 100000, got {max_waiting}"));
-    }
-    let max_debt = raw.max_debt.unwrap_or(capacity);
-    if max_debt > capacity {
-        issues.add(
-            format!("{path}.max_debt"),
-            format!("must be at most the policy's capacity ({capacity}), got {max_debt}"),
-        );
+    between(issues, &format!("{path}.max_waiting"), max_waiting, 1, MAX_MAX_WAITING);
+    // The service's bound on a charge's debt, the same rule on both sides.
+    let most = sluice_protocol::max_debt_bound(capacity);
+    let max_debt = raw.max_debt.unwrap_or(most);
+    if max_debt > most {
+        issues
+            .add(format!("{path}.max_debt"), format!("must be at most the policy's capacity ({most}), got {max_debt}"));
     }
     (issues.count() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
 }

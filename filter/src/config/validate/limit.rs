@@ -5,7 +5,7 @@
 
 use super::fields::{amount, window_nanos};
 use super::issues::Issues;
-use crate::config::model::policy::MAX_WAIT_MS;
+use crate::config::model::bounds::MAX_WAIT;
 use crate::config::raw::{DurationSpec, RawOverflow, RawPolicy};
 use shared_store::{Algorithm, Limit, MAX_CONCURRENCY, MAX_LOG_ENTRIES, Nanos, Rate};
 
@@ -137,10 +137,11 @@ fn leaky_bucket(fields: &mut Fields<'_>) -> Option<Limit> {
     let max_wait = if raw.overflow.unwrap_or(RawOverflow::Queue) == RawOverflow::Queue {
         if fields.required("max_wait") {
             raw.max_wait.and_then(|w| {
-                if w.millis > MAX_WAIT_MS {
-                    fields
-                        .issues
-                        .add(format!("{path}.max_wait"), format!("must be at most 5m, got \"{}{}\"", w.amount, w.unit));
+                if w.millis > u128::from(MAX_WAIT.millis()) {
+                    fields.issues.add(
+                        format!("{path}.max_wait"),
+                        format!("must be at most {MAX_WAIT}, got \"{}{}\"", w.amount, w.unit),
+                    );
                     None
                 } else {
                     window_nanos(fields.issues, &format!("{path}.max_wait"), w)

@@ -2,21 +2,19 @@
 //! (a lease grant covers the costliest request); every issue found is reported.
 
 use super::cost::validate_cost;
-use super::fields::is_name;
+use super::fields::{between, is_name, name_expected};
 use super::global::{validate_emergency, validate_global};
 use super::issues::Issues;
 use super::key::validate_key;
 use super::limit::validate_limit;
 use super::matcher::validate_match;
+use crate::config::model::bounds::{MAX_STATUS, MAX_UNIT_BYTES, MIN_STATUS};
 use crate::config::model::global::{Global, Strategy};
 use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
 use crate::config::model::request::MissingKey;
 use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
 use shared_store::Algorithm;
 use std::num::NonZeroU32;
-
-/// Longest quota unit name, in bytes.
-const MAX_UNIT_BYTES: usize = 32;
 
 /// What a concurrency policy refuses beside `global` (which [`validate_global`] refuses
 /// for every algorithm the service cannot decide): it counts this proxy's requests in
@@ -41,10 +39,7 @@ fn in_flight_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
 pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Policy> {
     let before = issues.count();
     if !is_name(&raw.name) {
-        issues.add(
-            format!("{path}.name"),
-            format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", raw.name),
-        );
+        issues.add(format!("{path}.name"), format!("expected {}, got {:?}", name_expected(), raw.name));
     }
     let limit = validate_limit(issues, path, &raw);
     let global = raw.global.as_ref().and_then(|global| validate_global(issues, path, &raw, global, limit.as_ref()));
@@ -83,14 +78,9 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
             ),
         );
     }
-    let slots = match raw.slots {
-        None => NonZeroU32::new(DEFAULT_SLOTS),
-        Some(slots) if (1..=MAX_SLOTS).contains(&slots) => NonZeroU32::new(slots),
-        Some(slots) => {
-            issues.add(format!("{path}.slots"), format!("must be between 1 and {MAX_SLOTS}, got {slots}"));
-            None
-        }
-    };
+    let slots = raw.slots.unwrap_or(DEFAULT_SLOTS);
+    let slots =
+        between(issues, &format!("{path}.slots"), slots, 1, MAX_SLOTS).then(|| NonZeroU32::new(slots)).flatten();
     let on_failure = match raw.on_failure {
         None => FailureOutcome::Deny(DEFAULT_FAILURE_STATUS),
         Some(failure) => match (failure.action, failure.status) {
@@ -101,10 +91,7 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
             }
             (RawFailureAction::Deny, status) => {
                 let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
-                if !(400..=599).contains(&status) {
-                    issues
-                        .add(format!("{path}.on_failure.status"), format!("must be between 400 and 599, got {status}"));
-                }
+                between(issues, &format!("{path}.on_failure.status"), status, MIN_STATUS, MAX_STATUS);
                 FailureOutcome::Deny(status)
             }
         },
