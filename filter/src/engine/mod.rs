@@ -35,12 +35,18 @@
 //!
 //! # Layers
 //!
-//! Inside the engine, modules import only downwards: data (`decision`, `resolved`,
-//! `cause`, `calls`, `compiled`, `wire`, `headers`, `namespace`, `breaker`,
-//! `lease_record`, `evidence`), then `setup` (what the stages read), then `settlement`
-//! (check-mode costs settled at the service) and `overridden` (requests decided under an
-//! operator's override: counted, named, logged), then the stages (`request/`) and
-//! `outgoing`, then this file. `filter/tests/layers.rs` holds it.
+//! Inside the engine, modules import only downwards (`filter/tests/layers.rs` holds it,
+//! and holds this list to its table), from the bottom:
+//!
+//! 1. what the stages pass and read: `decision`, `resolved`, `wire`, `namespace`,
+//!    `headers`, `compiled`, `breaker`, `lease_record`, `cause`, `calls`, `settle_queue`,
+//!    `evidence`, `secrets`, `held`;
+//! 2. the compiled configuration and the worker's bookkeeping: `setup`;
+//! 3. what the service's answers leave behind: `settlement` (check-mode costs settled at
+//!    the service) and `overridden` (requests decided under an operator's override:
+//!    counted, named, logged); concurrency slots released and renewed: `slots`;
+//! 4. the request path, and the calls the root sends: `request`, `outgoing`;
+//! 5. this file, the one place the glue calls.
 
 mod breaker;
 mod calls;
