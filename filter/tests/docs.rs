@@ -166,3 +166,16 @@ fn every_relative_link_of_the_readme_is_to_a_file_that_exists() {
     }
     assert!(links >= 10, "only {links} relative links");
 }
+
+#[test]
+fn the_key_parts_paragraph_names_every_key_part_the_schema_takes() {
+    let readme = readme();
+    let paragraph = readme.split("**Key parts.**").nth(1).and_then(|rest| rest.split("\n\n").next()).unwrap();
+    let schema = config::json_schema();
+    let kinds = schema.pointer("/$defs/RawKeyPart/oneOf").and_then(|v| v.as_array()).unwrap();
+    for kind in kinds {
+        let name = kind["const"].as_str().or_else(|| kind["required"][0].as_str()).unwrap();
+        assert!(paragraph.contains(&format!("\"{name}\"")), "the README's key parts do not show {name:?}");
+    }
+    assert!(kinds.len() >= 9, "{kinds:?}");
+}

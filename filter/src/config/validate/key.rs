@@ -90,3 +90,50 @@ pub(super) fn describe(part: &KeyPart) -> String {
         KeyPart::Constant(value) => format!("{{\"constant\": {value:?}}}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The position of a key part's kind, naming every kind: a new one does not compile
+    /// until it has a sample below.
+    const fn kind(part: &RawKeyPart) -> usize {
+        match part {
+            RawKeyPart::Header(_) => 0,
+            RawKeyPart::ClientAddress => 1,
+            RawKeyPart::MaskedClientAddress(_) => 2,
+            RawKeyPart::Authority => 3,
+            RawKeyPart::Path => 4,
+            RawKeyPart::Method => 5,
+            RawKeyPart::QueryParameter(_) => 6,
+            RawKeyPart::Property(_) => 7,
+            RawKeyPart::Constant(_) => 8,
+        }
+    }
+
+    #[test]
+    fn every_key_part_is_described_in_messages_as_it_is_written() {
+        let samples = [
+            r#"{"header":"x-api-key"}"#,
+            r#""client_address""#,
+            r#"{"masked_client_address":{"ipv4_prefix":24,"ipv6_prefix":48}}"#,
+            r#""authority""#,
+            r#""path""#,
+            r#""method""#,
+            r#"{"query_parameter":"user"}"#,
+            r#"{"property":["connection","requested_server_name"]}"#,
+            r#"{"constant":"all"}"#,
+        ];
+        let mut kinds = Vec::new();
+        for sample in samples {
+            let raw: RawKeyPart = serde_json::from_str(sample).unwrap();
+            kinds.push(kind(&raw));
+            let mut issues = Issues::default();
+            let parts = validate_key(&mut issues, "key", vec![raw], false);
+
+            let described: serde_json::Value = serde_json::from_str(&describe(&parts[0])).unwrap();
+            assert_eq!(described, serde_json::from_str::<serde_json::Value>(sample).unwrap());
+        }
+        assert_eq!(kinds, (0..samples.len()).collect::<Vec<_>>(), "one sample of each kind");
+    }
+}
