@@ -12,7 +12,7 @@ use crate::config::model::bounds::{MAX_STATUS, MAX_UNIT_BYTES, MIN_STATUS};
 use crate::config::model::global::{Global, Strategy};
 use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
 use crate::config::model::request::MissingKey;
-use crate::config::raw::{RawFailureAction, RawMissingKey, RawPolicy};
+use crate::config::raw::{RawFailure, RawFailureAction, RawMissingKey, RawPolicy};
 use shared_store::Algorithm;
 use std::num::NonZeroU32;
 
@@ -33,6 +33,37 @@ fn in_flight_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
             "is not supported by algorithm \"concurrency\": a shadow policy would hold slots it never enforces",
         );
     }
+}
+
+/// What a policy's failure rule does when it cannot decide: its `on_failure`, or deny
+/// with the default status.
+fn failure_outcome(issues: &mut Issues, path: &str, raw: Option<&RawFailure>) -> FailureOutcome {
+    let Some(failure) = raw else { return FailureOutcome::Deny(DEFAULT_FAILURE_STATUS) };
+    match (failure.action, failure.status) {
+        (RawFailureAction::Allow, None) => FailureOutcome::Allow,
+        (RawFailureAction::Allow, Some(_)) => {
+            issues.add(format!("{path}.on_failure.status"), "only applies to action \"deny\"");
+            FailureOutcome::Allow
+        }
+        (RawFailureAction::Deny, status) => {
+            let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
+            between(issues, &format!("{path}.on_failure.status"), status, MIN_STATUS, MAX_STATUS);
+            FailureOutcome::Deny(status)
+        }
+    }
+}
+
+/// Whether `unit` names a quota unit (`tokens`); when it does not, says so.
+fn is_unit(issues: &mut Issues, path: &str, unit: &str) -> bool {
+    let valid = (1..=MAX_UNIT_BYTES).contains(&unit.len())
+        && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        issues.add(
+            format!("{path}.unit"),
+            format!("must be 1 to {MAX_UNIT_BYTES} characters from a-z 0-9 _ - (such as \"tokens\"), got {unit:?}"),
+        );
+    }
+    valid
 }
 
 /// The validated policy at `path` (`policies[i]`), or `None` if it has any issue.
@@ -81,37 +112,13 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
     let slots = raw.slots.unwrap_or(DEFAULT_SLOTS);
     let slots =
         between(issues, &format!("{path}.slots"), slots, 1, MAX_SLOTS).then(|| NonZeroU32::new(slots)).flatten();
-    let on_failure = match raw.on_failure {
-        None => FailureOutcome::Deny(DEFAULT_FAILURE_STATUS),
-        Some(failure) => match (failure.action, failure.status) {
-            (RawFailureAction::Allow, None) => FailureOutcome::Allow,
-            (RawFailureAction::Allow, Some(_)) => {
-                issues.add(format!("{path}.on_failure.status"), "only applies to action \"deny\"");
-                FailureOutcome::Allow
-            }
-            (RawFailureAction::Deny, status) => {
-                let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
-                between(issues, &format!("{path}.on_failure.status"), status, MIN_STATUS, MAX_STATUS);
-                FailureOutcome::Deny(status)
-            }
-        },
-    };
+    let on_failure = failure_outcome(issues, path, raw.on_failure.as_ref());
     let on_missing_key = match raw.on_missing_key {
         RawMissingKey::Shared => MissingKey::Shared,
         RawMissingKey::Skip => MissingKey::Skip,
         RawMissingKey::Reject => MissingKey::Reject,
     };
-    let unit = raw.unit.filter(|unit| {
-        let valid = (1..=MAX_UNIT_BYTES).contains(&unit.len())
-            && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !valid {
-            issues.add(
-                format!("{path}.unit"),
-                format!("must be 1 to {MAX_UNIT_BYTES} characters from a-z 0-9 _ - (such as \"tokens\"), got {unit:?}"),
-            );
-        }
-        valid
-    });
+    let unit = raw.unit.filter(|unit| is_unit(issues, path, unit));
     if issues.count() > before {
         return None;
     }
