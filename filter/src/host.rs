@@ -212,6 +212,13 @@ macro_rules! counters {
                 }
             }
 
+            /// The counter whose metric name suffix is `name`, if any: how a reader of the
+            /// proxy's metrics (the lab, the tests) names a counter without writing its
+            /// name again.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|c| c.name() == name)
+            }
+
             /// Whether the metric is a gauge (it goes down as well as up).
             pub const fn is_gauge(self) -> bool {
                 match self {

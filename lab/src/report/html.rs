@@ -4,7 +4,9 @@
 
 use super::svg::{Band, Line, chart};
 use super::{Summary, verdict};
+use crate::record::{EMERGENCY, degraded};
 use crate::run::Outcome;
+use sluice::host::{Counter, PluginCounter};
 use std::fmt::Write as _;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:1600px;margin:24px auto;padding:0 16px;color:#222}\
@@ -32,16 +34,14 @@ fn bands(outcome: &Outcome) -> Vec<(usize, usize, String)> {
     out
 }
 
-fn deltas(outcome: &Outcome, policy: &str, counter: &str) -> Vec<f64> {
+/// Per interval, what `counters` of `policy` (summed) moved by.
+fn deltas(outcome: &Outcome, policy: &str, counters: &[Counter]) -> Vec<f64> {
     let series = &outcome.series;
     (0..series.rows.len())
         .map(|i| {
             let before = series.counters_before(i);
             let now = &series.rows[i].counters;
-            let value = |c: &crate::record::Counters| {
-                if counter.ends_with('.') { c.policy_prefixed(policy, counter) } else { c.policy(policy, counter) }
-            };
-            value(now).saturating_sub(value(&before)) as f64
+            now.policy_sum(policy, counters).saturating_sub(before.policy_sum(policy, counters)) as f64
         })
         .collect()
 }
@@ -124,21 +124,22 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
     for policy in &outcome.policies {
         let name = &policy.name;
         let _ = write!(out, "<h3>Policy {}</h3>", escape(name));
-        let queued: Vec<f64> = outcome.series.rows.iter().map(|r| r.counters.policy(name, "queued") as f64).collect();
+        let queued: Vec<f64> =
+            outcome.series.rows.iter().map(|r| r.counters.policy(name, Counter::Queued) as f64).collect();
         let lines = [
-            Line { name: "offered", color: "#555", values: deltas(outcome, name, "offered") },
-            Line { name: "allowed", color: "#2a9d46", values: deltas(outcome, name, "allowed") },
-            Line { name: "rejected", color: "#d62828", values: deltas(outcome, name, "rejected") },
+            Line { name: "offered", color: "#555", values: deltas(outcome, name, &[Counter::Offered]) },
+            Line { name: "allowed", color: "#2a9d46", values: deltas(outcome, name, &[Counter::Allowed]) },
+            Line { name: "rejected", color: "#d62828", values: deltas(outcome, name, &[Counter::Rejected]) },
             Line { name: "queued (at the end)", color: "#7b2cbf", values: queued },
         ];
         out.push_str(&chart(&format!("{name}: requests per interval"), "requests", &ends, &lines, &bands));
         let overshoot =
             outcome.overshoot.iter().find(|o| o.policy == *name).map(|o| o.per_row.iter().map(|v| *v as f64).collect());
         let mut lines = vec![
-            Line { name: "service could not decide", color: "#e76f51", values: deltas(outcome, name, "degraded.") },
-            Line { name: "emergency cap", color: "#f4a261", values: deltas(outcome, name, "emergency.") },
-            Line { name: "fail open", color: "#e9c46a", values: deltas(outcome, name, "failure_allowed") },
-            Line { name: "fail closed", color: "#264653", values: deltas(outcome, name, "failure_denied") },
+            Line { name: "service could not decide", color: "#e76f51", values: deltas(outcome, name, &degraded()) },
+            Line { name: "emergency cap", color: "#f4a261", values: deltas(outcome, name, &EMERGENCY) },
+            Line { name: "fail open", color: "#e9c46a", values: deltas(outcome, name, &[Counter::FailureAllowed]) },
+            Line { name: "fail closed", color: "#264653", values: deltas(outcome, name, &[Counter::FailureDenied]) },
         ];
         if let Some(values) = overshoot {
             lines.push(Line { name: "overshoot", color: "#d00000", values });
@@ -168,11 +169,15 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         }
         if matches!(policy.global.as_ref().map(|g| g.strategy), Some(sluice::config::Strategy::Lease(_))) {
             let lines = [
-                Line { name: "lease tokens granted", color: "#2a9d46", values: deltas(outcome, name, "lease.granted") },
+                Line {
+                    name: "lease tokens granted",
+                    color: "#2a9d46",
+                    values: deltas(outcome, name, &[Counter::LeaseGranted]),
+                },
                 Line {
                     name: "stranded (expired unspent)",
                     color: "#d62828",
-                    values: deltas(outcome, name, "lease.expired"),
+                    values: deltas(outcome, name, &[Counter::LeaseExpired]),
                 },
             ];
             out.push_str(&chart(&format!("{name}: leases"), "tokens", &ends, &lines, &bands));
@@ -207,7 +212,7 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         let per_1000: Vec<f64> = (0..series.rows.len())
             .map(|i| {
                 let before = series.counters_before(i);
-                let get = |c: &crate::record::Counters| c.plugin.get("counter_service.callouts").copied().unwrap_or(0);
+                let get = |c: &crate::record::Counters| c.plugin(PluginCounter::Callouts);
                 let callouts = get(&series.rows[i].counters).saturating_sub(get(&before)) as f64;
                 let requests: u64 = series.rows[i].classes.iter().map(|c| c.offered).sum();
                 if requests == 0 { 0.0 } else { 1000.0 * callouts / requests as f64 }
