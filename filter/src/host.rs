@@ -94,8 +94,108 @@ pub trait Metrics {
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64);
 }
 
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = ($name:literal, $counter:ident),)*) => {
+        /// Why the counter service (or a lease) could not decide a request: one failure
+        /// class each, with its name in metrics, logs and the fallback header, and the
+        /// per-policy counter that counts it (`degraded.<name>`).
+        ///
+        /// **Append only.** A reason's index ([`Reason::index`], its position here) is
+        /// persisted in lease records (why a refill failed), which outlive a
+        /// configuration and a filter update: add a reason at the end, never reorder or
+        /// remove one (a test pins the indices).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in index order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)*];
+
+            /// The name in metrics, logs and the fallback header.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+
+            /// The name of the per-policy counter that counts it, `degraded.<name>`.
+            pub const fn metric_name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => concat!("degraded.", $name),)*
+                }
+            }
+
+            /// The per-policy counter that counts it.
+            pub const fn counter(self) -> Counter {
+                match self {
+                    $(Self::$variant => Counter::$counter,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// No answer within the deadline.
+    Timeout = ("timeout", DegradedTimeout),
+    /// The connection was refused.
+    Refused = ("refused", DegradedRefused),
+    /// The call was reset, or the answer was not HTTP.
+    Reset = ("reset", DegradedReset),
+    /// An answer with a status other than 200 (or 401).
+    BadStatus = ("bad_status", DegradedBadStatus),
+    /// A 200 whose body is not a check answer for these entries.
+    BadBody = ("bad_body", DegradedBadBody),
+    /// 401: the service refused the filter's token.
+    Unauthorized = ("unauthorized", DegradedUnauthorized),
+    /// The circuit breaker is open.
+    CircuitOpen = ("circuit_open", DegradedCircuitOpen),
+    /// The proxy would not send the call.
+    DispatchFailed = ("dispatch_failed", DegradedDispatchFailed),
+    /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
+    LeaseQueueFull = ("lease_queue_full", DegradedLeaseQueueFull),
+    /// Lease mode: the caller's slot in the lease table is held by another key's lease
+    /// (give the policy more `slots`).
+    LeaseSlotTaken = ("lease_slot_taken", DegradedLeaseSlotTaken),
+    /// Lease mode: the wait ran out while refills were granted, and other requests
+    /// spent them first (demand above what refills bring: a larger `size`).
+    LeaseContended = ("lease_contended", DegradedLeaseContended),
+}
+
+impl Reason {
+    /// Its position in [`Reason::ALL`], as lease records keep it.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The reason of an index ([`Reason::index`]); `Timeout` for one out of range.
+    pub fn from_index(index: u64) -> Self {
+        usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
+    }
+}
+
+/// Which policies define a counter (and, for a plugin counter, which configurations):
+/// the proxy holds no series for a counter that nothing it runs can move. Declared with
+/// each counter, never read from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every policy (every configuration).
+    Every,
+    /// Global policies only (for a plugin counter: a configuration with a global policy,
+    /// which is one with a counter service to call).
+    Global,
+    /// Concurrency policies only.
+    Concurrency,
+    /// Policies whose cost the response reports only.
+    ResponseCost,
+}
+
 macro_rules! counters {
-    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = $text:literal $(gauge $gauge:tt)?,)* }) => {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident {
+        $($(#[$doc:meta])* $variant:ident = ($text:expr, $scope:ident $(, $gauge:ident)?),)*
+    }) => {
         $(#[$meta])*
         $vis enum $name {
             $($(#[$doc])* $variant,)*
@@ -112,10 +212,24 @@ macro_rules! counters {
                 }
             }
 
+            /// The counter whose metric name suffix is `name`, if any: how a reader of the
+            /// proxy's metrics (the lab, the tests) names a counter without writing its
+            /// name again.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|c| c.name() == name)
+            }
+
             /// Whether the metric is a gauge (it goes down as well as up).
             pub const fn is_gauge(self) -> bool {
                 match self {
                     $(Self::$variant => counters!(@gauge $($gauge)?),)*
+                }
+            }
+
+            /// Which policies (or configurations) define it.
+            pub const fn scope(self) -> Scope {
+                match self {
+                    $(Self::$variant => Scope::$scope,)*
                 }
             }
 
@@ -126,7 +240,7 @@ macro_rules! counters {
         }
     };
     (@gauge) => { false };
-    (@gauge $t:tt) => { true };
+    (@gauge gauge) => { true };
 }
 
 counters! {
@@ -135,113 +249,113 @@ counters! {
     pub enum Counter {
         /// Requests the policy applied to, counted when their fate is known.
         /// `Offered = Allowed + Rejected + Queued` at all times.
-        Offered = "offered",
+        Offered = ("offered", Every),
         /// Of those, requests forwarded upstream (now, after a shaping delay, or by a
         /// failure rule). A queued request whose client left also counts here: it spent
         /// its place in the queue (see `Abandoned`).
-        Allowed = "allowed",
+        Allowed = ("allowed", Every),
         /// Of those, requests answered with a rejection, whichever policy caused it.
-        Rejected = "rejected",
+        Rejected = ("rejected", Every),
         /// Gauge: requests paused by shaping right now.
-        Queued = "queued" gauge *,
+        Queued = ("queued", Every, gauge),
         /// This policy's own decision said no (the policy that binds): locally, or the
         /// counter service for a global policy.
-        OverLimit = "over_limit",
+        OverLimit = ("over_limit", Every),
         /// This shadow policy would have rejected the request.
-        ShadowRejected = "shadow_rejected",
+        ShadowRejected = ("shadow_rejected", Every),
         /// Requests missing a key part.
-        MissingKey = "missing_key",
+        MissingKey = ("missing_key", Every),
         /// Requests for which a host call failed while reading the key, the cost or a
         /// match condition: the policy's `on_failure` decided.
-        ReadFailures = "read_failures",
+        ReadFailures = ("read_failures", Every),
         /// CAS writes that lost a race and were retried.
-        CasConflicts = "cas_conflicts",
+        CasConflicts = ("cas_conflicts", Every),
         /// Decisions abandoned after every CAS attempt conflicted.
-        CasExhausted = "cas_exhausted",
+        CasExhausted = ("cas_exhausted", Every),
         /// Decisions that failed because the shared-data store failed.
-        StoreErrors = "store_errors",
+        StoreErrors = ("store_errors", Every),
         /// Undecodable shared-data states replaced by exhausted ones.
-        Repaired = "repaired",
+        Repaired = ("repaired", Every),
         /// Decisions made on the overflow bucket because the caller's slot was held.
-        Overflowed = "overflowed",
+        Overflowed = ("overflowed", Every),
         /// Spends that could not be given back (all-or-nothing refunds): stricter, never looser.
-        Unrefunded = "unrefunded",
+        Unrefunded = ("unrefunded", Every),
         /// Requests forwarded by the failure action `allow`.
-        FailureAllowed = "failure_allowed",
+        FailureAllowed = ("failure_allowed", Every),
         /// Requests denied by the failure action `deny`.
-        FailureDenied = "failure_denied",
+        FailureDenied = ("failure_denied", Every),
         /// Queued requests whose stream ended before their release.
-        Abandoned = "abandoned",
+        Abandoned = ("abandoned", Every),
         /// Global: the counter service did not answer in time (Envoy's 504 or the filter's deadline).
-        DegradedTimeout = "degraded.timeout",
+        DegradedTimeout = (Reason::Timeout.metric_name(), Global),
         /// Global: the connection to the service was refused (Envoy's 503 "connection failure").
-        DegradedRefused = "degraded.refused",
+        DegradedRefused = (Reason::Refused.metric_name(), Global),
         /// Global: the call was reset (no response, a reset mid-answer, a protocol error).
-        DegradedReset = "degraded.reset",
+        DegradedReset = (Reason::Reset.metric_name(), Global),
         /// Global: the service answered a status other than 200 (401 aside).
-        DegradedBadStatus = "degraded.bad_status",
+        DegradedBadStatus = (Reason::BadStatus.metric_name(), Global),
         /// Global: the service's answer could not be read.
-        DegradedBadBody = "degraded.bad_body",
+        DegradedBadBody = (Reason::BadBody.metric_name(), Global),
         /// Global: the service refused the filter's token (401).
-        DegradedUnauthorized = "degraded.unauthorized",
+        DegradedUnauthorized = (Reason::Unauthorized.metric_name(), Global),
         /// Global: the circuit breaker was open; no callout was made.
-        DegradedCircuitOpen = "degraded.circuit_open",
+        DegradedCircuitOpen = (Reason::CircuitOpen.metric_name(), Global),
         /// Global: the proxy refused to send the callout (unknown cluster).
-        DegradedDispatchFailed = "degraded.dispatch_failed",
+        DegradedDispatchFailed = (Reason::DispatchFailed.metric_name(), Global),
         /// Lease: too many requests waited for a refill on one worker.
-        DegradedLeaseQueueFull = "degraded.lease_queue_full",
+        DegradedLeaseQueueFull = (Reason::LeaseQueueFull.metric_name(), Global),
         /// Lease: the caller's lease slot was held by another key's lease.
-        DegradedLeaseSlotTaken = "degraded.lease_slot_taken",
+        DegradedLeaseSlotTaken = (Reason::LeaseSlotTaken.metric_name(), Global),
         /// Lease: a wait ran out while refills were granted and spent by others.
-        DegradedLeaseContended = "degraded.lease_contended",
+        DegradedLeaseContended = (Reason::LeaseContended.metric_name(), Global),
         /// Global: requests the counter service decided under an operator's bypass
         /// (admitted without spending).
-        OverrideBypassed = "override.bypassed",
+        OverrideBypassed = ("override.bypassed", Global),
         /// Global: requests the counter service decided under an operator's clamp (the
         /// policy's numbers lowered fleet-wide), admitted or rejected.
-        OverrideClamped = "override.clamped",
+        OverrideClamped = ("override.clamped", Global),
         /// Global: admitted by the emergency cap while the service could not decide.
-        EmergencyAllowed = "emergency.allowed",
+        EmergencyAllowed = ("emergency.allowed", Global),
         /// Global: rejected by the emergency cap while the service could not decide.
-        EmergencyRejected = "emergency.rejected",
+        EmergencyRejected = ("emergency.rejected", Global),
         /// Lease: refills sent.
-        LeaseRefills = "lease.refills",
+        LeaseRefills = ("lease.refills", Global),
         /// Lease: tokens granted by the service.
-        LeaseGranted = "lease.granted",
+        LeaseGranted = ("lease.granted", Global),
         /// Lease: tokens that expired unspent (forfeited).
-        LeaseExpired = "lease.expired",
+        LeaseExpired = ("lease.expired", Global),
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
-        LeaseReconciled = "lease.reconciled",
+        LeaseReconciled = ("lease.reconciled", Global),
         /// Lease: units of debt paid from a later grant before any of it was spent (the
         /// service counted them when it granted them: they are not charged).
-        LeaseRepaid = "lease.repaid",
+        LeaseRepaid = ("lease.repaid", Global),
         /// Lease: units admitted under the failure rule beyond `max_debt`, that the
         /// service could not charge, or whose counter could not be named (the request's
         /// partition could not be read): forgiven.
-        LeaseForgiven = "lease.forgiven",
+        LeaseForgiven = ("lease.forgiven", Global),
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
-        CostEstimated = "cost.estimated",
+        CostEstimated = ("cost.estimated", ResponseCost),
         /// Response cost: responses that did not report their cost (the estimate, or
         /// `on_unknown`, stood).
-        CostUnknown = "cost.unknown",
+        CostUnknown = ("cost.unknown", ResponseCost),
         /// Response cost: units charged beyond the estimates (the responses cost more).
-        CostCharged = "cost.charged",
+        CostCharged = ("cost.charged", ResponseCost),
         /// Response cost: units of the estimates given back (the responses cost less).
-        CostCredited = "cost.credited",
+        CostCredited = ("cost.credited", ResponseCost),
         /// Response cost: units not settled: charged beyond the debt bound, a credit the
         /// algorithm cannot give, or a settlement that failed.
-        CostForgiven = "cost.forgiven",
+        CostForgiven = ("cost.forgiven", ResponseCost),
         /// Response cost: responses whose body the worker could not hold, having its
         /// bound (`usage::MAX_HELD_PER_WORKER`) in other streams' bodies already: a JSON
         /// body was dropped (its cost is unknown, and counted as such too), an event line
         /// skipped.
-        CostOverBudget = "cost.over_budget",
+        CostOverBudget = ("cost.over_budget", ResponseCost),
         /// Concurrency: renewals of this worker's slots that could not be written (every
         /// CAS attempt lost, a store error, a key with no room for another holder). Slots
         /// not renewed for `STALE_AFTER` stop counting while their requests are in flight.
-        ConcurrencyRenewFailures = "concurrency.renew_failures",
+        ConcurrencyRenewFailures = ("concurrency.renew_failures", Concurrency),
     }
 }
 
@@ -250,42 +364,58 @@ counters! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
     pub enum PluginCounter {
         /// Callouts sent to the counter service.
-        Callouts = "counter_service.callouts",
+        Callouts = ("counter_service.callouts", Global),
         /// Gauge: requests waiting for the counter service right now.
-        Waiting = "counter_service.waiting" gauge *,
+        Waiting = ("counter_service.waiting", Global, gauge),
         /// Times this proxy's circuit breaker opened.
-        CircuitOpened = "counter_service.circuit_opened",
+        CircuitOpened = ("counter_service.circuit_opened", Global),
         /// Shared-data keys this plugin created for buckets (bounded by the slot tables).
-        KeysCreated = "keys_created",
+        KeysCreated = ("keys_created", Every),
         /// Local replies the host refused; the request was then reset or, if that failed
         /// too, forwarded (and counted as allowed).
-        ReplyFailures = "reply_failures",
+        ReplyFailures = ("reply_failures", Every),
         /// Paused requests the host would not resume (their stream had ended).
-        ResumeFailures = "resume_failures",
+        ResumeFailures = ("resume_failures", Every),
     }
 }
 
-impl Counter {
-    /// Whether only a global policy can move it (the degraded, emergency and lease
-    /// counters): a local policy does not define it.
-    pub fn is_global_only(self) -> bool {
-        matches!(self.name().split('.').next(), Some("degraded" | "emergency" | "lease"))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_of_every_reason_is_pinned_because_lease_records_keep_it() {
+        // Append only: a reason added goes at the end; an index here never changes.
+        let pinned = [
+            (0, "timeout"),
+            (1, "refused"),
+            (2, "reset"),
+            (3, "bad_status"),
+            (4, "bad_body"),
+            (5, "unauthorized"),
+            (6, "circuit_open"),
+            (7, "dispatch_failed"),
+            (8, "lease_queue_full"),
+            (9, "lease_slot_taken"),
+            (10, "lease_contended"),
+        ];
+        let indices: Vec<(usize, &str)> = Reason::ALL.iter().map(|r| (r.index(), r.name())).collect();
+
+        assert_eq!(indices[..pinned.len()], pinned, "a reason was reordered, renamed or removed");
+        for reason in Reason::ALL {
+            assert_eq!(Reason::from_index(reason.index() as u64), *reason);
+        }
     }
 
-    /// Whether only a concurrency policy can move it.
-    pub fn is_concurrency_only(self) -> bool {
-        self.name().starts_with("concurrency.")
-    }
-
-    /// Whether only a policy whose cost the response reports can move it.
-    pub fn is_response_cost_only(self) -> bool {
-        self.name().starts_with("cost.")
-    }
-}
-
-impl PluginCounter {
-    /// Whether only a configuration with a counter service can move it.
-    pub fn is_service_only(self) -> bool {
-        self.name().starts_with("counter_service.")
+    #[test]
+    fn every_reason_has_its_own_degraded_counter_and_every_degraded_counter_a_reason() {
+        for reason in Reason::ALL {
+            assert_eq!(reason.counter().name(), format!("degraded.{}", reason.name()), "{reason:?}");
+        }
+        let degraded: Vec<Counter> =
+            Counter::ALL.iter().copied().filter(|c| c.name().starts_with("degraded.")).collect();
+        let counted: Vec<Counter> = Reason::ALL.iter().map(|r| r.counter()).collect();
+        assert_eq!(degraded, counted);
+        assert!(counted.iter().all(|c| c.scope() == Scope::Global), "only a global policy asks the service");
     }
 }

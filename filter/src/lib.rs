@@ -3,9 +3,21 @@
 //!
 //! # Layout
 //!
-//! Modules import only downwards (`tests/layers.rs` checks it), from the bottom:
-//! `config`, `host`, `due` and `usage`; `testing`; `policy`; `engine`; `abi`; `wasm`; this root.
-//! Inside `config`, the same holds for its submodules (see its docs).
+//! Modules import only downwards (`tests/layers.rs` checks it, and holds this list to
+//! its table), from the bottom:
+//!
+//! 1. the configuration, the ports, the due queue and the usage reader: `config`, `host`,
+//!    `due`, `usage`;
+//! 2. fakes of the ports: `testing`;
+//! 3. policy matching: `policy`;
+//! 4. the engine: `engine`;
+//! 5. the worker, holding requests behind a port: `worker`;
+//! 6. host calls: `abi`;
+//! 7. the worker's ports on the host: `adapters`;
+//! 8. the proxy-wasm glue: `wasm`;
+//! 9. this root.
+//!
+//! Inside `config` and `engine`, the same holds for their submodules (see their docs).
 //!
 //! * [`config`]: the JSON configuration, parsed strictly and validated.
 //! * [`host`]: the ports the engine works through: request facts, metrics, callouts.

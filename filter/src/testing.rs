@@ -5,7 +5,14 @@
 use crate::host::{
     Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts, ResponseFacts,
 };
+use sluice_protocol::{ErrorBody, ErrorCode};
 use std::collections::HashMap;
+
+/// The body the counter service answers an error with (`{"error": {"code", "message"}}`),
+/// the code named through [`ErrorCode`] as the service names it.
+pub fn service_error(code: ErrorCode, message: &str) -> Vec<u8> {
+    serde_json::to_vec(&ErrorBody::new(code.name(), message)).unwrap_or_default()
+}
 
 /// A request built in a test: headers and properties as bytes, and reads that fail.
 #[derive(Debug, Clone, Default)]

@@ -115,3 +115,54 @@ fn every_fixture_with_a_shape_error_fails_the_schema() {
     }
     assert!(shape_errors >= 10, "only {shape_errors} shape-error fixtures");
 }
+
+/// Every property of the schema, with its path, however deep.
+fn properties(value: &serde_json::Value, path: &str, out: &mut Vec<(String, serde_json::Value)>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(props)) = map.get("properties") {
+                for (name, prop) in props {
+                    out.push((format!("{path}.{name}"), prop.clone()));
+                }
+            }
+            for (key, inner) in map {
+                properties(inner, &format!("{path}/{key}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|item| properties(item, path, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_default_and_range_a_schema_description_states_is_the_one_the_constants_give_the_schema() {
+    let mut all = Vec::new();
+    properties(&config::json_schema(), "", &mut all);
+    let mut checked = 0;
+    for (path, prop) in all {
+        let description = prop["description"].as_str().unwrap_or_default();
+        let number = |word: &str| word.trim_end_matches(['.', ',', ';', ')']).parse::<u64>().ok();
+        let words: Vec<&str> = description.split_whitespace().collect();
+        if let Some(i) = words.iter().position(|w| *w == "Default" || *w == "default:") {
+            let stated = match &prop["default"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                serde_json::Value::Bool(b) => Some(b.to_string()),
+                _ => None,
+            };
+            if let (Some(stated), Some(next)) = (stated, words.get(i + 1)) {
+                assert_eq!(next.trim_matches(['`', '.']), stated, "{path}: {description:?}");
+                checked += 1;
+            }
+        }
+        for pair in words.windows(3).filter(|w| w[1] == "to") {
+            if let (Some(low), Some(high)) = (number(pair[0]), number(pair[2])) {
+                let bound = |number: &str, length: &str| prop[number].as_u64().or_else(|| prop[length].as_u64());
+                assert_eq!(bound("minimum", "minLength"), Some(low), "{path}: {description:?}");
+                assert_eq!(bound("maximum", "maxLength"), Some(high), "{path}: {description:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} stated defaults and ranges");
+}

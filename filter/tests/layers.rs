@@ -80,6 +80,7 @@ const CONFIG: &[Layer] = &[
     ("the module: map, re-exports, entry", &[MOD]),
 ];
 const CONFIG_MODEL: &[Layer] = &[
+    ("every bound and default", &["bounds"]),
     ("what a policy reads from a request", &["request"]),
     ("global settings", &["global"]),
     ("a policy, the response", &["policy", "response"]),
@@ -134,4 +135,84 @@ fn a_module_without_a_layer_and_a_stale_entry_are_caught() {
     assert!(problems.iter().any(|p| p.starts_with("module `gadgets` has no layer")), "{problems:#?}");
     assert!(problems.iter().any(|p| p == "LAYERS names `engine`, which is not a module"), "{problems:#?}");
     assert!(problems.iter().any(|p| p == "INNER names `gone`, which is not a module"), "{problems:#?}");
+}
+
+/// The numbered list that follows `heading` in `text` (a module's docs, without their
+/// `//! `, or a README): each item's text, continuation lines joined.
+fn numbered_list(text: &str, heading: &str) -> Vec<String> {
+    let mut items: Vec<String> = Vec::new();
+    let mut lines = text.lines().skip_while(|line| line.trim() != heading).skip(1);
+    for line in lines.by_ref() {
+        let trimmed = line.trim();
+        let numbered = trimmed.split_once(". ").filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        match numbered {
+            Some((_, rest)) => items.push(rest.to_owned()),
+            None if trimmed.is_empty() && items.is_empty() => {}
+            None if trimmed.is_empty() || trimmed.starts_with('#') => break,
+            None => {
+                if let Some(last) = items.last_mut() {
+                    last.push(' ');
+                    last.push_str(trimmed);
+                }
+            }
+        }
+    }
+    items
+}
+
+/// The names in backticks in `text` that are plain identifiers (module names).
+fn ticked(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A source file's module docs, without their `//! `.
+fn module_docs(file: &str) -> String {
+    let source = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+    source
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .map(|line| line.trim_start())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A table's layers, as the docs list them: each layer's modules, the root or a module's
+/// own file (`this root`, `this file`) naming none.
+fn listed(layers: &[Layer]) -> Vec<Vec<String>> {
+    layers
+        .iter()
+        .map(|(_, modules)| modules.iter().filter(|m| **m != ROOT && **m != MOD).map(|m| (*m).to_owned()).collect())
+        .collect()
+}
+
+#[test]
+fn the_layer_lists_of_the_module_docs_are_the_tables_this_file_enforces() {
+    for (file, heading, layers) in [("src/lib.rs", "# Layout", LAYERS), ("src/engine/mod.rs", "# Layers", ENGINE)] {
+        let documented: Vec<Vec<String>> =
+            numbered_list(&module_docs(file), heading).iter().map(|item| ticked(item)).collect();
+
+        assert_eq!(documented, listed(layers), "{file}, {heading}");
+    }
+}
+
+#[test]
+fn the_request_path_in_the_readme_and_the_module_docs_is_every_stage_the_table_holds() {
+    let first = |item: &String| ticked(&item.replace(".rs`", "`")).into_iter().next().unwrap_or_default();
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let in_readme: Vec<String> = numbered_list(&readme, "### A request, file by file").iter().map(first).collect();
+    let in_docs: Vec<String> =
+        numbered_list(&module_docs("src/engine/request/mod.rs"), "").iter().map(first).collect::<Vec<_>>();
+    // Every module of the request path is a stage but `state`, what the stages pass.
+    let mut stages: Vec<String> = listed(ENGINE_REQUEST).concat().into_iter().filter(|m| m != "state").collect();
+
+    assert_eq!(in_readme, in_docs, "the README and the module docs list the stages in one order");
+    let mut documented = in_docs.clone();
+    documented.sort();
+    stages.sort();
+    assert_eq!(documented, stages, "the stages are the request path's modules");
 }

@@ -13,7 +13,10 @@
 //! A line that is not either is counted and reported by its number, never dropped
 //! silently. Times are RFC 3339 (`2026-12-04T10:00:00.123Z`).
 
+use crate::duration::Span;
+use crate::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// One request of the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,7 +186,61 @@ pub fn parse(text: &str) -> Log {
     log
 }
 
+/// How a log is replayed: at what pace, through what fleet, in what rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Replay {
+    /// The log is played this many times faster than it was recorded (above 0).
+    pub speed: f64,
+    /// Proxies its requests are spread over (1 to 64).
+    pub proxies: usize,
+    /// Workers per proxy (1 to 16).
+    pub workers: usize,
+    /// One report row per interval.
+    pub interval: Duration,
+}
+
 impl Log {
+    /// The scenario that replays this log, read from `source`: one caller class, `log`,
+    /// whose requests are the entries at `replay`'s pace, over a healthy fleet of one
+    /// region, for as long as the log lasts at that pace and a second more.
+    pub fn scenario(&self, source: &str, replay: Replay) -> Scenario {
+        let Replay { speed, proxies, workers, interval } = replay;
+        let first = self.entries.iter().map(|e| e.at).min().unwrap_or(0);
+        let last = self.entries.iter().map(|e| e.at).max().unwrap_or(0);
+        let length = Duration::from_nanos(((last - first) as f64 / speed) as u64) + Duration::from_secs(1);
+        Scenario {
+            name: format!("replay of {source}"),
+            description: format!(
+                "{} requests from the log at {speed}× its pace over {proxies} proxies; {} lines could not be read.",
+                self.entries.len(),
+                self.bad.len()
+            ),
+            seed: 1,
+            duration: Span(length),
+            interval: Span(interval),
+            fleet: Fleet {
+                regions: vec![Region { name: "all".to_owned(), proxies: proxies.clamp(1, 64) }],
+                workers: workers.clamp(1, 16),
+                service_latency: Span(Duration::from_millis(2)),
+                upstream_latency: Span(Duration::from_millis(20)),
+            },
+            callers: vec![Caller {
+                name: "log".to_owned(),
+                legitimate: true,
+                method: "GET".to_owned(),
+                path: "/".to_owned(),
+                headers: Default::default(),
+                regions: Vec::new(),
+                keys: Keys::default(),
+                rate: Vec::new(),
+                arrivals: Spacing::Even,
+                usage: None,
+                retry: None,
+            }],
+            faults: Vec::new(),
+        }
+    }
+
     /// Of `wanted` header names, those no entry carries.
     pub fn missing_headers<'a>(&self, wanted: impl IntoIterator<Item = &'a str>) -> Vec<String> {
         wanted

@@ -4,12 +4,12 @@
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_lab::access_log;
+use sluice_lab::access_log::{self, Replay};
 use sluice_lab::report;
 use sluice_lab::run::{FilterConfig, Lab};
-use sluice_lab::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
+use sluice_lab::scenario::Scenario;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The proxies' threads allocate and free constantly (requests, headers, the guest's
 /// host-call buffers). With glibc's allocator every proxy's work took about 1.5× as long
@@ -177,97 +177,77 @@ fn run_one(lab: &Lab, label: &str) -> anyhow::Result<sluice_lab::Outcome> {
     Ok(outcome)
 }
 
+/// What a command wrote: the report's files, where they go, and the requests it ran.
+struct Written {
+    files: Vec<(String, Vec<u8>)>,
+    out: PathBuf,
+    requests: u64,
+}
+
+fn run(scenario: &Path, config: &Path, common: Common) -> anyhow::Result<Written> {
+    let parsed = load_scenario(scenario)?;
+    let config = FilterConfig::load(config)?;
+    check_wasm(&common.wasm)?;
+    let base = scenario.parent().unwrap_or(Path::new("."));
+    let lab = common.threads(Lab::new(parsed, config, base, &common.wasm)?);
+    let outcome = run_one(&lab, "run")?;
+    Ok(Written { files: report::render(&outcome), out: common.out, requests: outcome.requests })
+}
+
+fn compare(a: &Path, b: &Path, scenario: &Path, common: Common) -> anyhow::Result<Written> {
+    let parsed = load_scenario(scenario)?;
+    let (a, b) = (FilterConfig::load(a)?, FilterConfig::load(b)?);
+    check_wasm(&common.wasm)?;
+    let base = scenario.parent().unwrap_or(Path::new("."));
+    let first = run_one(&common.threads(Lab::new(parsed.clone(), a, base, &common.wasm)?), "a")?;
+    let second = run_one(&common.threads(Lab::new(parsed, b, base, &common.wasm)?), "b")?;
+    let mut files = vec![("index.html".to_owned(), report::html::compare(&first, &second).into_bytes())];
+    for (dir, outcome) in [("a", &first), ("b", &second)] {
+        for (name, bytes) in report::render(outcome) {
+            files.push((format!("{dir}/{name}"), bytes));
+        }
+    }
+    Ok(Written { files, out: common.out, requests: first.requests + second.requests })
+}
+
+fn replay(log: &Path, config: &Path, replay: Replay, common: Common) -> anyhow::Result<Written> {
+    if !(replay.speed.is_finite() && replay.speed > 0.0) {
+        bail!("--speed must be above 0");
+    }
+    let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let parsed = access_log::parse(&text);
+    for bad in &parsed.bad {
+        eprintln!("{}: line {}: {}", log.display(), bad.line, bad.message);
+    }
+    if !parsed.bad.is_empty() {
+        eprintln!("{}: {} lines could not be read (not replayed)", log.display(), parsed.bad.len());
+    }
+    if parsed.entries.is_empty() {
+        bail!("{}: no request could be read", log.display());
+    }
+    let config = FilterConfig::load(config)?;
+    let wanted = sluice_lab::run::headers_read(&config.parsed);
+    for name in parsed.missing_headers(wanted.iter().map(String::as_str)) {
+        eprintln!(
+            "{}: no line carries header {name}, which the configuration reads: those requests will miss it",
+            log.display()
+        );
+    }
+    check_wasm(&common.wasm)?;
+    let scenario = parsed.scenario(&log.display().to_string(), replay);
+    let lab = Lab::new(scenario, config, Path::new("."), &common.wasm)?.with_log(parsed.entries, replay.speed);
+    let outcome = run_one(&common.threads(lab), "replay")?;
+    Ok(Written { files: report::render(&outcome), out: common.out, requests: outcome.requests })
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let started = Instant::now();
-    let (files, out, requests) = match cli.command {
-        Command::Run { scenario, config, common } => {
-            let parsed = load_scenario(&scenario)?;
-            let config = FilterConfig::load(&config)?;
-            check_wasm(&common.wasm)?;
-            let base = scenario.parent().unwrap_or(Path::new("."));
-            let lab = common.threads(Lab::new(parsed, config, base, &common.wasm)?);
-            let outcome = run_one(&lab, "run")?;
-            (report::render(&outcome), common.out, outcome.requests)
-        }
-        Command::Compare { a, b, scenario, common } => {
-            let parsed = load_scenario(&scenario)?;
-            let (a, b) = (FilterConfig::load(&a)?, FilterConfig::load(&b)?);
-            check_wasm(&common.wasm)?;
-            let base = scenario.parent().unwrap_or(Path::new("."));
-            let first = run_one(&common.threads(Lab::new(parsed.clone(), a, base, &common.wasm)?), "a")?;
-            let second = run_one(&common.threads(Lab::new(parsed, b, base, &common.wasm)?), "b")?;
-            let mut files = vec![("index.html".to_owned(), report::html::compare(&first, &second).into_bytes())];
-            for (dir, outcome) in [("a", &first), ("b", &second)] {
-                for (name, bytes) in report::render(outcome) {
-                    files.push((format!("{dir}/{name}"), bytes));
-                }
-            }
-            (files, common.out, first.requests + second.requests)
-        }
+    let Written { files, out, requests } = match cli.command {
+        Command::Run { scenario, config, common } => run(&scenario, &config, common)?,
+        Command::Compare { a, b, scenario, common } => compare(&a, &b, &scenario, common)?,
         Command::Replay { log, config, speed, proxies, workers, interval, common } => {
-            if !(speed.is_finite() && speed > 0.0) {
-                bail!("--speed must be above 0");
-            }
-            let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
-            let parsed = access_log::parse(&text);
-            for bad in &parsed.bad {
-                eprintln!("{}: line {}: {}", log.display(), bad.line, bad.message);
-            }
-            if !parsed.bad.is_empty() {
-                eprintln!("{}: {} lines could not be read (not replayed)", log.display(), parsed.bad.len());
-            }
-            if parsed.entries.is_empty() {
-                bail!("{}: no request could be read", log.display());
-            }
-            let config = FilterConfig::load(&config)?;
-            let wanted = sluice_lab::run::headers_read(&config.parsed);
-            for name in parsed.missing_headers(wanted.iter().map(String::as_str)) {
-                eprintln!(
-                    "{}: no line carries header {name}, which the configuration reads: those requests will miss it",
-                    log.display()
-                );
-            }
-            check_wasm(&common.wasm)?;
-            let first = parsed.entries.iter().map(|e| e.at).min().unwrap_or(0);
-            let last = parsed.entries.iter().map(|e| e.at).max().unwrap_or(0);
-            let length = Duration::from_nanos(((last - first) as f64 / speed) as u64) + Duration::from_secs(1);
-            let interval = sluice_lab::duration::Span(*interval);
-            let scenario = Scenario {
-                name: format!("replay of {}", log.display()),
-                description: format!(
-                    "{} requests from the log at {speed}× its pace over {proxies} proxies; {} lines could not be read.",
-                    parsed.entries.len(),
-                    parsed.bad.len()
-                ),
-                seed: 1,
-                duration: sluice_lab::duration::Span(length),
-                interval,
-                fleet: Fleet {
-                    regions: vec![Region { name: "all".to_owned(), proxies: proxies.clamp(1, 64) }],
-                    workers: workers.clamp(1, 16),
-                    service_latency: sluice_lab::duration::Span(Duration::from_millis(2)),
-                    upstream_latency: sluice_lab::duration::Span(Duration::from_millis(20)),
-                },
-                callers: vec![Caller {
-                    name: "log".to_owned(),
-                    legitimate: true,
-                    method: "GET".to_owned(),
-                    path: "/".to_owned(),
-                    headers: Default::default(),
-                    regions: Vec::new(),
-                    keys: Keys::default(),
-                    rate: Vec::new(),
-                    arrivals: Spacing::Even,
-                    usage: None,
-                    retry: None,
-                }],
-                faults: Vec::new(),
-            };
-            let lab = common
-                .threads(Lab::new(scenario, config, Path::new("."), &common.wasm)?.with_log(parsed.entries, speed));
-            let outcome = run_one(&lab, "replay")?;
-            (report::render(&outcome), common.out, outcome.requests)
+            replay(&log, &config, Replay { speed, proxies, workers, interval: *interval }, common)?
         }
     };
     report::write_files(&out, &files).with_context(|| format!("writing {}", out.display()))?;

@@ -2,17 +2,28 @@
 //! from each proxy's metrics at every interval's end, cumulative), and what each caller
 //! class saw (counted by the lab at the client, per interval).
 
+use sluice::host::{Counter, PluginCounter, Reason};
 use std::collections::BTreeMap;
 use wasm_host::MetricValue;
 
-/// The filter's counters at one instant, fleet-wide: per policy, and per plugin.
+/// The filter's counters at one instant, fleet-wide: per policy, and per plugin, read
+/// through the filter's own [`Counter`] and [`PluginCounter`] (a metric name the filter
+/// does not declare is not a counter of its own, and is not kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// `<policy>` → `<counter>` → value (`offered`, `allowed`, `degraded.timeout`, …).
-    pub policies: BTreeMap<String, BTreeMap<String, u64>>,
-    /// Per-plugin counters (`counter_service.callouts`, …).
-    pub plugin: BTreeMap<String, u64>,
+    /// `<policy>` → counter → value.
+    pub policies: BTreeMap<String, BTreeMap<Counter, u64>>,
+    /// Per-plugin counters.
+    pub plugin: BTreeMap<PluginCounter, u64>,
 }
+
+/// The counters of every reason the counter service could not decide (`degraded.*`).
+pub fn degraded() -> Vec<Counter> {
+    Reason::ALL.iter().map(|r| r.counter()).collect()
+}
+
+/// The emergency cap's decisions.
+pub const EMERGENCY: [Counter; 2] = [Counter::EmergencyAllowed, Counter::EmergencyRejected];
 
 impl Counters {
     /// Adds one proxy's metrics, named `<prefix>.<policy>.<counter>` or
@@ -31,22 +42,32 @@ impl Counters {
                 .max_by_key(|p| p.len());
             match policy {
                 Some(policy) => {
-                    let counter = &rest[policy.len() + 1..];
-                    *self.policies.entry(policy.clone()).or_default().entry(counter.to_owned()).or_default() += value;
+                    if let Some(counter) = Counter::from_name(&rest[policy.len() + 1..]) {
+                        *self.policies.entry(policy.clone()).or_default().entry(counter).or_default() += value;
+                    }
                 }
-                None => *self.plugin.entry(rest.to_owned()).or_default() += value,
+                None => {
+                    if let Some(counter) = PluginCounter::from_name(rest) {
+                        *self.plugin.entry(counter).or_default() += value;
+                    }
+                }
             }
         }
     }
 
     /// One policy's counter (0 when never counted).
-    pub fn policy(&self, policy: &str, counter: &str) -> u64 {
-        self.policies.get(policy).and_then(|c| c.get(counter)).copied().unwrap_or(0)
+    pub fn policy(&self, policy: &str, counter: Counter) -> u64 {
+        self.policies.get(policy).and_then(|c| c.get(&counter)).copied().unwrap_or(0)
     }
 
-    /// The sum of a policy's counters whose names start with `prefix` (`degraded.`).
-    pub fn policy_prefixed(&self, policy: &str, prefix: &str) -> u64 {
-        self.policies.get(policy).map_or(0, |c| c.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum())
+    /// The sum of some of a policy's counters (every reason's, say: [`degraded`]).
+    pub fn policy_sum(&self, policy: &str, counters: &[Counter]) -> u64 {
+        counters.iter().map(|c| self.policy(policy, *c)).sum()
+    }
+
+    /// One plugin counter (0 when never counted).
+    pub fn plugin(&self, counter: PluginCounter) -> u64 {
+        self.plugin.get(&counter).copied().unwrap_or(0)
     }
 }
 
@@ -148,9 +169,9 @@ mod tests {
         let policies = ["api".to_owned(), "api.v2".to_owned()];
         counters.add(&metrics, "sluice", &policies);
         counters.add(&metrics, "sluice", &policies);
-        assert_eq!(counters.policy("api", "offered"), 6);
-        assert_eq!(counters.policy("api.v2", "offered"), 10);
-        assert_eq!(counters.policy_prefixed("api.v2", "degraded."), 2);
-        assert_eq!(counters.plugin.get("counter_service.callouts"), Some(&14));
+        assert_eq!(counters.policy("api", Counter::Offered), 6);
+        assert_eq!(counters.policy("api.v2", Counter::Offered), 10);
+        assert_eq!(counters.policy_sum("api.v2", &degraded()), 2);
+        assert_eq!(counters.plugin(PluginCounter::Callouts), 14);
     }
 }

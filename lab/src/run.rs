@@ -580,8 +580,19 @@ pub fn headers_read(config: &Config) -> Vec<String> {
     let mut names = BTreeSet::new();
     for policy in &config.policies {
         for part in &policy.key {
-            if let KeyPart::Header(name) = part {
-                names.insert(name.clone());
+            match part {
+                KeyPart::Header(name) => {
+                    names.insert(name.clone());
+                }
+                // Pseudo-headers, the address and properties every replayed request has;
+                // constants and query parameters are not headers.
+                KeyPart::Constant(_)
+                | KeyPart::ClientAddress { .. }
+                | KeyPart::Authority
+                | KeyPart::Path
+                | KeyPart::Method
+                | KeyPart::QueryParameter(_)
+                | KeyPart::Property(_) => {}
             }
         }
         for condition in &policy.matcher.headers {

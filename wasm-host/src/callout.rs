@@ -11,7 +11,7 @@
 //!
 //! Envoy runs a callout through its async client and router, and the router answers for
 //! an upstream that fails before a response head: the guest gets a *response* in most
-//! failures. Measured in Envoy 1.40 (`tests/tests/envoy/callouts.rs` compares every row
+//! failures. Measured in Envoy 1.40 (`tests/tests/envoy/callouts/` compares every row
 //! with this host):
 //!
 //! | on the wire | the guest gets | `proxy_get_status` |

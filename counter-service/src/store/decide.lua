@@ -37,7 +37,7 @@
 -- service sends and this script does not know is a bug, never another algorithm.
 --
 -- State (a string, written with SET .. PX so every key has a TTL): the signature of
--- the limit it was decided under, "code.p1.p2.p3.p4" (the service's Policy::signature),
+-- the limit it was decided under, "code.p1.p2.p3.p4" (the service's StoreLimit::signature),
 -- then the numbers, whose first field is the latest time (us) the key was decided at;
 -- time never runs backwards for a key:
 --   buckets  "sig last debt"                 debt = GCRA's tat - now, in units of 1000*g/amount ns

@@ -26,9 +26,10 @@ mod validate;
 
 pub use error::{ConfigError, Issue};
 pub use model::Config;
+pub use model::bounds::{self, Written};
 pub use model::global::{self, Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 pub use model::policy::{
-    DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_CONFIGURED_AMOUNT, MAX_SLOTS, MAX_WAIT_MS, Policy,
+    DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_CONFIGURED_AMOUNT, MAX_SLOTS, MAX_WAIT, Policy,
 };
 pub use model::request::{Cost, HeaderCondition, KeyPart, Matcher, MissingKey, ResponseCost, Usage};
 pub use model::response::{

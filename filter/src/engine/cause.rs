@@ -1,11 +1,12 @@
-//! Why a global policy could not be decided, which fallback decided instead, and how
-//! that is told: the per-cause counter, the fallback header's value, and a log line at
-//! most once per [`LOG_INTERVAL`] per cause.
+//! Why a global policy could not be decided, what the failure rule does about it (one
+//! [`Rule`] per cause: [`Cause::rule`] is the table, the fallback stage applies it),
+//! which fallback decided instead, and how that is told: the per-cause counter, the
+//! fallback header's value, and a log line at most once per [`LOG_INTERVAL`] per cause.
 
 use super::compiled::Compiled;
 use super::resolved::{Few, Resolved};
-use super::wire::Reason;
-use crate::host::Counter;
+use crate::config::FailureOutcome;
+use crate::host::{Counter, Reason};
 use shared_store::Nanos;
 use std::collections::BTreeMap;
 
@@ -44,23 +45,58 @@ impl Cause {
         }
     }
 
+    /// What the failure rule does for it: the table of outcomes, one row per cause. A
+    /// new failure class adds its row here (the match names every reason, so it does
+    /// not compile until it has one); the fallback stage applies whatever the row says.
+    pub(crate) const fn rule(self) -> Rule {
+        match self {
+            Self::Service(
+                Reason::Timeout
+                | Reason::Refused
+                | Reason::Reset
+                | Reason::BadStatus
+                | Reason::BadBody
+                | Reason::Unauthorized
+                | Reason::CircuitOpen
+                | Reason::DispatchFailed
+                | Reason::LeaseQueueFull
+                | Reason::LeaseSlotTaken
+                | Reason::LeaseContended,
+            )
+            | Self::CasExhausted
+            | Self::StoreError => Rule::CONFIGURED,
+        }
+    }
+
     /// The per-policy counter that counts it.
     pub(crate) const fn counter(self) -> Counter {
         match self {
-            Self::Service(Reason::Timeout) => Counter::DegradedTimeout,
-            Self::Service(Reason::Refused) => Counter::DegradedRefused,
-            Self::Service(Reason::Reset) => Counter::DegradedReset,
-            Self::Service(Reason::BadStatus) => Counter::DegradedBadStatus,
-            Self::Service(Reason::BadBody) => Counter::DegradedBadBody,
-            Self::Service(Reason::Unauthorized) => Counter::DegradedUnauthorized,
-            Self::Service(Reason::CircuitOpen) => Counter::DegradedCircuitOpen,
-            Self::Service(Reason::DispatchFailed) => Counter::DegradedDispatchFailed,
-            Self::Service(Reason::LeaseQueueFull) => Counter::DegradedLeaseQueueFull,
-            Self::Service(Reason::LeaseSlotTaken) => Counter::DegradedLeaseSlotTaken,
-            Self::Service(Reason::LeaseContended) => Counter::DegradedLeaseContended,
+            Self::Service(reason) => reason.counter(),
             Self::CasExhausted => Counter::CasExhausted,
             Self::StoreError => Counter::StoreErrors,
         }
+    }
+}
+
+/// What the failure rule does for one cause: the steps that decide a policy the service
+/// could not, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rule {
+    /// Whether the policy's emergency cap, when it has one, decides first.
+    pub(crate) emergency_cap: bool,
+    /// What decides then (or when the cap itself cannot): an outcome of the cause's own,
+    /// or `None` for the policy's `on_failure`.
+    pub(crate) outcome: Option<FailureOutcome>,
+}
+
+impl Rule {
+    /// The policy's emergency cap, then its `on_failure`: the rule of every cause so far.
+    pub(crate) const CONFIGURED: Self = Self { emergency_cap: true, outcome: None };
+
+    /// What decides a policy configured with `on_failure` once its cap did not (or it
+    /// has none).
+    pub(crate) fn action(self, on_failure: FailureOutcome) -> FailureOutcome {
+        self.outcome.unwrap_or(on_failure)
     }
 }
 
@@ -181,6 +217,17 @@ impl OverrideLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_cause_asks_the_emergency_cap_first_then_the_policys_on_failure() {
+        let causes = Reason::ALL.iter().map(|r| Cause::Service(*r)).chain([Cause::CasExhausted, Cause::StoreError]);
+        for cause in causes {
+            assert_eq!(cause.rule(), Rule::CONFIGURED, "{cause:?}");
+        }
+        let deny = FailureOutcome::Deny(503);
+        assert_eq!(Rule::CONFIGURED.action(FailureOutcome::Allow), FailureOutcome::Allow);
+        assert_eq!(Rule { emergency_cap: false, outcome: Some(deny) }.action(FailureOutcome::Allow), deny);
+    }
 
     #[test]
     fn an_override_is_logged_once_per_interval_and_the_log_stays_bounded() {

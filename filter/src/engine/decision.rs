@@ -42,7 +42,7 @@ pub struct LocalResponse {
     pub body: String,
 }
 
-/// The policies a request counts under, to settle once its fate is carried out.
+/// The policies a request counts under, to record once its fate is carried out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tally(pub(crate) Few<usize>);
 
@@ -54,7 +54,7 @@ impl Tally {
 
     /// Counts the request's fate once carried out: `offered` and its disposition move
     /// together, so `offered = allowed + rejected + queued` holds at every moment.
-    pub(crate) fn settle(&self, disposition: Disposition, metrics: &mut impl Metrics) {
+    pub(crate) fn record(&self, disposition: Disposition, metrics: &mut impl Metrics) {
         let counter = match disposition {
             Disposition::Allowed => Counter::Allowed,
             Disposition::Rejected => Counter::Rejected,
@@ -94,14 +94,14 @@ pub enum Disposition {
     Queued,
 }
 
-/// A decision and the policies it counts under. It must be carried out (and settled):
-/// dropping one would leave its stream paused and its counts unsettled.
+/// A decision and the policies it counts under. It must be carried out (and recorded):
+/// dropping one would leave its stream paused and its counts unrecorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a decision must be carried out, or its stream stays paused"]
 pub struct Decided {
     /// What to do.
     pub outcome: Outcome,
-    /// What to settle once done.
+    /// What to record once done.
     pub tally: Tally,
     /// Spends on an estimate, to settle to the cost the response reports (empty unless
     /// the request is forwarded under a policy whose cost the response reports).

@@ -20,10 +20,12 @@
 //!
 //! # Counting
 //!
-//! A decision is counted when the glue has carried it out ([`Engine::settle`]): `offered`
+//! A decision is counted when the glue has carried it out ([`Engine::record`]): `offered`
 //! and its disposition (`allowed`, `rejected`, `queued`) move together, so
 //! `offered = allowed + rejected + queued` holds at every moment, also for a local reply
-//! the host refuses (the glue then settles what really happened).
+//! the host refuses (the glue then records what really happened). "Settle" means one
+//! thing: an estimate spent at admission settled to the cost the response reports
+//! ([`Engine::settle_cost`]).
 //!
 //! # Keys
 //!
@@ -33,12 +35,18 @@
 //!
 //! # Layers
 //!
-//! Inside the engine, modules import only downwards: data (`decision`, `resolved`,
-//! `cause`, `calls`, `compiled`, `wire`, `headers`, `namespace`, `breaker`,
-//! `lease_record`, `evidence`), then `setup` (what the stages read), then `settlement`
-//! (check-mode costs settled at the service) and `overridden` (requests decided under an
-//! operator's override: counted, named, logged), then the stages (`request/`) and
-//! `outgoing`, then this file. `filter/tests/layers.rs` holds it.
+//! Inside the engine, modules import only downwards (`filter/tests/layers.rs` holds it,
+//! and holds this list to its table), from the bottom:
+//!
+//! 1. what the stages pass and read: `decision`, `resolved`, `wire`, `namespace`,
+//!    `headers`, `compiled`, `breaker`, `lease_record`, `cause`, `calls`, `settle_queue`,
+//!    `evidence`, `secrets`, `held`;
+//! 2. the compiled configuration and the worker's bookkeeping: `setup`;
+//! 3. what the service's answers leave behind: `settlement` (check-mode costs settled at
+//!    the service) and `overridden` (requests decided under an operator's override:
+//!    counted, named, logged); concurrency slots released and renewed: `slots`;
+//! 4. the request path, and the calls the root sends: `request`, `outgoing`;
+//! 5. this file, the one place the glue calls.
 
 mod breaker;
 mod calls;
@@ -75,10 +83,10 @@ pub use lease_record::{LeaseView, inspect_lease_record};
 pub use namespace::{anchor_key, establish_secret, plugin_prefix};
 pub use request::{Begun, CheckWait, LeaseWait, Pending};
 
+pub use crate::host::Reason;
 use setup::{Service, Setup};
 use shared_store::{Clock, HashKey, Limiter, Nanos, Store};
 use std::cell::{Cell, RefCell};
-pub use wire::Reason;
 
 /// The configuration compiled against one plugin's identity and hash secrets.
 #[derive(Debug)]
@@ -387,8 +395,8 @@ impl Engine {
     }
 
     /// Counts a request's fate once the glue has carried it out.
-    pub fn settle(&self, tally: &Tally, disposition: Disposition, metrics: &mut impl Metrics) {
-        tally.settle(disposition, metrics);
+    pub fn record(&self, tally: &Tally, disposition: Disposition, metrics: &mut impl Metrics) {
+        tally.record(disposition, metrics);
     }
 
     /// Counts a paused request released to the upstream.

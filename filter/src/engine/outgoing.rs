@@ -31,10 +31,10 @@ use super::lease_record::Updated;
 use super::namespace;
 use super::settlement;
 use super::setup::Setup;
-use super::wire::{self, Reason};
-use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter};
+use super::wire::{self, Failure};
+use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Limiter, Nanos, Placement, Store, UpdateError};
-use sluice_protocol::{ChargeRequest, LeaseRequest};
+use sluice_protocol::{ChargeRequest, ChargeResponse, LeaseRequest, LeaseResponse};
 
 /// The most charges one worker sends per tick.
 const MAX_CHARGES_PER_TICK: usize = 16;
@@ -133,85 +133,23 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
 ) -> Option<SentOutgoing> {
     let service = setup.service.as_ref()?;
     let now = limiter.clock().now();
-    let window = setup.refill_window();
-    let leases = setup.leases(limiter.store());
     let (sent, path, body) = match call {
         Outgoing::Refill(target, asker) => {
-            let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
-            let Home::Global { spec, .. } = &compiled.home else { return None };
-            let min_tokens = match asker {
-                Asker::LowWater => 1,
-                Asker::Waiter { cost, .. } => cost.clamp(1, leased.config.size),
-            };
-            let request = LeaseRequest {
-                tag: Some(target.tag.clone()),
-                key: namespace::hex128(target.key),
-                policy: Some(compiled.policy.name.clone()),
-                policy_version: compiled.policy.version,
-                limit: *spec,
-                tokens: leased.config.size,
-                min_tokens,
-                ttl_ms: leased.config.duration_ms,
-            };
-            let body = serde_json::to_vec(&request).unwrap_or_default();
+            let body = refill_body(setup, &target, asker)?;
             (Sent::Refill(target, asker), wire::LEASE_PATH, body)
         }
         Outgoing::Charge(target) => {
-            let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
-            let Home::Global { spec, .. } = &compiled.home else { return None };
-            let claimed = leases.claim_charge(&target.slot, setup.next_id(), window, now);
-            let charge =
-                match counted(target.policy, claimed.map(|(c, aged)| Updated { result: c, forgiven: aged }), metrics) {
-                    Ok(Some(charge)) => charge,
-                    Ok(None) => {
-                        // In flight elsewhere (retried after its window), or nothing owed.
-                        if let Ok(Some(record)) = leases.peek(&target.slot, now)
-                            && record.debt > 0
-                        {
-                            setup.schedule_charge(target);
-                        }
-                        return None;
-                    }
-                    Err(_) => {
-                        setup.schedule_charge(target);
-                        return None;
-                    }
-                };
-            let request = ChargeRequest {
-                tag: Some(target.tag.clone()),
-                key: namespace::hex128(target.key),
-                policy: Some(compiled.policy.name.clone()),
-                policy_version: compiled.policy.version,
-                limit: *spec,
-                cost: charge.units,
-                max_debt: leased.config.max_debt,
-                charge_id: Some(charge_id(charge.id)),
-                id_ttl_ms: Some(ID_TTL_MS),
-            };
-            let body = serde_json::to_vec(&request).unwrap_or_default();
-            (Sent::Charge(target, charge), wire::CHARGE_PATH, body)
+            let (sent, body) = claim_charge(setup, target, limiter, metrics)?;
+            (sent, wire::CHARGE_PATH, body)
         }
         Outgoing::Settle(held) => {
             let (path, body) = settlement::call(setup, &held, now, metrics)?;
             (Sent::Settle(held), path, body)
         }
     };
-    let unsent = |reason: Reason, sent: Sent, metrics: &mut dyn Metrics| {
-        match sent {
-            Sent::Refill(target, _) => {
-                let failed = leases.refill_failed(&target.slot, u64::try_from(reason.index()).unwrap_or(0), now);
-                if let Err(UpdateError::Contended { attempts }) = failed {
-                    metrics.add(target.policy, Counter::CasConflicts, i64::from(attempts));
-                }
-            }
-            // Still owed: sent again once the circuit closes.
-            Sent::Charge(target, _) => setup.schedule_charge(target),
-            Sent::Settle(held) => settlement::retry(setup, held, now, metrics),
-        }
-        None
-    };
     if service.breaker.admit(limiter.store(), now) == Admit::Open {
-        return unsent(Reason::CircuitOpen, sent, metrics);
+        unsent(setup, Reason::CircuitOpen, sent, limiter, metrics);
+        return None;
     }
     match service.dispatch(path, &body, callouts) {
         Ok(token) => {
@@ -219,18 +157,114 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             if let Sent::Refill(target, _) = &sent {
                 metrics.add(target.policy, Counter::LeaseRefills, 1);
             }
-            Some(SentOutgoing { token, deadline: now.saturating_add(window), sent_at: now, call: sent })
+            Some(SentOutgoing { token, deadline: now.saturating_add(setup.refill_window()), sent_at: now, call: sent })
         }
         Err(_) => {
             if service.breaker.record(limiter.store(), now, Some(false), now) {
                 metrics.add_plugin(PluginCounter::CircuitOpened, 1);
             }
-            unsent(Reason::DispatchFailed, sent, metrics)
+            unsent(setup, Reason::DispatchFailed, sent, limiter, metrics);
+            None
         }
     }
 }
 
-/// Applies the answer to a call the root sent (or its absence: `TimedOut`).
+/// The body of a refill of `target`'s lease: a grant of the lease's size, at least what
+/// a waiter costs.
+fn refill_body(setup: &Setup, target: &Target, asker: Asker) -> Option<Vec<u8>> {
+    let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
+    let Home::Global { spec, .. } = &compiled.home else { return None };
+    let min_tokens = match asker {
+        Asker::LowWater => 1,
+        Asker::Waiter { cost, .. } => cost.clamp(1, leased.config.size),
+    };
+    let request = LeaseRequest {
+        tag: Some(target.tag.clone()),
+        key: namespace::hex128(target.key),
+        policy: Some(compiled.policy.name.clone()),
+        policy_version: compiled.policy.version,
+        limit: *spec,
+        tokens: leased.config.size,
+        min_tokens,
+        ttl_ms: leased.config.duration_ms,
+    };
+    Some(serde_json::to_vec(&request).unwrap_or_default())
+}
+
+/// Claims what `target`'s lease record owes for a charge, and the charge's body; `None`
+/// when there is nothing to send now (in flight elsewhere, nothing owed, or the record
+/// could not be written: then it is scheduled again while debt is left).
+fn claim_charge<S: Store, C: Clock>(
+    setup: &Setup,
+    target: Target,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Option<(Sent, Vec<u8>)> {
+    let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
+    let Home::Global { spec, .. } = &compiled.home else { return None };
+    let (leases, now) = (setup.leases(limiter.store()), limiter.clock().now());
+    let claimed = leases.claim_charge(&target.slot, setup.next_id(), setup.refill_window(), now);
+    let charge = match counted(target.policy, claimed.map(|(c, aged)| Updated { result: c, forgiven: aged }), metrics) {
+        Ok(Some(charge)) => charge,
+        Ok(None) => {
+            // In flight elsewhere (retried after its window), or nothing owed.
+            if let Ok(Some(record)) = leases.peek(&target.slot, now)
+                && record.debt > 0
+            {
+                setup.schedule_charge(target);
+            }
+            return None;
+        }
+        Err(_) => {
+            setup.schedule_charge(target);
+            return None;
+        }
+    };
+    let request = ChargeRequest {
+        tag: Some(target.tag.clone()),
+        key: namespace::hex128(target.key),
+        policy: Some(compiled.policy.name.clone()),
+        policy_version: compiled.policy.version,
+        limit: *spec,
+        cost: charge.units,
+        max_debt: leased.config.max_debt,
+        charge_id: Some(charge_id(charge.id)),
+        id_ttl_ms: Some(ID_TTL_MS),
+    };
+    let body = serde_json::to_vec(&request).unwrap_or_default();
+    Some((Sent::Charge(target, charge), body))
+}
+
+/// A call that was not sent, for `reason`: a refill is recorded as failed (its waiters
+/// take the failure rule), a charge stays owed, a settlement is sent again later.
+fn unsent<S: Store, C: Clock>(
+    setup: &Setup,
+    reason: Reason,
+    sent: Sent,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    let now = limiter.clock().now();
+    match sent {
+        Sent::Refill(target, _) => {
+            let failed = setup.leases(limiter.store()).refill_failed(&target.slot, reason_index(reason), now);
+            if let Err(UpdateError::Contended { attempts }) = failed {
+                metrics.add(target.policy, Counter::CasConflicts, i64::from(attempts));
+            }
+        }
+        // Still owed: sent again once the circuit closes.
+        Sent::Charge(target, _) => setup.schedule_charge(target),
+        Sent::Settle(held) => settlement::retry(setup, held, now, metrics),
+    }
+}
+
+/// A reason as a lease record keeps it.
+fn reason_index(reason: Reason) -> u64 {
+    u64::try_from(reason.index()).unwrap_or(0)
+}
+
+/// Applies the answer to a call the root sent (or its absence: `TimedOut`), after the
+/// circuit breaker has recorded what it says of the service's health.
 /// `is_waiting` says whether a waiter (by id) still waits on this worker: a grant is
 /// held only for a request that can still spend it.
 pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
@@ -242,8 +276,7 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
     is_waiting: impl Fn(u64) -> bool,
 ) {
     let now = limiter.clock().now();
-    let leases = setup.leases(limiter.store());
-    let record = |health: Option<bool>, metrics: &mut dyn Metrics| {
+    let record = |health: Option<bool>, metrics: &mut M| {
         if let Some(service) = &setup.service
             && service.breaker.record(limiter.store(), now, health, sent.sent_at)
         {
@@ -251,75 +284,20 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
         }
     };
     match &sent.call {
-        Sent::Refill(target, asker) => match wire::classify_lease(answer) {
-            Ok(granted) => {
-                record(Some(true), metrics);
-                let expires_in = Nanos::from_millis(granted.expires_in_ms);
-                // The service's waits; "never" (u64::MAX) is held to a minute, after
-                // which the lease asks again.
-                let wait = |ns: u64| Nanos(ns).min(Nanos::from_secs(60));
-                let retry = (wait(granted.entry.retry_after_ns), wait(granted.refill_after_ns));
-                let hold = match asker {
-                    Asker::Waiter { waiter, cost } if is_waiting(*waiter) => Some((*waiter, *cost)),
-                    _ => None,
-                };
-                if let Some(applied) = granted.applied {
-                    super::overridden::log_once(setup, target.policy, applied, now);
-                }
-                let under = granted.applied;
-                let applied =
-                    leases.grant(&target.slot, granted.granted, hold, sent.sent_at, expires_in, retry, under, now);
-                let mut owes = None;
-                if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
-                    metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
-                    if applied.expired > 0 {
-                        metrics.add(target.policy, Counter::LeaseExpired, units(applied.expired));
-                    }
-                    if applied.repaid > 0 {
-                        metrics.add(target.policy, Counter::LeaseRepaid, units(applied.repaid));
-                    }
-                    owes = applied.owes;
-                }
-                // The service answers again: charge what was admitted without it. The
-                // record the grant was written to says (read again only when the grant
-                // could not be applied).
-                let owes = owes.unwrap_or_else(|| {
-                    leases.peek(&target.slot, now).ok().flatten().is_some_and(|r| r.debt > r.charging)
-                });
-                if owes {
-                    setup.schedule_charge(target.clone());
-                }
-            }
-            Err(failure) => {
-                record(failure.health(), metrics);
-                let failed =
-                    leases.refill_failed(&target.slot, u64::try_from(failure.reason.index()).unwrap_or(0), now);
-                let _ = counted(target.policy, failed.map(|()| Updated { result: Some(()), forgiven: 0 }), metrics);
-            }
-        },
-        Sent::Charge(target, charge) => match wire::classify_charge(answer) {
-            Ok(charged) => {
-                record(Some(true), metrics);
-                let Ok(settled) = leases.settle_charge(&target.slot, charge.id, now) else { return };
-                // Counted by the answer that settles the charge: a duplicate answers
-                // for an earlier attempt whose own answer never came.
-                if settled.settled {
-                    metrics.add(target.policy, Counter::LeaseReconciled, units(charged.charged));
-                    if charged.forgiven > 0 {
-                        metrics.add(target.policy, Counter::LeaseForgiven, units(charged.forgiven));
-                    }
-                }
-                if settled.left > 0 {
-                    setup.schedule_charge(target.clone());
-                }
-            }
-            // Stays owed, and reserved for this charge: sent again with the same id
-            // once its window has passed (the service may have applied it).
-            Err(failure) => {
-                record(failure.health(), metrics);
-                setup.schedule_charge(target.clone());
-            }
-        },
+        Sent::Refill(target, asker) => {
+            let answer = wire::classify_lease(answer);
+            record(answer.as_ref().map_or_else(Failure::health, |_| Some(true)), metrics);
+            let hold = match asker {
+                Asker::Waiter { waiter, cost } if is_waiting(*waiter) => Some((*waiter, *cost)),
+                _ => None,
+            };
+            refill_answered(setup, target, hold, sent.sent_at, answer, limiter, metrics);
+        }
+        Sent::Charge(target, charge) => {
+            let answer = wire::classify_charge(answer);
+            record(answer.as_ref().map_or_else(Failure::health, |_| Some(true)), metrics);
+            charge_answered(setup, target, charge.id, answer, limiter, metrics);
+        }
         Sent::Settle(held) => {
             let health = match settlement::answered(setup, held.clone(), answer, now, metrics) {
                 Ok(()) => Some(true),
@@ -327,5 +305,86 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
             };
             record(health, metrics);
         }
+    }
+}
+
+/// Applies a refill's answer to `target`'s lease record: a grant (held for `hold`, the
+/// waiter and its cost, when it still waits; paying debt first, and the debt left
+/// charged), or the failure its waiters take.
+fn refill_answered<S: Store, C: Clock>(
+    setup: &Setup,
+    target: &Target,
+    hold: Option<(u64, u64)>,
+    sent_at: Nanos,
+    answer: Result<LeaseResponse, Failure>,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    let (leases, now) = (setup.leases(limiter.store()), limiter.clock().now());
+    let granted = match answer {
+        Ok(granted) => granted,
+        Err(failure) => {
+            let failed = leases.refill_failed(&target.slot, reason_index(failure.reason), now);
+            let _ = counted(target.policy, failed.map(|()| Updated { result: Some(()), forgiven: 0 }), metrics);
+            return;
+        }
+    };
+    let expires_in = Nanos::from_millis(granted.expires_in_ms);
+    // The service's waits; "never" (u64::MAX) is held to a minute, after which the lease
+    // asks again.
+    let wait = |ns: u64| Nanos(ns).min(Nanos::from_secs(60));
+    let retry = (wait(granted.entry.retry_after_ns), wait(granted.refill_after_ns));
+    if let Some(applied) = granted.applied {
+        super::overridden::log_once(setup, target.policy, applied, now);
+    }
+    let under = granted.applied;
+    let applied = leases.grant(&target.slot, granted.granted, hold, sent_at, expires_in, retry, under, now);
+    let mut owes = None;
+    if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
+        metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
+        if applied.expired > 0 {
+            metrics.add(target.policy, Counter::LeaseExpired, units(applied.expired));
+        }
+        if applied.repaid > 0 {
+            metrics.add(target.policy, Counter::LeaseRepaid, units(applied.repaid));
+        }
+        owes = applied.owes;
+    }
+    // The service answers again: charge what was admitted without it. The record the
+    // grant was written to says (read again only when the grant could not be applied).
+    let owes =
+        owes.unwrap_or_else(|| leases.peek(&target.slot, now).ok().flatten().is_some_and(|r| r.debt > r.charging));
+    if owes {
+        setup.schedule_charge(target.clone());
+    }
+}
+
+/// Applies a charge's answer to `target`'s lease record: the debt it carried is settled
+/// (counted once, by the answer that settles it: a duplicate answers for an earlier
+/// attempt whose own answer never came), or stays owed and reserved for this charge, sent
+/// again with the same id once its window has passed (the service may have applied it).
+fn charge_answered<S: Store, C: Clock>(
+    setup: &Setup,
+    target: &Target,
+    id: u64,
+    answer: Result<ChargeResponse, Failure>,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) {
+    let Ok(charged) = answer else {
+        setup.schedule_charge(target.clone());
+        return;
+    };
+    let Ok(settled) = setup.leases(limiter.store()).settle_charge(&target.slot, id, limiter.clock().now()) else {
+        return;
+    };
+    if settled.settled {
+        metrics.add(target.policy, Counter::LeaseReconciled, units(charged.charged));
+        if charged.forgiven > 0 {
+            metrics.add(target.policy, Counter::LeaseForgiven, units(charged.forgiven));
+        }
+    }
+    if settled.left > 0 {
+        setup.schedule_charge(target.clone());
     }
 }

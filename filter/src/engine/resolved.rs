@@ -18,7 +18,9 @@ pub(crate) struct Resolved {
     pub(crate) at: Place,
 }
 
-/// Where a resolved policy's budget is.
+/// Where one caller's budget is under a resolved policy: the request-time side of the
+/// policy's [`Home`](super::compiled::Home) (where the policy's budgets live), down to
+/// the [`Placement`] of the caller's key in shared data. The engine's one `Place`.
 #[derive(Debug, Clone)]
 pub(crate) enum Place {
     /// In this proxy's shared data.

@@ -8,9 +8,10 @@
 //! the headers (or a body slower than the timeout) is a callout with no headers.
 
 use super::resolved::{Place, Resolved};
-use crate::host::CalloutAnswer;
+use crate::host::{CalloutAnswer, Reason};
 use sluice_protocol::{
-    ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, ErrorBody, LeaseResponse, LimitSpec,
+    ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, ErrorBody, ErrorCode, LeaseResponse,
+    LimitSpec,
 };
 
 /// The path of a check.
@@ -23,79 +24,6 @@ pub(crate) const CHARGE_PATH: &str = "/v1/charge";
 pub(crate) const CREDIT_PATH: &str = "/v1/credit";
 /// The largest answer the filter reads; an entry's answer is about 150 bytes.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
-
-/// Why the counter service could not decide a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    /// No answer within the deadline.
-    Timeout,
-    /// The connection was refused.
-    Refused,
-    /// The call was reset, or the answer was not HTTP.
-    Reset,
-    /// An answer with a status other than 200 (or 401).
-    BadStatus,
-    /// A 200 whose body is not a check answer for these entries.
-    BadBody,
-    /// 401: the service refused the filter's token.
-    Unauthorized,
-    /// The circuit breaker is open.
-    CircuitOpen,
-    /// The proxy would not send the call.
-    DispatchFailed,
-    /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
-    LeaseQueueFull,
-    /// Lease mode: the caller's slot in the lease table is held by another key's lease
-    /// (give the policy more `slots`).
-    LeaseSlotTaken,
-    /// Lease mode: the wait ran out while refills were granted, and other requests
-    /// spent them first (demand above what refills bring: a larger `size`).
-    LeaseContended,
-}
-
-impl Reason {
-    /// Every reason, in a fixed order.
-    pub const ALL: [Self; 11] = [
-        Self::Timeout,
-        Self::Refused,
-        Self::Reset,
-        Self::BadStatus,
-        Self::BadBody,
-        Self::Unauthorized,
-        Self::CircuitOpen,
-        Self::DispatchFailed,
-        Self::LeaseQueueFull,
-        Self::LeaseSlotTaken,
-        Self::LeaseContended,
-    ];
-
-    /// The name in metrics, logs and the fallback header.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Timeout => "timeout",
-            Self::Refused => "refused",
-            Self::Reset => "reset",
-            Self::BadStatus => "bad_status",
-            Self::BadBody => "bad_body",
-            Self::Unauthorized => "unauthorized",
-            Self::CircuitOpen => "circuit_open",
-            Self::DispatchFailed => "dispatch_failed",
-            Self::LeaseQueueFull => "lease_queue_full",
-            Self::LeaseSlotTaken => "lease_slot_taken",
-            Self::LeaseContended => "lease_contended",
-        }
-    }
-
-    /// Position in [`Reason::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The reason of an index ([`Reason::index`]); `Timeout` for one out of range.
-    pub fn from_index(index: u64) -> Self {
-        usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
-    }
-}
 
 /// The body of the check for `global` (policy `i` named and specified by `spec_of(i)`:
 /// its name, limit and version), every counter under one hash `tag`.
@@ -147,9 +75,6 @@ impl Failure {
     }
 }
 
-/// The service's error codes that answer for one request, not for the service's health.
-const PER_REQUEST_CODES: [&str; 2] = ["store_full", "overloaded"];
-
 /// What an answer to a check of `entries` entries means.
 pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckResponse, Failure> {
     classify_as(answer, |body| {
@@ -184,9 +109,12 @@ fn classify_as<T>(answer: &CalloutAnswer, parse: impl FnOnce(&[u8]) -> Option<T>
             Err(Failure::unhealthy(if refused { Reason::Refused } else { Reason::Reset }))
         }
         CalloutAnswer::Response { status, body } => {
-            let code = serde_json::from_slice::<ErrorBody>(body).ok().map(|e| e.error.code);
-            let per_request = (400..500).contains(status)
-                || (*status == 503 && code.as_deref().is_some_and(|c| PER_REQUEST_CODES.contains(&c)));
+            // A 4xx is about this request; a 503 is when the service says so
+            // (`ErrorCode::is_per_request`: a full store, overload), otherwise it is the
+            // service's health.
+            let code = serde_json::from_slice::<ErrorBody>(body).ok().and_then(|e| ErrorCode::from_name(&e.error.code));
+            let per_request =
+                (400..500).contains(status) || (*status == 503 && code.is_some_and(ErrorCode::is_per_request));
             Err(Failure { reason: Reason::BadStatus, unhealthy: !per_request })
         }
     }
@@ -219,26 +147,40 @@ mod tests {
         assert_eq!(reason(&CalloutAnswer::TimedOut), unhealthy(Reason::Timeout));
     }
 
+    fn error(code: ErrorCode) -> CalloutAnswer {
+        CalloutAnswer::Response { status: code.status(), body: crate::testing::service_error(code, "no") }
+    }
+
     #[test]
     fn the_services_own_errors_are_bad_statuses_and_401_is_unauthorized() {
-        let unavailable = r#"{"error":{"code":"store_unavailable","message":"redis is down"}}"#;
         let reason = |answer: &CalloutAnswer| classify(answer, 1).map_err(|f| (f.reason, f.health()));
 
-        assert_eq!(reason(&response(503, unavailable)), Err((Reason::BadStatus, Some(false))));
+        assert_eq!(reason(&error(ErrorCode::StoreUnavailable)), Err((Reason::BadStatus, Some(false))));
         assert_eq!(reason(&response(500, "boom")), Err((Reason::BadStatus, Some(false))));
         assert_eq!(reason(&response(401, "{}")), Err((Reason::Unauthorized, Some(false))));
     }
 
     #[test]
     fn an_answer_about_one_request_says_nothing_about_the_services_health() {
-        let full = r#"{"error":{"code":"store_full","message":"the memory store holds its maximum"}}"#;
-        let overloaded = r#"{"error":{"code":"overloaded","message":"too many requests in flight"}}"#;
-        let too_many = r#"{"error":{"code":"too_many_entries","message":"entries: 17 entries, at most 16"}}"#;
         let reason = |answer: &CalloutAnswer| classify(answer, 1).map_err(|f| (f.reason, f.health()));
 
-        assert_eq!(reason(&response(503, full)), Err((Reason::BadStatus, None)));
-        assert_eq!(reason(&response(503, overloaded)), Err((Reason::BadStatus, None)));
-        assert_eq!(reason(&response(400, too_many)), Err((Reason::BadStatus, None)));
+        assert_eq!(reason(&error(ErrorCode::StoreFull)), Err((Reason::BadStatus, None)));
+        assert_eq!(reason(&error(ErrorCode::Overloaded)), Err((Reason::BadStatus, None)));
+        assert_eq!(reason(&error(ErrorCode::TooManyEntries)), Err((Reason::BadStatus, None)));
+    }
+
+    #[test]
+    fn every_error_the_service_answers_opens_the_circuit_exactly_when_it_is_about_the_service() {
+        for &code in ErrorCode::ALL {
+            let Err(failure) = classify(&error(code), 1) else { panic!("{code} was taken for an answer") };
+            let expected = match code.status() {
+                401 => (Reason::Unauthorized, Some(false)),
+                400..=499 => (Reason::BadStatus, None),
+                _ if code.is_per_request() => (Reason::BadStatus, None),
+                _ => (Reason::BadStatus, Some(false)),
+            };
+            assert_eq!((failure.reason, failure.health()), expected, "{code}");
+        }
     }
 
     #[test]

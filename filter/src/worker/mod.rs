@@ -96,9 +96,9 @@ enum Via {
     Root,
 }
 
-/// Whether a waiting request already had its place in its queue.
+/// Whether a waiting request is new to its queue or already had its turn in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
+enum Entry {
     /// It is new to the queue: the queue's bound applies.
     New,
     /// It was waiting there already (a retry that still waits).
@@ -196,7 +196,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     pub fn on_request_headers(&self, id: u32, request: &impl RequestFacts, port: &mut impl Port) -> Flow {
         let room = self.room_to_pause();
         let begun = self.engine.begin(request, &self.limiter, port, room, &mut self.counts());
-        let flow = self.conclude(id, begun, Via::Headers, Place::New, port);
+        let flow = self.conclude(id, begun, Via::Headers, Entry::New, port);
         self.wake_root(port);
         flow
     }
@@ -207,7 +207,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         let Some(pending) = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(id)) else { return };
         let room = self.room_to_pause();
         let begun = self.engine.complete(pending, answer, &self.limiter, room, &mut self.counts());
-        let _ = self.conclude(id, begun, Via::Own, Place::New, port);
+        let _ = self.conclude(id, begun, Via::Own, Entry::New, port);
         self.wake_root(port);
     }
 
@@ -335,7 +335,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             let room = self.room_to_pause();
             let begun =
                 self.engine.complete(pending, &CalloutAnswer::TimedOut, &self.limiter, room, &mut self.counts());
-            let _ = self.conclude(id, begun, Via::Root, Place::New, port);
+            let _ = self.conclude(id, begun, Via::Root, Entry::New, port);
         }
         self.retry_lease_waiters(port);
         self.engine.renew_slots(&self.limiter, &mut self.counts());
@@ -399,7 +399,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             };
             let room = self.room_to_pause();
             let begun = self.engine.retry(pending, &self.limiter, room, &mut self.counts());
-            let _ = self.conclude(id, begun, Via::Root, Place::Kept, port);
+            let _ = self.conclude(id, begun, Via::Root, Entry::Kept, port);
         }
     }
 
@@ -421,10 +421,10 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// Carries out whatever the engine answered for request `id`: a wait is held, or
     /// decided at once when it cannot be; a decision is carried out.
-    fn conclude(&self, id: u32, begun: Begun, via: Via, place: Place, port: &mut impl Port) -> Flow {
+    fn conclude(&self, id: u32, begun: Begun, via: Via, entry: Entry, port: &mut impl Port) -> Flow {
         let decided = match begun {
             Begun::Decided(decided) => decided,
-            Begun::Waiting(pending) => match self.hold(id, pending, place) {
+            Begun::Waiting(pending) => match self.hold(id, pending, entry) {
                 Ok(()) => return Flow::Pause,
                 Err(pending) => {
                     let room = self.room_to_pause();
@@ -437,11 +437,11 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// Holds a waiting request in its queue; `Err` with it when it cannot be held (a full
     /// lease queue for a request new to it, or a queue already borrowed).
-    fn hold(&self, id: u32, pending: Box<Pending>, place: Place) -> Result<(), Box<Pending>> {
+    fn hold(&self, id: u32, pending: Box<Pending>, entry: Entry) -> Result<(), Box<Pending>> {
         if pending.waits_for_lease() {
             let max = self.engine.max_waiting(&pending);
             let Ok(mut queue) = self.lease_waiting.try_borrow_mut() else { return Err(pending) };
-            if place == Place::New && queue.len() >= max {
+            if entry == Entry::New && queue.len() >= max {
                 return Err(pending);
             }
             queue.insert(id, pending);
@@ -466,7 +466,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             if let Outcome::Continue { slots, .. } | Outcome::Delay { slots, .. } = decided.outcome {
                 self.engine.release_slots(slots, &self.limiter, &mut counts);
             }
-            self.engine.settle(&decided.tally, Disposition::Rejected, &mut counts);
+            self.engine.record(&decided.tally, Disposition::Rejected, &mut counts);
             return Flow::Pause;
         }
         let in_headers = via == Via::Headers;
@@ -507,7 +507,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
                 map.insert(id, StreamCosts::new(owed));
             }
         }
-        self.engine.settle(&tally, disposition, &mut self.counts());
+        self.engine.record(&tally, disposition, &mut self.counts());
         flow
     }
 

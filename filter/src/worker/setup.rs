@@ -1,10 +1,11 @@
 //! What a worker sets up from its engine once per configuration: how often its root
-//! context ticks, and which metrics it defines (global-only ones only when a policy or
-//! the plugin is global).
+//! context ticks, and which metrics it defines (each counter where its declared
+//! [`Scope`] says it can move).
 
+use crate::config::Policy;
 use crate::engine::Engine;
-use crate::host::{Counter, PluginCounter};
-use shared_store::{Limit, Nanos, RENEW_EVERY};
+use crate::host::{Counter, PluginCounter, Scope};
+use shared_store::{Algorithm, Limit, RENEW_EVERY};
 
 /// The longest tick while requests wait for the counter service: a wait outlives its
 /// deadline by at most this (or a quarter of the timeout, if shorter).
@@ -19,8 +20,7 @@ pub const LEASE_TICK_MS: u32 = 10;
 /// policies (to renew their slots), at most `metrics_flush` when metrics are
 /// kept in the VM; `None` when nothing needs a tick.
 pub fn tick_period(engine: &Engine) -> Option<u32> {
-    let shaping =
-        engine.policies().any(|p| matches!(p.limit, Limit::LeakyBucket { max_wait, .. } if max_wait > Nanos::ZERO));
+    let shaping = engine.policies().any(|p| may_delay(&p.limit));
     let mut tick_ms = shaping.then_some(engine.shaping().tick_ms);
     if let Some(timeout) = engine.callout_timeout().filter(|_| engine.has_global()) {
         let quarter = u32::try_from(timeout.0 / 4_000_000).unwrap_or(MAX_DEADLINE_TICK_MS);
@@ -40,6 +40,19 @@ pub fn tick_period(engine: &Engine) -> Option<u32> {
     tick_ms
 }
 
+/// Whether `limit` may hold a request back (shaping), for the root context to release
+/// on its tick.
+const fn may_delay(limit: &Limit) -> bool {
+    match *limit {
+        Limit::LeakyBucket { max_wait, .. } => max_wait.0 > 0,
+        Limit::TokenBucket { .. }
+        | Limit::FixedWindow { .. }
+        | Limit::SlidingWindow { .. }
+        | Limit::SlidingLog { .. }
+        | Limit::Concurrency { .. } => false,
+    }
+}
+
 /// A metric to define: its full name and whether it is a gauge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricName {
@@ -49,10 +62,20 @@ pub struct MetricName {
     pub gauge: bool,
 }
 
+/// Whether `policy` defines the counters of `scope`.
+fn defines(policy: &Policy, scope: Scope) -> bool {
+    match scope {
+        Scope::Every => true,
+        Scope::Global => policy.is_global(),
+        Scope::Concurrency => Algorithm::of(&policy.limit) == Algorithm::Concurrency,
+        Scope::ResponseCost => policy.cost.settled().is_some(),
+    }
+}
+
 /// The metrics a configuration defines: per policy in [`Counter::ALL`] order, and per
-/// plugin in [`PluginCounter::ALL`] order; `None` where a counter cannot move (a
-/// global-only counter of a local policy, a response-cost counter of a policy whose cost
-/// is known at admission, a service counter without global policies).
+/// plugin in [`PluginCounter::ALL`] order; `None` where a counter cannot move, as its
+/// [`Scope`] says (a global counter of a local policy, a response-cost counter of a
+/// policy whose cost is known at admission, a service counter without global policies).
 pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Option<MetricName>>) {
     let prefix = engine.stat_prefix();
     let policies = engine
@@ -61,19 +84,18 @@ pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Optio
             Counter::ALL
                 .iter()
                 .map(|c| {
-                    ((!c.is_global_only() || p.is_global())
-                        && (!c.is_response_cost_only() || p.cost.settled().is_some())
-                        && (!c.is_concurrency_only() || matches!(p.limit, Limit::Concurrency { .. })))
-                    .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
+                    defines(p, c.scope())
+                        .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
                 })
                 .collect()
         })
         .collect();
-    let global = engine.has_global();
     let plugin = PluginCounter::ALL
         .iter()
         .map(|c| {
-            (!c.is_service_only() || global)
+            engine
+                .policies()
+                .any(|p| defines(p, c.scope()))
                 .then(|| MetricName { name: format!("{prefix}.{}", c.name()), gauge: c.is_gauge() })
         })
         .collect();

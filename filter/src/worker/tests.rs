@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::Config;
-use crate::host::{Call, Callouts, Counter, DispatchError, HostFailure};
+use crate::host::{Call, Callouts, Counter, DispatchError, HostFailure, Scope};
 use crate::testing::{FakeRequest, RecordedMetrics};
 use shared_store::{HashKey, ManualClock, MemoryStore, Nanos};
 
@@ -203,6 +203,26 @@ fn a_lease_configuration_ticks_every_ten_milliseconds_and_defines_its_global_cou
     let (policies, plugin) = metric_names(&leased.engine);
     assert!(defined(&policies[0], ".leased.lease.granted"));
     assert!(defined(&plugin, ".counter_service.callouts"));
+}
+
+#[test]
+fn a_local_policy_defines_every_counter_of_its_scope_and_no_counter_only_a_global_policy_moves() {
+    let (local, _) = metric_names(&worker(ONE).engine);
+    let (leased, _) = metric_names(&worker(LEASED).engine);
+    let defined = |names: &[Option<MetricName>], counter: Counter| {
+        names.get(counter.index()).is_some_and(|name| name.as_ref().is_some_and(|m| m.name.ends_with(counter.name())))
+    };
+
+    for &counter in Counter::ALL {
+        let scope = counter.scope();
+        assert_eq!(defined(&local[0], counter), scope == Scope::Every, "{counter:?} of a local policy");
+        assert_eq!(
+            defined(&leased[0], counter),
+            matches!(scope, Scope::Every | Scope::Global),
+            "{counter:?} of a global policy"
+        );
+    }
+    assert!(!defined(&local[0], Counter::OverrideClamped), "an operator's override is the counter service's");
 }
 
 mod check_costs;

@@ -1,7 +1,9 @@
 //! The report's data as CSV: one row per interval (and per policy or class), counts for
 //! that interval (gauges and pending requests at its end).
 
+use crate::record::degraded;
 use crate::run::Outcome;
+use sluice::host::{Counter, PluginCounter};
 use std::fmt::Write as _;
 
 /// Seconds with millisecond precision, as the CSV and the plots write time.
@@ -25,10 +27,10 @@ pub fn policies(outcome: &Outcome) -> String {
         for policy in &outcome.policies {
             let name = &policy.name;
             let now = &row.counters;
-            let delta = |c: &str| now.policy(name, c).saturating_sub(before.policy(name, c));
-            let prefixed = |c: &str| now.policy_prefixed(name, c).saturating_sub(before.policy_prefixed(name, c));
-            let holds = now.policy(name, "offered")
-                == now.policy(name, "allowed") + now.policy(name, "rejected") + now.policy(name, "queued");
+            let delta = |c: Counter| now.policy(name, c).saturating_sub(before.policy(name, c));
+            let summed = |c: &[Counter]| now.policy_sum(name, c).saturating_sub(before.policy_sum(name, c));
+            let holds = now.policy(name, Counter::Offered)
+                == now.policy_sum(name, &[Counter::Allowed, Counter::Rejected, Counter::Queued]);
             let overshoot = outcome
                 .overshoot
                 .iter()
@@ -40,20 +42,20 @@ pub fn policies(outcome: &Outcome) -> String {
                 "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 seconds(row.end),
                 field(name),
-                delta("offered"),
-                delta("allowed"),
-                delta("rejected"),
-                now.policy(name, "queued"),
+                delta(Counter::Offered),
+                delta(Counter::Allowed),
+                delta(Counter::Rejected),
+                now.policy(name, Counter::Queued),
                 holds,
-                delta("over_limit"),
-                prefixed("degraded."),
-                delta("emergency.allowed"),
-                delta("emergency.rejected"),
-                delta("failure_allowed"),
-                delta("failure_denied"),
+                delta(Counter::OverLimit),
+                summed(&degraded()),
+                delta(Counter::EmergencyAllowed),
+                delta(Counter::EmergencyRejected),
+                delta(Counter::FailureAllowed),
+                delta(Counter::FailureDenied),
                 overshoot,
-                delta("lease.granted"),
-                delta("lease.expired"),
+                delta(Counter::LeaseGranted),
+                delta(Counter::LeaseExpired),
             );
         }
     }
@@ -93,17 +95,15 @@ pub fn fleet(outcome: &Outcome) -> String {
     let series = &outcome.series;
     for (i, row) in series.rows.iter().enumerate() {
         let before = series.counters_before(i);
-        let delta = |c: &str| {
-            row.counters.plugin.get(c).copied().unwrap_or(0).saturating_sub(before.plugin.get(c).copied().unwrap_or(0))
-        };
+        let delta = |c: PluginCounter| row.counters.plugin(c).saturating_sub(before.plugin(c));
         let requests: u64 = row.classes.iter().map(|c| c.offered).sum();
         let _ = writeln!(
             out,
             "{},{},{},{},{},{}",
             seconds(row.end),
             requests,
-            delta("counter_service.callouts"),
-            delta("counter_service.circuit_opened"),
+            delta(PluginCounter::Callouts),
+            delta(PluginCounter::CircuitOpened),
             field(&row.faults.join("; ")),
             field(&row.events.join("; "))
         );

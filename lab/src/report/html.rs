@@ -4,7 +4,10 @@
 
 use super::svg::{Band, Line, chart};
 use super::{Summary, verdict};
+use crate::record::{EMERGENCY, degraded};
 use crate::run::Outcome;
+use sluice::config::Policy;
+use sluice::host::{Counter, PluginCounter};
 use std::fmt::Write as _;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:1600px;margin:24px auto;padding:0 16px;color:#222}\
@@ -32,27 +35,40 @@ fn bands(outcome: &Outcome) -> Vec<(usize, usize, String)> {
     out
 }
 
-fn deltas(outcome: &Outcome, policy: &str, counter: &str) -> Vec<f64> {
+/// Per interval, what `counters` of `policy` (summed) moved by.
+fn deltas(outcome: &Outcome, policy: &str, counters: &[Counter]) -> Vec<f64> {
     let series = &outcome.series;
     (0..series.rows.len())
         .map(|i| {
             let before = series.counters_before(i);
             let now = &series.rows[i].counters;
-            let value = |c: &crate::record::Counters| {
-                if counter.ends_with('.') { c.policy_prefixed(policy, counter) } else { c.policy(policy, counter) }
-            };
-            value(now).saturating_sub(value(&before)) as f64
+            now.policy_sum(policy, counters).saturating_sub(before.policy_sum(policy, counters)) as f64
         })
         .collect()
 }
 
 /// The body of one run's report (without the page around it).
 fn body(outcome: &Outcome, summary: &Summary) -> String {
-    let mut out = String::new();
     let ends: Vec<f64> = outcome.series.rows.iter().map(|r| r.end as f64 / 1e9).collect();
     let band_list = bands(outcome);
     let bands: Vec<Band<'_>> = band_list.iter().map(|(from, to, label)| Band { from: *from, to: *to, label }).collect();
-    let _ = write!(out, r#"<p class="verdict">{}</p>"#, escape(&verdict(summary)));
+    let mut out = format!(r#"<p class="verdict">{}</p>"#, escape(&verdict(summary)));
+    out.push_str(&numbers(summary));
+    out.push_str(&classes(summary));
+    for policy in &outcome.policies {
+        out.push_str(&policy_charts(outcome, policy, &ends, &bands));
+    }
+    out.push_str(&shares(outcome, &ends, &bands));
+    if summary.callouts > 0 {
+        out.push_str(&callouts(outcome, &ends, &bands));
+    }
+    out.push_str(&timeline(outcome));
+    out
+}
+
+/// The numbers to watch, one row per policy, and the callouts.
+fn numbers(summary: &Summary) -> String {
+    let mut out = String::new();
     let _ = write!(
         out,
         "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound (not by a fallback)</th><th>admitted by a fallback</th><th>lease tokens granted / stranded</th></tr>"
@@ -98,6 +114,11 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         "<p>Callouts to the counter service: {} ({} per 1 000 requests).</p>",
         summary.callouts, summary.callouts_per_1000
     );
+    out
+}
+/// What each caller class saw.
+fn classes(summary: &Summary) -> String {
+    let mut out = String::new();
     out.push_str("<h2>Caller classes</h2><table><tr><th>class</th><th>legitimate</th><th>offered</th><th>of which retries</th><th>allowed</th><th>rejected (429)</th><th>failed (other status, reset)</th><th>pending at end</th><th>calls served</th><th>calls refused for good</th><th>got through</th><th>held before let through: mean / max</th><th>accounting line</th></tr>");
     for c in &summary.classes {
         let holds = if c.accounting_holds { "holds" } else { r#"<span class="bad">broken</span>"# };
@@ -121,63 +142,76 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
         );
     }
     out.push_str("</table>");
-    for policy in &outcome.policies {
-        let name = &policy.name;
-        let _ = write!(out, "<h3>Policy {}</h3>", escape(name));
-        let queued: Vec<f64> = outcome.series.rows.iter().map(|r| r.counters.policy(name, "queued") as f64).collect();
-        let lines = [
-            Line { name: "offered", color: "#555", values: deltas(outcome, name, "offered") },
-            Line { name: "allowed", color: "#2a9d46", values: deltas(outcome, name, "allowed") },
-            Line { name: "rejected", color: "#d62828", values: deltas(outcome, name, "rejected") },
-            Line { name: "queued (at the end)", color: "#7b2cbf", values: queued },
-        ];
-        out.push_str(&chart(&format!("{name}: requests per interval"), "requests", &ends, &lines, &bands));
-        let overshoot =
-            outcome.overshoot.iter().find(|o| o.policy == *name).map(|o| o.per_row.iter().map(|v| *v as f64).collect());
-        let mut lines = vec![
-            Line { name: "service could not decide", color: "#e76f51", values: deltas(outcome, name, "degraded.") },
-            Line { name: "emergency cap", color: "#f4a261", values: deltas(outcome, name, "emergency.") },
-            Line { name: "fail open", color: "#e9c46a", values: deltas(outcome, name, "failure_allowed") },
-            Line { name: "fail closed", color: "#264653", values: deltas(outcome, name, "failure_denied") },
-        ];
-        if let Some(values) = overshoot {
-            lines.push(Line { name: "overshoot", color: "#d00000", values });
-        }
-        if policy.global.is_some() || lines.iter().any(|l| l.values.iter().any(|v| *v > 0.0)) {
-            out.push_str(&chart(&format!("{name}: fallbacks and overshoot"), "requests", &ends, &lines, &bands));
-        }
-        if let Some(o) = outcome.overshoot.iter().find(|o| o.policy == *name).filter(|o| !o.top.is_empty()) {
-            let colors = ["#2f6fdf", "#d62828", "#2a9d46"];
-            let lines: Vec<Line<'_>> = o
-                .top
-                .iter()
-                .zip(colors.iter().cycle())
-                .map(|((label, values), color)| Line {
-                    name: label,
-                    color,
-                    values: values.iter().map(|v| *v as f64).collect(),
-                })
-                .collect();
-            out.push_str(&chart(
-                &format!("{name}: the budget's remaining allowance for its busiest callers (replayed)"),
-                "tokens left",
-                &ends,
-                &lines,
-                &bands,
-            ));
-        }
-        if matches!(policy.global.as_ref().map(|g| g.strategy), Some(sluice::config::Strategy::Lease(_))) {
-            let lines = [
-                Line { name: "lease tokens granted", color: "#2a9d46", values: deltas(outcome, name, "lease.granted") },
-                Line {
-                    name: "stranded (expired unspent)",
-                    color: "#d62828",
-                    values: deltas(outcome, name, "lease.expired"),
-                },
-            ];
-            out.push_str(&chart(&format!("{name}: leases"), "tokens", &ends, &lines, &bands));
-        }
+    out
+}
+/// One policy's charts: requests, fallbacks and overshoot, its busiest callers' allowance, leases.
+fn policy_charts(outcome: &Outcome, policy: &Policy, ends: &[f64], bands: &[Band<'_>]) -> String {
+    let mut out = String::new();
+    let name = &policy.name;
+    let _ = write!(out, "<h3>Policy {}</h3>", escape(name));
+    let queued: Vec<f64> =
+        outcome.series.rows.iter().map(|r| r.counters.policy(name, Counter::Queued) as f64).collect();
+    let lines = [
+        Line { name: "offered", color: "#555", values: deltas(outcome, name, &[Counter::Offered]) },
+        Line { name: "allowed", color: "#2a9d46", values: deltas(outcome, name, &[Counter::Allowed]) },
+        Line { name: "rejected", color: "#d62828", values: deltas(outcome, name, &[Counter::Rejected]) },
+        Line { name: "queued (at the end)", color: "#7b2cbf", values: queued },
+    ];
+    out.push_str(&chart(&format!("{name}: requests per interval"), "requests", ends, &lines, bands));
+    let overshoot =
+        outcome.overshoot.iter().find(|o| o.policy == *name).map(|o| o.per_row.iter().map(|v| *v as f64).collect());
+    let mut lines = vec![
+        Line { name: "service could not decide", color: "#e76f51", values: deltas(outcome, name, &degraded()) },
+        Line { name: "emergency cap", color: "#f4a261", values: deltas(outcome, name, &EMERGENCY) },
+        Line { name: "fail open", color: "#e9c46a", values: deltas(outcome, name, &[Counter::FailureAllowed]) },
+        Line { name: "fail closed", color: "#264653", values: deltas(outcome, name, &[Counter::FailureDenied]) },
+    ];
+    if let Some(values) = overshoot {
+        lines.push(Line { name: "overshoot", color: "#d00000", values });
     }
+    if policy.global.is_some() || lines.iter().any(|l| l.values.iter().any(|v| *v > 0.0)) {
+        out.push_str(&chart(&format!("{name}: fallbacks and overshoot"), "requests", ends, &lines, bands));
+    }
+    if let Some(o) = outcome.overshoot.iter().find(|o| o.policy == *name).filter(|o| !o.top.is_empty()) {
+        let colors = ["#2f6fdf", "#d62828", "#2a9d46"];
+        let lines: Vec<Line<'_>> = o
+            .top
+            .iter()
+            .zip(colors.iter().cycle())
+            .map(|((label, values), color)| Line {
+                name: label,
+                color,
+                values: values.iter().map(|v| *v as f64).collect(),
+            })
+            .collect();
+        out.push_str(&chart(
+            &format!("{name}: the budget's remaining allowance for its busiest callers (replayed)"),
+            "tokens left",
+            ends,
+            &lines,
+            bands,
+        ));
+    }
+    if matches!(policy.global.as_ref().map(|g| g.strategy), Some(sluice::config::Strategy::Lease(_))) {
+        let lines = [
+            Line {
+                name: "lease tokens granted",
+                color: "#2a9d46",
+                values: deltas(outcome, name, &[Counter::LeaseGranted]),
+            },
+            Line {
+                name: "stranded (expired unspent)",
+                color: "#d62828",
+                values: deltas(outcome, name, &[Counter::LeaseExpired]),
+            },
+        ];
+        out.push_str(&chart(&format!("{name}: leases"), "tokens", ends, &lines, bands));
+    }
+    out
+}
+/// The share of each caller class's requests let through, per interval.
+fn shares(outcome: &Outcome, ends: &[f64], bands: &[Band<'_>]) -> String {
+    let mut out = String::new();
     out.push_str("<h3>Caller classes: share of requests let through, per interval</h3>");
     let palette = ["#2a9d46", "#d62828", "#2f6fdf", "#7b2cbf", "#e76f51", "#264653", "#f4a261", "#555"];
     let lines: Vec<Line<'_>> = outcome
@@ -201,22 +235,30 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
                 .collect(),
         })
         .collect();
-    out.push_str(&chart("share let through", "% allowed", &ends, &lines, &bands));
-    if summary.callouts > 0 {
-        let series = &outcome.series;
-        let per_1000: Vec<f64> = (0..series.rows.len())
-            .map(|i| {
-                let before = series.counters_before(i);
-                let get = |c: &crate::record::Counters| c.plugin.get("counter_service.callouts").copied().unwrap_or(0);
-                let callouts = get(&series.rows[i].counters).saturating_sub(get(&before)) as f64;
-                let requests: u64 = series.rows[i].classes.iter().map(|c| c.offered).sum();
-                if requests == 0 { 0.0 } else { 1000.0 * callouts / requests as f64 }
-            })
-            .collect();
-        out.push_str("<h3>Callouts to the counter service per 1 000 requests</h3>");
-        let lines = [Line { name: "callouts per 1 000 requests", color: "#264653", values: per_1000 }];
-        out.push_str(&chart("callouts per 1000 requests", "callouts", &ends, &lines, &bands));
-    }
+    out.push_str(&chart("share let through", "% allowed", ends, &lines, bands));
+    out
+}
+/// Callouts to the counter service per 1 000 requests, per interval.
+fn callouts(outcome: &Outcome, ends: &[f64], bands: &[Band<'_>]) -> String {
+    let mut out = String::new();
+    let series = &outcome.series;
+    let per_1000: Vec<f64> = (0..series.rows.len())
+        .map(|i| {
+            let before = series.counters_before(i);
+            let get = |c: &crate::record::Counters| c.plugin(PluginCounter::Callouts);
+            let callouts = get(&series.rows[i].counters).saturating_sub(get(&before)) as f64;
+            let requests: u64 = series.rows[i].classes.iter().map(|c| c.offered).sum();
+            if requests == 0 { 0.0 } else { 1000.0 * callouts / requests as f64 }
+        })
+        .collect();
+    out.push_str("<h3>Callouts to the counter service per 1 000 requests</h3>");
+    let lines = [Line { name: "callouts per 1 000 requests", color: "#264653", values: per_1000 }];
+    out.push_str(&chart("callouts per 1000 requests", "callouts", ends, &lines, bands));
+    out
+}
+/// The faults of the timeline, and what happened that it did not say would.
+fn timeline(outcome: &Outcome) -> String {
+    let mut out = String::new();
     if !outcome.scenario.faults.is_empty() {
         out.push_str("<h3>Timeline</h3><ul>");
         for fault in &outcome.scenario.faults {
@@ -231,7 +273,6 @@ fn body(outcome: &Outcome, summary: &Summary) -> String {
     }
     out
 }
-
 fn footer(outcomes: &[&Outcome]) -> String {
     let mut out = String::from("<footer>");
     let _ = write!(

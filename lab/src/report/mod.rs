@@ -11,9 +11,10 @@ mod verdict;
 pub use verdict::verdict;
 
 use crate::overshoot::{PolicyOvershoot, Promise};
-use crate::record::ClassRow;
+use crate::record::{ClassRow, EMERGENCY, degraded};
 use crate::run::Outcome;
 use serde::Serialize;
+use sluice::host::{Counter, PluginCounter};
 use std::path::Path;
 
 /// A policy's totals over the run.
@@ -130,21 +131,20 @@ impl Summary {
             .iter()
             .map(|policy| {
                 let name = &policy.name;
-                let get = |c: &str| last.policy(name, c);
+                let get = |c: Counter| last.policy(name, c);
                 let accounting_holds = series.rows.iter().all(|row| {
                     let c = &row.counters;
-                    c.policy(name, "offered")
-                        == c.policy(name, "allowed") + c.policy(name, "rejected") + c.policy(name, "queued")
+                    c.policy(name, Counter::Offered)
+                        == c.policy_sum(name, &[Counter::Allowed, Counter::Rejected, Counter::Queued])
                 });
                 let fallback_rows = (0..series.rows.len())
                     .filter(|i| {
                         let before = series.counters_before(*i);
                         let now = &series.rows[*i].counters;
                         let fallback = |c: &crate::record::Counters| {
-                            c.policy_prefixed(name, "degraded.")
-                                + c.policy_prefixed(name, "emergency.")
-                                + c.policy(name, "failure_allowed")
-                                + c.policy(name, "failure_denied")
+                            c.policy_sum(name, &degraded())
+                                + c.policy_sum(name, &EMERGENCY)
+                                + c.policy_sum(name, &[Counter::FailureAllowed, Counter::FailureDenied])
                         };
                         fallback(now) > fallback(&before)
                     })
@@ -168,25 +168,29 @@ impl Summary {
                 PolicySummary {
                     name: name.clone(),
                     mode: if policy.shadow { format!("{mode}, shadow") } else { mode },
-                    offered: get("offered"),
-                    allowed: get("allowed"),
-                    rejected: get("rejected"),
-                    queued: get("queued"),
+                    offered: get(Counter::Offered),
+                    allowed: get(Counter::Allowed),
+                    rejected: get(Counter::Rejected),
+                    queued: get(Counter::Queued),
                     accounting_holds,
-                    over_limit: get("over_limit"),
-                    degraded: last.policy_prefixed(name, "degraded."),
-                    emergency_allowed: get("emergency.allowed"),
-                    emergency_rejected: get("emergency.rejected"),
-                    failure_allowed: get("failure_allowed"),
-                    failure_denied: get("failure_denied"),
+                    over_limit: get(Counter::OverLimit),
+                    degraded: last.policy_sum(name, &degraded()),
+                    emergency_allowed: get(Counter::EmergencyAllowed),
+                    emergency_rejected: get(Counter::EmergencyRejected),
+                    failure_allowed: get(Counter::FailureAllowed),
+                    failure_denied: get(Counter::FailureDenied),
                     fallback_ms: fallback_rows * interval_ms,
                     overshoot: overshoot_total,
                     promised_slack,
                     beyond_promise: beyond,
                     by_fallback,
-                    lease_granted: get("lease.granted"),
-                    lease_expired: get("lease.expired"),
-                    counters: last.policies.get(name).cloned().unwrap_or_default(),
+                    lease_granted: get(Counter::LeaseGranted),
+                    lease_expired: get(Counter::LeaseExpired),
+                    counters: last
+                        .policies
+                        .get(name)
+                        .map(|counters| counters.iter().map(|(c, v)| (c.name().to_owned(), *v)).collect())
+                        .unwrap_or_default(),
                 }
             })
             .collect();
@@ -214,7 +218,7 @@ impl Summary {
                 }
             })
             .collect();
-        let callouts = last.plugin.get("counter_service.callouts").copied().unwrap_or(0);
+        let callouts = last.plugin(PluginCounter::Callouts);
         Self {
             scenario: outcome.scenario.name.clone(),
             config: outcome.config.name.clone(),

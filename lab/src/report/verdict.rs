@@ -1,6 +1,7 @@
 //! The verdict: one paragraph, in plain words, of what would happen.
 
 use super::Summary;
+use sluice::host::Reason;
 
 fn percent(permille: u64) -> String {
     format!("{}.{}%", permille / 10, permille % 10)
@@ -82,11 +83,13 @@ fn verdict_of_numbers(summary: &Summary) -> String {
         }
         let fallback = p.emergency_allowed + p.emergency_rejected + p.failure_allowed + p.failure_denied;
         if fallback > 0 || p.degraded > 0 {
-            let mut reasons: Vec<(&String, &u64)> =
-                p.counters.iter().filter(|(k, v)| k.starts_with("degraded.") && **v > 0).collect();
-            reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-            let reasons: Vec<String> =
-                reasons.iter().map(|(k, v)| format!("{} {v}", k.trim_start_matches("degraded."))).collect();
+            let mut reasons: Vec<(&str, u64)> = Reason::ALL
+                .iter()
+                .filter_map(|r| Some((r.name(), *p.counters.get(r.metric_name())?)))
+                .filter(|(_, v)| *v > 0)
+                .collect();
+            reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+            let reasons: Vec<String> = reasons.iter().map(|(k, v)| format!("{k} {v}")).collect();
             out.push_str(&format!(
                 "; in {} s of intervals the counter service's answer was not had ({} requests: {}), and fallbacks admitted {} (fail open {}, emergency cap {}) and refused {}",
                 p.fallback_ms / 1000,

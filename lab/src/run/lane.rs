@@ -289,7 +289,13 @@ impl Lane {
                                 facts_headers.iter().find(|(n, _)| n == name).map_or("-".to_owned(), |(_, v)| v.clone())
                             }
                             sluice::config::KeyPart::ClientAddress { .. } => source.ip().to_string(),
-                            other => format!("{other:?}"),
+                            // The parts a scenario does not vary are told as configured.
+                            other @ (sluice::config::KeyPart::Constant(_)
+                            | sluice::config::KeyPart::Authority
+                            | sluice::config::KeyPart::Path
+                            | sluice::config::KeyPart::Method
+                            | sluice::config::KeyPart::QueryParameter(_)
+                            | sluice::config::KeyPart::Property(_)) => format!("{other:?}"),
                         })
                         .collect();
                     values.join(" ")

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use builder::write_lds;
 use serde_json::Value;
+pub use sluice::host::{Counter, PluginCounter, Reason};
 
 use crate::http::{self, Connection, Request};
 
@@ -63,6 +64,18 @@ pub struct Envoy {
 
 /// Envoy's counters and gauges by name.
 pub type Stats = BTreeMap<String, u64>;
+
+/// A policy counter of Sluice's in a snapshot of Envoy's stats, named by the filter's
+/// own [`Counter`] (`wasmcustom.sluice.<policy>.<counter>`); 0 when not defined.
+pub fn policy_stat(stats: &Stats, policy: &str, counter: Counter) -> u64 {
+    stats.get(&format!("wasmcustom.sluice.{policy}.{}", counter.name())).copied().unwrap_or(0)
+}
+
+/// A plugin counter of Sluice's in a snapshot of Envoy's stats
+/// (`wasmcustom.sluice.<counter>`); 0 when not defined.
+pub fn plugin_stat(stats: &Stats, counter: PluginCounter) -> u64 {
+    stats.get(&format!("wasmcustom.sluice.{}", counter.name())).copied().unwrap_or(0)
+}
 
 impl Envoy {
     /// A builder: 2 workers, no filter, every request answered `200` by Envoy itself.
@@ -166,9 +179,15 @@ impl Envoy {
     }
 
     /// One of Sluice's metrics: `wasmcustom.<stat_prefix>.<policy>.<counter>` with the
-    /// default prefix; 0 when Envoy has not defined it.
-    pub fn metric(&self, policy: &str, counter: &str) -> u64 {
-        self.stats().get(&format!("wasmcustom.sluice.{policy}.{counter}")).copied().unwrap_or(0)
+    /// default prefix, named by the filter's own [`Counter`]; 0 when Envoy has not defined it.
+    pub fn metric(&self, policy: &str, counter: Counter) -> u64 {
+        policy_stat(&self.stats(), policy, counter)
+    }
+
+    /// One of Sluice's plugin metrics, `wasmcustom.<stat_prefix>.<counter>` with the
+    /// default prefix; `None` when Envoy has not defined it.
+    pub fn plugin_metric(&self, counter: PluginCounter) -> Option<u64> {
+        self.stats().get(&format!("wasmcustom.sluice.{}", counter.name())).copied()
     }
 
     /// Bytes Envoy's allocator holds (`/memory`, `allocated`).

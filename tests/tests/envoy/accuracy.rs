@@ -9,8 +9,10 @@
 //! `the_local_bound_catches_a_filter_whose_shared_data_writes_ignore_cas`).
 
 use super::*;
+use sluice::host::Counter;
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::envoy::SluiceFilter;
+use sluice_tests::envoy::policy_stat;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -115,11 +117,11 @@ fn four_envoy_workers_never_admit_more_than_the_reference_bucket() {
     let keys = (PHASES * KEYS_PER_PHASE) as usize;
     assert_eq!(run.admits.len(), keys, "every key was admitted");
     assert!(admitted as u64 + failures >= keys as u64 * BURST, "{admitted} admitted for {keys} full buckets");
-    assert_eq!(envoy.metric("key", "cas_exhausted"), failures);
+    assert_eq!(envoy.metric("key", Counter::CasExhausted), failures);
     // Envoy's stats: offered = allowed + rejected + queued, and every request offered.
     let stats = envoy.stats();
-    let stat = |counter: &str| stats.get(&format!("wasmcustom.sluice.key.{counter}")).copied().unwrap_or(0);
-    assert_eq!(stat("offered"), run.sent);
-    assert_eq!(stat("offered"), stat("allowed") + stat("rejected") + stat("queued"));
-    assert_eq!(stat("allowed"), admitted as u64);
+    let stat = |counter: Counter| policy_stat(&stats, "key", counter);
+    assert_eq!(stat(Counter::Offered), run.sent);
+    assert_eq!(stat(Counter::Offered), stat(Counter::Allowed) + stat(Counter::Rejected) + stat(Counter::Queued));
+    assert_eq!(stat(Counter::Allowed), admitted as u64);
 }

@@ -3,6 +3,7 @@
 //! back; and the slots of a VM killed while holding them come back within the stated
 //! bound (`shared_store::STALE_AFTER`), while its replacement decides.
 
+use sluice::host::Counter;
 use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -92,10 +93,10 @@ fn requests_in_flight_never_exceed_the_limit_across_four_workers_under_a_slow_up
     assert_eq!(admitted + rejected, CLIENTS * EACH, "every request is admitted or rejected: {answers:?}");
     assert!(rejected > 0 && admitted as u64 >= LIMIT);
     assert!(answers.iter().all(|(_, retry)| retry.is_none()), "no Retry-After on a concurrency rejection");
-    let offered = envoy.metric("in-flight", "offered");
+    let offered = envoy.metric("in-flight", Counter::Offered);
     assert_eq!(offered, (CLIENTS * EACH) as u64);
-    assert_eq!(envoy.metric("in-flight", "allowed") + envoy.metric("in-flight", "rejected"), offered);
-    assert_eq!(envoy.metric("in-flight", "over_limit"), rejected as u64);
+    assert_eq!(envoy.metric("in-flight", Counter::Allowed) + envoy.metric("in-flight", Counter::Rejected), offered);
+    assert_eq!(envoy.metric("in-flight", Counter::OverLimit), rejected as u64);
 
     // Nothing leaked: the limit's worth of requests can be held again, and no more.
     let held: Vec<Connection> = (0..LIMIT).map(|_| hold(addr)).collect();

@@ -4,6 +4,7 @@
 
 use super::*;
 use serde_json::Value;
+use sluice::host::{Counter, PluginCounter};
 use sluice_tests::envoy::{SluiceFilter, cluster, repo};
 use std::fs;
 use std::path::PathBuf;
@@ -144,8 +145,8 @@ fn the_deployment_bootstrap_serves_once_pointed_at_local_services() {
     assert_eq!(response.status, 200);
     assert_eq!(response.text(), "upstream saw /orders\n");
     assert_eq!(response.header("x-sluice-fallback"), None, "the counter service decided");
-    assert_eq!(envoy.stats().get("wasmcustom.sluice.counter_service.callouts"), Some(&1));
-    assert_eq!(envoy.metric("per-tenant", "allowed"), 1);
+    assert_eq!(envoy.plugin_metric(PluginCounter::Callouts).as_ref(), Some(&1));
+    assert_eq!(envoy.metric("per-tenant", Counter::Allowed), 1);
 }
 
 #[test]
@@ -164,5 +165,5 @@ fn the_deployment_bootstrap_merges_slashes_so_a_doubled_slash_cannot_slip_past_a
     assert_eq!(first.status, 200);
     assert_eq!(first.text(), "upstream saw /v1/models\n", "the upstream sees the path the policy matched");
     assert_eq!(second.status, 429, "normalised to /v1/models: the policy's one request is spent");
-    assert_eq!(envoy.metric("v1", "offered"), 2);
+    assert_eq!(envoy.metric("v1", Counter::Offered), 2);
 }

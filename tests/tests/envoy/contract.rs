@@ -3,6 +3,7 @@
 //! responses, and `Cache-Control: private` merged into the upstream's.
 
 use super::*;
+use sluice::host::Counter;
 use sluice_tests::envoy::cluster;
 use sluice_tests::upstream::Upstream;
 
@@ -58,5 +59,5 @@ fn a_rejection_has_the_configured_status_body_and_every_header_family() {
     assert_eq!(rejected.header("x-ratelimit-reset"), Some("60"));
     assert_eq!(rejected.header("cache-control"), Some("private"));
     assert_eq!(upstream.served(), 2, "the rejection never reached the upstream");
-    assert_eq!(envoy.metric("api", "over_limit"), 1);
+    assert_eq!(envoy.metric("api", Counter::OverLimit), 1);
 }

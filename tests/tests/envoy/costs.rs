@@ -3,6 +3,7 @@
 //! event streams passed through as they are written, and answers cut short counted.
 
 use super::*;
+use sluice::host::{Counter as Metric, PluginCounter};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
@@ -113,14 +114,14 @@ fn a_token_budget_holds_across_two_workers_under_an_oracle_of_the_usage_returned
     assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
     assert!(rejected > 0, "the budget never bound");
     assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
-    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
-    assert_eq!(envoy.metric("tokens", "cost.unknown"), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostForgiven), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostUnknown), 0);
     let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
-    assert_eq!(envoy.metric("tokens", "cost.charged"), over_estimates, "each answer charged exactly once");
-    assert_eq!(envoy.metric("tokens", "allowed"), served.len() as u64);
+    assert_eq!(envoy.metric("tokens", Metric::CostCharged), over_estimates, "each answer charged exactly once");
+    assert_eq!(envoy.metric("tokens", Metric::Allowed), served.len() as u64);
     // The units admitted, from the metrics alone, are the tokens the upstream reported.
-    let units = envoy.metric("tokens", "cost.estimated") + envoy.metric("tokens", "cost.charged")
-        - envoy.metric("tokens", "cost.credited");
+    let units = envoy.metric("tokens", Metric::CostEstimated) + envoy.metric("tokens", Metric::CostCharged)
+        - envoy.metric("tokens", Metric::CostCredited);
     assert_eq!(units, admitted);
 }
 
@@ -136,10 +137,10 @@ fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_i
 
     let served = upstream.served();
     let admitted: u64 = served.iter().map(|s| s.tokens).sum();
-    let sum = |name: &str| fleet.iter().map(|e| e.metric("tokens", name)).sum::<u64>();
+    let sum = |counter: Metric| fleet.iter().map(|e| e.metric("tokens", counter)).sum::<u64>();
     // What a lease could not cover is owed and charged: the global counter may end up to
     // max_debt below empty; anything beyond that was forgiven, and counted.
-    let forgiven = sum("cost.forgiven") + service.metric("sluice_counter_forgiven_tokens_total");
+    let forgiven = sum(Metric::CostForgiven) + service.metric("sluice_counter_forgiven_tokens_total");
     let bound = BURST + RATE * (elapsed + 1) + MAX_DEBT + forgiven;
     // The figures the filter README quotes (`--nocapture`).
     eprintln!("lease mode: admitted {admitted} tokens, bound {bound}, forgiven {forgiven}, {} answers", served.len());
@@ -149,14 +150,18 @@ fn a_global_token_budget_in_lease_mode_holds_across_two_proxies_and_their_debt_i
     assert!(forgiven <= 2 * CALLERS as u64 * (MAX - ESTIMATE), "forgiven {forgiven}");
     assert!(rejected > 0, "the budget never bound");
     assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
-    assert_eq!(sum("cost.unknown"), 0);
+    assert_eq!(sum(Metric::CostUnknown), 0);
     let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
-    assert_eq!(sum("cost.charged") + sum("cost.forgiven"), over_estimates, "each answer settled exactly once");
+    assert_eq!(
+        sum(Metric::CostCharged) + sum(Metric::CostForgiven),
+        over_estimates,
+        "each answer settled exactly once"
+    );
     // The debt reaches the service, once: charged (what the proxies count as reconciled
     // is what the service charged), or paid from a later grant (repaid).
     wait::until(Duration::from_secs(20), "the debt to be charged to the service", || {
         let charged = service.metric("sluice_counter_charged_tokens_total");
-        sum("lease.reconciled") + sum("lease.repaid") > 0 && charged == sum("lease.reconciled")
+        sum(Metric::LeaseReconciled) + sum(Metric::LeaseRepaid) > 0 && charged == sum(Metric::LeaseReconciled)
     });
 }
 
@@ -172,15 +177,15 @@ fn a_global_token_budget_in_check_mode_holds_across_two_proxies_and_each_answer_
 
     let served = upstream.served();
     let admitted: u64 = served.iter().map(|s| s.tokens).sum();
-    let sum = |name: &str| fleet.iter().map(|e| e.metric("tokens", name)).sum::<u64>();
+    let sum = |counter: Metric| fleet.iter().map(|e| e.metric("tokens", counter)).sum::<u64>();
     let over_estimates: u64 = served.iter().map(|s| s.tokens - ESTIMATE).sum();
     // The root contexts send the settlements after the answers: wait until each is in.
     wait::until(Duration::from_secs(20), "every answer to be settled at the service", || {
-        sum("cost.charged") + sum("cost.forgiven") == over_estimates
+        sum(Metric::CostCharged) + sum(Metric::CostForgiven) == over_estimates
     });
     // The service's counter went at most its capacity below empty (max_debt); what did
     // not fit was forgiven there, and counted on both sides.
-    let forgiven = sum("cost.forgiven");
+    let forgiven = sum(Metric::CostForgiven);
     let bound = BURST + RATE * (elapsed + 1) + BURST + forgiven;
     eprintln!("check mode: admitted {admitted} tokens, bound {bound}, forgiven {forgiven}, {} answers", served.len());
     assert!(admitted <= bound, "admitted {admitted} tokens, bound {bound}");
@@ -189,8 +194,12 @@ fn a_global_token_budget_in_check_mode_holds_across_two_proxies_and_each_answer_
     assert!(forgiven <= 2 * CALLERS as u64 * (MAX - ESTIMATE), "forgiven {forgiven}");
     assert!(rejected > 0, "the budget never bound");
     assert_eq!(served.len() + rejected, CALLERS * REQUESTS);
-    assert_eq!(sum("cost.unknown"), 0);
-    assert_eq!(service.metric("sluice_counter_charged_tokens_total"), sum("cost.charged"), "each charge applied once");
+    assert_eq!(sum(Metric::CostUnknown), 0);
+    assert_eq!(
+        service.metric("sluice_counter_charged_tokens_total"),
+        sum(Metric::CostCharged),
+        "each charge applied once"
+    );
     assert_eq!(service.metric("sluice_counter_forgiven_tokens_total"), forgiven);
 }
 
@@ -225,11 +234,11 @@ fn every_settlement_of_one_busy_caller_in_check_mode_is_applied_at_the_service_a
     assert_eq!(served, THREADS * REQUESTS, "a budget that never binds");
     let excess = (42 - 10) * served as u64;
     wait::until(Duration::from_secs(30), "every answer to be settled at the service", || {
-        envoy.metric("tokens", "cost.charged") + envoy.metric("tokens", "cost.forgiven") == excess
+        envoy.metric("tokens", Metric::CostCharged) + envoy.metric("tokens", Metric::CostForgiven) == excess
     });
-    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostForgiven), 0);
     assert_eq!(service.metric("sluice_counter_charged_tokens_total"), excess, "each applied once");
-    let callouts = envoy.metric("counter_service", "callouts");
+    let callouts = envoy.plugin_metric(PluginCounter::Callouts).unwrap_or(0);
     eprintln!("one busy caller: {served} requests, {callouts} callouts (checks and settlements)");
 }
 
@@ -243,10 +252,10 @@ fn a_check_mode_answer_below_the_estimate_is_credited_back_at_the_service() {
 
     assert_eq!(response.text(), llm::document(8));
     wait::until(Duration::from_secs(10), "the credit to reach the service", || {
-        envoy.metric("tokens", "cost.credited") == ESTIMATE - 8
+        envoy.metric("tokens", Metric::CostCredited) == ESTIMATE - 8
     });
     assert_eq!(service.metric("sluice_counter_credited_tokens_total"), ESTIMATE - 8);
-    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostForgiven), 0);
 }
 
 #[test]
@@ -271,14 +280,14 @@ fn a_check_mode_settlement_the_service_cannot_take_is_sent_again_until_it_is_app
         .unwrap();
     assert_eq!(response.status, 200);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(envoy.metric("tokens", "cost.charged"), 0, "nothing could be charged while the service was down");
+    assert_eq!(envoy.metric("tokens", Metric::CostCharged), 0, "nothing could be charged while the service was down");
     service.restart();
 
     wait::until(Duration::from_secs(20), "the settlement to reach the restarted service", || {
-        envoy.metric("tokens", "cost.charged") == 300 - ESTIMATE
+        envoy.metric("tokens", Metric::CostCharged) == 300 - ESTIMATE
     });
     assert_eq!(service.metric("sluice_counter_charged_tokens_total"), 300 - ESTIMATE, "applied once");
-    assert_eq!(envoy.metric("tokens", "cost.forgiven"), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostForgiven), 0);
 }
 
 #[test]
@@ -299,7 +308,7 @@ fn every_event_of_a_stream_reaches_the_client_before_the_next_is_written() {
     assert_eq!(response.status, 200);
     assert!(!upstream.stalled(), "an event was held back until the stream went on");
     assert_eq!(response.text(), llm::events(70).concat(), "every event unchanged and in order");
-    assert_eq!(envoy.metric("tokens", "cost.charged"), 70 - ESTIMATE, "the usage in the last event");
+    assert_eq!(envoy.metric("tokens", Metric::CostCharged), 70 - ESTIMATE, "the usage in the last event");
 }
 
 #[test]
@@ -310,7 +319,7 @@ fn a_json_answer_below_the_estimate_gives_the_rest_back() {
     let response = send(&envoy, &completion("tokens=8"));
 
     assert_eq!(response.text(), llm::document(8));
-    assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
+    assert_eq!(envoy.metric("tokens", Metric::CostCredited), ESTIMATE - 8);
 }
 
 #[test]
@@ -329,10 +338,10 @@ fn a_json_answer_that_ends_with_http2_trailers_is_settled_to_its_usage_not_taken
     assert_eq!((response.status, response.text()), (200, llm::document(8)), "the answer passes unchanged");
     assert_eq!(upstream.served(), 1, "the upstream ended its answer with trailers");
     wait::until(Duration::from_secs(10), "the answer to be settled", || {
-        envoy.metric("tokens", "cost.credited") + envoy.metric("tokens", "cost.charged") > 0
+        envoy.metric("tokens", Metric::CostCredited) + envoy.metric("tokens", Metric::CostCharged) > 0
     });
-    assert_eq!(envoy.metric("tokens", "cost.unknown"), 0, "the trailers ended the body: it was read whole");
-    assert_eq!(envoy.metric("tokens", "cost.credited"), ESTIMATE - 8);
+    assert_eq!(envoy.metric("tokens", Metric::CostUnknown), 0, "the trailers ended the body: it was read whole");
+    assert_eq!(envoy.metric("tokens", Metric::CostCredited), ESTIMATE - 8);
 }
 
 #[test]
@@ -348,16 +357,16 @@ fn every_answer_that_reports_no_usable_cost_costs_on_unknown_and_is_counted_once
         let response = send(&envoy, &ask(n, &format!("tokens=70&body={body}")));
         assert_eq!(response.status, 200, "{body}");
         assert_eq!(response.text(), llm::answer(70, body), "{body}: the answer passes unchanged");
-        assert_eq!(envoy.metric("tokens", "cost.unknown"), n as u64 + 1, "{body}");
+        assert_eq!(envoy.metric("tokens", Metric::CostUnknown), n as u64 + 1, "{body}");
     }
     let reset = envoy.connect().send(&ask(3, "tokens=70&cut=1"));
     wait::until(Duration::from_secs(10), "the reset answer to be settled", || {
-        envoy.metric("tokens", "cost.unknown") == 4
+        envoy.metric("tokens", Metric::CostUnknown) == 4
     });
 
     assert!(reset.map_or(true, |r| r.status >= 500 || r.text() != llm::document(70)), "the client sees the reset");
-    assert_eq!(envoy.metric("tokens", "cost.charged"), 4 * (MAX - ESTIMATE), "on_unknown: 500, four times");
-    assert_eq!(envoy.metric("tokens", "cost.credited"), 0);
+    assert_eq!(envoy.metric("tokens", Metric::CostCharged), 4 * (MAX - ESTIMATE), "on_unknown: 500, four times");
+    assert_eq!(envoy.metric("tokens", Metric::CostCredited), 0);
 }
 
 #[test]
@@ -369,8 +378,8 @@ fn a_stream_cut_before_its_usage_costs_the_configured_on_unknown_and_is_counted(
 
     assert!(cut.is_err(), "the client sees the stream break off: {cut:?}");
     wait::until(Duration::from_secs(10), "the cut stream to be settled", || {
-        envoy.metric("tokens", "cost.unknown") == 1
+        envoy.metric("tokens", Metric::CostUnknown) == 1
     });
-    assert_eq!(envoy.metric("tokens", "cost.charged"), MAX - ESTIMATE, "on_unknown: 500");
+    assert_eq!(envoy.metric("tokens", Metric::CostCharged), MAX - ESTIMATE, "on_unknown: 500");
     assert!(upstream.served().is_empty());
 }

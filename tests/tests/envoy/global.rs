@@ -5,6 +5,7 @@
 //! local and global policies.
 
 use super::*;
+use sluice::host::{Counter as Metric, PluginCounter, Reason};
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_testkit::peers::{Peer, Step, refused};
 use sluice_testkit::redis::RedisServer;
@@ -50,8 +51,8 @@ fn tenant(name: &str) -> Request {
     Request::get("/").header("x-tenant", name)
 }
 
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stats().get(&format!("wasmcustom.sluice.{name}")).copied().unwrap_or(0)
+fn stat(envoy: &Envoy, counter: PluginCounter) -> u64 {
+    envoy.plugin_metric(counter).unwrap_or(0)
 }
 
 fn no_request_left_paused(envoy: &Envoy) {
@@ -124,7 +125,7 @@ fn assert_one_budget(service: &Counter) {
     assert_eq!(admits.len() as u64, TENANTS);
     assert!(admitted as u64 >= TENANTS * BURST, "every tenant spent at least its burst ({admitted})");
     assert_eq!(statuses.get(&503), None, "no callout failed: {statuses:?}");
-    let callouts: u64 = envoys.iter().map(|e| stat(e, "counter_service.callouts")).sum();
+    let callouts: u64 = envoys.iter().map(|e| stat(e, PluginCounter::Callouts)).sum();
     assert_eq!(callouts, statuses.values().sum::<u64>(), "one callout per request");
 }
 
@@ -153,12 +154,13 @@ fn timed(envoy: &Envoy, request: &Request) -> (u16, Option<String>, Duration) {
 
 /// Asserts one request fails closed for `reason` within the deadline; returns how long
 /// it took.
-fn assert_fails_closed(envoy: &Envoy, reason: &str) -> Duration {
+fn assert_fails_closed(envoy: &Envoy, reason: Reason) -> Duration {
     let (status, fallback, took) = timed(envoy, &tenant("acme"));
-    assert_eq!(status, 503, "{reason}: the default rule fails closed with 503");
-    assert_eq!(fallback.as_deref(), Some(format!("fail_closed; reason={reason}; policies=tenant").as_str()));
-    assert!(took < Duration::from_millis(100 + 900), "{reason}: decided after {took:?} for a 100 ms deadline");
-    assert_eq!(envoy.metric("tenant", &format!("degraded.{reason}")), 1, "{reason} is counted");
+    assert_eq!(status, 503, "{reason:?}: the default rule fails closed with 503");
+    let expected = format!("fail_closed; reason={}; policies=tenant", reason.name());
+    assert_eq!(fallback.as_deref(), Some(expected.as_str()));
+    assert!(took < Duration::from_millis(100 + 900), "{reason:?}: decided after {took:?} for a 100 ms deadline");
+    assert_eq!(envoy.metric("tenant", reason.counter()), 1, "{reason:?} is counted");
     no_request_left_paused(envoy);
     took
 }
@@ -170,7 +172,7 @@ fn a_service_that_never_answers_fails_closed_at_the_deadline() {
     let silent = Peer::silent();
     let envoy = envoy(&tenant_config("100/second", 10, DENY), silent.addr(), 1);
 
-    let took = assert_fails_closed(&envoy, "timeout");
+    let took = assert_fails_closed(&envoy, Reason::Timeout);
 
     assert!(took >= Duration::from_millis(80), "decided after {took:?}, before the 100 ms deadline");
 }
@@ -182,14 +184,14 @@ fn a_service_slower_than_the_deadline_fails_closed_at_the_deadline() {
     let slow = Peer::start(vec![Step::Wait(Duration::from_secs(2)), Step::Write(response.into_bytes())]);
     let envoy = envoy(&tenant_config("100/second", 10, DENY), slow.addr(), 1);
 
-    let _ = assert_fails_closed(&envoy, "timeout");
+    let _ = assert_fails_closed(&envoy, Reason::Timeout);
 }
 
 #[test]
 fn a_refused_connection_fails_closed_at_once() {
     let envoy = envoy(&tenant_config("100/second", 10, DENY), refused(), 1);
 
-    let _ = assert_fails_closed(&envoy, "refused");
+    let _ = assert_fails_closed(&envoy, Reason::Refused);
 }
 
 #[test]
@@ -197,7 +199,7 @@ fn a_server_error_fails_closed() {
     let failing = Peer::answering(500, "application/json", r#"{"error":{"code":"internal","message":"boom"}}"#);
     let envoy = envoy(&tenant_config("100/second", 10, DENY), failing.addr(), 1);
 
-    let _ = assert_fails_closed(&envoy, "bad_status");
+    let _ = assert_fails_closed(&envoy, Reason::BadStatus);
 }
 
 #[test]
@@ -205,7 +207,7 @@ fn a_malformed_answer_fails_closed() {
     let garbage = Peer::answering(200, "application/json", r#"{"admitted": "maybe"}"#);
     let envoy = envoy(&tenant_config("100/second", 10, DENY), garbage.addr(), 1);
 
-    let _ = assert_fails_closed(&envoy, "bad_body");
+    let _ = assert_fails_closed(&envoy, Reason::BadBody);
 }
 
 #[test]
@@ -214,19 +216,19 @@ fn an_unknown_cluster_fails_closed_without_a_callout() {
         tenant_config("100/second", 10, DENY).replace(r#""cluster": "sluice-counter""#, r#""cluster": "nowhere""#);
     let envoy = envoy(&config, refused(), 1);
 
-    let _ = assert_fails_closed(&envoy, "dispatch_failed");
-    assert_eq!(stat(&envoy, "counter_service.callouts"), 0);
+    let _ = assert_fails_closed(&envoy, Reason::DispatchFailed);
+    assert_eq!(stat(&envoy, PluginCounter::Callouts), 0);
 }
 
 #[test]
 fn a_wrong_or_missing_token_is_unauthorized_and_fails_closed() {
     let service = Counter::start(counter::with_token(counter::memory(), "the-right-token"));
     let wrong = envoy(&tenant_config("100/second", 10, DENY), service.addr(), 1);
-    let _ = assert_fails_closed(&wrong, "unauthorized");
+    let _ = assert_fails_closed(&wrong, Reason::Unauthorized);
 
     let without = tenant_config("100/second", 10, DENY).replace(r#""token_env": "SLUICE_COUNTER_TOKEN","#, "");
     let missing = envoy(&without, service.addr(), 1);
-    let _ = assert_fails_closed(&missing, "unauthorized");
+    let _ = assert_fails_closed(&missing, Reason::Unauthorized);
 }
 
 #[test]
@@ -237,7 +239,7 @@ fn fail_open_forwards_and_says_so() {
 
     assert_eq!(status, 200);
     assert_eq!(fallback.as_deref(), Some("fail_open; reason=refused; policies=tenant"));
-    assert_eq!(envoy.metric("tenant", "failure_allowed"), 1);
+    assert_eq!(envoy.metric("tenant", Metric::FailureAllowed), 1);
 }
 
 #[test]
@@ -252,8 +254,8 @@ fn during_an_outage_the_emergency_cap_admits_within_its_bound_per_caller() {
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429], "the cap's burst, then its rejections");
     assert!(acme.iter().all(|(_, f, _)| f.as_deref().is_some_and(|f| f.starts_with("emergency; reason="))));
     assert_eq!(globex.0, 200, "each caller has its own cap");
-    assert_eq!(envoy.metric("tenant", "emergency.allowed"), 4);
-    assert_eq!(envoy.metric("tenant", "emergency.rejected"), 3);
+    assert_eq!(envoy.metric("tenant", Metric::EmergencyAllowed), 4);
+    assert_eq!(envoy.metric("tenant", Metric::EmergencyRejected), 3);
     let rejected = send(&envoy, &tenant("acme"));
     assert_eq!(rejected.header("retry-after"), Some("60"));
     assert_eq!(rejected.header("ratelimit-policy"), Some(r#""tenant";q=3;w=180"#));
@@ -273,16 +275,16 @@ fn the_circuit_opens_after_repeated_failures_cuts_callouts_and_closes_after_reco
     let during: Vec<u16> = (0..10).map(|_| timed(&envoy, &tenant("acme")).0).collect();
 
     assert!(during.iter().all(|s| *s == 503), "{during:?}");
-    assert_eq!(stat(&envoy, "counter_service.callouts"), 1 + 3, "three failures open the circuit");
-    assert_eq!(stat(&envoy, "counter_service.circuit_opened"), 1);
-    assert_eq!(envoy.metric("tenant", "degraded.circuit_open"), 7);
+    assert_eq!(stat(&envoy, PluginCounter::Callouts), 1 + 3, "three failures open the circuit");
+    assert_eq!(stat(&envoy, PluginCounter::CircuitOpened), 1);
+    assert_eq!(envoy.metric("tenant", Metric::DegradedCircuitOpen), 7);
 
     service.restart();
     std::thread::sleep(Duration::from_millis(1100));
     let after: Vec<u16> = (0..5).map(|_| timed(&envoy, &tenant("acme")).0).collect();
 
     assert_eq!(after, [200; 5], "a probe closed the circuit and decisions resumed");
-    assert_eq!(stat(&envoy, "counter_service.callouts"), 4 + 5);
+    assert_eq!(stat(&envoy, PluginCounter::Callouts), 4 + 5);
 }
 
 /// Requests from one client for `duration`: (time since start, status).
@@ -318,13 +320,13 @@ fn a_killed_service_hands_over_to_the_failure_rule_at_once_and_decisions_resume_
     });
 
     assert!(seen.iter().all(|(_, s)| *s == 200), "the emergency cap admitted through the outage: {seen:?}");
-    let fallbacks = envoy.metric("tenant", "emergency.allowed");
+    let fallbacks = envoy.metric("tenant", Metric::EmergencyAllowed);
     assert!(fallbacks > 5, "the cap decided during the outage ({fallbacks})");
     // After the restart and the breaker's cooldown, the service decides again.
-    let normal_before = stat(&envoy, "counter_service.callouts");
+    let normal_before = stat(&envoy, PluginCounter::Callouts);
     let _ = steady(&envoy, Duration::from_millis(300), |_| {});
-    assert!(stat(&envoy, "counter_service.callouts") > normal_before, "callouts resumed after the restart");
-    assert_eq!(envoy.metric("tenant", "emergency.allowed"), fallbacks, "no fallback once the service is back");
+    assert!(stat(&envoy, PluginCounter::Callouts) > normal_before, "callouts resumed after the restart");
+    assert_eq!(envoy.metric("tenant", Metric::EmergencyAllowed), fallbacks, "no fallback once the service is back");
     no_request_left_paused(&envoy);
 }
 
@@ -343,16 +345,16 @@ fn redis_paused_hands_over_to_the_failure_rule_and_decisions_resume_after() {
     });
 
     assert!(seen.iter().all(|(_, s)| *s == 200), "fail open admitted through the pause: {seen:?}");
-    let degraded = envoy.metric("tenant", "degraded.bad_status")
-        + envoy.metric("tenant", "degraded.timeout")
-        + envoy.metric("tenant", "degraded.circuit_open");
+    let degraded = envoy.metric("tenant", Metric::DegradedBadStatus)
+        + envoy.metric("tenant", Metric::DegradedTimeout)
+        + envoy.metric("tenant", Metric::DegradedCircuitOpen);
     assert!(degraded > 0, "the pause was noticed");
     let slow =
         seen.iter().zip(seen.iter().skip(1)).filter(|((a, _), (b, _))| *b - *a > Duration::from_millis(600)).count();
     assert_eq!(slow, 0, "no request waited for Redis beyond the filter's deadline");
-    let callouts = stat(&envoy, "counter_service.callouts");
+    let callouts = stat(&envoy, PluginCounter::Callouts);
     let _ = steady(&envoy, Duration::from_millis(1500), |_| {});
-    assert!(stat(&envoy, "counter_service.callouts") > callouts, "decisions resumed after the pause");
+    assert!(stat(&envoy, PluginCounter::Callouts) > callouts, "decisions resumed after the pause");
 }
 
 // ---------------------------------------------------------------------------------
@@ -379,17 +381,17 @@ fn a_local_rejection_makes_no_callout_and_a_global_rejection_gives_the_local_spe
     let t1: Vec<u16> = (0..3).map(|_| send(&envoy, &layered("c", "t1")).status).collect();
     // So client c still has one of its two: t2 admits, and then c is out locally.
     let t2 = send(&envoy, &layered("c", "t2")).status;
-    let callouts = stat(&envoy, "counter_service.callouts");
+    let callouts = stat(&envoy, PluginCounter::Callouts);
     let local = send(&envoy, &layered("c", "t3")).status;
 
     assert_eq!(t1, [200, 429, 429]);
     assert_eq!(t2, 200, "the global rejections refunded the local window");
     assert_eq!(local, 429);
-    assert_eq!(stat(&envoy, "counter_service.callouts"), callouts, "a local rejection makes no callout");
-    assert_eq!(envoy.metric("client", "unrefunded"), 0);
+    assert_eq!(stat(&envoy, PluginCounter::Callouts), callouts, "a local rejection makes no callout");
+    assert_eq!(envoy.metric("client", Metric::Unrefunded), 0);
     for policy in ["client", "tenant"] {
-        let offered = envoy.metric(policy, "offered");
-        assert_eq!(offered, envoy.metric(policy, "allowed") + envoy.metric(policy, "rejected"), "{policy}");
+        let offered = envoy.metric(policy, Metric::Offered);
+        assert_eq!(offered, envoy.metric(policy, Metric::Allowed) + envoy.metric(policy, Metric::Rejected), "{policy}");
     }
 }
 

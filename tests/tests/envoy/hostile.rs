@@ -3,6 +3,7 @@
 //! gets an answer from the filter, and no VM fails (no `FAIL_CLOSED` 503, no VM lost).
 
 use super::*;
+use sluice::host::Counter;
 use sluice_tests::http::Connection;
 
 const EVERY_KEY_PART: &str = r#"{"policies":[
@@ -68,6 +69,6 @@ fn hostile_requests_get_answers_and_no_vm_fails() {
     assert_eq!(active(&after), active(&before), "no VM was lost");
     assert!(envoy.log().lines().all(|l| !l.contains("sluice: panic")));
     for policy in ["header", "query", "path", "client"] {
-        assert!(envoy.metric(policy, "offered") > 0, "{policy} saw the requests");
+        assert!(envoy.metric(policy, Counter::Offered) > 0, "{policy} saw the requests");
     }
 }

@@ -3,6 +3,7 @@
 //! memory flat beyond that budget.
 
 use super::*;
+use sluice::host::{Counter, PluginCounter};
 use std::time::Instant;
 
 const SLOTS: u64 = 1024;
@@ -44,7 +45,7 @@ fn a_hundred_thousand_distinct_callers_stay_within_the_slot_budget_and_memory_st
         }
     }
     let allocated = envoy.allocated_bytes();
-    let created = envoy.stats().get("wasmcustom.sluice.keys_created").copied().unwrap_or(0);
+    let created = envoy.plugin_metric(PluginCounter::KeysCreated).unwrap_or(0);
     eprintln!(
         "{CALLERS} callers in {:?}: {created} shared-data keys created, allocated {allocated_at_20k} -> {allocated} bytes",
         started.elapsed()
@@ -54,5 +55,5 @@ fn a_hundred_thousand_distinct_callers_stay_within_the_slot_budget_and_memory_st
     assert!(created <= SLOTS + 2, "{created} keys for {SLOTS} slots");
     assert!(created >= SLOTS / 2, "the table was used ({created} keys)");
     assert!(allocated.saturating_sub(allocated_at_20k) <= GROWTH_BOUND, "{allocated_at_20k} -> {allocated}");
-    assert!(envoy.metric("caller", "overflowed") > 0);
+    assert!(envoy.metric("caller", Counter::Overflowed) > 0);
 }

@@ -5,6 +5,7 @@
 //! proxy's token cannot set one.
 
 use super::*;
+use sluice::host::Counter as Metric;
 use sluice_tests::counter::{self, Counter};
 use sluice_tests::envoy::{SluiceFilter, cluster};
 use std::io::Write;
@@ -145,7 +146,7 @@ fn a_clamp_set_from_the_cli_is_obeyed_in_check_and_lease_mode_audited_and_gone_a
     let named = format!("clamp; id={tenant_clamp}; policy=tenant");
     assert!(admitted(&clamped) as u64 <= 2 + elapsed, "the clamp's burst of 2, not 20: {}", admitted(&clamped));
     assert!(clamped.iter().all(|r| r.header("x-sluice-override") == Some(named.as_str())), "{:?}", clamped[0]);
-    assert!(checked.metric("tenant", "override.clamped") >= 10);
+    assert!(checked.metric("tenant", Metric::OverrideClamped) >= 10);
 
     // Lease mode obeys once its lease has run out: within LEASE_LIFE and a sweep.
     std::thread::sleep((LEASE_LIFE + Duration::from_millis(2 * SWEEP_MS)).saturating_sub(set_at.elapsed()));
@@ -167,7 +168,7 @@ fn a_clamp_set_from_the_cli_is_obeyed_in_check_and_lease_mode_audited_and_gone_a
     );
     assert!(leased_admitted >= 1, "the clamp lowers the numbers, it does not stop the policy");
     assert!(named_leased >= 1, "requests spending a lease granted under the clamp name it");
-    assert!(leased.metric("leased", "override.clamped") >= 1);
+    assert!(leased.metric("leased", Metric::OverrideClamped) >= 1);
 
     // A bypass for one caller: it passes, the others stay clamped.
     let bypass = set(
@@ -194,7 +195,7 @@ fn a_clamp_set_from_the_cli_is_obeyed_in_check_and_lease_mode_audited_and_gone_a
     let named = format!("bypass; id={bypass}; policy=tenant");
     assert!(partner.iter().all(|r| r.header("x-sluice-override") == Some(named.as_str())), "{:?}", partner[0]);
     assert!(admitted(&other) <= 4, "everyone else is still clamped: {}", admitted(&other));
-    assert!(checked.metric("tenant", "override.bypassed") >= 30);
+    assert!(checked.metric("tenant", Metric::OverrideBypassed) >= 30);
 
     for id in [&tenant_clamp, &leased_clamp, &bypass] {
         assert!(audited("override_set", id), "{id} set, audited: {:?}", audit_lines());
@@ -271,5 +272,5 @@ fn a_caller_locked_out_in_lease_mode_is_let_through_by_a_bypass_within_a_sweep_a
     assert_eq!(let_through.header("x-sluice-override"), Some(named.as_str()));
     assert!(burst(&leased, "victim", 10).iter().all(|r| r.status == 200), "the bypassed caller passes");
     assert_eq!(admitted(&burst(&leased, "other", 2)), 1, "everyone else keeps the policy's numbers");
-    assert!(leased.metric("locked", "override.bypassed") >= 11);
+    assert!(leased.metric("locked", Metric::OverrideBypassed) >= 11);
 }

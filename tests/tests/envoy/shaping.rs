@@ -3,6 +3,7 @@
 //! abandoned, its stream cleaned up.
 
 use super::*;
+use sluice::host::Counter;
 use sluice_tests::http::Connection;
 use std::time::{Duration, Instant};
 
@@ -40,9 +41,9 @@ fn held_requests_leave_at_the_shaping_rate_and_never_early() {
             "request {i} left at {answered:?} for a turn at {turn:?}"
         );
     }
-    assert_eq!(envoy.metric("shaper", "queued"), 0);
-    assert_eq!(envoy.metric("shaper", "allowed"), 3);
-    assert_eq!(envoy.metric("shaper", "offered"), 5);
+    assert_eq!(envoy.metric("shaper", Counter::Queued), 0);
+    assert_eq!(envoy.metric("shaper", Counter::Allowed), 3);
+    assert_eq!(envoy.metric("shaper", Counter::Offered), 5);
 }
 
 #[test]
@@ -66,16 +67,16 @@ fn a_client_that_leaves_while_held_is_counted_as_abandoned_and_its_stream_is_fre
     let mut held = envoy.connect();
     held.write(&Request::get("/").encode()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(envoy.metric("shaper", "queued"), 1);
+    assert_eq!(envoy.metric("shaper", Counter::Queued), 1);
 
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.metric("shaper", "abandoned") == 0 {
+    while envoy.metric("shaper", Counter::Abandoned) == 0 {
         assert!(Instant::now() < deadline, "the abandoned request was never counted");
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    assert_eq!(envoy.metric("shaper", "queued"), 0);
+    assert_eq!(envoy.metric("shaper", Counter::Queued), 0);
     let stats = envoy.stats();
     assert_eq!(stats.get("http.ingress_http.downstream_rq_active"), Some(&0), "no stream left behind");
     // Its place in the queue stays spent: the next request waits its turn.
@@ -113,5 +114,5 @@ fn a_request_rejected_for_want_of_room_to_hold_it_has_its_check_spend_credited_b
     sluice_testkit::wait::until(Duration::from_secs(10), "the rejected request's check spend to be credited", || {
         service.metric("sluice_counter_credited_tokens_total") == 1
     });
-    assert_eq!(envoy.metric("checked", "unrefunded"), 0);
+    assert_eq!(envoy.metric("checked", Counter::Unrefunded), 0);
 }

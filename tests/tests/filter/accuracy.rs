@@ -2,6 +2,7 @@
 //! carry exact values.
 
 use super::*;
+use sluice::host::Counter;
 
 const CONFIG: &str = r#"{"policies":[{"name":"api","key":[{"header":"x-api-key"}],"rate":"5/second","burst":10}],
   "response":{"headers_on_rejected":["retry_after","ratelimit","x_ratelimit"],"headers_on_allowed":["ratelimit"]}}"#;
@@ -24,8 +25,8 @@ fn a_burst_of_b_is_admitted_then_exactly_n_per_second() {
     assert_eq!(burst, 10);
     assert_eq!(per_second, vec![5; 10]);
     assert_accounting(&host, "api");
-    assert_eq!(metric(&host, "api", "allowed"), 60);
-    assert_eq!(metric(&host, "api", "rejected"), 215);
+    assert_eq!(metric(&host, "api", Counter::Allowed), 60);
+    assert_eq!(metric(&host, "api", Counter::Rejected), 215);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! layered policies, client identity, reconfiguration, plugin isolation.
 
 use super::*;
+use sluice::host::Counter;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -24,8 +25,8 @@ fn a_shadow_policy_counts_what_it_would_reject_and_rejects_nothing() {
     let count = admitted(&mut host, 10, |_| Request::get("/").header("x-api-key", "k"));
 
     assert_eq!(count, 6);
-    assert_eq!(metric(&host, "candidate", "shadow_rejected"), 4);
-    assert_eq!(metric(&host, "current", "over_limit"), 4);
+    assert_eq!(metric(&host, "candidate", Counter::ShadowRejected), 4);
+    assert_eq!(metric(&host, "current", Counter::OverLimit), 4);
     assert_accounting(&host, "current");
     assert_accounting(&host, "candidate");
 }
@@ -38,7 +39,7 @@ fn requests_without_the_key_share_one_bucket_by_default() {
     let keyed = admitted(&mut host, 10, |_| Request::get("/").header("x-api-key", "a"));
 
     assert_eq!((anonymous, keyed), (3, 3));
-    assert_eq!(metric(&host, "k", "missing_key"), 10);
+    assert_eq!(metric(&host, "k", Counter::MissingKey), 10);
 }
 
 #[test]
@@ -52,7 +53,7 @@ fn requests_without_the_key_are_rejected_or_skipped_as_configured() {
 
     assert_eq!(admitted(&mut reject, 5, |_| Request::get("/")), 0);
     assert_eq!(admitted(&mut skip, 5, |_| Request::get("/")), 5);
-    assert_eq!(metric(&skip, "k", "offered"), 0);
+    assert_eq!(metric(&skip, "k", Counter::Offered), 0);
 }
 
 #[test]
@@ -80,7 +81,7 @@ fn layered_policies_spend_all_or_nothing() {
     assert_eq!(reports, 10);
     // The tenant's burst of 200 lost only the 10 admitted reports to the operation limit.
     assert_eq!(reads, 190);
-    assert_eq!(metric(&host, "tenant-operation", "over_limit"), 5);
+    assert_eq!(metric(&host, "tenant-operation", Counter::OverLimit), 5);
     for policy in ["tenant", "tenant-operation", "all-traffic"] {
         assert_accounting(&host, policy);
     }
@@ -209,5 +210,5 @@ fn an_undecodable_bucket_is_repaired_conservatively_and_counted() {
     let after = admitted(&mut host, 5, |_| Request::get("/"));
 
     assert_eq!(after, 0);
-    assert_eq!(metric(&host, "k", "repaired"), 1);
+    assert_eq!(metric(&host, "k", Counter::Repaired), 1);
 }

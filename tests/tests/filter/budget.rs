@@ -8,6 +8,7 @@
 //! "Envoy", what a request costs).
 
 use super::*;
+use sluice::host::Counter;
 use wasm_host::CallCounts;
 
 /// What is counted in the guest: the C allocator under Rust's `System` allocator on
@@ -117,10 +118,10 @@ fn with_metrics_flush_a_request_makes_no_metric_host_call_and_its_counts_arrive_
     let calls = &host.call_counts() - &before;
 
     assert_eq!(calls.host("proxy_increment_metric"), 0, "{calls:?}");
-    assert_eq!(metric(&host, "key", "offered"), 0, "held in the VM until the flush");
+    assert_eq!(metric(&host, "key", Counter::Offered), 0, "held in the VM until the flush");
     host.advance(secs(1));
-    assert_eq!(metric(&host, "key", "offered"), 5);
-    assert_eq!(metric(&host, "key", "allowed"), 5);
+    assert_eq!(metric(&host, "key", Counter::Offered), 5);
+    assert_eq!(metric(&host, "key", Counter::Allowed), 5);
     assert_eq!(
         (&host.call_counts() - &before).host("proxy_increment_metric"),
         3,

@@ -2,6 +2,7 @@
 //! the exact reference token bucket (`sluice_testkit::bucket`) replayed over every admit.
 
 use super::*;
+use sluice::host::Counter;
 use std::collections::BTreeMap;
 use std::sync::{Barrier, Mutex};
 
@@ -82,7 +83,7 @@ fn four_workers_on_threads_never_admit_more_than_the_reference_bucket() {
         let got = per_key.get(&key).copied().unwrap_or(0);
         assert!(got <= expected && got + failures >= expected, "key {key}: {got} admitted, {expected} possible");
     }
-    assert_eq!(metric(&host, "key", "cas_exhausted"), failures);
+    assert_eq!(metric(&host, "key", Counter::CasExhausted), failures);
     assert_eq!(statuses.values().sum::<u64>(), WORKERS as u64 * PHASES * REQUESTS_PER_PHASE);
     assert!(host.traps().is_empty());
     assert_accounting(&host, "key");

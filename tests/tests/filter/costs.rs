@@ -2,6 +2,7 @@
 //! admission and settled to what the response's header, JSON body or event stream says.
 
 use super::*;
+use sluice::host::Counter;
 
 fn tokens(cost: &str) -> Host {
     host(&format!(
@@ -36,8 +37,8 @@ fn a_usage_header_charges_what_the_estimate_did_not_cover() {
 
     // 100 - 60 = 40: four more estimates of 10.
     assert_eq!(estimates_left(&mut host), 4);
-    assert_eq!(metric(&host, "tokens", "cost.charged"), 50);
-    assert_eq!(metric(&host, "tokens", "cost.unknown"), 4, "the four answers without the header");
+    assert_eq!(metric(&host, "tokens", Counter::CostCharged), 50);
+    assert_eq!(metric(&host, "tokens", Counter::CostUnknown), 4, "the four answers without the header");
     assert_accounting(&host, "tokens");
 }
 
@@ -48,10 +49,10 @@ fn a_json_body_below_the_estimate_gives_the_rest_back() {
     let status = exchange(&mut host, json(r#"{"id": "x", "usage": {"prompt_tokens": 1, "total_tokens": 4}}"#));
 
     assert_eq!(status, 200);
-    assert_eq!(metric(&host, "tokens", "cost.credited"), 26);
+    assert_eq!(metric(&host, "tokens", Counter::CostCredited), 26);
     // 96 left: three more estimates of 30 (whose responses say nothing and keep 30 each).
     assert_eq!(estimates_left(&mut host), 3);
-    assert_eq!(metric(&host, "tokens", "cost.unknown"), 3);
+    assert_eq!(metric(&host, "tokens", Counter::CostUnknown), 3);
 }
 
 #[test]
@@ -63,8 +64,8 @@ fn a_json_body_that_ends_with_trailers_is_settled_to_its_usage_not_taken_for_one
     let exchange = host.worker(0).exchange(ask(), response).unwrap();
 
     assert_eq!(exchange.status(), Some(200));
-    assert_eq!(metric(&host, "tokens", "cost.unknown"), 0, "the trailers end the body: it was read whole");
-    assert_eq!(metric(&host, "tokens", "cost.credited"), 26);
+    assert_eq!(metric(&host, "tokens", Counter::CostUnknown), 0, "the trailers end the body: it was read whole");
+    assert_eq!(metric(&host, "tokens", Counter::CostCredited), 26);
     assert_accounting(&host, "tokens");
 }
 
@@ -82,7 +83,7 @@ fn the_usage_in_the_last_event_of_a_stream_is_charged() {
     let exchange = host.worker(0).exchange(ask(), response).unwrap();
 
     assert_eq!(exchange.response.as_ref().map(|r| r.body_text()).as_deref(), Some(stream), "passed unchanged");
-    assert_eq!(metric(&host, "tokens", "cost.charged"), 60);
+    assert_eq!(metric(&host, "tokens", Counter::CostCharged), 60);
     assert_eq!(estimates_left(&mut host), 3);
 }
 
@@ -101,7 +102,7 @@ fn a_cost_beyond_what_was_left_is_owed_and_retry_after_says_when_it_is_paid() {
     assert_eq!(exchange(&mut host, Response::ok()), 429, "one second short");
     host.advance(secs(1));
     assert_eq!(exchange(&mut host, Response::ok()), 200);
-    assert_eq!(metric(&host, "tokens", "cost.charged"), 990);
+    assert_eq!(metric(&host, "tokens", Counter::CostCharged), 990);
 }
 
 #[test]
@@ -110,8 +111,8 @@ fn a_response_without_usage_keeps_the_configured_on_unknown_cost_and_counts_it()
 
     assert_eq!(exchange(&mut host, json("not json")), 200);
 
-    assert_eq!(metric(&host, "tokens", "cost.unknown"), 1);
-    assert_eq!(metric(&host, "tokens", "cost.charged"), 40);
+    assert_eq!(metric(&host, "tokens", Counter::CostUnknown), 1);
+    assert_eq!(metric(&host, "tokens", Counter::CostCharged), 40);
     // 100 - 50 = 50: but every further request also costs 50 when its answer says nothing.
     assert_eq!(estimates_left(&mut host), 1);
 }
@@ -172,7 +173,7 @@ fn while_the_service_is_down_the_emergency_cap_is_charged_what_the_response_repo
     let more = (0..12).take_while(|_| through_the_cap(&mut host, Response::ok()) == 200).count();
 
     assert_eq!(more, 4);
-    assert_eq!(metric(&host, "tokens", "emergency.allowed"), 5);
-    assert_eq!(metric(&host, "tokens", "cost.charged"), 50, "the policy's own settlement, counted once");
-    assert_eq!(metric(&host, "tokens", "cost.unknown"), 4, "once per answer, not once per ledger");
+    assert_eq!(metric(&host, "tokens", Counter::EmergencyAllowed), 5);
+    assert_eq!(metric(&host, "tokens", Counter::CostCharged), 50, "the policy's own settlement, counted once");
+    assert_eq!(metric(&host, "tokens", Counter::CostUnknown), 4, "once per answer, not once per ledger");
 }

@@ -4,6 +4,7 @@
 //! glue's handling of host calls that fail.
 
 use super::*;
+use sluice::host::{Counter as Metric, PluginCounter, Reason};
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use sluice_tests::counter::{self, Counter};
 use std::collections::BTreeMap;
@@ -61,24 +62,24 @@ fn the_filter_ends_a_wait_at_its_own_deadline_when_the_host_never_times_out() {
 
     assert!(before, "decided before the deadline");
     assert_eq!(fallback(&mut host, stream), (503, "fail_closed; reason=timeout; policies=tenant".to_owned()));
-    assert_eq!(metric(&host, "tenant", "degraded.timeout"), 1);
-    assert_eq!(host.metric("sluice.counter_service.waiting"), Some(0));
+    assert_eq!(metric(&host, "tenant", Metric::DegradedTimeout), 1);
+    assert_eq!(plugin_metric(&host, PluginCounter::Waiting), Some(0));
 }
 
 #[test]
 fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
     /// (reason, what the service does, when the filter decides in ms).
-    type Class = (&'static str, fn() -> Answer, u64);
+    type Class = (Reason, fn() -> Answer, u64);
     let classes: Vec<Class> = vec![
-        ("refused", Answer::refused, 0),
-        ("reset", Answer::closed, 0),
-        ("reset", Answer::not_http, 0),
-        ("reset", || Answer::status(200).then_reset(), 0),
-        ("bad_status", || Answer::status(500), 0),
-        ("bad_body", || Answer::status(200).body("garbage"), 0),
-        ("unauthorized", || Answer::status(401).body(r#"{"error":{"code":"unauthorized","message":"no"}}"#), 0),
-        ("timeout", Answer::never, 100),
-        ("timeout", || Answer::status(200).after(millis(500)), 100),
+        (Reason::Refused, Answer::refused, 0),
+        (Reason::Reset, Answer::closed, 0),
+        (Reason::Reset, Answer::not_http, 0),
+        (Reason::Reset, || Answer::status(200).then_reset(), 0),
+        (Reason::BadStatus, || Answer::status(500), 0),
+        (Reason::BadBody, || Answer::status(200).body("garbage"), 0),
+        (Reason::Unauthorized, || Answer::status(401).body(r#"{"error":{"code":"unauthorized","message":"no"}}"#), 0),
+        (Reason::Timeout, Answer::never, 100),
+        (Reason::Timeout, || Answer::status(200).after(millis(500)), 100),
     ];
     for (reason, answer, at_ms) in classes {
         let mut host = scripted(&config(DENY), answer).build().unwrap();
@@ -86,16 +87,16 @@ fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
 
         if at_ms > 0 {
             host.advance(millis(at_ms - 1));
-            assert!(host.worker(0).outcome(stream).unwrap().is_paused(), "{reason}: decided early");
+            assert!(host.worker(0).outcome(stream).unwrap().is_paused(), "{reason:?}: decided early");
         }
         host.advance(millis(1));
 
         assert_eq!(
             fallback(&mut host, stream),
-            (503, format!("fail_closed; reason={reason}; policies=tenant")),
-            "{reason}"
+            (503, format!("fail_closed; reason={}; policies=tenant", reason.name())),
+            "{reason:?}"
         );
-        assert_eq!(metric(&host, "tenant", &format!("degraded.{reason}")), 1, "{reason}");
+        assert_eq!(metric(&host, "tenant", reason.counter()), 1, "{reason:?}");
         assert_accounting(&host, "tenant");
     }
 }
@@ -128,7 +129,7 @@ fn three_failures_open_the_circuit_and_a_probe_after_the_cooldown_closes_it() {
 
     assert_eq!(after, [200; 3]);
     assert_eq!(host.callouts().len(), 3 + 3);
-    assert_eq!(host.metric("sluice.counter_service.circuit_opened"), Some(1));
+    assert_eq!(plugin_metric(&host, PluginCounter::CircuitOpened), Some(1));
 }
 
 #[test]
@@ -193,8 +194,8 @@ fn a_local_reply_the_host_refuses_resets_the_stream_and_is_counted() {
     let stream = host.worker(0).request(Request::get("/").header("x-k", "a"));
 
     assert!(matches!(host.worker(0).outcome(stream).unwrap(), Outcome::Reset), "reset, not left paused");
-    assert_eq!(host.metric("sluice.reply_failures"), Some(1));
-    assert_eq!(metric(&host, "p", "rejected"), 1);
+    assert_eq!(plugin_metric(&host, PluginCounter::ReplyFailures), Some(1));
+    assert_eq!(metric(&host, "p", Metric::Rejected), 1);
     assert_accounting(&host, "p");
 }
 
@@ -207,8 +208,8 @@ fn a_header_the_host_fails_to_read_takes_on_failure_even_under_skip() {
     let statuses: Vec<u16> = (0..3).map(|_| status(&mut host, Request::get("/").header("x-k", "a"))).collect();
 
     assert_eq!(statuses, [503; 3], "never admitted silently");
-    assert_eq!(metric(&host, "p", "read_failures"), 3);
-    assert_eq!(metric(&host, "p", "failure_denied"), 3);
+    assert_eq!(metric(&host, "p", Metric::ReadFailures), 3);
+    assert_eq!(metric(&host, "p", Metric::FailureDenied), 3);
 }
 
 #[test]
@@ -221,8 +222,8 @@ fn a_shaped_request_the_host_will_not_resume_is_counted_and_not_left_waiting() {
 
     host.advance(millis(200));
 
-    assert_eq!(host.metric("sluice.resume_failures"), Some(1));
-    assert_eq!(metric(&host, "s", "queued"), 0);
+    assert_eq!(plugin_metric(&host, PluginCounter::ResumeFailures), Some(1));
+    assert_eq!(metric(&host, "s", Metric::Queued), 0);
     assert_accounting(&host, "s");
 }
 
@@ -235,6 +236,6 @@ fn answers_about_one_key_never_open_the_circuit_for_everyone() {
 
     assert_eq!(statuses, [503; 10], "each took its policy's failure rule");
     assert_eq!(host.callouts().len(), 10, "every request still asked the service");
-    assert_eq!(metric(&host, "tenant", "degraded.circuit_open"), 0);
-    assert_eq!(host.metric("sluice.counter_service.circuit_opened").unwrap_or(0), 0);
+    assert_eq!(metric(&host, "tenant", Metric::DegradedCircuitOpen), 0);
+    assert_eq!(plugin_metric(&host, PluginCounter::CircuitOpened).unwrap_or(0), 0);
 }

@@ -4,6 +4,7 @@
 use super::*;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
+use sluice::host::Counter;
 use std::cell::RefCell;
 use wasm_host::Headers;
 
@@ -106,5 +107,5 @@ fn generated_hostile_requests_never_trap() {
     });
 
     result.unwrap();
-    assert!(metric(&host.borrow(), "all", "offered") > 0, "no generated request reached the policy");
+    assert!(metric(&host.borrow(), "all", Counter::Offered) > 0, "no generated request reached the policy");
 }

@@ -4,6 +4,7 @@
 //! failure rule and lets another election happen; waits bounded per worker.
 
 use super::*;
+use sluice::host::Counter;
 use std::sync::{Arc, Mutex};
 use wasm_host::{Answer, HostBuilder, Outcome, StreamId};
 
@@ -65,7 +66,7 @@ fn one_refill_is_in_flight_per_proxy_and_every_workers_waiting_requests_spend_it
 
     assert_eq!(sent, ["/v1/lease"], "one refill, sent by the root of the worker that elected it");
     assert!(forwarded(&mut host, 0, first) && forwarded(&mut host, 1, second), "both waiters spent the grant");
-    assert_eq!(metric(&host, "tenant", "lease.granted"), 10);
+    assert_eq!(metric(&host, "tenant", Counter::LeaseGranted), 10);
     // Eight left: spent locally, with no callout, until the low-water mark elects again,
     // and the refill goes out at once.
     let statuses: Vec<u16> = (0..5).map(|_| status(&mut host, tenant())).collect();
@@ -107,7 +108,7 @@ fn a_worker_holds_at_most_max_waiting_requests_for_a_refill() {
 
     assert!(held.iter().all(|s| host.worker(0).outcome(*s).unwrap().is_paused()));
     assert_eq!(third.header_str("x-sluice-fallback"), Some("emergency; reason=lease_queue_full; policies=tenant"));
-    assert_eq!(metric(&host, "tenant", "degraded.lease_queue_full"), 1);
+    assert_eq!(metric(&host, "tenant", Counter::DegradedLeaseQueueFull), 1);
 }
 
 /// A lease answer of `granted` tokens (0: the budget is spent, for `retry_ms`).
@@ -160,8 +161,8 @@ fn a_second_lease_policy_is_decided_when_the_first_takes_its_failure_rule() {
         "admitted past the tenant's budget: {:?}",
         second.header_str("x-sluice-fallback")
     );
-    assert_eq!(metric(&host, "route", "degraded.lease_slot_taken"), 1);
-    assert_eq!(metric(&host, "tenant", "over_limit"), 2);
+    assert_eq!(metric(&host, "route", Counter::DegradedLeaseSlotTaken), 1);
+    assert_eq!(metric(&host, "tenant", Counter::OverLimit), 2);
     assert_accounting(&host, "route");
     assert_accounting(&host, "tenant");
 }
@@ -198,7 +199,7 @@ fn a_waiting_request_keeps_its_place_when_a_tick_retries_it_behind_a_longer_queu
         let outcome = host.worker(0).outcome(stream).unwrap();
         assert!(!outcome.is_paused(), "a decision made on a tick was dropped: the stream stays paused");
     }
-    assert_eq!(metric(&host, "a", "degraded.timeout"), 1, "it took its failure rule at its deadline");
+    assert_eq!(metric(&host, "a", Counter::DegradedTimeout), 1, "it took its failure rule at its deadline");
     assert_accounting(&host, "a");
     assert_accounting(&host, "b");
 }
@@ -245,7 +246,7 @@ fn a_request_that_waits_for_its_refill_waits_one_round_trip_on_its_worker_and_on
         waits.iter().all(|(_, after)| *after <= rtt + millis(10)),
         "another worker's request waited longer than the round trip and one tick: {waits:?}"
     );
-    assert_eq!(metric(&host, "tenant", "degraded.timeout"), 0);
+    assert_eq!(metric(&host, "tenant", Counter::DegradedTimeout), 0);
 }
 
 const ONE_LEASE_SLOT: &str = r#"{
@@ -291,9 +292,9 @@ fn a_one_off_callers_outage_debt_is_charged_once_the_service_is_back_and_its_slo
     host.advance(millis(10));
 
     assert!(paths.lock().unwrap().iter().any(|p| p == "/v1/charge"), "the debt was charged on its own");
-    assert_eq!(metric(&host, "tenant", "lease.reconciled"), 1);
+    assert_eq!(metric(&host, "tenant", Counter::LeaseReconciled), 1);
     assert!(forwarded(&mut host, 0, regular), "the slot serves the next caller: no lease_slot_taken");
-    assert_eq!(metric(&host, "tenant", "degraded.lease_slot_taken"), 0);
+    assert_eq!(metric(&host, "tenant", Counter::DegradedLeaseSlotTaken), 0);
 }
 
 #[test]

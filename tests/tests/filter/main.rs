@@ -13,6 +13,7 @@ mod lease;
 mod memory;
 mod shaping;
 
+use sluice::host::{Counter, PluginCounter};
 use sluice_artifacts::SLUICE_WASM;
 use std::time::Duration;
 use wasm_host::{Exchange, Host, HostBuilder, Request, Response};
@@ -43,15 +44,23 @@ pub fn status(host: &mut Host, request: Request) -> u16 {
     send(host, request).status().unwrap()
 }
 
-/// A counter of the guest's (`sluice.<policy>.<counter>`); 0 when never incremented.
-pub fn metric(host: &Host, policy: &str, counter: &str) -> u64 {
-    host.metric(&format!("sluice.{policy}.{counter}")).unwrap_or(0)
+/// A counter of the guest's (`sluice.<policy>.<counter>`), named by the filter's own
+/// [`Counter`]; 0 when never incremented.
+pub fn metric(host: &Host, policy: &str, counter: Counter) -> u64 {
+    host.metric(&format!("sluice.{policy}.{}", counter.name())).unwrap_or(0)
+}
+
+/// A plugin counter of the guest's (`sluice.<counter>`); `None` when not defined.
+pub fn plugin_metric(host: &Host, counter: PluginCounter) -> Option<u64> {
+    host.metric(&format!("sluice.{}", counter.name()))
 }
 
 /// Asserts `Offered = Allowed + Rejected + Queued` for a policy.
 pub fn assert_accounting(host: &Host, policy: &str) {
-    let offered = metric(host, policy, "offered");
-    let sum = metric(host, policy, "allowed") + metric(host, policy, "rejected") + metric(host, policy, "queued");
+    let offered = metric(host, policy, Counter::Offered);
+    let sum = metric(host, policy, Counter::Allowed)
+        + metric(host, policy, Counter::Rejected)
+        + metric(host, policy, Counter::Queued);
     assert_eq!(offered, sum, "offered != allowed + rejected + queued for {policy}");
 }
 

@@ -2,6 +2,7 @@
 //! slot budget and the VM's memory flat, and a tracked client's limit still holds.
 
 use super::*;
+use sluice::host::Counter;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 const SLOTS: u64 = 1024;
@@ -43,5 +44,5 @@ fn a_million_distinct_clients_stay_within_the_slot_budget_and_a_tracked_client_k
     assert!(memory <= MEMORY_BOUND, "linear memory grew to {memory} bytes");
     assert_eq!(memory, memory_after_warmup, "linear memory kept growing after warm-up");
     assert!(host.traps().is_empty());
-    assert!(metric(&host, "ip", "overflowed") > 0);
+    assert!(metric(&host, "ip", Counter::Overflowed) > 0);
 }

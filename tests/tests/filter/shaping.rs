@@ -2,6 +2,7 @@
 //! queue is bounded in depth and wait; streams that end while paused are cleaned up.
 
 use super::*;
+use sluice::host::Counter;
 use wasm_host::{Outcome, StreamId};
 
 const SHAPED: &str = r#"{"policies":[{"name":"shaper","key":[{"constant":"x"}],"algorithm":"leaky_bucket",
@@ -32,8 +33,8 @@ fn delayed_requests_are_released_at_the_shaping_rate_and_never_early() {
     assert!(before_turn);
     assert_eq!(after_turn, (true, true));
     assert!(third);
-    assert_eq!(metric(&host, "shaper", "queued"), 0);
-    assert_eq!(metric(&host, "shaper", "allowed"), 3);
+    assert_eq!(metric(&host, "shaper", Counter::Queued), 0);
+    assert_eq!(metric(&host, "shaper", Counter::Allowed), 3);
     assert_accounting(&host, "shaper");
 }
 
@@ -46,8 +47,8 @@ fn a_full_queue_rejects_with_the_time_until_there_is_room() {
 
     assert_eq!(rejected.status(), Some(429));
     assert_eq!(rejected.header_str("retry-after"), Some("1"));
-    assert_eq!(metric(&host, "shaper", "queued"), 2);
-    assert_eq!(metric(&host, "shaper", "rejected"), 1);
+    assert_eq!(metric(&host, "shaper", Counter::Queued), 2);
+    assert_eq!(metric(&host, "shaper", Counter::Rejected), 1);
     assert_accounting(&host, "shaper");
 }
 
@@ -80,9 +81,9 @@ fn a_stream_that_ends_while_paused_is_cleaned_up_and_counted() {
     host.advance(secs(2));
 
     assert!(forwarded(&mut host, streams[2]));
-    assert_eq!(metric(&host, "shaper", "abandoned"), 1);
-    assert_eq!(metric(&host, "shaper", "queued"), 0);
-    assert_eq!(metric(&host, "shaper", "allowed"), 3);
+    assert_eq!(metric(&host, "shaper", Counter::Abandoned), 1);
+    assert_eq!(metric(&host, "shaper", Counter::Queued), 0);
+    assert_eq!(metric(&host, "shaper", Counter::Allowed), 3);
     assert_accounting(&host, "shaper");
     assert!(host.traps().is_empty());
 }
@@ -98,7 +99,7 @@ fn a_worker_holds_no_more_paused_requests_than_configured() {
 
     let waiting = streams.iter().filter(|s| paused(&mut host, **s)).count();
     assert_eq!(waiting, 4);
-    assert_eq!(metric(&host, "shaper", "rejected"), 5);
+    assert_eq!(metric(&host, "shaper", Counter::Rejected), 5);
     assert_accounting(&host, "shaper");
 }
 

@@ -1,7 +1,7 @@
 //! The HTTP/1.1 client behind [`super::Cluster::Http`]: one connection per callout, the
 //! request encoded as Envoy's HTTP/1 codec encodes it, and every socket event classified
 //! as Envoy 1.40 classifies it (the table in [`super`]; the edge cases below were
-//! measured with `tests/tests/envoy/callouts.rs`).
+//! measured with `tests/tests/envoy/callouts/`).
 //!
 //! It is written on `httparse` (hyper's parser) rather than on hyper's client: the guest
 //! must see the response headers in wire order with duplicates where they were, and the

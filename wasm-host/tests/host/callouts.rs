@@ -1,5 +1,5 @@
 //! HTTP callouts: scripted and real, every outcome Envoy can deliver (the same classes
-//! are compared with real Envoy in `tests/tests/envoy/callouts.rs`).
+//! are compared with real Envoy in `tests/tests/envoy/callouts/`).
 
 use std::time::Duration;
 

@@ -6,22 +6,11 @@ use shared_store::Nanos;
 use sluice_protocol::LimitSpec;
 use std::fmt;
 
-/// Shortest callout deadline.
-pub const MIN_TIMEOUT_MS: u128 = 1;
-/// Longest callout deadline: a request waits at most this long for the service.
-pub const MAX_TIMEOUT_MS: u128 = 10_000;
-/// Default callout deadline.
-pub const DEFAULT_TIMEOUT_MS: u32 = 100;
-/// Default consecutive failures that open the circuit.
-pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
-/// Default time the circuit stays open.
-pub const DEFAULT_BREAKER_COOLDOWN_MS: u64 = 2_000;
-/// Longest time the circuit stays open.
-pub const MAX_BREAKER_COOLDOWN_MS: u128 = 5 * 60 * 1000;
-/// Shortest hash key: 128 bits.
-pub const MIN_HASH_KEY_BYTES: usize = 16;
-/// Longest secret (token or hash key).
-pub const MAX_SECRET_BYTES: usize = 4096;
+pub use super::bounds::{
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT,
+    MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_LEASE, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
+    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
+};
 
 /// A secret read from the configuration or the VM's environment. Its `Debug` form never
 /// shows it.
@@ -98,11 +87,6 @@ pub enum Strategy {
     /// The proxy spends leased shares of the budget.
     Lease(Lease),
 }
-
-/// Default life of a lease.
-pub const DEFAULT_LEASE_MS: u64 = 2_000;
-/// Default bound on requests one worker holds waiting for a refill.
-pub const DEFAULT_MAX_WAITING: u32 = 64;
 
 /// The leases of a `lease` policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

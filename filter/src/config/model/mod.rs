@@ -1,9 +1,11 @@
 //! The validated configuration, the form the request path uses: every number in it has
 //! been checked, so nothing here is discovered wrong per request.
 //!
-//! Inside, only downwards: [`request`] (what a policy reads from a request) at the
-//! bottom, then [`global`], then [`policy`] and [`response`], and [`Config`] here.
+//! Inside, only downwards: [`bounds`] (every bound and default) at the bottom, then
+//! [`request`] (what a policy reads from a request), then [`global`], then [`policy`]
+//! and [`response`], and [`Config`] here.
 
+pub mod bounds;
 pub mod global;
 pub mod policy;
 pub mod request;

@@ -6,23 +6,7 @@ use super::request::{Cost, KeyPart, Matcher, MissingKey};
 use shared_store::Limit;
 use std::num::NonZeroU32;
 
-/// Default number of slots per policy: about 0.75 MiB of shared data per policy (a slot
-/// is a ~90-byte key plus value), enough to track eight thousand concurrently active
-/// callers exactly; callers beyond that share the policy's overflow bucket.
-pub const DEFAULT_SLOTS: u32 = 8192;
-/// Most slots a policy may have (about 90 MiB of shared data).
-pub const MAX_SLOTS: u32 = 1 << 20;
-/// Largest rate amount, burst, window limit, queue depth or cost a configuration may
-/// give. Far above any real limit; it keeps every header value and every product in the
-/// arithmetic small, and it is below the largest amount the counter service takes
-/// ([`sluice_protocol::MAX_AMOUNT`], 2^40), so every number a global policy is
-/// configured with is one the service accepts.
-pub const MAX_CONFIGURED_AMOUNT: u64 = 1_000_000_000_000;
-const _: () = assert!(MAX_CONFIGURED_AMOUNT <= sluice_protocol::MAX_AMOUNT);
-/// Longest shaping delay: a paused request holds a connection and memory in the proxy.
-pub const MAX_WAIT_MS: u128 = 5 * 60 * 1000;
-/// Default status when a policy cannot decide and its failure outcome is `deny`.
-pub const DEFAULT_FAILURE_STATUS: u16 = 503;
+pub use super::bounds::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, MAX_CONFIGURED_AMOUNT, MAX_SLOTS, MAX_WAIT};
 
 /// One validated policy.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,14 +1,7 @@
 //! What the filter does with a request it limits: the rejection response, the
 //! rate-limit headers it sends, and the pausing of shaped requests.
 
-/// Largest rejection body.
-pub const MAX_BODY: usize = 64 * 1024;
-/// Default rejection status.
-pub const DEFAULT_STATUS: u16 = 429;
-/// Default bound on requests one worker holds paused.
-pub const DEFAULT_MAX_PAUSED: u32 = 1024;
-/// Default tick period for releasing paused requests (ms).
-pub const DEFAULT_TICK_MS: u32 = 10;
+pub use super::bounds::{DEFAULT_MAX_PAUSED, DEFAULT_STATUS, DEFAULT_TICK_MS, MAX_BODY};
 
 /// Which rate-limit headers to send.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

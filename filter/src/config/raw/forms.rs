@@ -1,10 +1,11 @@
-//! How the string forms people write by hand are read: a rate (`"100/minute"`) and a
-//! duration (`"500ms"`), each with an error that says what was expected and a schema
-//! with the same pattern.
+//! How the string forms people write by hand are read: a rate (`"100/minute"`), a
+//! duration (`"500ms"`) and an algorithm's name (`"token_bucket"`), each with an error
+//! that says what was expected and a schema with the same pattern or list.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
+use shared_store::{Algorithm, MAX_LOG_ENTRIES};
 use std::borrow::Cow;
 use std::fmt;
 
@@ -147,6 +148,75 @@ impl JsonSchema for DurationSpec {
     }
 }
 
+/// A policy's algorithm, by its name: the names, and the list an unknown name is told,
+/// are [`Algorithm`]'s (`shared_store`'s one list); the filter adds what each means to
+/// a policy ([`meaning`]). Default `token_bucket`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawAlgorithm(pub Algorithm);
+
+impl Default for RawAlgorithm {
+    fn default() -> Self {
+        Self(Algorithm::TokenBucket)
+    }
+}
+
+/// What an algorithm does with a policy's numbers, for the schema.
+fn meaning(algorithm: Algorithm) -> String {
+    match algorithm {
+        Algorithm::TokenBucket => "Token bucket (GCRA): `rate` and `burst`.".to_owned(),
+        Algorithm::LeakyBucket => {
+            "Shaping: requests leave at `rate`, waiting up to `max_wait` in a queue of `queue` units.".to_owned()
+        }
+        Algorithm::FixedWindow => "At most `limit` per clock-aligned `window`.".to_owned(),
+        Algorithm::SlidingWindow => "Weighted two-window estimate of the trailing `window`.".to_owned(),
+        Algorithm::SlidingLog => {
+            format!("Exact count over the trailing `window` (`limit` at most {MAX_LOG_ENTRIES}).")
+        }
+        Algorithm::Concurrency => "At most `limit` requests in flight at once per key, across the proxy's workers; a\n\
+                                   slot is given back when the request's stream ends. Local only: no `global`,\n\
+                                   `cost`, `unit` or `shadow`."
+            .to_owned(),
+    }
+}
+
+impl<'de> Deserialize<'de> for RawAlgorithm {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AlgorithmVisitor;
+        impl Visitor<'_> for AlgorithmVisitor {
+            type Value = RawAlgorithm;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an algorithm's name")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<RawAlgorithm, E> {
+                Algorithm::from_name(text).map(RawAlgorithm).ok_or_else(|| {
+                    let names: Vec<String> = Algorithm::ALL.iter().map(|a| format!("`{a}`")).collect();
+                    E::custom(format!("unknown variant `{text}`, expected one of {}", names.join(", ")))
+                })
+            }
+        }
+        deserializer.deserialize_str(AlgorithmVisitor)
+    }
+}
+
+impl Serialize for RawAlgorithm {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.0.name())
+    }
+}
+
+impl JsonSchema for RawAlgorithm {
+    fn schema_name() -> Cow<'static, str> {
+        "RawAlgorithm".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let one_of: Vec<serde_json::Value> = Algorithm::ALL
+            .iter()
+            .map(|a| serde_json::json!({ "const": a.name(), "description": meaning(*a), "type": "string" }))
+            .collect();
+        json_schema!({ "description": "The admission algorithm.", "oneOf": one_of })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +229,19 @@ mod tests {
         assert_eq!(RateSpec::parse("-1/second"), None);
         assert_eq!(RateSpec::parse(" 1/second"), None);
         assert_eq!(RateSpec::parse("1/seconds"), None);
+    }
+
+    #[test]
+    fn every_algorithm_is_read_by_its_name_and_an_unknown_name_is_told_the_list() {
+        for algorithm in Algorithm::ALL {
+            let read: RawAlgorithm = serde_json::from_value(serde_json::json!(algorithm.name())).unwrap();
+            assert_eq!(read, RawAlgorithm(algorithm));
+            assert_eq!(serde_json::to_value(read).unwrap(), serde_json::json!(algorithm.name()));
+        }
+        let error = serde_json::from_str::<RawAlgorithm>("\"gcra\"").unwrap_err().to_string();
+        for algorithm in Algorithm::ALL {
+            assert!(error.contains(&format!("`{algorithm}`")), "{error}");
+        }
     }
 
     #[test]

@@ -10,10 +10,18 @@
 mod cost;
 mod forms;
 
+use super::model::bounds::{
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_FAILURE_STATUS, DEFAULT_IPV4_PREFIX,
+    DEFAULT_IPV6_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_PAUSED, DEFAULT_MAX_WAITING, DEFAULT_SLOTS, DEFAULT_STAT_PREFIX,
+    DEFAULT_STATUS, DEFAULT_TICK_MS, DEFAULT_TIMEOUT, MAX_BREAKER_FAILURES, MAX_CONFIGURED_AMOUNT, MAX_IPV4_PREFIX,
+    MAX_IPV6_PREFIX, MAX_MAX_PAUSED, MAX_MAX_WAITING, MAX_SLOTS, MAX_STATUS, MAX_TICK_MS, MAX_UNIT_BYTES,
+    MIN_BREAKER_FAILURES, MIN_STATUS, MIN_TICK_MS,
+};
 pub use cost::{RawCost, RawEstimateWord, RawHeaderCost, RawOnUnknown, RawResponseCost};
-pub use forms::{DurationSpec, RateSpec};
+pub use forms::{DurationSpec, RateSpec, RawAlgorithm};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use sluice_protocol::MAX_POLICY_BYTES;
 use std::collections::BTreeMap;
 
 /// Sluice filter configuration: Envoy's `configuration` string or Istio's
@@ -32,6 +40,7 @@ pub struct RawConfig {
     pub shaping: RawShaping,
     /// Prefix of every metric name (`<stat_prefix>.<policy>.<counter>`). Default `sluice`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_STAT_PREFIX))]
     pub stat_prefix: Option<String>,
     /// Count in the VM and hand the proxy its metrics this often (`10ms` to `60s`),
     /// instead of one host call per counter per request: less CPU per request, and
@@ -56,6 +65,7 @@ pub struct RawCounterService {
     /// The deadline of one callout, from `1ms` to `10s`; the filter enforces it itself
     /// even if the proxy's own timeout never fires. Default `100ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_TIMEOUT.to_string()))]
     pub timeout: Option<DurationSpec>,
     /// The bearer token the service expects, inline. It then appears in the proxy's
     /// configuration dump: prefer `token_env`.
@@ -88,11 +98,13 @@ pub struct RawCounterService {
 pub struct RawCircuitBreaker {
     /// Consecutive failed callouts that open the circuit, 1 to 1000. Default 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(min = MIN_BREAKER_FAILURES, max = MAX_BREAKER_FAILURES))]
+    #[schemars(extend("default" = DEFAULT_BREAKER_FAILURES))]
     pub failures: Option<u32>,
     /// How long the circuit stays open before one probe may close it, `1ms` to `5m`.
     /// Default `2s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_BREAKER_COOLDOWN.to_string()))]
     pub cooldown: Option<DurationSpec>,
 }
 
@@ -130,6 +142,7 @@ pub struct RawLease {
     /// How long a grant may be spent, from `1ms` to `5m`; tokens left then are forfeited.
     /// Default `2s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_LEASE.to_string()))]
     pub duration: Option<DurationSpec>,
     /// A refill is requested when fewer tokens than this are left, below `size`. Default:
     /// a quarter of `size`.
@@ -137,6 +150,7 @@ pub struct RawLease {
     pub low_water: Option<u64>,
     /// The most requests one worker holds waiting for a refill, 1 to 100000. Default 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_MAX_WAITING), extend("default" = DEFAULT_MAX_WAITING))]
     pub max_waiting: Option<u32>,
     /// The most units admitted under the failure rule while the service was unreachable
     /// that are charged to the global budget once it answers again (per key and proxy);
@@ -153,7 +167,7 @@ pub struct RawEmergency {
     pub rate: RateSpec,
     /// The largest burst. Default: the rate's `<n>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
+    #[schemars(range(min = 1, max = MAX_CONFIGURED_AMOUNT))]
     pub burst: Option<u64>,
 }
 
@@ -163,6 +177,7 @@ pub struct RawEmergency {
 pub struct RawPolicy {
     /// Unique name, 1 to 64 characters from `A-Z a-z 0-9 _ . -`. It appears in metric names and in
     /// the `RateLimit-Policy` / `RateLimit` headers.
+    #[schemars(length(min = 1, max = MAX_POLICY_BYTES))]
     pub name: String,
     /// What identifies the caller. The parts are combined: one bucket per distinct tuple of values.
     pub key: Vec<RawKeyPart>,
@@ -178,7 +193,7 @@ pub struct RawPolicy {
     /// `token_bucket` only: the largest burst an idle caller may spend at once. Default: the
     /// rate's `<n>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_000_000_000_000u64))]
+    #[schemars(range(min = 1, max = MAX_CONFIGURED_AMOUNT))]
     pub burst: Option<u64>,
     /// Window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): units per window;
     /// `concurrency`: requests in flight at once (at most 1 000 000).
@@ -204,6 +219,7 @@ pub struct RawPolicy {
     /// the `RateLimit-Policy` header as its quota unit (`qu`). 1 to 32 characters from
     /// `a-z 0-9 _ -`. Default: none (requests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_UNIT_BYTES))]
     pub unit: Option<String>,
     /// What happens to a request for which a key part is missing. Default `shared`.
     #[serde(default)]
@@ -218,7 +234,7 @@ pub struct RawPolicy {
     /// Shared-data keys this policy may create for distinct callers (plus one overflow key).
     /// Default 8192.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1_048_576))]
+    #[schemars(range(min = 1, max = MAX_SLOTS), extend("default" = DEFAULT_SLOTS))]
     pub slots: Option<u32>,
     /// What happens when no decision can be made (CAS attempts exhausted, store error, a
     /// failed read of the request; for a global policy also a counter service that is
@@ -261,11 +277,11 @@ pub enum RawKeyPart {
 pub struct RawMask {
     /// Prefix length for IPv4 addresses, 0 to 32. Default 32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 32))]
+    #[schemars(range(max = MAX_IPV4_PREFIX), extend("default" = DEFAULT_IPV4_PREFIX))]
     pub ipv4_prefix: Option<u8>,
     /// Prefix length for IPv6 addresses, 0 to 128. Default 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(max = 128))]
+    #[schemars(range(max = MAX_IPV6_PREFIX), extend("default" = DEFAULT_IPV6_PREFIX))]
     pub ipv6_prefix: Option<u8>,
 }
 
@@ -301,27 +317,6 @@ pub struct RawHeaderMatch {
     pub equals: Option<String>,
 }
 
-/// The admission algorithm.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RawAlgorithm {
-    /// Token bucket (GCRA): `rate` and `burst`.
-    #[default]
-    TokenBucket,
-    /// At most `limit` per clock-aligned `window`.
-    FixedWindow,
-    /// Weighted two-window estimate of the trailing `window`.
-    SlidingWindow,
-    /// Exact count over the trailing `window` (`limit` at most 256).
-    SlidingLog,
-    /// Shaping: requests leave at `rate`, waiting up to `max_wait` in a queue of `queue` units.
-    LeakyBucket,
-    /// At most `limit` requests in flight at once per key, across the proxy's workers; a
-    /// slot is given back when the request's stream ends. Local only: no `global`,
-    /// `cost`, `unit` or `shadow`.
-    Concurrency,
-}
-
 /// What a `leaky_bucket` does with a request that would have to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -353,7 +348,7 @@ pub struct RawFailure {
     pub action: RawFailureAction,
     /// `deny` only: the status, 400 to 599. Default 503.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 400, max = 599))]
+    #[schemars(range(min = MIN_STATUS, max = MAX_STATUS), extend("default" = DEFAULT_FAILURE_STATUS))]
     pub status: Option<u16>,
     /// Global policies only: a local cap per caller that decides first while the counter
     /// service cannot; `action` applies when the cap itself cannot decide.
@@ -377,7 +372,7 @@ pub enum RawFailureAction {
 pub struct RawResponse {
     /// Status of a rejection, 400 to 599. Default 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 400, max = 599))]
+    #[schemars(range(min = MIN_STATUS, max = MAX_STATUS), extend("default" = DEFAULT_STATUS))]
     pub status: Option<u16>,
     /// Body of a rejection. Default empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -427,10 +422,11 @@ pub struct RawShaping {
     /// Most requests one worker holds paused at once; a request that would exceed it is
     /// rejected. Default 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_MAX_PAUSED), extend("default" = DEFAULT_MAX_PAUSED))]
     pub max_paused: Option<u32>,
     /// How often (ms) paused requests are checked for release, 1 to 1000. Default 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(min = MIN_TICK_MS, max = MAX_TICK_MS), extend("default" = DEFAULT_TICK_MS))]
     pub tick_ms: Option<u32>,
 }
 

@@ -3,12 +3,12 @@
 //! response reports, whose estimate obeys the same rules and whose spend the policy's
 //! algorithm can give back.
 
-use super::fields::header_name;
+use super::fields::{algorithms, header_name};
 use super::issues::Issues;
 use crate::config::model::policy::MAX_CONFIGURED_AMOUNT;
 use crate::config::model::request::{Cost, ResponseCost, Usage};
 use crate::config::raw::{RawCost, RawOnUnknown, RawResponseCost};
-use shared_store::Limit;
+use shared_store::{Algorithm, Limit};
 
 /// Most segments in a `response_json` path, and most bytes in one.
 pub const MAX_JSON_PATH_SEGMENTS: usize = 8;
@@ -82,11 +82,15 @@ fn validate_known(issues: &mut Issues, at: &str, raw: &RawCost, capacity: u64) -
 /// A cost the response reports, at `at`.
 fn validate_response(issues: &mut Issues, at: &str, raw: &RawResponseCost, limit: &Limit) -> Option<Cost> {
     let before = issues.count();
-    if !limit.can_credit() {
+    if !Algorithm::of(limit).creditable() {
+        // Of the algorithms that count over time, those whose spend cannot be given back.
+        let refused = algorithms(|a| a.global() && !a.creditable(), |name| format!("a {name}'s"));
         issues.add(
             at,
-            "a cost read from the response needs a token_bucket, fixed_window or sliding_window policy: a \
-             leaky_bucket's or a sliding_log's spend cannot be given back",
+            format!(
+                "a cost read from the response needs a {} policy: {refused} spend cannot be given back",
+                algorithms(Algorithm::creditable, str::to_owned)
+            ),
         );
     }
     let usage = match (&raw.response_header, &raw.response_json) {

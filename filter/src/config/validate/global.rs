@@ -3,19 +3,19 @@
 //! sends are validated with the service's own rules ([`sluice_protocol::LimitSpec::validate`]),
 //! so a configuration the filter accepts is never refused by the service.
 
-use super::fields::{amount, is_header_value};
+use super::fields::{amount, between, duration_between, is_header_value};
 use super::issues::Issues;
 use super::key::validate_key;
-use crate::config::model::global::{
-    Breaker, CounterService, DEFAULT_BREAKER_COOLDOWN_MS, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE_MS,
-    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT_MS, Global, Lease, MAX_BREAKER_COOLDOWN_MS, MAX_SECRET_BYTES, MAX_TIMEOUT_MS,
-    MIN_HASH_KEY_BYTES, MIN_TIMEOUT_MS, Secret, SecretSource, Strategy,
+use crate::config::model::bounds::{
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT,
+    MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_LEASE, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
+    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
 };
+use crate::config::model::global::{Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 use crate::config::raw::{
-    DurationSpec, RateSpec, RawAlgorithm, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawLease,
-    RawPolicy, RawStrategy,
+    DurationSpec, RawCircuitBreaker, RawCounterService, RawEmergency, RawGlobal, RawLease, RawPolicy, RawStrategy,
 };
-use shared_store::{Limit, Nanos, Rate};
+use shared_store::{Algorithm, Limit, Nanos, Rate};
 use sluice_protocol::LimitSpec;
 
 fn env_name(issues: &mut Issues, path: &str, name: &str) {
@@ -54,33 +54,24 @@ fn secret_source(
 }
 
 fn timeout_ms(issues: &mut Issues, path: &str, spec: Option<DurationSpec>) -> u32 {
-    let Some(spec) = spec else { return DEFAULT_TIMEOUT_MS };
-    if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&spec.millis) {
-        issues.add(path, format!("must be between 1ms and 10s, got \"{}{}\"", spec.amount, spec.unit));
-        return DEFAULT_TIMEOUT_MS;
-    }
-    u32::try_from(spec.millis).unwrap_or(DEFAULT_TIMEOUT_MS)
+    let default = u32::try_from(DEFAULT_TIMEOUT.millis()).unwrap_or(u32::MAX);
+    let Some(spec) = spec else { return default };
+    duration_between(issues, path, spec, MIN_TIMEOUT, MAX_TIMEOUT)
+        .and_then(|ms| u32::try_from(ms).ok())
+        .unwrap_or(default)
 }
 
 fn breaker(issues: &mut Issues, path: &str, raw: Option<RawCircuitBreaker>) -> Breaker {
     let raw = raw.unwrap_or(RawCircuitBreaker { failures: None, cooldown: None });
     let failures = raw.failures.unwrap_or(DEFAULT_BREAKER_FAILURES);
-    if !(1..=1000).contains(&failures) {
-        issues.add(format!("{path}.failures"), format!("must be between 1 and 1000, got {failures}"));
-    }
-    let cooldown = match raw.cooldown {
-        None => Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS),
-        Some(spec) if (1..=MAX_BREAKER_COOLDOWN_MS).contains(&spec.millis) => {
-            Nanos::from_millis(u64::try_from(spec.millis).unwrap_or(DEFAULT_BREAKER_COOLDOWN_MS))
-        }
-        Some(spec) => {
-            issues.add(
-                format!("{path}.cooldown"),
-                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
-            );
-            Nanos::from_millis(DEFAULT_BREAKER_COOLDOWN_MS)
-        }
-    };
+    between(issues, &format!("{path}.failures"), failures, MIN_BREAKER_FAILURES, MAX_BREAKER_FAILURES);
+    let cooldown = raw
+        .cooldown
+        .and_then(|spec| {
+            duration_between(issues, &format!("{path}.cooldown"), spec, MIN_BREAKER_COOLDOWN, MAX_BREAKER_COOLDOWN)
+        })
+        .unwrap_or(DEFAULT_BREAKER_COOLDOWN.millis());
+    let cooldown = Nanos::from_millis(cooldown);
     Breaker { failures, cooldown }
 }
 
@@ -117,14 +108,45 @@ pub(super) fn validate_counter_service(issues: &mut Issues, raw: RawCounterServi
     CounterService { cluster: raw.cluster, authority, timeout_ms, token, hash_key, partition, breaker }
 }
 
-/// The service's form of a policy's limit, validated by the service's own rules.
+/// Why the counter service cannot decide `algorithm`, for one it cannot (`None` for one
+/// it can: [`Algorithm::global`]).
+const fn why_local(algorithm: Algorithm) -> Option<&'static str> {
+    match algorithm {
+        Algorithm::Concurrency => Some("requests in flight are counted per proxy, in its shared data"),
+        Algorithm::TokenBucket
+        | Algorithm::LeakyBucket
+        | Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog => None,
+    }
+}
+
+/// Why a proxy cannot hold leased shares of `algorithm`, for one it cannot (`None` for
+/// one it can: [`Algorithm::leasable`]).
+const fn why_not_leased(algorithm: Algorithm) -> Option<&'static str> {
+    match algorithm {
+        Algorithm::LeakyBucket => Some("its answer is a delay, not a count"),
+        Algorithm::Concurrency => Some("it counts requests in flight, not over time"),
+        Algorithm::TokenBucket | Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => None,
+    }
+}
+
+/// The service's form of a policy's limit (`None` while the limit is not valid),
+/// validated by the service's own rules; an algorithm the service cannot decide is an
+/// issue of `global`.
 pub(super) fn validate_global(
     issues: &mut Issues,
     path: &str,
     raw: &RawPolicy,
     global: &RawGlobal,
-    limit: &Limit,
+    limit: Option<&Limit>,
 ) -> Option<Global> {
+    let algorithm = raw.algorithm.0;
+    if let Some(why) = why_local(algorithm) {
+        issues.add(format!("{path}.global"), format!("is not supported by algorithm \"{algorithm}\": {why}"));
+        return None;
+    }
+    let limit = limit?;
     let strategy = match (global.strategy, &global.lease) {
         (RawStrategy::Check, None) => Strategy::Check,
         (RawStrategy::Check, Some(_)) => {
@@ -132,10 +154,10 @@ pub(super) fn validate_global(
             return None;
         }
         (RawStrategy::Lease, lease) => {
-            if raw.algorithm == RawAlgorithm::LeakyBucket {
+            if let Some(why) = why_not_leased(algorithm) {
                 issues.add(
                     format!("{path}.global.strategy"),
-                    "a leaky_bucket cannot be leased (its answer is a delay, not a count); use \"check\"",
+                    format!("a {algorithm} cannot be leased ({why}); use \"check\""),
                 );
                 return None;
             }
@@ -146,28 +168,7 @@ pub(super) fn validate_global(
         issues.add(format!("{path}.shadow"), "is not available for global policies");
         return None;
     }
-    let rate_ms = |rate: Option<RateSpec>| rate.map(|r| (r.amount, r.per_secs.saturating_mul(1000)));
-    let millis = |spec: Option<DurationSpec>| spec.map(|d| u64::try_from(d.millis).unwrap_or(u64::MAX));
-    let spec = match (raw.algorithm, *limit) {
-        (RawAlgorithm::TokenBucket, Limit::TokenBucket { burst, .. }) => {
-            let (amount, per_ms) = rate_ms(raw.rate)?;
-            LimitSpec::TokenBucket { amount, per_ms, burst }
-        }
-        (RawAlgorithm::LeakyBucket, Limit::LeakyBucket { max_queue, .. }) => {
-            let (amount, per_ms) = rate_ms(raw.rate)?;
-            LimitSpec::LeakyBucket { amount, per_ms, max_queue, max_wait_ms: millis(raw.max_wait).unwrap_or(0) }
-        }
-        (RawAlgorithm::FixedWindow, Limit::FixedWindow { limit, .. }) => {
-            LimitSpec::FixedWindow { limit, window_ms: millis(raw.window)? }
-        }
-        (RawAlgorithm::SlidingWindow, Limit::SlidingWindow { limit, .. }) => {
-            LimitSpec::SlidingWindow { limit, window_ms: millis(raw.window)? }
-        }
-        (RawAlgorithm::SlidingLog, Limit::SlidingLog { limit, .. }) => {
-            LimitSpec::SlidingLog { limit, window_ms: millis(raw.window)? }
-        }
-        _ => return None,
-    };
+    let spec = limit_spec(issues, path, raw, limit)?;
     if let Err(error) = spec.validate() {
         let field = match error.field() {
             "limit.amount" | "limit.per_ms" => "rate",
@@ -186,6 +187,42 @@ pub(super) fn validate_global(
     Some(Global { strategy, spec })
 }
 
+/// The limit as the counter service receives it: its numbers as configured (a rate per
+/// millisecond, windows and waits in milliseconds), one arm per algorithm.
+fn limit_spec(issues: &mut Issues, path: &str, raw: &RawPolicy, limit: &Limit) -> Option<LimitSpec> {
+    let rate_ms = raw.rate.map(|r| (r.amount, r.per_secs.saturating_mul(1000)));
+    let millis = |spec: Option<DurationSpec>| spec.map(|d| u64::try_from(d.millis).unwrap_or(u64::MAX));
+    let spec = match *limit {
+        Limit::TokenBucket { burst, .. } => {
+            rate_ms.map(|(amount, per_ms)| LimitSpec::TokenBucket { amount, per_ms, burst })
+        }
+        Limit::LeakyBucket { max_queue, .. } => rate_ms.map(|(amount, per_ms)| LimitSpec::LeakyBucket {
+            amount,
+            per_ms,
+            max_queue,
+            max_wait_ms: millis(raw.max_wait).unwrap_or(0),
+        }),
+        Limit::FixedWindow { limit, .. } => {
+            millis(raw.window).map(|window_ms| LimitSpec::FixedWindow { limit, window_ms })
+        }
+        Limit::SlidingWindow { limit, .. } => {
+            millis(raw.window).map(|window_ms| LimitSpec::SlidingWindow { limit, window_ms })
+        }
+        Limit::SlidingLog { limit, .. } => {
+            millis(raw.window).map(|window_ms| LimitSpec::SlidingLog { limit, window_ms })
+        }
+        Limit::Concurrency { .. } => None,
+    };
+    if spec.is_none() {
+        // A limit built from these fields has them; one that does not is a bug, refused
+        // rather than turned into a local policy.
+        let algorithm = Algorithm::of(limit);
+        issues
+            .add(format!("{path}.global"), format!("algorithm \"{algorithm}\" has no form the counter service takes"));
+    }
+    spec
+}
+
 fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capacity: u64) -> Option<Lease> {
     let default = RawLease::default();
     let raw = raw.as_ref().unwrap_or(&default);
@@ -197,33 +234,22 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
             format!("must be between 1 and the policy's capacity ({capacity}), got {size}"),
         );
     }
-    let duration_ms = match raw.duration {
-        None => DEFAULT_LEASE_MS,
-        Some(spec) if (1..=u128::from(sluice_protocol::MAX_LEASE_TTL_MS)).contains(&spec.millis) => {
-            u64::try_from(spec.millis).unwrap_or(DEFAULT_LEASE_MS)
-        }
-        Some(spec) => {
-            issues.add(
-                format!("{path}.duration"),
-                format!("must be between 1ms and 5m, got \"{}{}\"", spec.amount, spec.unit),
-            );
-            DEFAULT_LEASE_MS
-        }
-    };
+    let duration_ms = raw
+        .duration
+        .and_then(|spec| duration_between(issues, &format!("{path}.duration"), spec, MIN_LEASE, MAX_LEASE))
+        .unwrap_or(DEFAULT_LEASE.millis());
     let low_water = raw.low_water.unwrap_or(size / 4);
     if low_water >= size {
         issues.add(format!("{path}.low_water"), format!("must be below size ({size}), got {low_water}"));
     }
     let max_waiting = raw.max_waiting.unwrap_or(DEFAULT_MAX_WAITING);
-    if !(1..=100_000).contains(&max_waiting) {
-        issues.add(format!("{path}.max_waiting"), format!("must be between 1 and 100000, got {max_waiting}"));
-    }
-    let max_debt = raw.max_debt.unwrap_or(capacity);
-    if max_debt > capacity {
-        issues.add(
-            format!("{path}.max_debt"),
-            format!("must be at most the policy's capacity ({capacity}), got {max_debt}"),
-        );
+    between(issues, &format!("{path}.max_waiting"), max_waiting, 1, MAX_MAX_WAITING);
+    // The service's bound on a charge's debt, the same rule on both sides.
+    let most = sluice_protocol::max_debt_bound(capacity);
+    let max_debt = raw.max_debt.unwrap_or(most);
+    if max_debt > most {
+        issues
+            .add(format!("{path}.max_debt"), format!("must be at most the policy's capacity ({most}), got {max_debt}"));
     }
     (issues.count() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
 }
@@ -245,5 +271,33 @@ fn amount_or(issues: &mut Issues, path: &str, value: Option<u64>, default: u64) 
     match value {
         Some(value) => amount(issues, path, value),
         None => Some(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_algorithm_is_refused_global_or_leased_exactly_when_the_one_list_says_it_cannot_be_and_says_why() {
+        for algorithm in Algorithm::ALL {
+            assert_eq!(why_local(algorithm).is_none(), algorithm.global(), "{algorithm}");
+            assert_eq!(why_not_leased(algorithm).is_none(), algorithm.leasable(), "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn a_limit_the_service_has_no_form_for_is_an_issue_of_global_never_a_local_policy() {
+        let raw: RawPolicy =
+            serde_json::from_str(r#"{"name":"p","key":["path"],"algorithm":"concurrency","limit":2}"#).unwrap();
+        let mut issues = Issues::default();
+
+        let spec = limit_spec(&mut issues, "policies[0]", &raw, &Limit::concurrency(2).unwrap());
+
+        assert_eq!(spec, None);
+        let issues = issues.into_vec();
+        assert_eq!(issues.len(), 1);
+        assert_eq!(issues[0].path, "policies[0].global");
+        assert!(issues[0].message.contains("\"concurrency\""), "{}", issues[0].message);
     }
 }

@@ -18,21 +18,16 @@ mod response;
 
 use super::error::ConfigError;
 use super::model::Config;
+use super::model::bounds::{DEFAULT_STAT_PREFIX, MAX_METRICS_FLUSH, MIN_METRICS_FLUSH};
 use super::model::global::Strategy;
 use super::raw::RawConfig;
-use fields::is_name;
+use fields::{duration_between, is_name, name_expected};
 use global::validate_counter_service;
 use issues::Issues;
 use key::describe;
 use policy::validate_policy;
 use response::{validate_response, validate_shaping};
 use std::collections::BTreeSet;
-
-/// The shortest `metrics_flush`: below it, the tick that flushes costs more than the
-/// host calls it saves.
-const MIN_METRICS_FLUSH_MS: u32 = 10;
-/// The longest `metrics_flush`: statistics may lag by this much.
-const MAX_METRICS_FLUSH_MS: u32 = 60_000;
 
 /// The validated configuration, or every issue found.
 ///
@@ -56,17 +51,13 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     let response = validate_response(&mut issues, raw.response);
     let shaping = validate_shaping(&mut issues, raw.shaping);
-    let stat_prefix = raw.stat_prefix.unwrap_or_else(|| "sluice".to_owned());
+    let stat_prefix = raw.stat_prefix.unwrap_or_else(|| DEFAULT_STAT_PREFIX.to_owned());
     if !is_name(&stat_prefix) {
-        issues.add("stat_prefix", format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {stat_prefix:?}"));
+        issues.add("stat_prefix", format!("expected {}, got {stat_prefix:?}", name_expected()));
     }
     let metrics_flush_ms = raw.metrics_flush.and_then(|spec| {
-        let millis =
-            u32::try_from(spec.millis).ok().filter(|ms| (MIN_METRICS_FLUSH_MS..=MAX_METRICS_FLUSH_MS).contains(ms));
-        if millis.is_none() {
-            issues.add("metrics_flush", format!("must be between 10ms and 60s, got \"{}{}\"", spec.amount, spec.unit));
-        }
-        millis
+        duration_between(&mut issues, "metrics_flush", spec, MIN_METRICS_FLUSH, MAX_METRICS_FLUSH)
+            .and_then(|ms| u32::try_from(ms).ok())
     });
     let counter_service = raw.counter_service.map(|service| validate_counter_service(&mut issues, service));
     let checks = policies.iter().filter(|p| p.global.is_some_and(|g| g.strategy == Strategy::Check)).count();

@@ -2,31 +2,25 @@
 //! (a lease grant covers the costliest request); every issue found is reported.
 
 use super::cost::validate_cost;
-use super::fields::is_name;
+use super::fields::{between, is_name, name_expected};
 use super::global::{validate_emergency, validate_global};
 use super::issues::Issues;
 use super::key::validate_key;
 use super::limit::validate_limit;
 use super::matcher::validate_match;
+use crate::config::model::bounds::{MAX_STATUS, MAX_UNIT_BYTES, MIN_STATUS};
 use crate::config::model::global::{Global, Strategy};
 use crate::config::model::policy::{DEFAULT_FAILURE_STATUS, DEFAULT_SLOTS, FailureOutcome, MAX_SLOTS, Policy};
 use crate::config::model::request::MissingKey;
-use crate::config::raw::{RawAlgorithm, RawFailureAction, RawMissingKey, RawPolicy};
+use crate::config::raw::{RawFailure, RawFailureAction, RawMissingKey, RawPolicy};
+use shared_store::Algorithm;
 use std::num::NonZeroU32;
 
-/// Longest quota unit name, in bytes.
-const MAX_UNIT_BYTES: usize = 32;
-
-/// What a concurrency policy refuses: it counts this proxy's requests in flight, one slot
-/// each, given back when they end, so nothing about it is global, costed or shadowed.
-fn local_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
-    if raw.global.is_some() {
-        issues.add(
-            format!("{path}.global"),
-            "is not supported by algorithm \"concurrency\": requests in flight are counted per proxy, \
-             in its shared data",
-        );
-    }
+/// What a concurrency policy refuses beside `global` (which [`validate_global`] refuses
+/// for every algorithm the service cannot decide): it counts this proxy's requests in
+/// flight, one slot each, given back when they end, so nothing about it is costed or
+/// shadowed.
+fn in_flight_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
     if raw.cost.is_some() {
         issues.add(format!("{path}.cost"), "is not used by algorithm \"concurrency\": each request holds one slot");
     }
@@ -41,23 +35,53 @@ fn local_only(issues: &mut Issues, path: &str, raw: &RawPolicy) {
     }
 }
 
+/// What a policy's failure rule does when it cannot decide: its `on_failure`, or deny
+/// with the default status.
+fn failure_outcome(issues: &mut Issues, path: &str, raw: Option<&RawFailure>) -> FailureOutcome {
+    let Some(failure) = raw else { return FailureOutcome::Deny(DEFAULT_FAILURE_STATUS) };
+    match (failure.action, failure.status) {
+        (RawFailureAction::Allow, None) => FailureOutcome::Allow,
+        (RawFailureAction::Allow, Some(_)) => {
+            issues.add(format!("{path}.on_failure.status"), "only applies to action \"deny\"");
+            FailureOutcome::Allow
+        }
+        (RawFailureAction::Deny, status) => {
+            let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
+            between(issues, &format!("{path}.on_failure.status"), status, MIN_STATUS, MAX_STATUS);
+            FailureOutcome::Deny(status)
+        }
+    }
+}
+
+/// Whether `unit` names a quota unit (`tokens`); when it does not, says so.
+fn is_unit(issues: &mut Issues, path: &str, unit: &str) -> bool {
+    let valid = (1..=MAX_UNIT_BYTES).contains(&unit.len())
+        && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        issues.add(
+            format!("{path}.unit"),
+            format!("must be 1 to {MAX_UNIT_BYTES} characters from a-z 0-9 _ - (such as \"tokens\"), got {unit:?}"),
+        );
+    }
+    valid
+}
+
 /// The validated policy at `path` (`policies[i]`), or `None` if it has any issue.
 pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -> Option<Policy> {
     let before = issues.count();
     if !is_name(&raw.name) {
-        issues.add(
-            format!("{path}.name"),
-            format!("expected 1 to 64 characters from A-Z a-z 0-9 _ . -, got {:?}", raw.name),
-        );
+        issues.add(format!("{path}.name"), format!("expected {}, got {:?}", name_expected(), raw.name));
     }
     let limit = validate_limit(issues, path, &raw);
-    if raw.algorithm == RawAlgorithm::Concurrency {
-        local_only(issues, path, &raw);
+    let global = raw.global.as_ref().and_then(|global| validate_global(issues, path, &raw, global, limit.as_ref()));
+    match raw.algorithm.0 {
+        Algorithm::Concurrency => in_flight_only(issues, path, &raw),
+        Algorithm::TokenBucket
+        | Algorithm::LeakyBucket
+        | Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog => {}
     }
-    let global = match (&raw.global, &limit) {
-        (Some(global), Some(limit)) => validate_global(issues, path, &raw, global, limit),
-        _ => None,
-    };
     let emergency = match raw.on_failure.as_ref().and_then(|f| f.emergency.as_ref()) {
         Some(_) if raw.global.is_none() => {
             issues.add(
@@ -85,48 +109,16 @@ pub(super) fn validate_policy(issues: &mut Issues, path: &str, raw: RawPolicy) -
             ),
         );
     }
-    let slots = match raw.slots {
-        None => NonZeroU32::new(DEFAULT_SLOTS),
-        Some(slots) if (1..=MAX_SLOTS).contains(&slots) => NonZeroU32::new(slots),
-        Some(slots) => {
-            issues.add(format!("{path}.slots"), format!("must be between 1 and {MAX_SLOTS}, got {slots}"));
-            None
-        }
-    };
-    let on_failure = match raw.on_failure {
-        None => FailureOutcome::Deny(DEFAULT_FAILURE_STATUS),
-        Some(failure) => match (failure.action, failure.status) {
-            (RawFailureAction::Allow, None) => FailureOutcome::Allow,
-            (RawFailureAction::Allow, Some(_)) => {
-                issues.add(format!("{path}.on_failure.status"), "only applies to action \"deny\"");
-                FailureOutcome::Allow
-            }
-            (RawFailureAction::Deny, status) => {
-                let status = status.unwrap_or(DEFAULT_FAILURE_STATUS);
-                if !(400..=599).contains(&status) {
-                    issues
-                        .add(format!("{path}.on_failure.status"), format!("must be between 400 and 599, got {status}"));
-                }
-                FailureOutcome::Deny(status)
-            }
-        },
-    };
+    let slots = raw.slots.unwrap_or(DEFAULT_SLOTS);
+    let slots =
+        between(issues, &format!("{path}.slots"), slots, 1, MAX_SLOTS).then(|| NonZeroU32::new(slots)).flatten();
+    let on_failure = failure_outcome(issues, path, raw.on_failure.as_ref());
     let on_missing_key = match raw.on_missing_key {
         RawMissingKey::Shared => MissingKey::Shared,
         RawMissingKey::Skip => MissingKey::Skip,
         RawMissingKey::Reject => MissingKey::Reject,
     };
-    let unit = raw.unit.filter(|unit| {
-        let valid = (1..=MAX_UNIT_BYTES).contains(&unit.len())
-            && unit.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !valid {
-            issues.add(
-                format!("{path}.unit"),
-                format!("must be 1 to {MAX_UNIT_BYTES} characters from a-z 0-9 _ - (such as \"tokens\"), got {unit:?}"),
-            );
-        }
-        valid
-    });
+    let unit = raw.unit.filter(|unit| is_unit(issues, path, unit));
     if issues.count() > before {
         return None;
     }

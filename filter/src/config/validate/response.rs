@@ -1,8 +1,9 @@
 //! Whether the rejection response, the rate-limit headers and the shaping settings are
 //! valid: statuses, body size, header names and values, headers Sluice sets itself.
 
-use super::fields::{header_name, is_header_value};
+use super::fields::{between, header_name, is_header_value};
 use super::issues::Issues;
+use crate::config::model::bounds::{MAX_MAX_PAUSED, MAX_STATUS, MAX_TICK_MS, MIN_STATUS, MIN_TICK_MS};
 use crate::config::model::response::{
     DEFAULT_MAX_PAUSED, DEFAULT_STATUS, DEFAULT_TICK_MS, HeaderSets, MAX_BODY, Response, Shaping,
 };
@@ -45,9 +46,7 @@ fn header_sets(issues: &mut Issues, path: &str, sets: &[RawHeaderSet], rejection
 /// Validates the `response` block.
 pub(super) fn validate_response(issues: &mut Issues, raw: RawResponse) -> Response {
     let status = raw.status.unwrap_or(DEFAULT_STATUS);
-    if !(400..=599).contains(&status) {
-        issues.add("response.status", format!("must be between 400 and 599, got {status}"));
-    }
+    between(issues, "response.status", status, MIN_STATUS, MAX_STATUS);
     let body = raw.body.unwrap_or_default();
     if body.len() > MAX_BODY {
         issues.add("response.body", format!("must be at most {MAX_BODY} bytes, got {}", body.len()));
@@ -115,12 +114,8 @@ pub(super) fn validate_response(issues: &mut Issues, raw: RawResponse) -> Respon
 /// Validates the `shaping` block.
 pub(super) fn validate_shaping(issues: &mut Issues, raw: RawShaping) -> Shaping {
     let max_paused = raw.max_paused.unwrap_or(DEFAULT_MAX_PAUSED);
-    if !(1..=1_000_000).contains(&max_paused) {
-        issues.add("shaping.max_paused", format!("must be between 1 and 1000000, got {max_paused}"));
-    }
+    between(issues, "shaping.max_paused", max_paused, 1, MAX_MAX_PAUSED);
     let tick_ms = raw.tick_ms.unwrap_or(DEFAULT_TICK_MS);
-    if !(1..=1000).contains(&tick_ms) {
-        issues.add("shaping.tick_ms", format!("must be between 1 and 1000, got {tick_ms}"));
-    }
+    between(issues, "shaping.tick_ms", tick_ms, MIN_TICK_MS, MAX_TICK_MS);
     Shaping { max_paused, tick_ms }
 }

@@ -19,8 +19,8 @@ use crate::engine::namespace;
 use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::{Service, Setup};
-use crate::engine::wire::{self, Reason};
-use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, RequestFacts};
+use crate::engine::wire;
+use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, Reason, RequestFacts};
 use shared_store::{Clock, Decision, Limiter, Nanos, Store};
 use sluice_protocol::OverrideKind;
 

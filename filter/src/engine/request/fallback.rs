@@ -34,16 +34,54 @@ pub(crate) fn count_causes(failed: &[(Resolved, Cause)], metrics: &mut impl Metr
     }
 }
 
+/// What the failure rule of one failed policy comes to: its cause's [`Rule`] read
+/// against the policy's configuration.
+#[derive(Debug, Clone)]
+struct Step {
+    /// The policy's emergency cap decides first: where its bucket for this caller is.
+    cap: Option<Placement>,
+    /// What decides without a cap, or when the cap cannot: allow, or deny with a status.
+    action: FailureOutcome,
+}
+
+/// The step of each of `failed`, in order (`None` for a policy not configured).
+fn steps(setup: &Setup, failed: &[(Resolved, Cause)]) -> Few<Option<Step>> {
+    failed
+        .iter()
+        .map(|(r, cause)| {
+            let rule = cause.rule();
+            let compiled = setup.compiled(r.policy)?;
+            let cap = match &r.at {
+                Place::Global { cap: Some(place), .. } if rule.emergency_cap => Some(place.clone()),
+                _ => None,
+            };
+            Some(Step { cap, action: rule.action(compiled.policy.on_failure) })
+        })
+        .collect()
+}
+
+/// What the emergency caps of a request decided, together, when none rejected it.
+enum Caps {
+    /// No failed policy had a cap to ask.
+    NotAsked,
+    /// Every cap admitted: the request may go on (what they spent is in its reservation).
+    Admitted,
+    /// The caps could not decide (contention, a store error): their policies' actions
+    /// decide instead.
+    Failed,
+}
+
 /// Applies the failure rule to each of `failed` (a policy and why it could not be
-/// decided; see the module docs). `Ok` with the request when it may go on (what the
-/// rule admitted is reserved on the caps, and owed by lease policies); `Err` with
-/// the rejection otherwise (everything the request spent given back).
+/// decided; see the module docs): the one place every failure class is decided, by the
+/// row of its cause ([`Cause::rule`]). `Ok` with the request when it may go on (what the
+/// rule admitted is reserved on the caps, and owed by lease policies); `Err` with the
+/// rejection otherwise (everything the request spent given back).
 // A decision is 128 bytes, moved once; boxing it would allocate on every rejection.
 #[allow(clippy::result_large_err)]
 pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     setup: &Setup,
     failed: Few<(Resolved, Cause)>,
-    mut granted: Granted,
+    granted: Granted,
     tag: &str,
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
@@ -52,96 +90,36 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
 
     let now = limiter.clock().now();
     count_causes(&failed, metrics);
-    // 1. A policy without a cap that fails closed rejects the request.
-    let closed = failed.iter().find_map(|(r, cause)| {
-        let compiled = setup.compiled(r.policy)?;
-        match (&compiled.home, compiled.policy.on_failure) {
-            (Home::Global { cap: None, .. }, FailureOutcome::Deny(status)) => Some((status, *cause)),
-            _ => None,
-        }
+    let steps = steps(setup, &failed);
+    // 1. A policy that fails closed without a cap to ask rejects the request.
+    let closed = failed.iter().zip(&steps).find_map(|((_, cause), step)| match step {
+        Some(Step { cap: None, action: FailureOutcome::Deny(status) }) => Some((*status, *cause)),
+        _ => None,
     });
     if let Some((status, cause)) = closed {
-        return Err(fail_closed(setup, cause, status, &failed, granted, limiter, metrics));
+        return Err(fail_closed(setup, cause, status, &failed, &steps, granted, limiter, metrics));
     }
     // 2. The emergency caps decide together.
-    let capped: Few<(usize, Placement, u64)> = failed
-        .iter()
-        .filter_map(|(r, _)| match &r.at {
-            Place::Global { cap: Some(place), .. } => Some((r.policy, place.clone(), r.cost)),
-            _ => None,
-        })
-        .collect();
-    let mut fallback = Fallback::FailOpen;
-    let mut cap_failed = false;
-    if !capped.is_empty() {
-        let requests: Few<Request<'_>> = capped
-            .iter()
-            .filter_map(|(policy, place, cost)| {
-                let Home::Global { cap: Some(cap), .. } = &setup.compiled(*policy)?.home else { return None };
-                Some(Request { place, limit: &cap.limit, cost: *cost })
-            })
-            .collect();
-        match limiter.reserve(&requests) {
-            Ok((admission, reservation)) => {
-                let decisions: Few<(usize, Decision)> =
-                    capped.iter().map(|(p, _, _)| *p).zip(admission.decisions.iter().copied()).collect();
-                for (policy, _) in &decisions {
-                    count_evidence(metrics, *policy, &admission);
-                }
-                if admission.created > 0 {
-                    metrics.add_plugin(PluginCounter::KeysCreated, i64::from(admission.created));
-                }
-                if !admission.admitted {
-                    for (policy, decision) in &decisions {
-                        let counter =
-                            if decision.is_admitted() { Counter::EmergencyAllowed } else { Counter::EmergencyRejected };
-                        metrics.add(*policy, counter, 1);
-                    }
-                    log_degraded(setup, first, Fallback::Emergency, now);
-                    granted.fallback = Some(Note::merge(granted.fallback, Fallback::Emergency, first, &failed));
-                    let strictest = headers::strictest_rejection(&decisions);
-                    let status = setup.response.status;
-                    let rejected = reject(setup, granted, strictest, status, limiter, metrics);
-                    return Err(rejected);
-                }
-                for (policy, _) in &decisions {
-                    metrics.add(*policy, Counter::EmergencyAllowed, 1);
-                }
-                // Kept with the request's local reservation: committed or given back
-                // with it, so a later stage's rejection gives the cap's spend back.
-                granted.reservation = granted.reservation.join(reservation);
-                // A cost the response reports is settled on the cap too.
-                for (policy, place, cost) in &capped {
-                    if setup.compiled(*policy).is_some_and(|c| c.policy.cost.settled().is_some()) {
-                        let from = SpentFrom::Cap(place.clone());
-                        granted.owed.push(Owed { policy: *policy, from, estimate: *cost, spent_at: admission.at });
-                    }
-                }
-                fallback = Fallback::Emergency;
-            }
-            Err(error) => {
-                for (policy, _, _) in &capped {
-                    count_error(metrics, *policy, &error);
-                }
-                cap_failed = true;
-            }
-        }
-    }
-    // 3. What is left follows its failure action; a cap that could not decide too.
+    let (mut granted, caps) = decide_caps(setup, &failed, &steps, first, granted, limiter, metrics)?;
+    let (fallback, cap_failed) = match caps {
+        Caps::NotAsked => (Fallback::FailOpen, false),
+        Caps::Admitted => (Fallback::Emergency, false),
+        Caps::Failed => (Fallback::FailOpen, true),
+    };
+    // 3. What is left follows its action; a cap that could not decide too.
     let mut deny = None;
-    for (r, cause) in &failed {
-        let Some(compiled) = setup.compiled(r.policy) else { continue };
-        let has_cap = matches!(&compiled.home, Home::Global { cap: Some(_), .. });
-        if has_cap && !cap_failed {
+    for ((r, cause), step) in failed.iter().zip(&steps) {
+        let Some(step) = step else { continue };
+        if step.cap.is_some() && !cap_failed {
             continue;
         }
-        match compiled.policy.on_failure {
+        match step.action {
             FailureOutcome::Deny(status) => deny = deny.or(Some((status, *cause))),
             FailureOutcome::Allow => metrics.add(r.policy, Counter::FailureAllowed, 1),
         }
     }
     if let Some((status, cause)) = deny {
-        return Err(fail_closed(setup, cause, status, &failed, granted, limiter, metrics));
+        return Err(fail_closed(setup, cause, status, &failed, &steps, granted, limiter, metrics));
     }
     log_degraded(setup, first, fallback, now);
     // Admitted without the service: lease policies owe what they admitted.
@@ -153,19 +131,93 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     Ok(granted)
 }
 
+/// Asks the emergency caps of the failed policies whose step starts with one, all or
+/// nothing; an admission joins the request's reservation (committed or given back with
+/// it) and owes what a cost the response reports will settle on the cap. `Err` with the
+/// rejection when a cap rejects (everything the request spent given back).
+// As `apply_failure_rule`: the decision is moved once.
+#[allow(clippy::result_large_err)]
+fn decide_caps<S: Store, C: Clock>(
+    setup: &Setup,
+    failed: &[(Resolved, Cause)],
+    steps: &[Option<Step>],
+    first: Cause,
+    mut granted: Granted,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Result<(Granted, Caps), Decided> {
+    let capped: Few<(usize, &Placement, u64)> = failed
+        .iter()
+        .zip(steps)
+        .filter_map(|((r, _), step)| Some((r.policy, step.as_ref()?.cap.as_ref()?, r.cost)))
+        .collect();
+    if capped.is_empty() {
+        return Ok((granted, Caps::NotAsked));
+    }
+    let requests: Few<Request<'_>> = capped
+        .iter()
+        .filter_map(|(policy, place, cost)| {
+            let Home::Global { cap: Some(cap), .. } = &setup.compiled(*policy)?.home else { return None };
+            Some(Request { place, limit: &cap.limit, cost: *cost })
+        })
+        .collect();
+    let (admission, reservation) = match limiter.reserve(&requests) {
+        Ok(decided) => decided,
+        Err(error) => {
+            for (policy, _, _) in &capped {
+                count_error(metrics, *policy, &error);
+            }
+            return Ok((granted, Caps::Failed));
+        }
+    };
+    let decisions: Few<(usize, Decision)> =
+        capped.iter().map(|(p, _, _)| *p).zip(admission.decisions.iter().copied()).collect();
+    for (policy, _) in &decisions {
+        count_evidence(metrics, *policy, &admission);
+    }
+    if admission.created > 0 {
+        metrics.add_plugin(PluginCounter::KeysCreated, i64::from(admission.created));
+    }
+    if !admission.admitted {
+        for (policy, decision) in &decisions {
+            let counter = if decision.is_admitted() { Counter::EmergencyAllowed } else { Counter::EmergencyRejected };
+            metrics.add(*policy, counter, 1);
+        }
+        log_degraded(setup, first, Fallback::Emergency, limiter.clock().now());
+        granted.fallback = Some(Note::merge(granted.fallback, Fallback::Emergency, first, failed));
+        let strictest = headers::strictest_rejection(&decisions);
+        return Err(reject(setup, granted, strictest, setup.response.status, limiter, metrics));
+    }
+    for (policy, _) in &decisions {
+        metrics.add(*policy, Counter::EmergencyAllowed, 1);
+    }
+    // Kept with the request's local reservation: committed or given back with it, so a
+    // later stage's rejection gives the cap's spend back.
+    granted.reservation = granted.reservation.join(reservation);
+    // A cost the response reports is settled on the cap too.
+    for (policy, place, cost) in &capped {
+        if setup.compiled(*policy).is_some_and(|c| c.policy.cost.settled().is_some()) {
+            let from = SpentFrom::Cap((*place).clone());
+            granted.owed.push(Owed { policy: *policy, from, estimate: *cost, spent_at: admission.at });
+        }
+    }
+    Ok((granted, Caps::Admitted))
+}
+
+// The rejection, what it says and what it counts, as the caller had them.
+#[allow(clippy::too_many_arguments)]
 fn fail_closed<S: Store, C: Clock>(
     setup: &Setup,
     cause: Cause,
     status: u16,
     failed: &[(Resolved, Cause)],
+    steps: &[Option<Step>],
     mut granted: Granted,
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
 ) -> Decided {
-    for (r, _) in failed {
-        if let Some(compiled) = setup.compiled(r.policy)
-            && matches!(compiled.policy.on_failure, FailureOutcome::Deny(_))
-        {
+    for ((r, _), step) in failed.iter().zip(steps) {
+        if let Some(Step { action: FailureOutcome::Deny(_), .. }) = step {
             metrics.add(r.policy, Counter::FailureDenied, 1);
         }
     }

@@ -1,5 +1,5 @@
 //! The lease stage: a request's lease-mode policies are spent from this proxy's leases
-//! (the records in `lease_record.rs`), without a callout while a lease has tokens.
+//! (the records of `lease_record/`), without a callout while a lease has tokens.
 //!
 //! A request spends every lease policy it matches. One that spent and left its lease
 //! low elects a refill; one whose lease is empty waits for a refill (electing it, when
@@ -27,8 +27,7 @@ use crate::engine::lease_record::{Rules, Spend, Updated};
 use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
-use crate::engine::wire::Reason;
-use crate::host::{Counter, Metrics, PluginCounter};
+use crate::host::{Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
 use sluice_protocol::AppliedOverride;
 

@@ -148,7 +148,7 @@ pub(crate) fn forget<S: Store, C: Clock>(
         Pending::Lease(wait) => wait.rest.granted,
     };
     let tally = admit::unspend(setup, granted, limiter, metrics).tally;
-    tally.settle(Disposition::Rejected, metrics);
+    tally.record(Disposition::Rejected, metrics);
     tally.abandon(metrics);
 }
 

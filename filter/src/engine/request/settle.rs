@@ -16,7 +16,7 @@ use crate::engine::compiled::{Home, debt_bound};
 use crate::engine::decision::{Owed, SpentFrom};
 use crate::engine::evidence::{count_error, counted};
 use crate::engine::setup::Setup;
-use crate::host::{Counter, Metrics};
+use crate::host::{Counter, Metrics, Scope};
 use shared_store::{Clock, Limit, Limiter, Placement, Store};
 
 /// Settles one estimate to the cost the response reported (`None`: it reported none).
@@ -148,7 +148,7 @@ struct Quiet<'a, M>(&'a mut M);
 
 impl<M: Metrics> Metrics for Quiet<'_, M> {
     fn add(&mut self, policy: usize, counter: Counter, delta: i64) {
-        if !counter.is_response_cost_only() {
+        if counter.scope() != Scope::ResponseCost {
             self.0.add(policy, counter, delta);
         }
     }

@@ -3,7 +3,7 @@
 //! failure class, the emergency cap.
 use crate::config::Config;
 use crate::engine::*;
-use crate::host::{CalloutAnswer, Counter};
+use crate::host::{CalloutAnswer, Counter, Reason};
 use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics};
 use shared_store::{HashKey, Limiter, Nanos};
 use shared_store::{ManualClock, MemoryStore};
@@ -88,13 +88,13 @@ pub(super) fn answer(admitted: bool, entries: &[String]) -> CalloutAnswer {
     CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
-pub(super) fn settle(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
+pub(super) fn record(engine: &Engine, decided: &Decided, metrics: &mut RecordedMetrics) {
     let disposition = match decided.outcome {
         Outcome::Continue { .. } => Disposition::Allowed,
         Outcome::Reject(_) => Disposition::Rejected,
         Outcome::Delay { .. } => Disposition::Queued,
     };
-    engine.settle(&decided.tally, disposition, metrics);
+    engine.record(&decided.tally, disposition, metrics);
 }
 
 pub(super) fn status(decided: &Decided) -> u16 {
@@ -207,7 +207,7 @@ fn a_local_rejection_makes_no_callout() {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
         let decided =
             decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
 
     let fourth = decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
@@ -229,7 +229,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
         assert_eq!(status(&decided), 429);
         assert_eq!(header(response_headers(&decided), "retry-after"), Some("3"));
         assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=0;t=3"));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
     // Five rejections later, the local window (3 per minute) is still untouched.
     let mut admitted = 0;
@@ -238,7 +238,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
         let decided =
             decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
         admitted += usize::from(status(&decided) == 200);
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
     }
 
     assert_eq!(admitted, 3);
@@ -265,41 +265,127 @@ fn an_admission_takes_its_headers_from_the_policy_with_the_least_remaining() {
     assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=1;t=6"));
 }
 
+/// A check-mode policy that fails closed (the default rule), with a circuit breaker that
+/// opens after `failures`.
+fn checked_closed(failures: u32) -> Engine {
+    engine(&format!(
+        r#"{{"counter_service": {{"cluster": "counter", "hash_key_env": "HASH",
+                                 "circuit_breaker": {{"failures": {failures}}}}},
+            "policies": [{{"name": "t", "key": [{{"header": "x-tenant"}}], "rate": "10/second",
+                           "global": {{"strategy": "check"}}}}],
+            "response": {{"fallback_header": "x-sluice-fallback"}}}}"#
+    ))
+}
+
+/// A lease-mode policy that fails closed, with one lease slot.
+fn leased_closed() -> super::lease::World {
+    const LEASED_CLOSED: &str = r#"{
+      "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
+                          "circuit_breaker": {"failures": 1000}},
+      "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
+                    "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}}],
+      "response": {"fallback_header": "x-sluice-fallback"}
+    }"#;
+    super::lease::World {
+        engine: engine(LEASED_CLOSED),
+        limiter: limiter(),
+        callouts: FakeCallouts::default(),
+        metrics: RecordedMetrics::default(),
+    }
+}
+
+/// The decisions a failure of class `reason` makes, each with the metrics of that
+/// decision alone (earlier requests that set the scene count elsewhere). The match names
+/// every reason: a new one does not compile until it says how it happens.
+fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
+    let answered = |answers: Vec<CalloutAnswer>| {
+        answers
+            .into_iter()
+            .map(|answer| {
+                let engine = checked_closed(1000);
+                let (limiter, mut callouts, mut metrics) =
+                    (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+                let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+                (decided(engine.complete(pending, &answer, &limiter, true, &mut metrics)), metrics)
+            })
+            .collect()
+    };
+    let status = |status: u16, body: &str| CalloutAnswer::Response { status, body: body.as_bytes().to_vec() };
+    let tenant = |name: &str| FakeRequest::get("/").with_header("x-tenant", name);
+    match reason {
+        Reason::Timeout => answered(vec![CalloutAnswer::TimedOut, status(504, "upstream request timeout")]),
+        Reason::Refused => answered(vec![status(
+            503,
+            "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure",
+        )]),
+        Reason::Reset => answered(vec![CalloutAnswer::Failed]),
+        Reason::BadStatus => answered(vec![status(500, "{}")]),
+        Reason::BadBody => answered(vec![status(200, "garbage")]),
+        Reason::Unauthorized => answered(vec![status(401, "{}")]),
+        Reason::CircuitOpen => {
+            let engine = checked_closed(1);
+            let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
+            let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
+            let _ = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+            let mut metrics = RecordedMetrics::default();
+            vec![(decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics)), metrics)]
+        }
+        Reason::DispatchFailed => {
+            let engine = checked_closed(1000);
+            let (limiter, mut metrics) = (limiter(), RecordedMetrics::default());
+            let mut callouts = FakeCallouts { refuse: Some(2), ..FakeCallouts::default() };
+            vec![(decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics)), metrics)]
+        }
+        Reason::LeaseQueueFull => {
+            let mut w = leased_closed();
+            let pending = super::lease::waiting(w.begin());
+            let mut metrics = RecordedMetrics::default();
+            vec![(w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)]
+        }
+        Reason::LeaseSlotTaken => {
+            // Tenant "a" holds the only lease slot with a live lease; "b" finds it taken.
+            let mut w = leased_closed();
+            let pending = super::lease::waiting(w.begin());
+            let _ = w.tick(|_| super::lease::granted(10));
+            let _ = decided(w.retry(pending));
+            let mut metrics = RecordedMetrics::default();
+            let begun = w.engine.begin(&tenant("b"), &w.limiter, &mut w.callouts, true, &mut metrics);
+            vec![(decided(begun), metrics)]
+        }
+        Reason::LeaseContended => {
+            // The refill is granted to no waiter, and other requests spend all of it
+            // before the waiter tries again.
+            let mut w = leased_closed();
+            let pending = super::lease::waiting(w.begin());
+            for call in w.engine.take_outgoing(&w.limiter, true) {
+                if let Some(sent) = w.engine.dispatch_outgoing(call, &mut w.callouts, &w.limiter, &mut w.metrics) {
+                    let granted = super::lease::granted(10);
+                    w.engine.outgoing_answered(sent, &granted, &w.limiter, &mut w.metrics, |_| false);
+                }
+            }
+            for _ in 0..10 {
+                let _ = decided(w.begin());
+            }
+            w.limiter.clock().advance(Nanos::from_millis(150));
+            let mut metrics = RecordedMetrics::default();
+            vec![(decided(w.engine.retry(pending, &w.limiter, true, &mut metrics)), metrics)]
+        }
+    }
+}
+
 #[test]
 fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
-    let classes: Vec<(CalloutAnswer, Counter)> = vec![
-        (CalloutAnswer::TimedOut, Counter::DegradedTimeout),
-        (CalloutAnswer::Failed, Counter::DegradedReset),
-        (CalloutAnswer::Response { status: 504, body: b"upstream request timeout".to_vec() }, Counter::DegradedTimeout),
-        (
-            CalloutAnswer::Response {
-                status: 503,
-                body: b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
-                    .to_vec(),
-            },
-            Counter::DegradedRefused,
-        ),
-        (CalloutAnswer::Response { status: 500, body: b"{}".to_vec() }, Counter::DegradedBadStatus),
-        (CalloutAnswer::Response { status: 200, body: b"garbage".to_vec() }, Counter::DegradedBadBody),
-        (CalloutAnswer::Response { status: 401, body: b"{}".to_vec() }, Counter::DegradedUnauthorized),
-    ];
-    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH",
-                                         "circuit_breaker": {"failures": 1000}},
-        "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "10/second", "global": {"strategy": "check"}}],
-        "response": {"fallback_header": "x-sluice-fallback"}}"#;
-    for (class, counter) in classes {
-        let engine = engine(config);
-        let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
-        let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-
-        let decided = decided(engine.complete(pending, &class, &limiter, true, &mut metrics));
-
-        // The default rule: fail closed with 503, and say so.
-        assert_eq!(status(&decided), 503, "{class:?}");
-        let value = header(response_headers(&decided), "x-sluice-fallback").unwrap();
-        assert!(value.starts_with("fail_closed; reason="), "{value}");
-        assert_eq!(metrics.get(0, counter), 1, "{class:?}");
-        assert_eq!(metrics.get(0, Counter::FailureDenied), 1);
+    for &reason in Reason::ALL {
+        let decisions = provoke(reason);
+        assert!(!decisions.is_empty(), "{reason:?}");
+        for (decided, metrics) in decisions {
+            // The default rule: fail closed with 503, and say so.
+            assert_eq!(status(&decided), 503, "{reason:?}");
+            let value = header(response_headers(&decided), "x-sluice-fallback").unwrap();
+            assert!(value.starts_with(&format!("fail_closed; reason={};", reason.name())), "{value}");
+            assert_eq!(metrics.get(0, reason.counter()), 1, "{reason:?}");
+            assert_eq!(metrics.get(0, Counter::FailureDenied), 1, "{reason:?}");
+        }
     }
 }
 
@@ -332,7 +418,7 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
         let pending = waiting(begin(&engine, &request, &limiter, &mut callouts, &mut metrics));
         let decided = decided(engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics));
         statuses.push(status(&decided));
-        settle(&engine, &decided, &mut metrics);
+        record(&engine, &decided, &mut metrics);
         last = Some(decided);
     }
     let last = last.unwrap();

@@ -5,8 +5,9 @@ use super::check::*;
 use crate::config::Config;
 use crate::engine::*;
 use crate::host::{CalloutAnswer, Counter, PluginCounter};
-use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics};
+use crate::testing::{FakeCallouts, FakeRequest, RecordedMetrics, service_error};
 use shared_store::Nanos;
+use sluice_protocol::ErrorCode;
 
 #[test]
 fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_probe_closes_it() {
@@ -88,12 +89,12 @@ fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_cir
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     let client =
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
-    let full = br#"{"error":{"code":"store_full","message":"the memory store holds its maximum of 10 active keys"}}"#;
-    let too_many = br#"{"error":{"code":"too_many_entries","message":"entries: 2 entries, at most 1 per check"}}"#;
+    let full = (ErrorCode::StoreFull, "the memory store holds its maximum of 10 active keys");
+    let too_many = (ErrorCode::TooManyEntries, "entries: 2 entries, at most 1 per check");
     for i in 0..6 {
-        let (status, body) = if i % 2 == 0 { (503, full.as_slice()) } else { (400, too_many.as_slice()) };
+        let (code, message) = if i % 2 == 0 { full } else { too_many };
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let answer = CalloutAnswer::Response { status, body: body.to_vec() };
+        let answer = CalloutAnswer::Response { status: code.status(), body: service_error(code, message) };
         let _ = decided(engine.complete(pending, &answer, &limiter, true, &mut metrics));
     }
 

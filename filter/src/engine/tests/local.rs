@@ -14,7 +14,7 @@ pub(super) fn engine(json: &str) -> Engine {
     Engine::new(Config::from_json(json.as_bytes()).unwrap(), "sluice/test/root/", SECRET, |_| None).unwrap()
 }
 
-/// Decides a request with local policies only and settles it as the glue would.
+/// Decides a request with local policies only and records its fate as the glue would.
 pub(super) fn decide_tallied<S: Store, C: Clock>(
     engine: &Engine,
     request: &FakeRequest,
@@ -32,7 +32,7 @@ pub(super) fn decide_tallied<S: Store, C: Clock>(
         Outcome::Reject(_) => Disposition::Rejected,
         Outcome::Delay { .. } => Disposition::Queued,
     };
-    engine.settle(&tally, disposition, metrics);
+    engine.record(&tally, disposition, metrics);
     (outcome, tally)
 }
 

@@ -5,6 +5,8 @@
 
 use super::*;
 use crate::testing::FakeResponse;
+use crate::testing::service_error;
+use sluice_protocol::ErrorCode;
 
 const CHECKED_TOKENS: &str = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "K", "timeout": "40ms",
     "circuit_breaker": {"failures": 1000}},
@@ -142,7 +144,7 @@ fn a_settlement_the_service_refuses_is_forgiven_and_counted() {
     served(&w, 1, 60);
     let (_, mut port) = tick(&w);
 
-    let refused = br#"{"error":{"code":"invalid_limit","message":"limit: no"}}"#.to_vec();
+    let refused = service_error(ErrorCode::InvalidLimit, "limit: no");
     w.on_root_answer(port.next_token, &CalloutAnswer::Response { status: 400, body: refused }, &mut port);
 
     assert_eq!(counted(&w, Counter::CostForgiven), 50);
@@ -160,7 +162,7 @@ fn a_settlement_not_applied_within_its_life_is_forgiven_and_counted() {
         let (sent, mut port) = tick(&w);
         sends += sent.len();
         if !sent.is_empty() {
-            let unavailable = br#"{"error":{"code":"store_unavailable","message":"down"}}"#.to_vec();
+            let unavailable = service_error(ErrorCode::StoreUnavailable, "down");
             w.on_root_answer(port.next_token, &CalloutAnswer::Response { status: 503, body: unavailable }, &mut port);
         }
         w.limiter.clock().advance(Nanos::from_secs(1));

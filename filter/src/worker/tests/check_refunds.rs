@@ -3,6 +3,8 @@
 //! check and lease policies; a policy whose spend cannot be credited keeps it, counted.
 
 use super::*;
+use crate::testing::service_error;
+use sluice_protocol::ErrorCode;
 
 fn config(check_algorithm: &str) -> String {
     format!(
@@ -77,7 +79,7 @@ fn a_refund_the_service_refuses_is_counted_as_unrefunded() {
     let w = worker(&config(BUCKET));
     let (_, credit) = checked_then_rejected_by_the_lease(&w);
 
-    let refused = br#"{"error":{"code":"invalid_limit","message":"limit: no"}}"#.to_vec();
+    let refused = service_error(ErrorCode::InvalidLimit, "limit: no");
     w.on_root_answer(credit, &CalloutAnswer::Response { status: 400, body: refused }, &mut FakePort::default());
 
     assert_eq!(w.metrics().unwrap().get(0, Counter::Unrefunded), 1);

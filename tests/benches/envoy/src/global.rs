@@ -4,7 +4,7 @@
 
 use super::{Sample, TOKEN, base, baseline_wasm, measure, median, wrk};
 use sluice_tests::counter::{self, Counter};
-use sluice_tests::envoy::{Envoy, cluster, sluice};
+use sluice_tests::envoy::{Counter as Metric, Envoy, PluginCounter, Reason, cluster, plugin_stat, policy_stat, sluice};
 use std::collections::BTreeMap;
 
 /// The check-mode variant whose cost the response reports (42 against an estimate of
@@ -97,27 +97,16 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             let saturated = measure(&envoy, &[tenant], 32, seconds);
             let after = envoy.stats();
             let count = |stats: &sluice_tests::envoy::Stats, name: &str| stats.get(name).copied().unwrap_or(0);
-            let calls = count(&after, "wasmcustom.sluice.counter_service.callouts")
-                - count(&before, "wasmcustom.sluice.counter_service.callouts");
-            let requests =
-                count(&after, "wasmcustom.sluice.tenant.offered") - count(&before, "wasmcustom.sluice.tenant.offered");
-            let degraded: u64 = after
-                .iter()
-                .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
-                .map(|(_, value)| *value)
-                .sum::<u64>()
-                - before
-                    .iter()
-                    .filter(|(name, _)| name.starts_with("wasmcustom.sluice.tenant.degraded."))
-                    .map(|(_, value)| *value)
-                    .sum::<u64>();
+            let tenant_delta = |counter: Metric| {
+                policy_stat(&after, "tenant", counter).saturating_sub(policy_stat(&before, "tenant", counter))
+            };
+            let calls = plugin_stat(&after, PluginCounter::Callouts) - plugin_stat(&before, PluginCounter::Callouts);
+            let requests = tenant_delta(Metric::Offered);
+            let degraded: u64 = Reason::ALL.iter().map(|r| tenant_delta(r.counter())).sum();
             // Streams the client closed while they waited (wrk ending its run) are
             // counted as rejected too; they are not the limiter's rejections.
-            let abandoned = count(&after, "wasmcustom.sluice.tenant.abandoned")
-                - count(&before, "wasmcustom.sluice.tenant.abandoned");
-            let rejected = count(&after, "wasmcustom.sluice.tenant.rejected")
-                - count(&before, "wasmcustom.sluice.tenant.rejected")
-                - abandoned;
+            let abandoned = tenant_delta(Metric::Abandoned);
+            let rejected = tenant_delta(Metric::Rejected) - abandoned;
             if rejected > 0 && !mode.ends_with("lease, over the limit") {
                 // A budget that never runs out rejected: say what the filter counted.
                 let changed: Vec<String> = after
@@ -131,10 +120,8 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             }
             // A cost the response reports: what the service charged, and what it could
             // not (forgiven: counted, but admitted beyond the budget).
-            let charged = count(&after, "wasmcustom.sluice.tenant.cost.charged")
-                - count(&before, "wasmcustom.sluice.tenant.cost.charged");
-            let forgiven = count(&after, "wasmcustom.sluice.tenant.cost.forgiven")
-                - count(&before, "wasmcustom.sluice.tenant.cost.forgiven");
+            let charged = tenant_delta(Metric::CostCharged);
+            let forgiven = tenant_delta(Metric::CostForgiven);
             let one = wrk(&url, &[tenant], 1, seconds, None);
             let per_thousand = if requests > 0 { calls as f64 * 1000.0 / requests as f64 } else { 0.0 };
             eprintln!(

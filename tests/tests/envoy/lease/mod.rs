@@ -5,6 +5,7 @@
 //! the lease, then the failure rule, and the outage's admissions charged afterwards.
 
 use super::*;
+use sluice::host::{Counter as Metric, PluginCounter};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::wait;
 use sluice_tests::counter::{self, Counter};
@@ -208,7 +209,7 @@ fn at_steady_load_leases_cost_a_few_callouts_per_thousand_requests() {
     let (admitted, statuses) = (answers.admitted(), &answers.statuses);
 
     let requests: u64 = statuses.values().sum();
-    let callouts = envoy.stats().get("wasmcustom.sluice.counter_service.callouts").copied().unwrap_or(0);
+    let callouts = envoy.plugin_metric(PluginCounter::Callouts).unwrap_or(0);
     let per_thousand = callouts as f64 * 1000.0 / requests as f64;
     eprintln!("steady load: {requests} requests, {callouts} callouts: {per_thousand:.2} per 1000");
     assert_eq!(admitted, requests, "a steady load below the budget is admitted whole");
@@ -256,8 +257,8 @@ fn a_request_its_check_admitted_and_its_lease_rejected_has_the_check_spend_credi
         service.metric("sluice_counter_credited_tokens_total") == 5
     });
     assert_eq!(service.metric("sluice_counter_credits_total"), 5);
-    assert_eq!(envoy.metric("checked", "unrefunded"), 0);
-    assert_eq!(envoy.metric("checked", "allowed"), 3);
+    assert_eq!(envoy.metric("checked", Metric::Unrefunded), 0);
+    assert_eq!(envoy.metric("checked", Metric::Allowed), 3);
 }
 
 const OUTAGE_LEASES: &str = r#"{"size": 40, "duration": "10s", "low_water": 5, "max_debt": 1000}"#;
@@ -286,8 +287,9 @@ fn a_killed_service_is_bridged_by_the_lease_then_the_cap_and_the_outage_is_charg
     let first_fallback = seen.iter().position(|(_, _, f)| *f).expect("the cap decided during the outage");
     let killed_at = seen.iter().position(|(at, _, _)| *at > Duration::from_millis(500)).unwrap();
     assert!(first_fallback > killed_at, "spending continued on the lease after the kill");
-    let capped = envoy.metric("tenant", "emergency.allowed");
-    let (reconciled, repaid) = (envoy.metric("tenant", "lease.reconciled"), envoy.metric("tenant", "lease.repaid"));
+    let capped = envoy.metric("tenant", Metric::EmergencyAllowed);
+    let (reconciled, repaid) =
+        (envoy.metric("tenant", Metric::LeaseReconciled), envoy.metric("tenant", Metric::LeaseRepaid));
     eprintln!("outage: {capped} admitted by the cap, {reconciled} charged and {repaid} repaid after the restart");
     assert!(capped > 0);
     // Charged, or paid from the first grant after the restart (which the service counted).
@@ -312,8 +314,9 @@ fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
     std::thread::sleep(Duration::from_millis(500));
 
     assert!(seen.iter().all(|(_, s, _)| *s == 200), "the pause never failed a request");
-    let capped = envoy.metric("tenant", "emergency.allowed");
-    let (reconciled, repaid) = (envoy.metric("tenant", "lease.reconciled"), envoy.metric("tenant", "lease.repaid"));
+    let capped = envoy.metric("tenant", Metric::EmergencyAllowed);
+    let (reconciled, repaid) =
+        (envoy.metric("tenant", Metric::LeaseReconciled), envoy.metric("tenant", Metric::LeaseRepaid));
     eprintln!("Redis paused: {capped} admitted by the cap, {reconciled} charged and {repaid} repaid after");
     // (Not compared with the service's charged tokens: a charge Redis applied late,
     // after the service had answered 503, is answered as a duplicate when sent again.)

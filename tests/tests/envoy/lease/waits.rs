@@ -3,6 +3,7 @@
 //! degraded decision.
 
 use super::*;
+use sluice::host::{Counter as Metric, Reason};
 
 /// A route policy (one slot, failing open) and a tenant policy, both leased.
 fn route_and_tenant(tenant_burst: u64) -> String {
@@ -45,8 +46,8 @@ fn a_second_lease_policy_is_still_decided_when_the_first_takes_its_failure_rule(
         "admitted past the tenant's budget ({:?}): the tenant policy was skipped",
         other_route.header("x-sluice-fallback")
     );
-    assert_eq!(envoy.metric("route", "degraded.lease_slot_taken"), 1);
-    assert_eq!(envoy.metric("tenant", "over_limit"), 2);
+    assert_eq!(envoy.metric("route", Metric::DegradedLeaseSlotTaken), 1);
+    assert_eq!(envoy.metric("tenant", Metric::OverLimit), 2);
 }
 
 /// Two lease policies whose workers' queues differ in length.
@@ -95,7 +96,7 @@ fn a_request_retried_on_a_tick_behind_a_longer_queue_is_never_dropped() {
         "a request was never answered (a decision made on a tick was dropped): {statuses:?}"
     );
     assert_eq!(statuses[0].as_ref().ok(), Some(&503), "it took its failure rule when its refill failed");
-    assert_eq!(envoy.metric("a", "degraded.timeout"), 1);
+    assert_eq!(envoy.metric("a", Metric::DegradedTimeout), 1);
 }
 
 /// The user's reproduction: 2 proxies × 2 workers, 12 clients, a 40/s budget leased 8 at
@@ -141,10 +142,17 @@ fn a_healthy_service_under_load_never_produces_a_degraded_decision() {
     let degraded: u64 = envoys
         .iter()
         .map(|e| {
-            ["timeout", "refused", "reset", "bad_status", "bad_body", "lease_queue_full"]
-                .iter()
-                .map(|r| e.metric("tenant", &format!("degraded.{r}")))
-                .sum::<u64>()
+            [
+                Reason::Timeout,
+                Reason::Refused,
+                Reason::Reset,
+                Reason::BadStatus,
+                Reason::BadBody,
+                Reason::LeaseQueueFull,
+            ]
+            .iter()
+            .map(|r| e.metric("tenant", r.counter()))
+            .sum::<u64>()
         })
         .sum();
     eprintln!("healthy service under load: statuses {statuses:?}, {} fallbacks, {degraded} degraded", fallbacks.len());
@@ -194,7 +202,7 @@ fn a_request_that_finds_its_lease_empty_waits_a_round_trip_not_a_tick() {
     };
     let waited = median(times.iter().skip(2).step_by(2).copied().collect());
     let spent = median(times.iter().skip(3).step_by(2).copied().collect());
-    let refills = envoy.metric("tenant", "lease.refills");
+    let refills = envoy.metric("tenant", Metric::LeaseRefills);
     eprintln!(
         "a request that waited for its refill: {waited:?} (median); one that spent: {spent:?}; {refills} refills"
     );
