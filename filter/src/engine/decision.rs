@@ -189,6 +189,11 @@ pub(crate) enum SpentFrom {
         key: u128,
         /// The hash tag (partition) its counter lives under.
         tag: String,
+        /// `Some(units)` when the failure rule admitted the estimate, of which the record
+        /// owes `units` as debt (the rest was forgiven); `None` when the lease's tokens
+        /// paid for it. What the response leaves of an owed estimate lowers the debt and
+        /// never becomes tokens: the service granted none of them.
+        owed: Option<u64>,
     },
     /// A check-mode policy's counter at the service, for the caller whose global counter
     /// is `key` under the check tag `tag`: settled by the service (a charge of the excess

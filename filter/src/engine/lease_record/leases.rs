@@ -278,10 +278,18 @@ impl<S: Store> Leases<'_, S> {
                 pool.tokens = pool.tokens.saturating_add(units);
                 return (true, 0);
             }
-            let off = units.min(record.debt.saturating_sub(record.charging));
-            record.debt -= off;
-            (off > 0, units - off)
+            lower_debt(record, units)
         })?;
+        Ok(Updated { result: Some(updated.result.unwrap_or(units)), forgiven: updated.forgiven })
+    }
+
+    /// Gives back `units` of an estimate the failure rule admitted and the record owes
+    /// (never more than it owes for it): off the debt no charge carries yet, never into a
+    /// pool, whose tokens are the service's grants and none of these. Returns what
+    /// could not be given back: debt a charge already carries, or a grant paid, stays
+    /// spent.
+    pub(crate) fn forgo(&self, place: &Placement, units: u64, now: Nanos) -> Result<Updated<u64>, UpdateError> {
+        let updated = self.update(place, now, |record| lower_debt(record, units))?;
         Ok(Updated { result: Some(updated.result.unwrap_or(units)), forgiven: updated.forgiven })
     }
 
@@ -435,6 +443,14 @@ impl<S: Store> Leases<'_, S> {
 
 /// Adds a live pool: it becomes the second pool; if both are live, the first two merge
 /// under the earlier expiry.
+/// Lowers the debt no charge carries yet by up to `units`: whether the record changed,
+/// and what was left over.
+fn lower_debt(record: &mut Record, units: u64) -> (bool, u64) {
+    let off = units.min(record.debt.saturating_sub(record.charging));
+    record.debt -= off;
+    (off > 0, units - off)
+}
+
 fn add_pool(record: &mut Record, pool: Pool, now: Nanos) {
     if record.first.live(now) == 0 {
         record.first = std::mem::take(&mut record.second);

@@ -232,13 +232,20 @@ pub(super) fn estimates_owed(setup: &Setup, resolved: &[Resolved], at: Nanos) ->
         .collect()
 }
 
-/// The estimate a lease-mode policy spent from its lease (or a fallback admitted, owed
-/// to the lease record) at `at`, when the response reports its cost.
-pub(super) fn lease_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at: Nanos) -> Option<Owed> {
+/// The estimate a lease-mode policy spent at `at` from its lease (`owed` is `None`), or
+/// a fallback admitted with `owed` units of it owed to the lease record, when the
+/// response reports its cost.
+pub(super) fn lease_estimate_owed(
+    setup: &Setup,
+    r: &Resolved,
+    tag: &str,
+    at: Nanos,
+    owed: Option<u64>,
+) -> Option<Owed> {
     let compiled = setup.compiled(r.policy)?;
     compiled.policy.cost.settled()?;
     let Place::Global { key, lease: Some(slot), .. } = &r.at else { return None };
-    let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned() };
+    let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned(), owed };
     Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: at })
 }
 

@@ -124,8 +124,8 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     log_degraded(setup, first, fallback, now);
     // Admitted without the service: lease policies owe what they admitted.
     for (r, _) in &failed {
-        owe(setup, r, tag, now, limiter, metrics);
-        granted.owed.extend(lease_estimate_owed(setup, r, tag, now));
+        let owed = owe(setup, r, tag, now, limiter, metrics);
+        granted.owed.extend(lease_estimate_owed(setup, r, tag, now, Some(owed)));
     }
     granted.fallback = Some(Note::merge(granted.fallback, fallback, first, &failed));
     Ok(granted)
@@ -239,7 +239,8 @@ fn log_degraded(setup: &Setup, cause: Cause, fallback: Fallback, now: Nanos) {
 }
 
 /// Records what a fallback admitted for a lease policy, to be charged later (this
-/// worker schedules the charge).
+/// worker schedules the charge). Returns the units the record owes for it (what did not
+/// fit under `max_debt` is forgiven at once).
 fn owe<S: Store, C: Clock>(
     setup: &Setup,
     resolved: &Resolved,
@@ -247,16 +248,16 @@ fn owe<S: Store, C: Clock>(
     now: Nanos,
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
-) {
+) -> u64 {
     let (policy, cost) = (resolved.policy, resolved.cost);
     let (Some(leased), Place::Global { key, lease: Some(slot), .. }) = (setup.leased_home(policy), &resolved.at) else {
-        return;
+        return 0;
     };
     let Some(bits) = tag_bits(tag) else {
         // The request's partition could not be read: its counter cannot be named, and a
         // charge under another tag would go to a counter nobody spends from.
         metrics.add(policy, Counter::LeaseForgiven, units(cost));
-        return;
+        return 0;
     };
     let whose = (*key, bits);
     let owed = setup.leases(limiter.store()).owe(slot, cost, leased.config.max_debt, whose, now);
@@ -268,9 +269,13 @@ fn owe<S: Store, C: Clock>(
             if owes {
                 setup.schedule_charge(Target { policy, slot: slot.clone(), key: *key, tag: tag.to_owned() });
             }
+            cost - forgiven
         }
         // The slot is another key's, or the record could not be written: nothing is
         // owed anywhere, so what the fallback admitted is forgiven.
-        Ok(None) | Err(_) => metrics.add(policy, Counter::LeaseForgiven, units(cost)),
+        Ok(None) | Err(_) => {
+            metrics.add(policy, Counter::LeaseForgiven, units(cost));
+            0
+        }
     }
 }

@@ -82,7 +82,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                     elect(setup, &tag, &resolved, Asker::LowWater);
                 }
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
-                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, None));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
             Spent::Done(Spend::Wait { elected: mine }) => {
@@ -150,7 +150,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
         match spent(resolved.policy, retried, metrics) {
             Spent::Done(Spend::Spent { under, .. }) => {
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
-                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now));
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, None));
                 granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
             }
             // (A retry never probes: it waited for the refill that found the budget empty.)

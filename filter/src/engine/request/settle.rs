@@ -63,7 +63,7 @@ pub(crate) fn settle<S: Store, C: Clock>(
             let now = limiter.clock().now();
             crate::engine::settlement::hold(setup, owed, (*key, tag, *at_ns), actual, now, metrics);
         }
-        SpentFrom::Lease { slot, key, tag } => {
+        SpentFrom::Lease { slot, key, tag, owed: debt } => {
             let Some(leased) = setup.leased_home(policy) else { return };
             let leases = setup.leases(limiter.store());
             let now = limiter.clock().now();
@@ -90,8 +90,18 @@ pub(crate) fn settle<S: Store, C: Clock>(
                 // Nothing was spent or owed for the estimate: nothing to give back.
                 0
             } else {
-                let unused = owed.estimate - actual;
-                match counted(policy, leases.unspend(slot, unused, now), metrics) {
+                // What the failure rule admitted was owed, not spent from a pool: what
+                // the response left of it comes off the debt (of the part that was owed:
+                // the rest was forgiven at once, and owed nowhere).
+                let unused = match debt {
+                    None => owed.estimate - actual,
+                    Some(debt) => (owed.estimate - actual).min(*debt),
+                };
+                let given = match debt {
+                    None => leases.unspend(slot, unused, now),
+                    Some(_) => leases.forgo(slot, unused, now),
+                };
+                match counted(policy, given, metrics) {
                     Ok(Some(kept)) => {
                         add(metrics, policy, Counter::CostCredited, unused - kept);
                         kept

@@ -348,7 +348,7 @@ const PARTITIONED: &str = r#"{
                       "partition": [{"header": "x-tenant"}]},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
                 "cost": {"response_header": "x-usage", "estimate": 1, "max": 50},
-                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_debt": 100}},
+                "global": {"strategy": "lease", "lease": {"size": 30, "low_water": 3, "max_debt": 100}},
                 "on_failure": {"action": "allow"}}]
 }"#;
 
@@ -432,4 +432,44 @@ fn a_stream_that_ends_while_one_lease_waits_gives_back_what_its_other_lease_spen
     assert_eq!(lease_tokens(&w, &routed("a", "u"), 0), before, "never forwarded: its spend is given back");
     assert_eq!(w.metrics.get(0, Counter::Abandoned), 1);
     assert_eq!(w.metrics.get(0, Counter::Rejected), 1);
+}
+
+/// A lease policy whose cost the response reports, estimated from `x-cost`; fails open.
+const COSTED: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
+  "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
+                "cost": {"response_header": "x-usage", "estimate": {"header": "x-cost", "max": 20}, "max": 50},
+                "global": {"strategy": "lease", "lease": {"size": 30, "low_water": 3, "max_debt": 100}},
+                "on_failure": {"action": "allow"}}]
+}"#;
+
+#[test]
+fn what_the_failure_rule_admits_and_the_response_leaves_unused_lowers_the_debt_and_never_becomes_lease_tokens() {
+    let mut w = world_with(COSTED);
+    let small = tenant("acme").with_header("x-cost", "1");
+    let first = waiting(w.begin_with(&small));
+    let _ = w.tick(|_| granted(10));
+    assert_eq!(status(&w.retry(first)), Some(200));
+    let live = lease_tokens(&w, &small, 0);
+    // 20 is more than the lease holds: the request waits for a refill, which fails, and
+    // the failure rule (allow) admits it, owing its estimate to the record.
+    let big = tenant("acme").with_header("x-cost", "20");
+    let pending = waiting(w.begin_with(&big));
+    let _ = w.tick(|_| CalloutAnswer::Failed);
+    let Begun::Decided(Decided { outcome: Outcome::Continue { .. }, owed, .. }) = w.retry(pending) else {
+        panic!("the failure rule admits")
+    };
+
+    // Its response reports 2: 18 of the estimate were not used.
+    for owed in &owed {
+        w.engine.settle_cost(owed, Some(2), &w.limiter, &mut w.metrics);
+    }
+
+    let now = w.limiter.clock().now();
+    let Place::Global { lease: Some(slot), .. } = resolve_lease(&w, &big, 0) else { unreachable!() };
+    let record = w.engine.0.leases(w.limiter.store()).peek(&slot, now).unwrap().expect("a record");
+    assert_eq!(live, 9);
+    assert_eq!(record.live_tokens(now), live, "the service granted none of those 18: they are no tokens");
+    assert_eq!(record.debt, 2, "the admission owes what its response used");
+    assert_eq!(w.metrics.get(0, Counter::CostCredited), 18);
 }
