@@ -91,23 +91,19 @@ pub(crate) fn settle<S: Store, C: Clock>(
                 0
             } else {
                 // What the failure rule admitted was owed, not spent from a pool: what
-                // the response left of it comes off the debt (of the part that was owed:
-                // the rest was forgiven at once, and owed nowhere).
-                let unused = match debt {
-                    None => owed.estimate - actual,
-                    Some(debt) => (owed.estimate - actual).min(*debt),
+                // the response left of it comes off the debt, as far as it was owed (the
+                // rest was forgiven at once: owed nowhere, so given back nowhere).
+                let unused = owed.estimate - actual;
+                let (givable, given) = match debt {
+                    None => (unused, leases.unspend(slot, unused, now)),
+                    Some(debt) => (unused.min(*debt), leases.forgo(slot, unused.min(*debt), now)),
                 };
-                let given = match debt {
-                    None => leases.unspend(slot, unused, now),
-                    Some(_) => leases.forgo(slot, unused, now),
+                let credited = match counted(policy, given, metrics) {
+                    Ok(Some(kept)) => givable - kept,
+                    Ok(None) | Err(_) => 0,
                 };
-                match counted(policy, given, metrics) {
-                    Ok(Some(kept)) => {
-                        add(metrics, policy, Counter::CostCredited, unused - kept);
-                        kept
-                    }
-                    Ok(None) | Err(_) => unused,
-                }
+                add(metrics, policy, Counter::CostCredited, credited);
+                unused - credited
             };
             add(metrics, policy, Counter::CostForgiven, forgiven);
         }
