@@ -2,9 +2,10 @@
 //! spent, and against each counter's budget.
 
 use super::bound::{Replay, Watched};
-use super::{Oracle, Violation};
+use super::{Oracle, Violation, policy_metric};
 use crate::fleet::scenario::{Algorithm, PolicyDef};
 use crate::fleet::service::Decision;
+use sluice::host::Counter;
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Oracle {
@@ -32,12 +33,12 @@ impl Oracle {
             .map(|((n, _), _)| n.as_str())
             .collect();
         for name in names {
-            let metric =
-                |host: &wasm_host::Host, counter: &str| host.metric(&format!("sluice.{name}.{counter}")).unwrap_or(0);
+            let metric = |host: &wasm_host::Host, counter: Counter| policy_metric(host, name, counter);
             let through: u64 = proxies
                 .iter()
                 .map(|h| {
-                    metric(h, "allowed").saturating_sub(metric(h, "failure_allowed") + metric(h, "emergency.allowed"))
+                    metric(h, Counter::Allowed)
+                        .saturating_sub(metric(h, Counter::FailureAllowed) + metric(h, Counter::EmergencyAllowed))
                 })
                 .sum();
             let units = paid.get(name).copied().unwrap_or(0);

@@ -21,8 +21,9 @@
 //! it once its overflow bucket exists.
 
 use super::bound::Watched;
-use super::{Oracle, Violation};
+use super::{Oracle, Violation, policy_metric};
 use crate::fleet::scenario::{Algorithm, Kind, PolicyDef};
+use sluice::host::Counter;
 use std::collections::BTreeMap;
 
 /// A local counter: proxy, policy, version, caller.
@@ -89,7 +90,7 @@ impl Oracle {
         for (at, _, key, event) in due {
             let (_, name, version, value) = &key;
             let Some((numbers, allowance)) = self.local_numbers(name, *version) else { continue };
-            let forgiven = host.metric(&format!("sluice.{name}.cost.forgiven")).unwrap_or(0);
+            let forgiven = policy_metric(host, name, Counter::CostForgiven);
             let spilled = *overflow.entry((name.clone(), *version)).or_insert_with(|| overflowed(host, name, *version));
             let local = self.locals.entry(key.clone()).or_insert_with(|| Local {
                 exact: Watched::new(numbers, allowance),

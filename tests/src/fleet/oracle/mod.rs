@@ -83,6 +83,7 @@ use bound::Watched;
 use local::{Local, LocalEvent, LocalKey};
 use observed::{parse_fallback, parse_overridden};
 use overrides::Watch;
+use sluice::host::{Counter, Reason};
 use sluice_testkit::bucket::{ReferenceBucket, latency_slack};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -487,36 +488,25 @@ impl Oracle {
         if let Some(trap) = traps.first() {
             return Err(Violation::new("no trap", format!("proxy {proxy}: a worker trapped: {trap:?}")));
         }
-        let metric = |policy: &str, counter: &str| host.metric(&format!("sluice.{policy}.{counter}")).unwrap_or(0);
+        let metric = |policy: &str, counter: Counter| policy_metric(host, policy, counter);
         let mut names: BTreeSet<String> = policies.iter().map(|p| p.name.clone()).collect();
         names.extend(self.forms.keys().map(|(n, _)| n.clone()));
         for name in &names {
-            let offered = metric(name, "offered");
-            let sum = metric(name, "allowed") + metric(name, "rejected") + metric(name, "queued");
+            let offered = metric(name, Counter::Offered);
+            let sum = metric(name, Counter::Allowed) + metric(name, Counter::Rejected) + metric(name, Counter::Queued);
             if offered != sum {
                 return Err(Violation::new(
                     "accounting",
                     format!("proxy {proxy}, policy {name}: offered {offered} != allowed + rejected + queued {sum}"),
                 ));
             }
-            let causes: u64 = [
-                "degraded.timeout",
-                "degraded.refused",
-                "degraded.reset",
-                "degraded.bad_status",
-                "degraded.bad_body",
-                "degraded.unauthorized",
-                "degraded.circuit_open",
-                "degraded.dispatch_failed",
-                "degraded.lease_queue_full",
-                "degraded.lease_slot_taken",
-                "degraded.lease_contended",
-                "cas_exhausted",
-                "store_errors",
-            ]
-            .iter()
-            .map(|c| metric(name, c))
-            .sum();
+            // Every failure class the filter counts, and its store's own failures.
+            let causes: u64 = Reason::ALL
+                .iter()
+                .map(|reason| reason.counter())
+                .chain([Counter::CasExhausted, Counter::StoreErrors])
+                .map(|counter| metric(name, counter))
+                .sum();
             let named = self.named.get(&(proxy, name.clone())).copied().unwrap_or(0);
             if named > causes {
                 return Err(Violation::new(
@@ -612,8 +602,8 @@ impl Oracle {
             let key = (*p, name.clone());
             let expected = self.to_settle.get(&key).copied().unwrap_or(0);
             let may = self.may_settle.get(&key).copied().unwrap_or(0);
-            let metric = |counter: &str| host.metric(&format!("sluice.{name}.{counter}")).unwrap_or(0);
-            let settled = metric("cost.charged") + metric("cost.credited") + metric("cost.forgiven");
+            let metric = |counter: Counter| policy_metric(host, name, counter);
+            let settled = metric(Counter::CostCharged) + metric(Counter::CostCredited) + metric(Counter::CostForgiven);
             if !(expected..=expected + may).contains(&settled) {
                 return Err(Violation::new(
                     "costs settled",
@@ -622,9 +612,9 @@ impl Oracle {
                          units in all (and streams whose clients left while shaping may have held them by {may} \
                          more), but {settled} were charged, credited or forgiven (charged {}, credited {}, forgiven \
                          {})",
-                        metric("cost.charged"),
-                        metric("cost.credited"),
-                        metric("cost.forgiven")
+                        metric(Counter::CostCharged),
+                        metric(Counter::CostCredited),
+                        metric(Counter::CostForgiven)
                     ),
                 ));
             }
@@ -650,4 +640,10 @@ impl Oracle {
         self.checked_within_admissions(decisions)?;
         self.conservation(decisions, proxies)
     }
+}
+
+/// A counter of a proxy's (`sluice.<policy>.<counter>`), named by the filter's own
+/// [`Counter`]: a misspelt counter does not compile, where a name would read 0.
+pub(super) fn policy_metric(host: &wasm_host::Host, policy: &str, counter: Counter) -> u64 {
+    host.metric(&format!("sluice.{policy}.{}", counter.name())).unwrap_or(0)
 }
