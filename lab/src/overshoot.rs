@@ -275,7 +275,16 @@ impl Ledger {
 
 /// What the documentation promises `policy`.
 pub fn promise(policy: &Policy, max_callout: u64) -> Promise {
-    let Limit::TokenBucket { rate, .. } = policy.limit else { return Promise::Unreplayed };
+    // The reference is a token bucket: a match that names every algorithm, so that a
+    // new one says here whether its admissions can be replayed.
+    let rate = match policy.limit {
+        Limit::TokenBucket { rate, .. } => rate,
+        Limit::LeakyBucket { .. }
+        | Limit::FixedWindow { .. }
+        | Limit::SlidingWindow { .. }
+        | Limit::SlidingLog { .. }
+        | Limit::Concurrency { .. } => return Promise::Unreplayed,
+    };
     let Some(global) = &policy.global else { return Promise::PerProxy };
     let (amount, per) = (rate.amount(), rate.per().0);
     let latency = latency_slack(amount, per, max_callout);
