@@ -45,6 +45,11 @@ impl<T> DueQueue<T> {
         Some(value)
     }
 
+    /// The context id of a held value that `pick` picks, if any (a scan).
+    pub fn find(&self, pick: impl Fn(&T) -> bool) -> Option<u32> {
+        self.by_id.iter().find(|(_, (_, value))| pick(value)).map(|(id, _)| *id)
+    }
+
     /// Takes the earliest value due at or before `now`.
     pub fn pop_due(&mut self, now: Nanos) -> Option<(u32, T)> {
         let &(due, id) = self.by_due.first()?;

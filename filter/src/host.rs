@@ -157,10 +157,15 @@ reasons! {
     /// Lease mode: too many requests wait for a refill on this worker (`max_waiting`).
     LeaseQueueFull = ("lease_queue_full", DegradedLeaseQueueFull),
     /// Lease mode: the caller's slot in the lease table is held by another key's lease
-    /// (give the policy more `slots`).
+    /// (give the policy more `slots`). The request is then decided by a check at the
+    /// service (`lease.checked.slot_taken`), not by the failure rule: this reason is
+    /// counted as degraded only where no check can be sent for it (a request the worker
+    /// cannot hold), and names the cause when that check's own failure is not known.
     LeaseSlotTaken = ("lease_slot_taken", DegradedLeaseSlotTaken),
     /// Lease mode: the wait ran out while refills were granted, and other requests
-    /// spent them first (demand above what refills bring: a larger `size`).
+    /// spent them first (demand above what refills bring: a larger `size`). As
+    /// `LeaseSlotTaken`, the request is then decided by a check at the service
+    /// (`lease.checked.contended`); degraded only where no check can be sent.
     LeaseContended = ("lease_contended", DegradedLeaseContended),
 }
 
@@ -334,6 +339,12 @@ counters! {
         /// service could not charge, or whose counter could not be named (the request's
         /// partition could not be read): forgiven.
         LeaseForgiven = ("lease.forgiven", Global),
+        /// Lease: requests whose lease slot held another key's lease, decided by a check
+        /// of their cost at the service instead (exact: its 429 and `Retry-After`).
+        LeaseCheckedSlotTaken = ("lease.checked.slot_taken", Global),
+        /// Lease: requests whose wait for a refill was outrun by other requests, decided
+        /// by a check of their cost at the service instead.
+        LeaseCheckedContended = ("lease.checked.contended", Global),
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
         CostEstimated = ("cost.estimated", ResponseCost),

@@ -303,22 +303,26 @@ impl Engine {
         pending: Box<Pending>,
         answer: &CalloutAnswer,
         limiter: &Limiter<S, C>,
+        callouts: &mut impl Callouts,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Begun {
-        request::complete(&self.0, *pending, answer, limiter, room_to_pause, metrics)
+        request::complete(&self.0, *pending, answer, limiter, callouts, room_to_pause, metrics)
     }
 
     /// Tries a request waiting for a refill again (on its worker's tick, or at once when
-    /// a refill's answer reaches its worker).
+    /// a refill's answer reaches its worker). A lease policy its lease cannot serve is
+    /// then checked at the service through `callouts` (the request waits for that check
+    /// as for its own: [`Begun::Waiting`] with [`Pending::token`]).
     pub fn retry<S: Store, C: Clock>(
         &self,
         pending: Box<Pending>,
         limiter: &Limiter<S, C>,
+        callouts: &mut impl Callouts,
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Begun {
-        request::retry(&self.0, *pending, limiter, room_to_pause, metrics)
+        request::retry(&self.0, *pending, limiter, callouts, room_to_pause, metrics)
     }
 
     /// Decides a waiting request that cannot be held (the worker holds `max_waiting`

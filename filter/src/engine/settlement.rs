@@ -157,7 +157,9 @@ pub(crate) fn call(
             return None;
         }
         let compiled = setup.compiled(settlement.policy)?;
-        let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
+        // A lease policy's too: what a check spent for it (its lease could not serve
+        // the request) is settled, or refunded, at the service as a check policy's.
+        let Home::Global { spec, .. } = &compiled.home else { return None };
         let (tag, key, id) =
             (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
         let (policy, policy_version) = (Some(compiled.policy.name.clone()), compiled.policy.version);

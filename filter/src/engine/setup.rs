@@ -47,7 +47,7 @@ impl Service {
         &self,
         path: &str,
         body: &[u8],
-        callouts: &mut impl Callouts,
+        callouts: &mut (impl Callouts + ?Sized),
     ) -> Result<u32, crate::host::DispatchError> {
         let mut headers: Vec<(&str, &str)> = vec![
             (":method", "POST"),

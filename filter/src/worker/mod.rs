@@ -204,10 +204,14 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     /// The answer to stream `id`'s check arrived (a late one, after the tick timed the
     /// wait out, changes nothing).
     pub fn on_check_answer(&self, id: u32, answer: &CalloutAnswer, port: &mut impl Port) {
+        self.check_answered(id, answer, Via::Own, port);
+    }
+
+    fn check_answered(&self, id: u32, answer: &CalloutAnswer, via: Via, port: &mut impl Port) {
         let Some(pending) = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(id)) else { return };
         let room = self.room_to_pause();
-        let begun = self.engine.complete(pending, answer, &self.limiter, room, &mut self.counts());
-        let _ = self.conclude(id, begun, Via::Own, Entry::New, port);
+        let begun = self.engine.complete(pending, answer, &self.limiter, port, room, &mut self.counts());
+        let _ = self.conclude(id, begun, via, Entry::New, port);
         self.wake_root(port);
     }
 
@@ -334,7 +338,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         while let Some((id, pending)) = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.pop_due(now)) {
             let room = self.room_to_pause();
             let begun =
-                self.engine.complete(pending, &CalloutAnswer::TimedOut, &self.limiter, room, &mut self.counts());
+                self.engine.complete(pending, &CalloutAnswer::TimedOut, &self.limiter, port, room, &mut self.counts());
             let _ = self.conclude(id, begun, Via::Root, Entry::New, port);
         }
         self.retry_lease_waiters(port);
@@ -355,9 +359,15 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.flush_metrics();
     }
 
-    /// The answer to a call the root sent (callout `token`) arrived.
+    /// The answer to a call the root sent (callout `token`) arrived: one of its own
+    /// (a refill, a charge, a settlement), or the check of a request whose lease could
+    /// not serve it, sent while the root retried it (the host answers the root).
     pub fn on_root_answer(&self, token: u32, answer: &CalloutAnswer, port: &mut impl Port) {
         let Some(sent) = self.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token)) else {
+            let checking = self.waiting.try_borrow().ok().and_then(|q| q.find(|p| p.token() == Some(token)));
+            if let Some(id) = checking {
+                self.check_answered(id, answer, Via::Root, port);
+            }
             return;
         };
         let refill = sent.is_refill();
@@ -398,7 +408,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
                 continue;
             };
             let room = self.room_to_pause();
-            let begun = self.engine.retry(pending, &self.limiter, room, &mut self.counts());
+            let begun = self.engine.retry(pending, &self.limiter, port, room, &mut self.counts());
             let _ = self.conclude(id, begun, Via::Root, Entry::Kept, port);
         }
     }

@@ -61,7 +61,7 @@ fn send<S: Store, C: Clock>(
     setup: &Setup,
     service: &Service,
     global: Global,
-    callouts: &mut impl Callouts,
+    callouts: &mut (impl Callouts + ?Sized),
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
 ) -> Next {
@@ -100,6 +100,23 @@ fn send<S: Store, C: Clock>(
             degrade(setup, Cause::Service(Reason::DispatchFailed), global, false, limiter, metrics)
         }
     }
+}
+
+/// Sends the check of lease policies their leases could not serve (`global.checked`;
+/// nothing left to lease after it): decided like a check policy's, by the service's
+/// answer, or by their failure rule when the service cannot answer (no service, the
+/// circuit open, the call refused, failed or late).
+pub(crate) fn send_for_leases<S: Store, C: Clock>(
+    setup: &Setup,
+    global: Global,
+    callouts: &mut (impl Callouts + ?Sized),
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let Some(service) = &setup.service else {
+        return degrade(setup, Cause::Service(Reason::DispatchFailed), global, false, limiter, metrics);
+    };
+    send(setup, service, global, callouts, limiter, metrics)
 }
 
 /// Decides a request waiting for its check with the counter service's answer (or its
@@ -163,7 +180,9 @@ pub(crate) fn answered<S: Store, C: Clock>(
         }
         Place::Local(_) => None,
     }));
-    granted.checked = decisions;
+    // (Extended: lease policies their leases could not serve are checked after the
+    // request's check policies, in a check of their own.)
+    granted.checked.extend(decisions);
     after_check(granted, leased, tag)
 }
 
@@ -190,5 +209,9 @@ fn degrade<S: Store, C: Clock>(
 
 /// After the check: the lease stage, or admission when there is no lease policy.
 fn after_check(granted: Granted, leased: Few<Resolved>, tag: String) -> Next {
-    if leased.is_empty() { Next::Admit(granted) } else { Next::Lease(ToLease { granted, leased, tag }) }
+    if leased.is_empty() {
+        Next::Admit(granted)
+    } else {
+        Next::Lease(ToLease { granted, leased, tag, to_check: Few::new() })
+    }
 }

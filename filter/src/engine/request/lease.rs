@@ -7,9 +7,13 @@
 //! granted nothing rejects the request with the service's wait, except that once per
 //! lease duration one request asks again and waits (a probe: an operator's override may
 //! have changed the answer); one that cannot be
-//! decided (its refill failed, its slot is another key's, its record cannot be written,
-//! the circuit is open, the wait ran out, the worker holds `max_waiting` already) takes
-//! its own failure rule, counted under its own cause, and the others are still spent.
+//! decided (its refill failed, its record cannot be written, the circuit is open, the
+//! wait ran out with no grant, the worker holds `max_waiting` already) takes its own
+//! failure rule, counted under its own cause, and the others are still spent. One that
+//! its lease cannot serve while the service is healthy (its slot is another key's, its
+//! wait was outrun by other requests) is set aside, and once none of the request's
+//! lease policies waits, decided by a check of its cost at the service (`check.rs`'s
+//! call: exact, with its 429; the failure rule only when the service cannot answer).
 //!
 //! A waiting request is retried when a refill's answer reaches its worker and on every
 //! tick, at most one refill window (the callout's deadline and a margin) in time. The
@@ -17,8 +21,9 @@
 //! (`outgoing.rs`), so their answers outlive the request.
 
 use super::admit::{lease_estimate_owed, reject};
+use super::check;
 use super::fallback::{apply_failure_rule, count_causes};
-use super::state::{Granted, LeaseWait, Next, Pending, ToLease};
+use super::state::{Global, Granted, LeaseWait, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
 use crate::engine::calls::{Asker, Outgoing, Target};
 use crate::engine::cause::Cause;
@@ -27,7 +32,7 @@ use crate::engine::lease_record::{Rules, Spend, Updated};
 use crate::engine::overridden;
 use crate::engine::resolved::{Few, Place, Resolved};
 use crate::engine::setup::Setup;
-use crate::host::{Counter, Metrics, PluginCounter, Reason};
+use crate::host::{Callouts, Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
 use sluice_protocol::AppliedOverride;
 
@@ -65,9 +70,10 @@ pub(crate) fn spend<S: Store, C: Clock>(
     setup: &Setup,
     to_lease: ToLease,
     limiter: &Limiter<S, C>,
+    callouts: Option<&mut dyn Callouts>,
     metrics: &mut impl Metrics,
 ) -> Next {
-    let ToLease { mut granted, leased, tag } = to_lease;
+    let ToLease { mut granted, leased, tag, mut to_check } = to_lease;
     let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
     let window = setup.refill_window();
@@ -101,7 +107,8 @@ pub(crate) fn spend<S: Store, C: Clock>(
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
-                count_causes(&failed, metrics);
+                // (Those set aside for a check were not decided: nothing degraded.)
+                count_causes(&set_aside_checks(failed, &mut Few::new()), metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -113,6 +120,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
         }
     }
     open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
+    let failed = set_aside_checks(failed, &mut to_check);
     if !failed.is_empty() {
         granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
             Ok(granted) => granted,
@@ -120,10 +128,10 @@ pub(crate) fn spend<S: Store, C: Clock>(
         };
     }
     if waiting.is_empty() {
-        return Next::Admit(granted);
+        return check_instead(setup, ToLease { granted, leased: waiting, tag, to_check }, limiter, callouts, metrics);
     }
     metrics.add_plugin(PluginCounter::Waiting, 1);
-    let rest = ToLease { granted, leased: waiting, tag };
+    let rest = ToLease { granted, leased: waiting, tag, to_check };
     Next::Wait(Pending::Lease(LeaseWait { waiter, since: now, deadline: now.saturating_add(window), rest }))
 }
 
@@ -134,10 +142,11 @@ pub(crate) fn retry<S: Store, C: Clock>(
     setup: &Setup,
     wait: LeaseWait,
     limiter: &Limiter<S, C>,
+    callouts: Option<&mut dyn Callouts>,
     metrics: &mut impl Metrics,
 ) -> Next {
     let LeaseWait { waiter, since, mut deadline, rest } = wait;
-    let ToLease { mut granted, leased, tag } = rest;
+    let ToLease { mut granted, leased, tag, mut to_check } = rest;
     let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
     let window = setup.refill_window();
@@ -156,7 +165,8 @@ pub(crate) fn retry<S: Store, C: Clock>(
             // (A retry never probes: it waited for the refill that found the budget empty.)
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
-                count_causes(&failed, metrics);
+                // (Those set aside for a check were not decided: nothing degraded.)
+                count_causes(&set_aside_checks(failed, &mut Few::new()), metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -182,6 +192,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
         }
     }
     open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
+    let failed = set_aside_checks(failed, &mut to_check);
     if !failed.is_empty() {
         granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
             Ok(granted) => granted,
@@ -193,9 +204,9 @@ pub(crate) fn retry<S: Store, C: Clock>(
     }
     if waiting.is_empty() {
         metrics.add_plugin(PluginCounter::Waiting, -1);
-        return Next::Admit(granted);
+        return check_instead(setup, ToLease { granted, leased: waiting, tag, to_check }, limiter, callouts, metrics);
     }
-    let rest = ToLease { granted, leased: waiting, tag };
+    let rest = ToLease { granted, leased: waiting, tag, to_check };
     Next::Wait(Pending::Lease(LeaseWait { waiter, since, deadline, rest }))
 }
 
@@ -208,13 +219,82 @@ pub(crate) fn overflow<S: Store, C: Clock>(
     metrics: &mut impl Metrics,
 ) -> Next {
     metrics.add_plugin(PluginCounter::Waiting, -1);
-    let ToLease { granted, leased, tag } = wait.rest;
-    let failed: Few<(Resolved, Cause)> =
-        leased.into_iter().map(|r| (r, Cause::Service(Reason::LeaseQueueFull))).collect();
+    let ToLease { granted, leased, tag, to_check } = wait.rest;
+    // No check can be held for this request either: the lease policies set aside for
+    // one take the failure rule with their own cause.
+    let failed: Few<(Resolved, Cause)> = leased
+        .into_iter()
+        .map(|r| (r, Cause::Service(Reason::LeaseQueueFull)))
+        .chain(to_check.into_iter().map(|(r, reason)| (r, Cause::Service(reason))))
+        .collect();
     match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
         Err(decided) => Next::Decided(decided),
         Ok(granted) => Next::Admit(granted),
     }
+}
+
+/// Whether a lease policy that could not be served from its lease for `cause` is
+/// decided by a check at the service instead of its failure rule: the service is
+/// healthy, only the lease could not serve it (its slot holds another key's lease, or
+/// its wait was outrun by other requests). `None` for a cause that takes the failure
+/// rule (the service could not answer, the record could not be written, or the worker
+/// cannot hold another waiting request: `lease_queue_full`, see the filter README).
+fn checked_for(cause: Cause) -> Option<Reason> {
+    match cause {
+        Cause::Service(reason @ (Reason::LeaseSlotTaken | Reason::LeaseContended)) => Some(reason),
+        _ => None,
+    }
+}
+
+/// Moves the failed policies that a check decides instead ([`checked_for`]) to
+/// `to_check`; returns the others, which take the failure rule.
+fn set_aside_checks(failed: Few<(Resolved, Cause)>, to_check: &mut Few<(Resolved, Reason)>) -> Few<(Resolved, Cause)> {
+    let mut rest = Few::new();
+    for (resolved, cause) in failed {
+        match checked_for(cause) {
+            Some(reason) => to_check.push((resolved, reason)),
+            None => rest.push((resolved, cause)),
+        }
+    }
+    rest
+}
+
+/// Once no lease policy of the request waits: the policies its leases could not serve
+/// are decided by the service, in one check of their costs on their global counters
+/// (the check stage's call: exact, its 429 and `Retry-After`; when the service cannot
+/// answer, their failure rule, as a check's). Counted under `lease.checked.<cause>`.
+/// Without a way to send it now (`callouts` is `None`: a request that must be decided
+/// at once), they take their failure rule under their own cause.
+fn check_instead<S: Store, C: Clock>(
+    setup: &Setup,
+    to_lease: ToLease,
+    limiter: &Limiter<S, C>,
+    callouts: Option<&mut dyn Callouts>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    let ToLease { granted, tag, to_check, .. } = to_lease;
+    if to_check.is_empty() {
+        return Next::Admit(granted);
+    }
+    let Some(callouts) = callouts else {
+        let failed: Few<(Resolved, Cause)> =
+            to_check.into_iter().map(|(r, reason)| (r, Cause::Service(reason))).collect();
+        return match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
+            Ok(granted) => Next::Admit(granted),
+            Err(decided) => Next::Decided(decided),
+        };
+    };
+    let mut checked = Few::new();
+    for (resolved, reason) in to_check {
+        let counter = match reason {
+            Reason::LeaseContended => Counter::LeaseCheckedContended,
+            _ => Counter::LeaseCheckedSlotTaken,
+        };
+        metrics.add(resolved.policy, counter, 1);
+        checked.push(resolved);
+    }
+    let global = Global { granted, checked, leased: Few::new(), tag };
+    check::send_for_leases(setup, global, callouts, limiter, metrics)
 }
 
 /// The most requests a worker should hold waiting for this request's refills.

@@ -60,25 +60,27 @@ pub(crate) fn begin<S: Store, C: Clock>(
         Ok(admitted) if admitted.checked.is_empty() && admitted.leased.is_empty() => Next::Admit(admitted.granted),
         Ok(admitted) => check::enter(setup, admitted, request, callouts, limiter, metrics),
     };
-    run(setup, next, limiter, room_to_pause, metrics)
+    run(setup, next, limiter, callouts, room_to_pause, metrics)
 }
 
 /// Goes on with a request waiting for its check, with the service's answer (or its
 /// absence: `TimedOut`). A request waiting for a refill has no check to answer: it is
-/// retried instead.
+/// retried instead. `callouts` sends the check of lease policies their leases could
+/// not serve.
 pub(crate) fn complete<S: Store, C: Clock>(
     setup: &Setup,
     pending: Pending,
     answer: &CalloutAnswer,
     limiter: &Limiter<S, C>,
+    callouts: &mut dyn Callouts,
     room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Begun {
     let next = match pending {
         Pending::Check(wait) => check::answered(setup, wait, answer, limiter, metrics),
-        Pending::Lease(wait) => lease::retry(setup, wait, limiter, metrics),
+        Pending::Lease(wait) => lease::retry(setup, wait, limiter, Some(&mut *callouts), metrics),
     };
-    run(setup, next, limiter, room_to_pause, metrics)
+    run(setup, next, limiter, callouts, room_to_pause, metrics)
 }
 
 /// Tries a request waiting for a refill again; one waiting for its check's answer goes
@@ -87,12 +89,14 @@ pub(crate) fn retry<S: Store, C: Clock>(
     setup: &Setup,
     pending: Pending,
     limiter: &Limiter<S, C>,
+    callouts: &mut dyn Callouts,
     room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Begun {
     match pending {
         Pending::Lease(wait) => {
-            run(setup, lease::retry(setup, wait, limiter, metrics), limiter, room_to_pause, metrics)
+            let next = lease::retry(setup, wait, limiter, Some(&mut *callouts), metrics);
+            run(setup, next, limiter, callouts, room_to_pause, metrics)
         }
         check @ Pending::Check(_) => Begun::Waiting(Box::new(check)),
     }
@@ -116,7 +120,9 @@ pub(crate) fn decide_now<S: Store, C: Clock>(
             Next::Wait(Pending::Check(wait)) => {
                 check::answered(setup, wait, &CalloutAnswer::TimedOut, limiter, metrics)
             }
-            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, metrics),
+            // No check can be held either: what the leases cannot serve takes the
+            // failure rule.
+            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, None, metrics),
             Next::Admit(granted) => return admit::conclude(setup, granted, limiter, room_to_pause, metrics),
         };
     }
@@ -166,6 +172,7 @@ fn run<S: Store, C: Clock>(
     setup: &Setup,
     next: Next,
     limiter: &Limiter<S, C>,
+    callouts: &mut dyn Callouts,
     room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Begun {
@@ -174,7 +181,7 @@ fn run<S: Store, C: Clock>(
         next = match next {
             Next::Decided(decided) => return Begun::Decided(decided),
             Next::Wait(pending) => return Begun::Waiting(Box::new(pending)),
-            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, metrics),
+            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, Some(&mut *callouts), metrics),
             Next::Admit(granted) => {
                 return Begun::Decided(admit::conclude(setup, granted, limiter, room_to_pause, metrics));
             }

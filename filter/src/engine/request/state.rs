@@ -83,6 +83,9 @@ pub(crate) struct ToLease {
     pub(crate) granted: Granted,
     pub(crate) leased: Few<Resolved>,
     pub(crate) tag: String,
+    /// Lease policies their leases could not serve (with why), to be decided by a check
+    /// at the service once none of the request's lease policies waits.
+    pub(crate) to_check: Few<(Resolved, crate::host::Reason)>,
 }
 
 /// Where a request goes after a stage. Not boxed: it is on every request's path, and

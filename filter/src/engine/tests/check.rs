@@ -205,8 +205,14 @@ fn a_local_rejection_makes_no_callout() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided =
-            decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
+        let decided = decided(engine.complete(
+            pending,
+            &answer(true, &[entry("allowed", 9, 0)]),
+            &limiter,
+            &mut callouts,
+            true,
+            &mut metrics,
+        ));
         record(&engine, &decided, &mut metrics);
     }
 
@@ -225,7 +231,7 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
     for _ in 0..5 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
         let rejected = answer(false, &[entry("rejected", 0, 2_500_000_000)]);
-        let decided = decided(engine.complete(pending, &rejected, &limiter, true, &mut metrics));
+        let decided = decided(engine.complete(pending, &rejected, &limiter, &mut callouts, true, &mut metrics));
         assert_eq!(status(&decided), 429);
         assert_eq!(header(response_headers(&decided), "retry-after"), Some("3"));
         assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=0;t=3"));
@@ -235,8 +241,14 @@ fn a_global_rejection_gives_the_local_spend_back_with_the_services_retry_after()
     let mut admitted = 0;
     for _ in 0..3 {
         let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-        let decided =
-            decided(engine.complete(pending, &answer(true, &[entry("allowed", 8, 0)]), &limiter, true, &mut metrics));
+        let decided = decided(engine.complete(
+            pending,
+            &answer(true, &[entry("allowed", 8, 0)]),
+            &limiter,
+            &mut callouts,
+            true,
+            &mut metrics,
+        ));
         admitted += usize::from(status(&decided) == 200);
         record(&engine, &decided, &mut metrics);
     }
@@ -259,8 +271,14 @@ fn an_admission_takes_its_headers_from_the_policy_with_the_least_remaining() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
 
     let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let decided =
-        decided(engine.complete(pending, &answer(true, &[entry("allowed", 1, 0)]), &limiter, true, &mut metrics));
+    let decided = decided(engine.complete(
+        pending,
+        &answer(true, &[entry("allowed", 1, 0)]),
+        &limiter,
+        &mut callouts,
+        true,
+        &mut metrics,
+    ));
 
     assert_eq!(header(response_headers(&decided), "ratelimit"), Some("\"tenant\";r=1;t=6"));
 }
@@ -306,12 +324,11 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
                 let (limiter, mut callouts, mut metrics) =
                     (limiter(), FakeCallouts::default(), RecordedMetrics::default());
                 let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-                (decided(engine.complete(pending, &answer, &limiter, true, &mut metrics)), metrics)
+                (decided(engine.complete(pending, &answer, &limiter, &mut callouts, true, &mut metrics)), metrics)
             })
             .collect()
     };
     let status = |status: u16, body: &str| CalloutAnswer::Response { status, body: body.as_bytes().to_vec() };
-    let tenant = |name: &str| FakeRequest::get("/").with_header("x-tenant", name);
     match reason {
         Reason::Timeout => answered(vec![CalloutAnswer::TimedOut, status(504, "upstream request timeout")]),
         Reason::Refused => answered(vec![status(
@@ -326,7 +343,7 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
             let engine = checked_closed(1);
             let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
             let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-            let _ = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics);
+            let _ = engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics);
             let mut metrics = RecordedMetrics::default();
             vec![(decided(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics)), metrics)]
         }
@@ -343,39 +360,67 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
             vec![(w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)]
         }
         Reason::LeaseSlotTaken => {
-            // Tenant "a" holds the only lease slot with a live lease; "b" finds it taken.
-            let mut w = leased_closed();
-            let pending = super::lease::waiting(w.begin());
+            // Route "a" holds the route policy's only lease slot; a request of route "b"
+            // finds it taken (to be checked at the service) while its tenant's lease
+            // waits for a refill, and the worker cannot hold it: no check can be held
+            // either, so the route policy takes its failure rule under its own cause.
+            let mut w = two_leases_closed();
+            let request = |route: &str, tenant: &str| {
+                FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant)
+            };
+            let first = w.engine.begin(&request("a", "t"), &w.limiter, &mut w.callouts, true, &mut w.metrics);
             let _ = w.tick(|_| super::lease::granted(10));
-            let _ = decided(w.retry(pending));
+            let _ = decided(w.retry(super::lease::waiting(first)));
             let mut metrics = RecordedMetrics::default();
-            let begun = w.engine.begin(&tenant("b"), &w.limiter, &mut w.callouts, true, &mut metrics);
-            vec![(decided(begun), metrics)]
+            let begun = w.engine.begin(&request("b", "u"), &w.limiter, &mut w.callouts, true, &mut metrics);
+            let pending = super::lease::waiting(begun);
+            assert!(pending.waits_for_lease());
+            vec![(w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)]
         }
-        Reason::LeaseContended => {
-            // The refill is granted to no waiter, and other requests spend all of it
-            // before the waiter tries again.
-            let mut w = leased_closed();
-            let pending = super::lease::waiting(w.begin());
-            for call in w.engine.take_outgoing(&w.limiter, true) {
-                if let Some(sent) = w.engine.dispatch_outgoing(call, &mut w.callouts, &w.limiter, &mut w.metrics) {
-                    let granted = super::lease::granted(10);
-                    w.engine.outgoing_answered(sent, &granted, &w.limiter, &mut w.metrics, |_| false);
-                }
-            }
-            for _ in 0..10 {
-                let _ = decided(w.begin());
-            }
-            w.limiter.clock().advance(Nanos::from_millis(150));
-            let mut metrics = RecordedMetrics::default();
-            vec![(decided(w.engine.retry(pending, &w.limiter, true, &mut metrics)), metrics)]
-        }
+        // A wait outrun by others is found on a retry of a request the worker holds,
+        // where the check of its cost can always be sent: it is decided by the service
+        // (`lease_checks.rs`), never by the failure rule, so no decision is provoked.
+        Reason::LeaseContended => Vec::new(),
+    }
+}
+
+/// Two lease policies that fail closed: `route` (index 0, one slot) and `tenant`.
+fn two_leases_closed() -> super::lease::World {
+    const TWO_CLOSED: &str = r#"{
+      "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
+                          "circuit_breaker": {"failures": 1000}},
+      "policies": [
+        {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
+         "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}},
+        {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
+         "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}}],
+      "response": {"fallback_header": "x-sluice-fallback"}
+    }"#;
+    super::lease::World {
+        engine: engine(TWO_CLOSED),
+        limiter: limiter(),
+        callouts: FakeCallouts::default(),
+        metrics: RecordedMetrics::default(),
     }
 }
 
 #[test]
 fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
     for &reason in Reason::ALL {
+        if matches!(reason, Reason::LeaseSlotTaken | Reason::LeaseContended) {
+            // Not a failure class while the service answers (issue 39): a lease policy
+            // its lease cannot serve is decided by a check at the service
+            // (`lease_checks.rs`), and that check's own failure is counted under the
+            // check's reason. A taken slot is counted as degraded only for a request
+            // that waits for another lease's refill and then cannot be held (`provoke`).
+            for (decided, metrics) in provoke(reason) {
+                assert_eq!(status(&decided), 503, "{reason:?}");
+                assert_eq!(metrics.get(0, reason.counter()), 1, "{reason:?}");
+                assert_eq!(metrics.get(0, Counter::FailureDenied), 1, "{reason:?}");
+                assert_eq!(metrics.get(0, Counter::LeaseCheckedSlotTaken), 0, "{reason:?}");
+            }
+            continue;
+        }
         let decisions = provoke(reason);
         assert!(!decisions.is_empty(), "{reason:?}");
         for (decided, metrics) in decisions {
@@ -400,7 +445,8 @@ fn fail_open_forwards_and_names_the_fallback_on_the_response() {
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     let pending = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
 
-    let decided = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+    let decided =
+        decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics));
 
     assert_eq!(status(&decided), 200);
     assert_eq!(header(response_headers(&decided), "x-sluice-fallback"), Some("fail_open; reason=timeout; policies=t"));
@@ -416,7 +462,8 @@ fn the_emergency_cap_admits_its_burst_per_caller_then_rejects_with_its_own_heade
     for client in ["a", "b", "c"] {
         let request = FakeRequest::get("/").with_header("x-client", client).with_header("x-tenant", "acme");
         let pending = waiting(begin(&engine, &request, &limiter, &mut callouts, &mut metrics));
-        let decided = decided(engine.complete(pending, &CalloutAnswer::Failed, &limiter, true, &mut metrics));
+        let decided =
+            decided(engine.complete(pending, &CalloutAnswer::Failed, &limiter, &mut callouts, true, &mut metrics));
         statuses.push(status(&decided));
         record(&engine, &decided, &mut metrics);
         last = Some(decided);

@@ -17,7 +17,8 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
     for i in 0..3 {
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+        let _ =
+            decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics));
     }
     assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
 
@@ -33,7 +34,14 @@ fn after_repeated_failures_the_circuit_opens_and_no_callout_is_made_until_a_prob
     let probe = waiting(begin(&engine, &client(11), &limiter, &mut callouts, &mut metrics));
     let during_probe = begin(&engine, &client(12), &limiter, &mut callouts, &mut metrics);
     assert!(matches!(during_probe, Begun::Decided(_)), "one probe at a time");
-    let _ = decided(engine.complete(probe, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
+    let _ = decided(engine.complete(
+        probe,
+        &answer(true, &[entry("allowed", 5, 0)]),
+        &limiter,
+        &mut callouts,
+        true,
+        &mut metrics,
+    ));
 
     let closed = begin(&engine, &client(13), &limiter, &mut callouts, &mut metrics);
     assert!(matches!(closed, Begun::Waiting(_)), "the probe's success closed the circuit");
@@ -50,7 +58,8 @@ fn a_probe_whose_stream_ends_before_its_answer_lets_the_next_request_probe_at_on
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
     for i in 0..3 {
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+        let _ =
+            decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics));
     }
     limiter.clock().advance(Nanos::from_secs(1));
     let probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
@@ -72,7 +81,8 @@ fn a_request_that_was_not_the_probe_leaves_the_probe_alone_when_its_stream_ends(
     let before = waiting(begin(&engine, &client(0), &limiter, &mut callouts, &mut metrics));
     for i in 1..4 {
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+        let _ =
+            decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics));
     }
     limiter.clock().advance(Nanos::from_secs(1));
     let _probe = waiting(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
@@ -95,7 +105,7 @@ fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_cir
         let (code, message) = if i % 2 == 0 { full } else { too_many };
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
         let answer = CalloutAnswer::Response { status: code.status(), body: service_error(code, message) };
-        let _ = decided(engine.complete(pending, &answer, &limiter, true, &mut metrics));
+        let _ = decided(engine.complete(pending, &answer, &limiter, &mut callouts, true, &mut metrics));
     }
 
     let next = begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics);
@@ -115,12 +125,20 @@ fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
     limiter.clock().advance(Nanos::from_millis(1));
     for i in 1..4 {
         let pending = waiting(begin(&engine, &client(i), &limiter, &mut callouts, &mut metrics));
-        let _ = decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, true, &mut metrics));
+        let _ =
+            decided(engine.complete(pending, &CalloutAnswer::TimedOut, &limiter, &mut callouts, true, &mut metrics));
     }
     assert_eq!(metrics.plugin(PluginCounter::CircuitOpened), 1);
 
     // The call sent before the failures succeeds late.
-    let _ = decided(engine.complete(slow, &answer(true, &[entry("allowed", 5, 0)]), &limiter, true, &mut metrics));
+    let _ = decided(engine.complete(
+        slow,
+        &answer(true, &[entry("allowed", 5, 0)]),
+        &limiter,
+        &mut callouts,
+        true,
+        &mut metrics,
+    ));
     let next = decided(begin(&engine, &client(10), &limiter, &mut callouts, &mut metrics));
 
     assert_eq!(
@@ -210,6 +228,7 @@ fn a_delay_from_a_global_leaky_bucket_holds_the_request() {
         pending,
         &CalloutAnswer::Response { status: 200, body: delayed.as_bytes().to_vec() },
         &limiter,
+        &mut callouts,
         true,
         &mut metrics,
     ));

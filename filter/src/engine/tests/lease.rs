@@ -90,7 +90,7 @@ impl World {
     }
 
     pub(super) fn retry(&mut self, pending: Box<Pending>) -> Begun {
-        self.engine.retry(pending, &self.limiter, true, &mut self.metrics)
+        self.engine.retry(pending, &self.limiter, &mut self.callouts, true, &mut self.metrics)
     }
 }
 
@@ -303,7 +303,7 @@ fn a_wait_that_outlives_its_window_takes_the_failure_rule() {
 }
 
 #[test]
-fn a_wait_outrun_by_other_requests_while_refills_were_granted_is_counted_as_contended_not_as_a_timeout() {
+fn a_wait_outrun_by_other_requests_while_refills_were_granted_is_checked_at_the_service_not_timed_out() {
     let mut w = world();
     let pending = waiting(w.begin());
     // The refill is granted to no waiter here (as another worker's would be), and other
@@ -320,8 +320,9 @@ fn a_wait_outrun_by_other_requests_while_refills_were_granted_is_counted_as_cont
 
     let decided = w.retry(pending);
 
-    assert_eq!(status(&decided), Some(200), "the emergency cap admits");
-    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseContended), 1);
+    assert!(!waiting(decided).waits_for_lease(), "it waits for its check at the service");
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedContended), 1);
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseContended), 0);
     assert_eq!(w.metrics.get(0, Counter::DegradedTimeout), 0, "the service answered");
 }
 

@@ -56,12 +56,13 @@ fn a_lease_policy_after_one_that_takes_its_failure_rule_is_still_decided() {
     });
     let _ = w.retry(first);
 
-    // Route "b" finds the slot taken (its failure rule: allow), and must still meet the
-    // tenant's empty budget.
+    // Route "b" finds the slot taken (set aside for a check at the service), and must
+    // still meet the tenant's empty budget.
     let decided = w.begin_with(&routed("b", "t"));
 
     assert_eq!(status(&decided), Some(429), "the tenant's empty budget rejects, whatever the route policy did");
-    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 1);
+    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 0, "not degraded: never decided");
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedSlotTaken), 0, "no check: the request was rejected first");
     assert_eq!(w.metrics.get(1, Counter::OverLimit), 2);
 }
 
@@ -79,16 +80,16 @@ fn a_lease_policy_after_one_that_takes_its_failure_rule_still_spends_its_own_lea
         w.limiter.clock().now(),
     );
 
-    let decided = w.begin_with(&routed("b", "t"));
+    // The route's slot is taken: the route policy is checked at the service.
+    let pending = waiting(w.begin_with(&routed("b", "t")));
+    let allowed = super::check::answer(true, &[super::check::entry("allowed", 5, 0)]);
+    let decided = w.engine.complete(pending, &allowed, &w.limiter, &mut w.callouts, true, &mut w.metrics);
 
     let Begun::Decided(Decided { outcome: Outcome::Continue { headers, .. }, .. }) = decided else {
-        panic!("admitted by the route's failure rule and the tenant's lease")
+        panic!("admitted by the service's check of the route and the tenant's lease")
     };
-    assert!(
-        headers
-            .iter()
-            .any(|(n, v)| n == "x-sluice-fallback" && v == "fail_open; reason=lease_slot_taken; policies=route")
-    );
+    assert!(!headers.iter().any(|(n, _)| n == "x-sluice-fallback"), "{headers:?}");
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedSlotTaken), 1);
     let tokens = |r: Option<lease_record::Record>| r.map(|r| r.live_tokens(Nanos::from_secs(1000)));
     let after = w.engine.0.leases(w.limiter.store()).peek(
         &match &resolve_lease(&w, &routed("b", "t"), 1) {
@@ -191,13 +192,16 @@ fn debt_the_service_never_takes_ages_out_of_its_slot_and_is_counted_as_forgiven(
     let pending = waiting(w.begin_with(&tenant("one-off")));
     let _ = w.tick(|_| CalloutAnswer::Failed);
     let _ = w.retry(pending);
-    let taken = w.begin_with(&tenant("regular"));
+    // Its slot is taken: checked at the service, which does not answer either.
+    let check = waiting(w.begin_with(&tenant("regular")));
+    let taken = w.engine.complete(check, &CalloutAnswer::TimedOut, &w.limiter, &mut w.callouts, true, &mut w.metrics);
 
     w.limiter.clock().advance(lease_record::DEBT_LIFE);
     let later = w.begin_with(&tenant("regular"));
 
-    assert_eq!(status(&taken), Some(200), "taken at first: the failure rule admits it");
-    assert_eq!(w.metrics.get(0, Counter::DegradedLeaseSlotTaken), 1);
+    assert_eq!(status(&taken), Some(200), "taken at first, and its check unanswered: the failure rule admits it");
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedSlotTaken), 1);
+    assert_eq!(w.metrics.get(0, Counter::DegradedTimeout), 1);
     assert!(matches!(later, Begun::Waiting(_)), "after the debt's life the slot changed hands");
     // The one-off caller's aged debt, and the regular caller's first admission (its slot
     // was taken, so nothing could be owed for it).

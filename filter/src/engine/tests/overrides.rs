@@ -34,9 +34,17 @@ fn a_request_decided_under_a_clamp_names_it_in_the_override_header_whether_admit
     let mut callouts = FakeCallouts::default();
 
     let first = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let admitted = decided(engine.complete(first, &under(true, "allowed", "clamp"), &limiter, true, &mut metrics));
+    let admitted =
+        decided(engine.complete(first, &under(true, "allowed", "clamp"), &limiter, &mut callouts, true, &mut metrics));
     let second = waiting(begin(&engine, &request(), &limiter, &mut callouts, &mut metrics));
-    let rejected = decided(engine.complete(second, &under(false, "rejected", "clamp"), &limiter, true, &mut metrics));
+    let rejected = decided(engine.complete(
+        second,
+        &under(false, "rejected", "clamp"),
+        &limiter,
+        &mut callouts,
+        true,
+        &mut metrics,
+    ));
 
     let named = Some("clamp; id=ovr-1f2e3d4c5b6a7988; policy=tenant");
     assert_eq!((status(&admitted), header(response_headers(&admitted), "x-sluice-override")), (200, named));
@@ -52,8 +60,14 @@ fn a_request_no_override_decided_has_no_override_header() {
     let mut metrics = RecordedMetrics::default();
 
     let pending = waiting(begin(&engine, &request(), &limiter, &mut FakeCallouts::default(), &mut metrics));
-    let done =
-        decided(engine.complete(pending, &answer(true, &[entry("allowed", 9, 0)]), &limiter, true, &mut metrics));
+    let done = decided(engine.complete(
+        pending,
+        &answer(true, &[entry("allowed", 9, 0)]),
+        &limiter,
+        &mut FakeCallouts::default(),
+        true,
+        &mut metrics,
+    ));
 
     assert_eq!(header(response_headers(&done), "x-sluice-override"), None);
     assert_eq!(metrics.get(0, Counter::OverrideClamped), 0);
