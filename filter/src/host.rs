@@ -160,7 +160,7 @@ reasons! {
     /// (give the policy more `slots`). The request is then decided by a check at the
     /// service (`lease.checked.slot_taken`), not by the failure rule: this reason is
     /// counted as degraded only where no check can be sent for it (a request the worker
-    /// cannot hold), and names the cause when that check's own failure is not known.
+    /// cannot hold, or a policy whose cost the response reports, not checked yet).
     LeaseSlotTaken = ("lease_slot_taken", DegradedLeaseSlotTaken),
     /// Lease mode: the wait ran out while refills were granted, and other requests
     /// spent them first (demand above what refills bring: a larger `size`). As

@@ -69,7 +69,9 @@ pub(crate) fn refund(
     now: Nanos,
     metrics: &mut (impl Metrics + ?Sized),
 ) {
-    if !setup.compiled(policy).is_some_and(|c| c.policy.limit.can_credit()) {
+    // A lease policy's spend at the service (a check its lease could not serve) is not
+    // credited back either: kept, stricter, never looser, and counted.
+    if setup.leased_home(policy).is_some() || !setup.compiled(policy).is_some_and(|c| c.policy.limit.can_credit()) {
         metrics.add(policy, Counter::Unrefunded, 1);
         return;
     }
@@ -157,9 +159,7 @@ pub(crate) fn call(
             return None;
         }
         let compiled = setup.compiled(settlement.policy)?;
-        // A lease policy's too: what a check spent for it (its lease could not serve
-        // the request) is settled, or refunded, at the service as a check policy's.
-        let Home::Global { spec, .. } = &compiled.home else { return None };
+        let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
         let (tag, key, id) =
             (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
         let (policy, policy_version) = (Some(compiled.policy.name.clone()), compiled.policy.version);

@@ -249,13 +249,11 @@ pub(super) fn lease_estimate_owed(
     Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: at })
 }
 
-/// The estimate a check spent at the service (at `at_ns`, on the service's clock), when
-/// the response reports its cost: a check-mode policy's, or a lease-mode policy's that
-/// its lease could not serve (decided by a check: it spent at the service, never from
-/// its lease).
+/// The estimate a check-mode policy spent at the service (at `at_ns`, on the service's
+/// clock), when the response reports its cost.
 pub(super) fn check_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at_ns: u64, now: Nanos) -> Option<Owed> {
     setup.compiled(r.policy)?.policy.cost.settled()?;
-    let Place::Global { key, .. } = &r.at else { return None };
+    let Place::Global { key, lease: None, .. } = &r.at else { return None };
     let from = SpentFrom::Check { key: *key, tag: tag.to_owned(), at_ns };
     Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: now })
 }

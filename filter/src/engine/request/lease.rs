@@ -108,7 +108,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(&set_aside_checks(failed, &mut Few::new()), metrics);
+                count_causes(&set_aside_checks(setup, failed, &mut Few::new()), metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -120,7 +120,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
         }
     }
     open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
-    let failed = set_aside_checks(failed, &mut to_check);
+    let failed = set_aside_checks(setup, failed, &mut to_check);
     if !failed.is_empty() {
         granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
             Ok(granted) => granted,
@@ -166,7 +166,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(&set_aside_checks(failed, &mut Few::new()), metrics);
+                count_causes(&set_aside_checks(setup, failed, &mut Few::new()), metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -192,7 +192,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
         }
     }
     open_circuit_decides(setup, &mut waiting, &mut failed, limiter);
-    let failed = set_aside_checks(failed, &mut to_check);
+    let failed = set_aside_checks(setup, failed, &mut to_check);
     if !failed.is_empty() {
         granted = match apply_failure_rule(setup, failed, granted, &tag, limiter, metrics) {
             Ok(granted) => granted,
@@ -248,12 +248,21 @@ fn checked_for(cause: Cause) -> Option<Reason> {
 
 /// Moves the failed policies that a check decides instead ([`checked_for`]) to
 /// `to_check`; returns the others, which take the failure rule.
-fn set_aside_checks(failed: Few<(Resolved, Cause)>, to_check: &mut Few<(Resolved, Reason)>) -> Few<(Resolved, Cause)> {
+///
+/// A policy whose cost the response reports keeps the failure rule: what a check spent
+/// for it would have to be settled at the service as a check-mode policy's, which its
+/// lease-mode debt bound does not cover yet (see the filter README).
+fn set_aside_checks(
+    setup: &Setup,
+    failed: Few<(Resolved, Cause)>,
+    to_check: &mut Few<(Resolved, Reason)>,
+) -> Few<(Resolved, Cause)> {
     let mut rest = Few::new();
     for (resolved, cause) in failed {
+        let settled = setup.compiled(resolved.policy).is_some_and(|c| c.policy.cost.settled().is_some());
         match checked_for(cause) {
-            Some(reason) => to_check.push((resolved, reason)),
-            None => rest.push((resolved, cause)),
+            Some(reason) if !settled => to_check.push((resolved, reason)),
+            _ => rest.push((resolved, cause)),
         }
     }
     rest
