@@ -58,13 +58,17 @@ impl Oracle {
 
     pub(super) fn spent_within_grants(&self, decisions: &[Decision]) -> Result<(), Violation> {
         for (counter, spends) in &self.lease_spends {
-            // Grants as (granted at, expiring at, tokens left).
+            // Grants as (granted at, expiring at, tokens left). A check the service
+            // admitted on a lease counter (a request its lease could not serve, decided
+            // by the service instead) pays for a spend made exactly then: a grant that
+            // lives for an instant.
             let mut grants: Vec<(u64, u64, u64)> = decisions
                 .iter()
                 .filter_map(|d| match d {
                     Decision::Grant { key, granted, at, life, .. } if key == counter => {
                         Some((*at, at.saturating_add(*life), *granted))
                     }
+                    Decision::Check { key, cost, at, .. } if key == counter => Some((*at, *at, *cost)),
                     _ => None,
                 })
                 .collect();

@@ -7,7 +7,8 @@
 //!   for a proxy long enough for earlier faults to have passed (a refill window twice,
 //!   the breaker's cooldown), and the proxy has called it since (a breaker a fault
 //!   opened stays open until a request probes), no answer carries a fallback for a
-//!   service reason.
+//!   service reason, nor for a lease that could not serve it (`lease_slot_taken`,
+//!   `lease_contended`: the service decides those requests by a check).
 //!
 //! Per proxy (from its metrics and shared data):
 //!
@@ -23,8 +24,10 @@
 //! * **spent ⊆ granted**: every unit admitted through a lease (the request was forwarded
 //!   and the fallback header does not name this policy) came from a grant of that
 //!   counter that was live when it was spent: granted at or before, and not past the
-//!   life the service gave it. This catches lost updates, tokens spent after their life
-//!   (a lease outliving its window), and requests admitted without spending at all;
+//!   life the service gave it, or from a check the service admitted on that counter
+//!   while the request was in flight (a request its lease could not serve is checked at
+//!   the service). This catches lost updates, tokens spent after their life (a lease
+//!   outliving its window), and requests admitted without spending at all;
 //! * **checked ⊆ admitted**: every unit admitted through a check was admitted by the
 //!   service for that counter, before;
 //! * **the budget**: what the service granted and admitted on one counter fits the
@@ -110,8 +113,20 @@ struct Followed {
 }
 
 /// The reasons that say the service could not decide.
-const SERVICE_REASONS: [&str; 8] =
-    ["timeout", "refused", "reset", "bad_status", "bad_body", "unauthorized", "circuit_open", "dispatch_failed"];
+const SERVICE_REASONS: [&str; 10] = [
+    "timeout",
+    "refused",
+    "reset",
+    "bad_status",
+    "bad_body",
+    "unauthorized",
+    "circuit_open",
+    "dispatch_failed",
+    // A lease that cannot serve a request while the service is healthy has it checked
+    // there instead (issue 39): never a degraded decision.
+    "lease_slot_taken",
+    "lease_contended",
+];
 
 /// The checks and what they have seen.
 pub struct Oracle {
@@ -370,8 +385,17 @@ impl Oracle {
             // admitted; the per-policy conservation below still holds it to account.
             named = followed.matched.iter().filter(|m| m.counter.is_some()).map(|m| m.policy.name.clone()).collect();
         }
+        // A lease policy whose cost the response reports is not checked yet when its lease
+        // cannot serve it (the filter README): it keeps the failure rule for these reasons.
+        let settled_lease_only = ["lease_slot_taken", "lease_contended"].contains(&reason.unwrap_or(""))
+            && named.iter().all(|name| {
+                followed.matched.iter().any(|m| {
+                    &m.policy.name == name && matches!(m.policy.kind, Kind::Lease { .. }) && m.policy.usage.is_some()
+                })
+            });
         if let Some(reason) = reason
             && SERVICE_REASONS.contains(&reason)
+            && !settled_lease_only
             && let Some(since) = self.healthy_since.get(proxy).copied().flatten()
             && since.saturating_add(self.linger) <= followed.arrived
             && let Some(probe) =
