@@ -169,6 +169,19 @@ impl Owed {
     }
 }
 
+/// How a lease-mode policy's estimate was paid for, and so where what the response
+/// leaves of it goes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeasePaid {
+    /// By the lease's tokens, of a grant that expires at `until`: what is left goes back
+    /// to a live pool no longer-lived than that grant (after it, those tokens expired).
+    Tokens { until: Nanos },
+    /// The failure rule admitted it, and the record owes this many units of it as debt
+    /// (the rest was forgiven). What is left lowers the debt and never becomes tokens:
+    /// the service granted none of them.
+    Owed(u64),
+}
+
 /// Where an estimate was spent, and so where it is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SpentFrom {
@@ -189,11 +202,8 @@ pub(crate) enum SpentFrom {
         key: u128,
         /// The hash tag (partition) its counter lives under.
         tag: String,
-        /// `Some(units)` when the failure rule admitted the estimate, of which the record
-        /// owes `units` as debt (the rest was forgiven); `None` when the lease's tokens
-        /// paid for it. What the response leaves of an owed estimate lowers the debt and
-        /// never becomes tokens: the service granted none of them.
-        owed: Option<u64>,
+        /// How the estimate was paid for.
+        paid: LeasePaid,
     },
     /// A check-mode policy's counter at the service, for the caller whose global counter
     /// is `key` under the check tag `tag`: settled by the service (a charge of the excess

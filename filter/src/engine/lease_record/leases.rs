@@ -32,8 +32,9 @@ impl Rules {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spend {
     /// Spent; `refill` when this request was elected to ask for more (low water); `under`
-    /// the operator's override the lease's latest grant was decided under.
-    Spent { refill: bool, under: Option<AppliedOverride> },
+    /// the operator's override the lease's latest grant was decided under; `until` the
+    /// expiry of the grant it was spent from, past which it cannot be given back.
+    Spent { refill: bool, under: Option<AppliedOverride>, until: Nanos },
     /// Not enough tokens; a refill is in flight (`elected`: this request started it, for
     /// itself: the grant will be held for it).
     Wait { elected: bool },
@@ -140,13 +141,13 @@ impl<S: Store> Leases<'_, S> {
             let live = record.live_tokens(now);
             let refill_free = now >= record.refill_until;
             if live >= cost {
-                record.take(cost, now);
+                let until = record.take(cost, now);
                 let left = record.live_tokens(now);
                 let refill = refill_free && left < rules.low_water && now >= record.empty_until;
                 if refill {
                     rules.elect(record, now);
                 }
-                return (true, Spend::Spent { refill, under: record.under() });
+                return (true, Spend::Spent { refill, under: record.under(), until });
             }
             if now < record.empty_until {
                 // The service said the budget is empty until then. Once a lease duration
@@ -192,11 +193,11 @@ impl<S: Store> Leases<'_, S> {
                 if extra > 0 {
                     add_pool(record, Pool { tokens: extra, expires_at: held.expires_at }, now);
                 }
-                return (true, Spend::Spent { refill: false, under: record.under() });
+                return (true, Spend::Spent { refill: false, under: record.under(), until: held.expires_at });
             }
             if record.live_tokens(now) >= cost {
-                record.take(cost, now);
-                return (true, Spend::Spent { refill: false, under: record.under() });
+                let until = record.take(cost, now);
+                return (true, Spend::Spent { refill: false, under: record.under(), until });
             }
             // While a refill is in flight on an empty budget (a probe), its waiters wait
             // for its answer rather than for the wait it may change.
@@ -215,15 +216,20 @@ impl<S: Store> Leases<'_, S> {
         Ok(taken_if_none(outcome))
     }
 
-    /// Gives back what a spend took (another policy of the request rejected it). Tokens
-    /// commute, so this is exact while the pool lives; an expired lease keeps nothing.
-    pub(crate) fn give_back(&self, place: &Placement, cost: u64, now: Nanos) -> Result<(), UpdateError> {
-        let _ = self.update(place, now, |record| {
-            let Some(pool) = record.live_pool(now) else { return (false, ()) };
-            pool.tokens = pool.tokens.saturating_add(cost);
-            (true, ())
+    /// Gives back what a spend took (another policy of the request rejected it), as a
+    /// pool that expires when the grant it was spent from does (`until`; merged with
+    /// the others under the earlier expiry, never a later one). Tokens commute, so this
+    /// is exact while that grant lives; after it, they have expired and nothing takes
+    /// them back. Returns what was not given back (expired).
+    pub(crate) fn give_back(&self, place: &Placement, cost: u64, until: Nanos, now: Nanos) -> Result<u64, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            if now >= until {
+                return (false, cost);
+            }
+            add_pool(record, Pool { tokens: cost, expires_at: until }, now);
+            (true, 0)
         })?;
-        Ok(())
+        Ok(updated.result.unwrap_or(cost))
     }
 
     /// Records units admitted under the failure rule, up to `max_debt` owed, on the
@@ -261,21 +267,28 @@ impl<S: Store> Leases<'_, S> {
     ) -> Result<Updated<(u64, bool)>, UpdateError> {
         let updated = self.update(place, now, |record| {
             let taken = excess.min(record.live_tokens(now));
-            record.take(taken, now);
+            let _ = record.take(taken, now);
             let owed = whose.map_or(0, |whose| record.owe(excess - taken, max_debt, whose, now));
             (taken > 0 || owed > 0, (excess - taken - owed, record.debt > 0))
         })?;
         Ok(Updated { result: Some(updated.result.unwrap_or((excess, false))), forgiven: updated.forgiven })
     }
 
-    /// Gives back `units` of an estimate the response did not use: to a live pool (as
-    /// [`Leases::give_back`]), or else off the debt no charge carries yet (an estimate a
-    /// fallback admitted is owed whole). Returns what could not be given back: an
-    /// expired lease keeps nothing, and those units stay spent.
-    pub(crate) fn unspend(&self, place: &Placement, units: u64, now: Nanos) -> Result<Updated<u64>, UpdateError> {
+    /// Gives back `units` of an estimate the response did not use, spent from a grant
+    /// that expires at `until`: to the lease while that grant lives (as
+    /// [`Leases::give_back`]), or else off the debt no charge carries yet. Returns what
+    /// could not be given back: an expired grant keeps nothing, and those units stay
+    /// spent.
+    pub(crate) fn unspend(
+        &self,
+        place: &Placement,
+        units: u64,
+        until: Nanos,
+        now: Nanos,
+    ) -> Result<Updated<u64>, UpdateError> {
         let updated = self.update(place, now, |record| {
-            if let Some(pool) = record.live_pool(now) {
-                pool.tokens = pool.tokens.saturating_add(units);
+            if now < until {
+                add_pool(record, Pool { tokens: units, expires_at: until }, now);
                 return (true, 0);
             }
             lower_debt(record, units)
@@ -441,8 +454,6 @@ impl<S: Store> Leases<'_, S> {
     }
 }
 
-/// Adds a live pool: it becomes the second pool; if both are live, the first two merge
-/// under the earlier expiry.
 /// Lowers the debt no charge carries yet by up to `units`: whether the record changed,
 /// and what was left over.
 fn lower_debt(record: &mut Record, units: u64) -> (bool, u64) {
@@ -451,7 +462,15 @@ fn lower_debt(record: &mut Record, units: u64) -> (bool, u64) {
     (off > 0, units - off)
 }
 
+/// Adds a live pool: to a live pool that expires at the same moment, else as the second
+/// pool; if both are live, the first two merge under the earlier expiry.
 fn add_pool(record: &mut Record, pool: Pool, now: Nanos) {
+    if let Some(same) =
+        [&mut record.first, &mut record.second].into_iter().find(|p| p.expires_at == pool.expires_at && now < p.expires_at)
+    {
+        same.tokens = same.tokens.saturating_add(pool.tokens);
+        return;
+    }
     if record.first.live(now) == 0 {
         record.first = std::mem::take(&mut record.second);
     }

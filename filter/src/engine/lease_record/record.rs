@@ -256,22 +256,14 @@ impl Record {
         owed
     }
 
-    /// The pool a spend given back returns to: the first that still lives at `now`.
-    pub(crate) fn live_pool(&mut self, now: Nanos) -> Option<&mut Pool> {
-        if now < self.first.expires_at {
-            Some(&mut self.first)
-        } else if now < self.second.expires_at {
-            Some(&mut self.second)
-        } else {
-            None
-        }
-    }
-
-    /// Takes `cost` from the pools, the earlier expiry first. The caller checked that
-    /// they hold it.
-    pub(crate) fn take(&mut self, cost: u64, now: Nanos) {
+    /// Takes `cost` from the pools, the earlier expiry first, and answers the expiry of
+    /// the earliest pool it took from (what a spend given back may live until). The
+    /// caller checked that they hold it.
+    pub(crate) fn take(&mut self, cost: u64, now: Nanos) -> Nanos {
+        let until = if self.first.live(now) > 0 { self.first.expires_at } else { self.second.expires_at };
         let from_first = self.first.take(cost, now);
         let _ = self.second.take(cost - from_first, now);
+        until
     }
 
     /// Whether the record carries nothing that another key could lose by taking the

@@ -58,10 +58,10 @@ fn a_grant_is_spent_until_it_runs_low_then_one_refill_is_elected() {
     assert_eq!(
         spends,
         [
-            Spend::Spent { refill: false, under: None },
-            Spend::Spent { refill: false, under: None },
-            Spend::Spent { refill: true, under: None },
-            Spend::Spent { refill: false, under: None },
+            Spend::Spent { refill: false, under: None, until: at(1000) },
+            Spend::Spent { refill: false, under: None, until: at(1000) },
+            Spend::Spent { refill: true, under: None, until: at(1000) },
+            Spend::Spent { refill: false, under: None, until: at(1000) },
             Spend::Wait { elected: false },
         ]
     );
@@ -79,7 +79,7 @@ fn tokens_expire_at_the_anchor_plus_the_lease_and_are_counted_as_forfeited() {
 
     assert_eq!(retried, Spend::Wait { elected: true });
     assert_eq!(forfeited, 5);
-    assert_eq!(retry(&leases, 3, later, later, 1), Spend::Spent { refill: false, under: None });
+    assert_eq!(retry(&leases, 3, later, later, 1), Spend::Spent { refill: false, under: None, until: at(2000) });
 }
 
 #[test]
@@ -129,7 +129,7 @@ fn a_grant_a_waiter_elected_is_held_for_it_and_spent_by_no_one_else() {
     let waiter = retry(&leases, 3, at(7), T, 42);
 
     assert_eq!(newcomer, Spend::Wait { elected: true }, "only the unheld token was there");
-    assert_eq!(waiter, Spend::Spent { refill: false, under: None });
+    assert_eq!(waiter, Spend::Spent { refill: false, under: None, until: at(1000) }, "the held tokens' expiry");
     assert_eq!(record(&store).live_tokens(at(7)), 1);
 }
 
@@ -307,12 +307,63 @@ fn a_given_back_spend_is_exact_while_the_lease_lives() {
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
     grant(&leases, 2, T, 1000, T);
-    let _ = spend(&leases, 2, T);
+    let Spend::Spent { until, .. } = spend(&leases, 2, T) else { panic!("the grant covers it") };
 
-    leases.give_back(&place(), 2, T).unwrap();
+    let kept = leases.give_back(&place(), 2, until, T).unwrap();
 
     // Spendable again; the refill the first spend elected is still in flight.
-    assert_eq!(spend(&leases, 2, T), Spend::Spent { refill: false, under: None });
+    assert_eq!(kept, 0);
+    assert_eq!(spend(&leases, 2, T), Spend::Spent { refill: false, under: None, until: at(1000) });
+}
+
+#[test]
+fn a_spend_given_back_after_its_grant_expired_never_lives_on_in_a_later_grant() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 1, T, 1000, T);
+    let Spend::Spent { until, .. } = spend(&leases, 1, T) else { panic!("the grant covers it") };
+    // A later grant lives longer than the one the token came from.
+    grant(&leases, 1, at(500), 1000, at(500));
+
+    // Given back while its own grant lives: to the pool that expires first (its own).
+    let kept_alive = leases.give_back(&place(), 1, until, at(900)).unwrap();
+    let _ = spend(&leases, 1, at(900));
+    // Given back once its grant has expired: not into the later grant's pool.
+    let kept_dead = leases.give_back(&place(), 1, until, at(1000)).unwrap();
+
+    assert_eq!(until, at(1000), "spent from the grant that expires at 1000");
+    assert_eq!(kept_alive, 0, "given back while its grant lives");
+    assert_eq!(kept_dead, 1, "expired with its grant, not given back");
+    assert_eq!(record(&store).live_tokens(at(1000)), 1, "only the later grant's own token");
+}
+
+#[test]
+fn a_spend_given_back_while_a_later_grant_lives_shortens_no_one_elses_tokens() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 2, T, 1000, T);
+    let Spend::Spent { until, .. } = spend(&leases, 1, T) else { panic!("the grant covers it") };
+    grant(&leases, 3, at(500), 1000, at(500));
+
+    let kept = leases.give_back(&place(), 1, until, at(600)).unwrap();
+
+    assert_eq!(kept, 0);
+    assert_eq!(record(&store).live_tokens(at(999)), 5, "both grants whole");
+    assert_eq!(record(&store).live_tokens(at(1000)), 3, "the later grant's three outlive the first");
+}
+
+#[test]
+fn an_unused_estimate_never_outlives_the_grant_it_was_spent_from() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    grant(&leases, 3, T, 1000, T);
+    let Spend::Spent { until, .. } = spend(&leases, 3, T) else { panic!("the grant covers it") };
+    grant(&leases, 1, at(500), 1000, at(500));
+
+    let kept = leases.unspend(&place(), 2, until, at(1200)).unwrap().result.unwrap();
+
+    assert_eq!(kept, 2, "its grant expired at 1000: the two units stay spent");
+    assert_eq!(record(&store).live_tokens(at(1200)), 1);
 }
 
 #[test]
@@ -334,13 +385,13 @@ fn an_unused_estimate_goes_back_to_a_live_lease_else_off_uncharged_debt_else_sta
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
     grant(&leases, 2, T, 1000, T);
-    let _ = spend(&leases, 2, T);
+    let Spend::Spent { until, .. } = spend(&leases, 2, T) else { panic!("the grant covers it") };
 
-    let to_pool = leases.unspend(&place(), 2, at(10)).unwrap().result.unwrap();
+    let to_pool = leases.unspend(&place(), 2, until, at(10)).unwrap().result.unwrap();
     leases.owe(&place(), 3, 10, (0, None), at(2000)).unwrap();
     let _ = leases.claim_charge(&place(), 1, Nanos(100), at(2000)).unwrap();
     leases.owe(&place(), 2, 10, (0, None), at(2001)).unwrap();
-    let off_debt = leases.unspend(&place(), 5, at(2002)).unwrap().result.unwrap();
+    let off_debt = leases.unspend(&place(), 5, until, at(2002)).unwrap().result.unwrap();
 
     assert_eq!(to_pool, 0);
     assert_eq!(record(&store).live_tokens(at(10)), 2);

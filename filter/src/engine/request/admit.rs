@@ -6,7 +6,7 @@
 use super::state::Granted;
 use crate::engine::cause::Note;
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, LocalResponse, Outcome, Owed, SpentFrom, Tally};
+use crate::engine::decision::{Decided, LeasePaid, LocalResponse, Outcome, Owed, SpentFrom, Tally};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers::{self, rate_limit_headers};
 use crate::engine::overridden;
@@ -106,8 +106,12 @@ pub(crate) fn unspend<S: Store, C: Clock>(
 ) -> Unspent {
     let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
-    for (_, slot, cost) in &granted.spent {
-        let _ = leases.give_back(slot, *cost, now);
+    for spend in &granted.spent {
+        // What its grant no longer holds has expired with it.
+        let expired = leases.give_back(&spend.slot, spend.cost, spend.until, now).unwrap_or(spend.cost);
+        if expired > 0 {
+            metrics.add(spend.policy, Counter::LeaseExpired, i64::try_from(expired).unwrap_or(i64::MAX));
+        }
     }
     give_back(granted.reservation, &granted.local, limiter, metrics);
     slots::release(setup, granted.slots.into_vec(), limiter, metrics);
@@ -232,20 +236,20 @@ pub(super) fn estimates_owed(setup: &Setup, resolved: &[Resolved], at: Nanos) ->
         .collect()
 }
 
-/// The estimate a lease-mode policy spent at `at` from its lease (`owed` is `None`), or
-/// a fallback admitted with `owed` units of it owed to the lease record, when the
+/// The estimate a lease-mode policy spent at `at` from its lease's tokens, or a
+/// fallback admitted with some of it owed to the lease record (`paid`), when the
 /// response reports its cost.
 pub(super) fn lease_estimate_owed(
     setup: &Setup,
     r: &Resolved,
     tag: &str,
     at: Nanos,
-    owed: Option<u64>,
+    paid: LeasePaid,
 ) -> Option<Owed> {
     let compiled = setup.compiled(r.policy)?;
     compiled.policy.cost.settled()?;
     let Place::Global { key, lease: Some(slot), .. } = &r.at else { return None };
-    let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned(), owed };
+    let from = SpentFrom::Lease { slot: slot.clone(), key: *key, tag: tag.to_owned(), paid };
     Some(Owed { policy: r.policy, from, estimate: r.cost, spent_at: at })
 }
 

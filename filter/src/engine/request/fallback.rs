@@ -18,7 +18,7 @@ use crate::config::FailureOutcome;
 use crate::engine::calls::{Target, tag_bits, units};
 use crate::engine::cause::{Cause, Fallback, Note};
 use crate::engine::compiled::Home;
-use crate::engine::decision::{Decided, Owed, SpentFrom};
+use crate::engine::decision::{Decided, LeasePaid, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, count_evidence, counted};
 use crate::engine::headers;
 use crate::engine::resolved::{Few, Place, Resolved};
@@ -125,7 +125,7 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     // Admitted without the service: lease policies owe what they admitted.
     for (r, _) in &failed {
         let owed = owe(setup, r, tag, now, limiter, metrics);
-        granted.owed.extend(lease_estimate_owed(setup, r, tag, now, Some(owed)));
+        granted.owed.extend(lease_estimate_owed(setup, r, tag, now, LeasePaid::Owed(owed)));
     }
     granted.fallback = Some(Note::merge(granted.fallback, fallback, first, &failed));
     Ok(granted)

@@ -23,10 +23,11 @@
 use super::admit::{lease_estimate_owed, reject};
 use super::check;
 use super::fallback::{apply_failure_rule, count_causes};
-use super::state::{Global, Granted, LeaseWait, Next, Pending, ToLease};
+use super::state::{Global, Granted, LeaseSpend, LeaseWait, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
 use crate::engine::calls::{Asker, Outgoing, Target};
 use crate::engine::cause::Cause;
+use crate::engine::decision::LeasePaid;
 use crate::engine::evidence::counted;
 use crate::engine::lease_record::{Rules, Spend, Updated};
 use crate::engine::overridden;
@@ -83,13 +84,15 @@ pub(crate) fn spend<S: Store, C: Clock>(
     for resolved in leased {
         let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
         match spent(resolved.policy, leases.spend(slot, resolved.cost, now, rules), metrics) {
-            Spent::Done(Spend::Spent { refill, under }) => {
+            Spent::Done(Spend::Spent { refill, under, until }) => {
                 if refill {
                     elect(setup, &tag, &resolved, Asker::LowWater);
                 }
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
-                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, None));
-                granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
+                let paid = LeasePaid::Tokens { until };
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, paid));
+                let (policy, slot, cost) = (resolved.policy, slot.clone(), resolved.cost);
+                granted.spent.push(LeaseSpend { policy, slot, cost, until });
             }
             Spent::Done(Spend::Wait { elected: mine }) => {
                 if mine {
@@ -157,10 +160,12 @@ pub(crate) fn retry<S: Store, C: Clock>(
         let may_elect = now < deadline;
         let retried = leases.retry(slot, resolved.cost, now, since, waiter, may_elect, rules);
         match spent(resolved.policy, retried, metrics) {
-            Spent::Done(Spend::Spent { under, .. }) => {
+            Spent::Done(Spend::Spent { under, until, .. }) => {
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
-                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, None));
-                granted.spent.push((resolved.policy, slot.clone(), resolved.cost));
+                let paid = LeasePaid::Tokens { until };
+                granted.owed.extend(lease_estimate_owed(setup, &resolved, &tag, now, paid));
+                let (policy, slot, cost) = (resolved.policy, slot.clone(), resolved.cost);
+                granted.spent.push(LeaseSpend { policy, slot, cost, until });
             }
             // (A retry never probes: it waited for the refill that found the budget empty.)
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {

@@ -13,7 +13,7 @@
 use crate::config::ResponseCost;
 use crate::engine::calls::{Target, tag_bits};
 use crate::engine::compiled::{Home, debt_bound};
-use crate::engine::decision::{Owed, SpentFrom};
+use crate::engine::decision::{LeasePaid, Owed, SpentFrom};
 use crate::engine::evidence::{count_error, counted};
 use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics, Scope};
@@ -63,7 +63,7 @@ pub(crate) fn settle<S: Store, C: Clock>(
             let now = limiter.clock().now();
             crate::engine::settlement::hold(setup, owed, (*key, tag, *at_ns), actual, now, metrics);
         }
-        SpentFrom::Lease { slot, key, tag, owed: debt } => {
+        SpentFrom::Lease { slot, key, tag, paid } => {
             let Some(leased) = setup.leased_home(policy) else { return };
             let leases = setup.leases(limiter.store());
             let now = limiter.clock().now();
@@ -94,9 +94,9 @@ pub(crate) fn settle<S: Store, C: Clock>(
                 // the response left of it comes off the debt, as far as it was owed (the
                 // rest was forgiven at once: owed nowhere, so given back nowhere).
                 let unused = owed.estimate - actual;
-                let (givable, given) = match debt {
-                    None => (unused, leases.unspend(slot, unused, now)),
-                    Some(debt) => (unused.min(*debt), leases.forgo(slot, unused.min(*debt), now)),
+                let (givable, given) = match paid {
+                    LeasePaid::Tokens { until } => (unused, leases.unspend(slot, unused, *until, now)),
+                    LeasePaid::Owed(debt) => (unused.min(*debt), leases.forgo(slot, unused.min(*debt), now)),
                 };
                 let credited = match counted(policy, given, metrics) {
                     Ok(Some(kept)) => givable - kept,

@@ -25,7 +25,7 @@ pub(crate) struct Granted {
     /// Estimates spent under policies whose cost the response reports.
     pub(crate) owed: Vec<Owed>,
     /// Lease spends made, to give back if the request is rejected after all.
-    pub(crate) spent: Few<(usize, Placement, u64)>,
+    pub(crate) spent: Few<LeaseSpend>,
     /// What the counter service spent for the check-mode policies, to credit back if
     /// the request is rejected after all (a `Vec`: empty, it costs a local request three
     /// words, where an inline array would be copied between every stage).
@@ -186,4 +186,14 @@ impl Pending {
             Self::Lease(wait) => wait.deadline,
         }
     }
+}
+
+/// A lease spend a request made: `cost` from `slot`, for `policy`, from a grant that
+/// expires at `until` (given back, it never outlives that grant).
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseSpend {
+    pub(crate) policy: usize,
+    pub(crate) slot: Placement,
+    pub(crate) cost: u64,
+    pub(crate) until: Nanos,
 }

@@ -94,6 +94,10 @@ impl Oracle {
                                     at.saturating_sub(self.start) as f64 / 1e6,
                                     *life as f64 / 1e6
                                 )),
+                                Decision::Check { key, cost, at, .. } if key == counter => Some(format!(
+                                    "check {cost} at {:.3} ms",
+                                    at.saturating_sub(self.start) as f64 / 1e6
+                                )),
                                 _ => None,
                             })
                             .collect();
