@@ -4,7 +4,7 @@
 
 use super::svg::{Band, Line, chart};
 use super::{Summary, verdict};
-use crate::record::{EMERGENCY, degraded};
+use crate::record::{EMERGENCY, LEASE_CHECKED, degraded};
 use crate::run::Outcome;
 use sluice::config::Policy;
 use sluice::host::{Counter, PluginCounter};
@@ -204,8 +204,19 @@ fn policy_charts(outcome: &Outcome, policy: &Policy, ends: &[f64], bands: &[Band
                 color: "#d62828",
                 values: deltas(outcome, name, &[Counter::LeaseExpired]),
             },
+            Line {
+                name: "requests decided by the service per request (lease.checked)",
+                color: "#2f6fdf",
+                values: deltas(outcome, name, &LEASE_CHECKED),
+            },
         ];
-        out.push_str(&chart(&format!("{name}: leases"), "tokens", ends, &lines, bands));
+        out.push_str(&chart(
+            &format!("{name}: leases, and the requests they could not serve"),
+            "tokens, requests",
+            ends,
+            &lines,
+            bands,
+        ));
     }
     out
 }

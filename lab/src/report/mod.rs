@@ -11,7 +11,7 @@ mod verdict;
 pub use verdict::verdict;
 
 use crate::overshoot::{PolicyOvershoot, Promise};
-use crate::record::{ClassRow, EMERGENCY, degraded};
+use crate::record::{ClassRow, EMERGENCY, LEASE_CHECKED, degraded};
 use crate::run::Outcome;
 use serde::Serialize;
 use sluice::host::{Counter, PluginCounter};
@@ -38,6 +38,9 @@ pub struct PolicySummary {
     pub over_limit: u64,
     /// The counter service could not decide (every reason).
     pub degraded: u64,
+    /// Lease mode: requests the lease could not serve, decided by the service per
+    /// request (a check) instead: the service answered, nothing degraded.
+    pub lease_checked: u64,
     /// Decided by the emergency cap: admitted, refused.
     pub emergency_allowed: u64,
     /// Refused by the emergency cap.
@@ -175,6 +178,7 @@ impl Summary {
                     accounting_holds,
                     over_limit: get(Counter::OverLimit),
                     degraded: last.policy_sum(name, &degraded()),
+                    lease_checked: last.policy_sum(name, &LEASE_CHECKED),
                     emergency_allowed: get(Counter::EmergencyAllowed),
                     emergency_rejected: get(Counter::EmergencyRejected),
                     failure_allowed: get(Counter::FailureAllowed),

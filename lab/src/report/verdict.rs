@@ -101,6 +101,12 @@ fn verdict_of_numbers(summary: &Summary) -> String {
                 p.failure_denied + p.emergency_rejected,
             ));
         }
+        if p.lease_checked > 0 {
+            out.push_str(&format!(
+                "; {} its lease could not serve were decided by the service per request (a check: the service answered)",
+                plural(p.lease_checked, "request", "requests")
+            ));
+        }
         out.push_str(". ");
     }
     let waits: Vec<String> = summary

@@ -168,3 +168,25 @@ fn the_game_day_names_every_fallback_admission_and_keeps_the_rest_within_the_doc
     assert!(html.contains("<svg") && !html.contains("<script") && !html.contains("src=") && !html.contains("href="));
     assert!(html.contains("us partitioned from the service"));
 }
+
+#[test]
+fn a_lease_that_cannot_serve_a_request_while_the_service_is_healthy_has_it_decided_by_the_service_never_degraded() {
+    // 200 callers on a lease table of 4 slots: most requests find their slot held by
+    // another caller's lease, with the counter service healthy throughout.
+    let scenario = "name: few slots\nseed: 7\nduration: 10s\ninterval: 1s\nfleet:\n  regions:\n    - {name: all, proxies: 2}\n  workers: 1\ncallers:\n  - name: clients\n    path: /api/items\n    headers: {x-user: \"{key}\"}\n    keys: {count: 200, hot_share: 0.1}\n    rate:\n      - {at: 0s, rps: 200}\n";
+    let config = r#"{"counter_service": {"cluster": "sluice-counter", "timeout": "50ms"},
+        "policies": [{"name": "per-user", "key": [{"header": "x-user"}], "rate": "300/minute", "burst": 20,
+        "slots": 4, "global": {"strategy": "lease", "lease": {"size": 5, "duration": "2s"}},
+        "on_failure": {"action": "deny"}}]}"#;
+
+    let summary = Summary::of(&run_text(scenario, config));
+
+    let p = &summary.policies[0];
+    assert_eq!((p.degraded, p.failure_denied, p.failure_allowed), (0, 0, 0), "{p:?}");
+    assert!(p.lease_checked > 100, "the slots could not serve most callers: {p:?}");
+    assert!(p.allowed > 1000, "and the service admitted them: {p:?}");
+    assert_eq!(p.beyond_promise, 0, "{p:?}");
+    let verdict = report::verdict(&summary);
+    assert!(verdict.contains("decided by the service per request"), "{verdict}");
+    assert!(!verdict.contains("answer was not had"), "{verdict}");
+}

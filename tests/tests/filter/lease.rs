@@ -137,7 +137,7 @@ const ROUTE_AND_TENANT: &str = r#"{
 }"#;
 
 #[test]
-fn a_second_lease_policy_is_decided_when_the_first_takes_its_failure_rule() {
+fn a_second_lease_policy_is_decided_when_the_first_finds_its_slot_taken() {
     // The route budget grants; the tenant's is spent.
     let mut host = builder(ROUTE_AND_TENANT)
         .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
@@ -151,8 +151,9 @@ fn a_second_lease_policy_is_decided_when_the_first_takes_its_failure_rule() {
     host.advance(millis(30));
     assert_eq!(host.worker(0).outcome(first).unwrap().response().map(|r| r.status), Some(429));
 
-    // Route "a" holds the route policy's only slot; route "b" takes its failure rule
-    // (allow), and must still meet the tenant's spent budget.
+    // Route "a" holds the route policy's only slot; route "b" is set aside for a check
+    // at the service, and must still meet the tenant's spent budget, which rejects it
+    // before any check.
     let second = send(&mut host, Request::get("/").header("x-route", "b").header("x-tenant", "t"));
 
     assert_eq!(
@@ -161,7 +162,8 @@ fn a_second_lease_policy_is_decided_when_the_first_takes_its_failure_rule() {
         "admitted past the tenant's budget: {:?}",
         second.header_str("x-sluice-fallback")
     );
-    assert_eq!(metric(&host, "route", Counter::DegradedLeaseSlotTaken), 1);
+    assert_eq!(metric(&host, "route", Counter::DegradedLeaseSlotTaken), 0, "never degraded");
+    assert_eq!(metric(&host, "route", Counter::LeaseCheckedSlotTaken), 0, "rejected before any check");
     assert_eq!(metric(&host, "tenant", Counter::OverLimit), 2);
     assert_accounting(&host, "route");
     assert_accounting(&host, "tenant");

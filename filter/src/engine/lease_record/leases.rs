@@ -465,8 +465,9 @@ fn lower_debt(record: &mut Record, units: u64) -> (bool, u64) {
 /// Adds a live pool: to a live pool that expires at the same moment, else as the second
 /// pool; if both are live, the first two merge under the earlier expiry.
 fn add_pool(record: &mut Record, pool: Pool, now: Nanos) {
-    if let Some(same) =
-        [&mut record.first, &mut record.second].into_iter().find(|p| p.expires_at == pool.expires_at && now < p.expires_at)
+    if let Some(same) = [&mut record.first, &mut record.second]
+        .into_iter()
+        .find(|p| p.expires_at == pool.expires_at && now < p.expires_at)
     {
         same.tokens = same.tokens.saturating_add(pool.tokens);
         return;

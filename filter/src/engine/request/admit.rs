@@ -239,13 +239,7 @@ pub(super) fn estimates_owed(setup: &Setup, resolved: &[Resolved], at: Nanos) ->
 /// The estimate a lease-mode policy spent at `at` from its lease's tokens, or a
 /// fallback admitted with some of it owed to the lease record (`paid`), when the
 /// response reports its cost.
-pub(super) fn lease_estimate_owed(
-    setup: &Setup,
-    r: &Resolved,
-    tag: &str,
-    at: Nanos,
-    paid: LeasePaid,
-) -> Option<Owed> {
+pub(super) fn lease_estimate_owed(setup: &Setup, r: &Resolved, tag: &str, at: Nanos, paid: LeasePaid) -> Option<Owed> {
     let compiled = setup.compiled(r.policy)?;
     compiled.policy.cost.settled()?;
     let Place::Global { key, lease: Some(slot), .. } = &r.at else { return None };

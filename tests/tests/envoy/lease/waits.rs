@@ -24,7 +24,7 @@ fn routed(route: &str, tenant: &str) -> Request {
 }
 
 #[test]
-fn a_second_lease_policy_is_still_decided_when_the_first_takes_its_failure_rule() {
+fn a_second_lease_policy_is_still_decided_when_the_first_finds_its_slot_taken() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
     let envoy = Envoy::builder()
         .workers(1)
@@ -37,7 +37,8 @@ fn a_second_lease_policy_is_still_decided_when_the_first_takes_its_failure_rule(
     let spent: Vec<u16> = (0..4).map(|_| send(&envoy, &routed("a", "t")).status).collect();
     assert_eq!(spent, [200, 200, 200, 429]);
 
-    // Route "b" finds the slot taken (its rule: allow); the tenant's budget is still spent.
+    // Route "b" finds the slot taken (set aside for a check at the service); the
+    // tenant's spent budget rejects the request first, so no check is needed.
     let other_route = send(&envoy, &routed("b", "t"));
 
     assert_eq!(
@@ -46,8 +47,43 @@ fn a_second_lease_policy_is_still_decided_when_the_first_takes_its_failure_rule(
         "admitted past the tenant's budget ({:?}): the tenant policy was skipped",
         other_route.header("x-sluice-fallback")
     );
-    assert_eq!(envoy.metric("route", Metric::DegradedLeaseSlotTaken), 1);
+    assert_eq!(other_route.header("x-sluice-fallback"), None, "nothing degraded");
+    assert_eq!(envoy.metric("route", Metric::LeaseCheckedSlotTaken), 0, "rejected before any check");
+    assert_eq!(envoy.metric("route", Metric::DegradedLeaseSlotTaken), 0, "never degraded");
     assert_eq!(envoy.metric("tenant", Metric::OverLimit), 2);
+}
+
+#[test]
+fn a_caller_whose_lease_slot_another_holds_is_decided_by_the_service_with_its_429_and_retry_after() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+    let config = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
+                                         "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"},
+        "policies": [{"name": "user", "key": [{"header": "x-user"}], "rate": "1/minute", "burst": 3, "slots": 1,
+                      "global": {"strategy": "lease", "lease": {"size": 3, "duration": "60s"}},
+                      "on_failure": {"action": "deny"}}],
+        "response": {"fallback_header": "x-sluice-fallback"}}"#;
+    let envoy = Envoy::builder()
+        .workers(1)
+        .cluster(cluster("sluice-counter", service.addr(), true))
+        .sluice(filter(config, sluice_artifacts::SLUICE_WASM))
+        .log_level("warning")
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let user = |name: &str| Request::get("/").header("x-user", name);
+    // "a" leases the table's only slot for a minute.
+    assert_eq!(send(&envoy, &user("a")).status, 200);
+
+    // "b" finds it held: each request is decided by the service, exactly.
+    let b: Vec<_> = (0..4).map(|_| send(&envoy, &user("b"))).collect();
+
+    let statuses: Vec<u16> = b.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429], "b's own budget of 3, decided at the service");
+    assert!(b.iter().all(|r| r.header("x-sluice-fallback").is_none()), "nothing degraded");
+    let wait: u64 = b[3].header("retry-after").and_then(|v| v.parse().ok()).expect("the service's Retry-After");
+    assert!((55..=60).contains(&wait), "three spent of a budget that refills one a minute: {wait} s");
+    assert_eq!(envoy.metric("user", Metric::LeaseCheckedSlotTaken), 4);
+    assert_eq!(envoy.metric("user", Metric::DegradedLeaseSlotTaken), 0);
+    assert_eq!(envoy.metric("user", Metric::FailureDenied), 0);
 }
 
 /// Two lease policies whose workers' queues differ in length.
