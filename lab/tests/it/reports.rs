@@ -174,7 +174,8 @@ fn a_lease_that_cannot_serve_a_request_while_the_service_is_healthy_has_it_decid
     // 200 callers on a lease table of 4 slots: most requests find their slot held by
     // another caller's lease, with the counter service healthy throughout.
     let scenario = "name: few slots\nseed: 7\nduration: 10s\ninterval: 1s\nfleet:\n  regions:\n    - {name: all, proxies: 2}\n  workers: 1\ncallers:\n  - name: clients\n    path: /api/items\n    headers: {x-user: \"{key}\"}\n    keys: {count: 200, hot_share: 0.1}\n    rate:\n      - {at: 0s, rps: 200}\n";
-    let config = r#"{"counter_service": {"cluster": "sluice-counter", "timeout": "50ms"},
+    let config = r#"{"counter_service": {"cluster": "sluice-counter", "timeout": "50ms",
+        "token_env": "SLUICE_COUNTER_TOKEN", "hash_key_env": "SLUICE_HASH_KEY"},
         "policies": [{"name": "per-user", "key": [{"header": "x-user"}], "rate": "300/minute", "burst": 20,
         "slots": 4, "global": {"strategy": "lease", "lease": {"size": 5, "duration": "2s"}},
         "on_failure": {"action": "deny"}}]}"#;
