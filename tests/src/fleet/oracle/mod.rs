@@ -389,8 +389,10 @@ impl Oracle {
         }
         // A lease policy whose cost the response reports is not checked yet when its lease
         // cannot serve it (the filter README): it keeps the failure rule for these reasons.
+        // The header's reason is its first policy's (the others may have failed for
+        // reasons of their own, such as `lease_queue_full`).
         let settled_lease_only = ["lease_slot_taken", "lease_contended"].contains(&reason.unwrap_or(""))
-            && named.iter().all(|name| {
+            && named.first().is_some_and(|name| {
                 followed.matched.iter().any(|m| {
                     &m.policy.name == name && matches!(m.policy.kind, Kind::Lease { .. }) && m.policy.usage.is_some()
                 })

@@ -331,4 +331,5 @@ fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
     assert_eq!(reconciled + repaid, capped, "what the cap admitted was paid back once Redis answered again");
 }
 
+mod demand;
 mod waits;
