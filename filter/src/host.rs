@@ -334,7 +334,8 @@ counters! {
         LeaseRefills = ("lease.refills", Global),
         /// Lease: tokens granted by the service.
         LeaseGranted = ("lease.granted", Global),
-        /// Lease: tokens that expired unspent (forfeited).
+        /// Lease: tokens that expired unspent (forfeited), counted when their record is
+        /// next written: those of a record never written again are not counted.
         LeaseExpired = ("lease.expired", Global),
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
