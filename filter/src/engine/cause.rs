@@ -61,8 +61,7 @@ impl Cause {
                 | Reason::DispatchFailed
                 | Reason::LeaseQueueFull
                 | Reason::LeaseSlotTaken
-                | Reason::LeaseContended
-                | Reason::LeaseCold,
+                | Reason::LeaseContended,
             )
             | Self::CasExhausted
             | Self::StoreError => Rule::CONFIGURED,
