@@ -167,6 +167,11 @@ reasons! {
     /// `LeaseSlotTaken`, the request is then decided by a check at the service
     /// (`lease.checked.contended`); degraded only where no check can be sent.
     LeaseContended = ("lease_contended", DegradedLeaseContended),
+    /// Lease mode: the caller's key is cold (known to ask for fewer than `COLD_BELOW`, four, units over
+    /// a lease's life), so its request is checked at the service rather than leased, and
+    /// that check could not be held for it (the worker decides it at once). Otherwise the
+    /// service decides it: `lease.checked.cold`.
+    LeaseCold = ("lease_cold", DegradedLeaseCold),
 }
 
 impl Reason {
@@ -313,6 +318,8 @@ counters! {
         DegradedLeaseSlotTaken = (Reason::LeaseSlotTaken.metric_name(), Global),
         /// Lease: a wait ran out while refills were granted and spent by others.
         DegradedLeaseContended = (Reason::LeaseContended.metric_name(), Global),
+        /// Global: a cold key's request whose check could not be held for it.
+        DegradedLeaseCold = (Reason::LeaseCold.metric_name(), Global),
         /// Global: requests the counter service decided under an operator's bypass
         /// (admitted without spending).
         OverrideBypassed = ("override.bypassed", Global),
@@ -327,7 +334,8 @@ counters! {
         LeaseRefills = ("lease.refills", Global),
         /// Lease: tokens granted by the service.
         LeaseGranted = ("lease.granted", Global),
-        /// Lease: tokens that expired unspent (forfeited).
+        /// Lease: tokens that expired unspent (forfeited), counted when their record is
+        /// next written: those of a record never written again are not counted.
         LeaseExpired = ("lease.expired", Global),
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
@@ -345,6 +353,10 @@ counters! {
         /// Lease: requests whose wait for a refill was outrun by other requests, decided
         /// by a check of their cost at the service instead.
         LeaseCheckedContended = ("lease.checked.contended", Global),
+        /// Lease: requests of a cold key (known to ask for fewer than four units over a
+        /// lease's life on this proxy), decided by a check of their cost at the service
+        /// rather than leased: nothing leased, nothing stranded.
+        LeaseCheckedCold = ("lease.checked.cold", Global),
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).
         CostEstimated = ("cost.estimated", ResponseCost),

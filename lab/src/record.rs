@@ -25,9 +25,10 @@ pub fn degraded() -> Vec<Counter> {
 /// The emergency cap's decisions.
 pub const EMERGENCY: [Counter; 2] = [Counter::EmergencyAllowed, Counter::EmergencyRejected];
 
-/// A lease policy's requests its lease could not serve, decided by the service per
-/// request (a check), not by a fallback: never degraded.
-pub const LEASE_CHECKED: [Counter; 2] = [Counter::LeaseCheckedSlotTaken, Counter::LeaseCheckedContended];
+/// A lease policy's requests its lease could not serve, or whose key is cold, decided by
+/// the service per request (a check), not by a fallback: never degraded.
+pub const LEASE_CHECKED: [Counter; 3] =
+    [Counter::LeaseCheckedSlotTaken, Counter::LeaseCheckedContended, Counter::LeaseCheckedCold];
 
 impl Counters {
     /// Adds one proxy's metrics, named `<prefix>.<policy>.<counter>` or

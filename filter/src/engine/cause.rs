@@ -61,7 +61,8 @@ impl Cause {
                 | Reason::DispatchFailed
                 | Reason::LeaseQueueFull
                 | Reason::LeaseSlotTaken
-                | Reason::LeaseContended,
+                | Reason::LeaseContended
+                | Reason::LeaseCold,
             )
             | Self::CasExhausted
             | Self::StoreError => Rule::CONFIGURED,

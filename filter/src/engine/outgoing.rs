@@ -135,7 +135,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
     let now = limiter.clock().now();
     let (sent, path, body) = match call {
         Outgoing::Refill(target, asker) => {
-            let body = refill_body(setup, &target, asker)?;
+            let body = refill_body(setup, &target, asker, limiter.store(), now)?;
             (Sent::Refill(target, asker), wire::LEASE_PATH, body)
         }
         Outgoing::Charge(target) => {
@@ -169,22 +169,26 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
     }
 }
 
-/// The body of a refill of `target`'s lease: a grant of the lease's size, at least what
-/// a waiter costs.
-fn refill_body(setup: &Setup, target: &Target, asker: Asker) -> Option<Vec<u8>> {
+/// The body of a refill of `target`'s lease: a grant of what the key is expected to
+/// spend over the lease's life (its demand, read from its record), at least what a
+/// waiter costs and at most the lease's size (the size when the record cannot be read).
+fn refill_body(setup: &Setup, target: &Target, asker: Asker, store: &impl Store, now: Nanos) -> Option<Vec<u8>> {
     let (compiled, leased) = (setup.compiled(target.policy)?, setup.leased_home(target.policy)?);
     let Home::Global { spec, .. } = &compiled.home else { return None };
+    let size = leased.config.size;
     let min_tokens = match asker {
         Asker::LowWater => 1,
-        Asker::Waiter { cost, .. } => cost.clamp(1, leased.config.size),
+        Asker::Waiter { cost, .. } => cost.clamp(1, size),
     };
+    let demand = setup.leases(store).peek(&target.slot, now).ok().flatten().map(|record| record.demand);
+    let tokens = demand.map_or(size, |demand| demand.ask(now, leased.config.duration(), min_tokens, size));
     let request = LeaseRequest {
         tag: Some(target.tag.clone()),
         key: namespace::hex128(target.key),
         policy: Some(compiled.policy.name.clone()),
         policy_version: compiled.policy.version,
         limit: *spec,
-        tokens: leased.config.size,
+        tokens,
         min_tokens,
         ttl_ms: leased.config.duration_ms,
     };

@@ -146,7 +146,10 @@ fn local_counters_duplicate_the_budget_and_leases_cut_the_callouts_of_a_central_
         lease.callouts_per_1000,
         check.callouts_per_1000
     );
-    assert!(lease.policies[0].lease_expired > 0, "leases strand tokens at idle users' proxies");
+    // Leases sized to each key's demand, and cold keys checked, strand almost nothing
+    // at idle users' proxies (a lease of the whole size each used to strand most of it).
+    let p = &lease.policies[0];
+    assert!(p.lease_granted > 0 && p.lease_expired * 20 <= p.lease_granted, "at most 5 % stranded: {p:?}");
     assert_eq!(lease.policies[0].beyond_promise, 0, "{:?}", lease.policies[0]);
 }
 

@@ -18,6 +18,12 @@ pub(crate) struct Rules {
     /// have changed the answer since, and the READMEs promise it is obeyed within the
     /// service's sweep and one lease duration.
     pub(crate) probe_every: Nanos,
+    /// A grant's life: the interval the key's demand is counted over.
+    pub(crate) life: Nanos,
+    /// Whether a cold key's request may be checked at the service ([`Spend::Cold`]);
+    /// `false` for a policy whose cost the response reports (its spend would have to be
+    /// settled as a check's), which is always leased.
+    pub(crate) may_check: bool,
 }
 
 impl Rules {
@@ -50,6 +56,10 @@ pub(crate) enum Spend {
     Failed { reason: u64 },
     /// The slot is held by another key's lease: the failure rule (`lease_slot_taken`).
     Taken,
+    /// The lease holds too little, and the key is cold (known to ask for less than
+    /// [`super::demand::COLD_BELOW`] units over a lease's life): no refill is elected,
+    /// the request is checked at the service instead.
+    Cold,
 }
 
 /// What an update did, besides its result: debt it forgave by taking a slot whose
@@ -141,9 +151,12 @@ impl<S: Store> Leases<'_, S> {
             let live = record.live_tokens(now);
             let refill_free = now >= record.refill_until;
             if live >= cost {
+                record.demand.note(cost, now, rules.life);
                 let until = record.take(cost, now);
                 let left = record.live_tokens(now);
-                let refill = refill_free && left < rules.low_water && now >= record.empty_until;
+                // A cold key's last tokens are spent without asking for more.
+                let warm = !(rules.may_check && record.demand.is_cold(now, rules.life));
+                let refill = refill_free && left < rules.low_water && now >= record.empty_until && warm;
                 if refill {
                     rules.elect(record, now);
                 }
@@ -161,6 +174,14 @@ impl<S: Store> Leases<'_, S> {
             }
             if !refill_free {
                 return (false, Spend::Wait { elected: false });
+            }
+            // A key seen for the first time is not cold (nothing is known of it yet), nor
+            // one that asked for a refill within the last lease life (it is being leased:
+            // a refill that failed or never came is a failure, not coldness).
+            let known = record.demand.is_known() && now >= record.asked_at.saturating_add(rules.life);
+            record.demand.note(cost, now, rules.life);
+            if rules.may_check && known && record.demand.is_cold(now, rules.life) {
+                return (true, Spend::Cold);
             }
             rules.elect(record, now);
             (true, Spend::Wait { elected: true })

@@ -19,6 +19,9 @@
 //!   requests the live tokens cannot cover are rejected with the time left, except one
 //!   per lease duration since the last election (`asked_at`), which asks again (a probe:
 //!   an operator's override may have changed the answer since);
+//! * `demand`: the units the key asked for on this proxy over the last lease life
+//!   (`demand.rs`): a key known to ask for fewer than four is cold and checked per
+//!   request, and a refill asks for what the key is expected to spend;
 //! * `failed_at`: the last refill that failed: requests waiting for it apply the failure
 //!   rule at once;
 //! * `debt`: units admitted under the failure rule while the service could not decide,
@@ -37,6 +40,7 @@
 //!
 //! `record.rs` is the record and its encoding; `leases.rs` every change made to it.
 
+mod demand;
 mod leases;
 mod record;
 

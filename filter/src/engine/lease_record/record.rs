@@ -2,6 +2,7 @@
 //! expiries, the hold for a waiter, the refill in flight, the debt and the charge that
 //! carries it.
 
+use super::demand::Demand;
 use shared_store::{Nanos, words};
 use sluice_protocol::{AppliedOverride, OverrideId, OverrideKind};
 
@@ -11,9 +12,14 @@ pub(crate) const MAX_ATTEMPTS: u32 = 16;
 /// the debt is forgiven (counted as `lease.forgiven`). Charges are retried meanwhile.
 pub(crate) const DEBT_LIFE: Nanos = Nanos::from_secs(60);
 /// The record's format version.
-pub(crate) const VERSION: u8 = 5;
+pub(crate) const VERSION: u8 = 6;
 /// Encoded fields, each a little-endian u64.
-pub(crate) const FIELDS: usize = 27;
+pub(crate) const FIELDS: usize = 30;
+/// Version 5, a record without the key's demand (written by an earlier build), is still
+/// read.
+const VERSION_5: u8 = 5;
+/// The fields of a version-5 record.
+const FIELDS_V5: usize = 27;
 /// Version 4, a record without `asked_at` (written by an earlier build), is still read.
 const VERSION_4: u8 = 4;
 /// The fields of a version-4 record.
@@ -92,6 +98,8 @@ pub(crate) struct Record {
     /// When a refill was last elected (0: never, or not known): while the service says
     /// the budget is empty, the next is elected no sooner than a lease duration later.
     pub(crate) asked_at: Nanos,
+    /// The key's demand on this proxy: how it is served, and what a refill asks for.
+    pub(crate) demand: Demand,
 }
 
 impl Record {
@@ -124,6 +132,9 @@ impl Record {
             self.override_id,
             self.override_kind,
             self.asked_at.0,
+            self.demand.since.0,
+            self.demand.current,
+            self.demand.previous,
         ]
     }
 
@@ -131,14 +142,21 @@ impl Record {
         words::encode(VERSION, &self.fields())
     }
 
-    /// `None` for bytes that are not a record of this version (or of version 4, whose
-    /// last election is not known; 3, granted under no override; or 2, whose charge in
+    /// `None` for bytes that are not a record of this version (or of version 5, whose
+    /// demand is not known; 4, whose last election is not known; 3, granted under no override; or 2, whose charge in
     /// flight is taken as first claimed when its last send's window ended).
     pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
         if let Some((VERSION, fields)) = words::decode::<FIELDS>(bytes) {
             return Some(Self::from_fields(fields));
         }
         let mut fields = [0; FIELDS];
+        if let Some((VERSION_5, old)) = words::decode::<FIELDS_V5>(bytes) {
+            // No demand known: served by a lease, as before.
+            for (field, value) in fields.iter_mut().zip(old) {
+                *field = value;
+            }
+            return Some(Self::from_fields(fields));
+        }
         if let Some((VERSION_4, old)) = words::decode::<FIELDS_V4>(bytes) {
             // No election known: the next may be elected at once.
             for (field, value) in fields.iter_mut().zip(old) {
@@ -191,6 +209,9 @@ impl Record {
             override_id,
             override_kind,
             asked_at,
+            demand_since,
+            demand_current,
+            demand_previous,
         ] = fields;
         let wide = |low: u64, high: u64| u128::from(low) | (u128::from(high) << 64);
         Self {
@@ -215,6 +236,7 @@ impl Record {
             override_id,
             override_kind,
             asked_at: Nanos(asked_at),
+            demand: Demand { since: Nanos(demand_since), current: demand_current, previous: demand_previous },
         }
     }
 

@@ -3,7 +3,8 @@
 use super::*;
 use shared_store::{MemoryStore, Placement, Store};
 
-const RULES: Rules = Rules { low_water: 2, refill_window: Nanos(100), probe_every: Nanos(2000) };
+const RULES: Rules =
+    Rules { low_water: 2, refill_window: Nanos(100), probe_every: Nanos(2000), life: Nanos(2000), may_check: false };
 const T: Nanos = Nanos(1_000_000);
 
 fn place() -> Placement {
@@ -423,6 +424,7 @@ fn a_record_survives_its_encoding() {
         override_id: 24,
         override_kind: 2,
         asked_at: Nanos(25),
+        demand: super::demand::Demand { since: Nanos(26), current: 27, previous: 28 },
     };
 
     assert_eq!(Record::decode(&r.encode()), Some(r));
@@ -471,4 +473,22 @@ fn while_the_budget_is_empty_one_request_asks_again_each_lease_duration_and_its_
     assert_eq!(late, Spend::Empty { until: at(60_010), under: None }, "its answer never came: the wait stands");
     assert_eq!(spend(&leases, 1, at(3999)), Spend::Empty { until: at(60_010), under: None });
     assert_eq!(spend(&leases, 1, at(4000)), probe);
+}
+
+#[test]
+fn a_known_key_below_the_cold_bound_is_checked_unless_it_asked_for_a_refill_within_the_last_life() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let adaptive = Rules { may_check: true, ..RULES };
+    let spend = |rules: Rules, now: Nanos| leases.spend(&place(), 1, now, rules).unwrap().result.unwrap();
+
+    let first_sight = spend(adaptive, T);
+    let within_its_life = spend(adaptive, at(150));
+    let a_life_later = spend(adaptive, at(2500));
+    let never_checked = spend(RULES, at(2600));
+
+    assert_eq!(first_sight, Spend::Wait { elected: true }, "nothing known: leased");
+    assert_eq!(within_its_life, Spend::Wait { elected: true }, "it asked for a refill within the last life");
+    assert_eq!(a_life_later, Spend::Cold, "three units over the last life, no refill asked in it");
+    assert_eq!(never_checked, Spend::Wait { elected: true }, "a policy that may not check is always leased");
 }

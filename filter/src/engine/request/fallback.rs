@@ -250,7 +250,12 @@ fn owe<S: Store, C: Clock>(
     metrics: &mut impl Metrics,
 ) -> u64 {
     let (policy, cost) = (resolved.policy, resolved.cost);
-    let (Some(leased), Place::Global { key, lease: Some(slot), .. }) = (setup.leased_home(policy), &resolved.at) else {
+    let Some(leased) = setup.leased_home(policy) else { return 0 };
+    let Place::Global { key, lease: Some(slot), .. } = &resolved.at else {
+        // A lease policy its lease could not serve, decided by a check (`lease.rs`):
+        // what the failure rule admits when that check is not answered is not owed, as
+        // for a check-mode policy (a check that timed out may have been counted).
+        metrics.add(policy, Counter::LeaseForgiven, units(cost));
         return 0;
     };
     let Some(bits) = tag_bits(tag) else {

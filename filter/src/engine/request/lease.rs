@@ -119,6 +119,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 failed.push((resolved, Cause::Service(Reason::from_index(reason))));
             }
             Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+            Spent::Done(Spend::Cold) => failed.push((resolved, Cause::Service(Reason::LeaseCold))),
             Spent::Failed(cause) => failed.push((resolved, cause)),
         }
     }
@@ -179,6 +180,8 @@ pub(crate) fn retry<S: Store, C: Clock>(
                 failed.push((resolved, Cause::Service(Reason::from_index(reason))));
             }
             Spent::Done(Spend::Taken) => failed.push((resolved, Cause::Service(Reason::LeaseSlotTaken))),
+            // (A retry is never cold: its key asked already.)
+            Spent::Done(Spend::Cold) => failed.push((resolved, Cause::Service(Reason::LeaseCold))),
             Spent::Done(Spend::Wait { .. }) if now >= deadline => {
                 // Outrun, when grants came while it waited; otherwise no answer came.
                 let outrun = leases.peek(slot, now).ok().flatten().is_some_and(|r| r.granted_at >= since);
@@ -246,7 +249,7 @@ pub(crate) fn overflow<S: Store, C: Clock>(
 /// cannot hold another waiting request: `lease_queue_full`, see the filter README).
 fn checked_for(cause: Cause) -> Option<Reason> {
     match cause {
-        Cause::Service(reason @ (Reason::LeaseSlotTaken | Reason::LeaseContended)) => Some(reason),
+        Cause::Service(reason @ (Reason::LeaseSlotTaken | Reason::LeaseContended | Reason::LeaseCold)) => Some(reason),
         _ => None,
     }
 }
@@ -299,9 +302,17 @@ fn check_instead<S: Store, C: Clock>(
         };
     };
     let mut checked = Few::new();
-    for (resolved, reason) in to_check {
+    for (mut resolved, reason) in to_check {
+        // Decided as a check-mode policy is, its failure too: what the failure rule admits
+        // when this check cannot be answered is not owed to the lease (counted as
+        // `lease.forgiven`). A check that timed out may have been counted at the service
+        // already; a charge on top would count the request twice (fleet seed 155).
+        if let Place::Global { lease, .. } = &mut resolved.at {
+            *lease = None;
+        }
         let counter = match reason {
             Reason::LeaseContended => Counter::LeaseCheckedContended,
+            Reason::LeaseCold => Counter::LeaseCheckedCold,
             _ => Counter::LeaseCheckedSlotTaken,
         };
         metrics.add(resolved.policy, counter, 1);
@@ -328,8 +339,12 @@ fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<
     else {
         return None;
     };
-    let probe_every = home.config.duration();
-    Some((slot, Rules { low_water: home.config.low_water, refill_window: window, probe_every }))
+    let life = home.config.duration();
+    // A policy whose cost the response reports is always leased: a check's spend would
+    // have to be settled as a check-mode policy's (see `set_aside_checks`).
+    let may_check = setup.compiled(resolved.policy).is_some_and(|c| c.policy.cost.settled().is_none());
+    let rules = Rules { low_water: home.config.low_water, refill_window: window, probe_every: life, life, may_check };
+    Some((slot, rules))
 }
 
 /// Puts a refill of `resolved`'s lease in the outbox.

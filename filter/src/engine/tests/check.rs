@@ -359,24 +359,15 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
             let mut metrics = RecordedMetrics::default();
             vec![(w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)]
         }
-        Reason::LeaseSlotTaken => {
-            // Route "a" holds the route policy's only lease slot; a request of route "b"
-            // finds it taken (to be checked at the service) while its tenant's lease
-            // waits for a refill, and the worker cannot hold it: no check can be held
-            // either, so the route policy takes its failure rule under its own cause.
-            let mut w = two_leases_closed();
-            let request = |route: &str, tenant: &str| {
-                FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant)
-            };
-            let first = w.engine.begin(&request("a", "t"), &w.limiter, &mut w.callouts, true, &mut w.metrics);
-            let _ = w.tick(|_| super::lease::granted(10));
-            let _ = decided(w.retry(super::lease::waiting(first)));
-            let mut metrics = RecordedMetrics::default();
-            let begun = w.engine.begin(&request("b", "u"), &w.limiter, &mut w.callouts, true, &mut metrics);
-            let pending = super::lease::waiting(begun);
-            assert!(pending.waits_for_lease());
-            vec![(w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)]
-        }
+        // Route "a" holds the route policy's only lease slot; a request of route "b"
+        // finds it taken (to be checked at the service) while its tenant's lease waits
+        // for a refill, and the worker cannot hold it: no check can be held either, so
+        // the route policy takes its failure rule under its own cause.
+        Reason::LeaseSlotTaken => vec![route_a_then_overflow(Nanos::ZERO, "b")],
+        // Route "a" leased once, then nothing for far more than two lease lives: its key
+        // is known and cold. Its next request, with a new tenant whose lease waits for a
+        // refill, cannot be held: the same.
+        Reason::LeaseCold => vec![route_a_then_overflow(Nanos::from_secs(3600), "a")],
         // A wait outrun by others is found on a retry of a request the worker holds,
         // where the check of its cost can always be sent: it is decided by the service
         // (`lease_checks.rs`), never by the failure rule, so no decision is provoked.
@@ -385,6 +376,23 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
 }
 
 /// Two lease policies that fail closed: `route` (index 0, one slot) and `tenant`.
+/// Route "a" and tenant "t" lease once; after `quiet`, a request of `route` and a new
+/// tenant "u" (whose lease waits for a refill) is one the worker cannot hold.
+fn route_a_then_overflow(quiet: Nanos, route: &str) -> (Decided, RecordedMetrics) {
+    let mut w = two_leases_closed();
+    let request =
+        |route: &str, tenant: &str| FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant);
+    let first = w.engine.begin(&request("a", "t"), &w.limiter, &mut w.callouts, true, &mut w.metrics);
+    let _ = w.tick(|_| super::lease::granted(10));
+    let _ = decided(w.retry(super::lease::waiting(first)));
+    w.limiter.clock().advance(quiet);
+    let mut metrics = RecordedMetrics::default();
+    let begun = w.engine.begin(&request(route, "u"), &w.limiter, &mut w.callouts, true, &mut metrics);
+    let pending = super::lease::waiting(begun);
+    assert!(pending.waits_for_lease());
+    (w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)
+}
+
 fn two_leases_closed() -> super::lease::World {
     const TWO_CLOSED: &str = r#"{
       "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
@@ -407,7 +415,7 @@ fn two_leases_closed() -> super::lease::World {
 #[test]
 fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
     for &reason in Reason::ALL {
-        if matches!(reason, Reason::LeaseSlotTaken | Reason::LeaseContended) {
+        if matches!(reason, Reason::LeaseSlotTaken | Reason::LeaseContended | Reason::LeaseCold) {
             // Not a failure class while the service answers (issue 39): a lease policy
             // its lease cannot serve is decided by a check at the service
             // (`lease_checks.rs`), and that check's own failure is counted under the
@@ -418,6 +426,7 @@ fn every_failure_class_applies_the_failure_rule_and_is_counted_by_reason() {
                 assert_eq!(metrics.get(0, reason.counter()), 1, "{reason:?}");
                 assert_eq!(metrics.get(0, Counter::FailureDenied), 1, "{reason:?}");
                 assert_eq!(metrics.get(0, Counter::LeaseCheckedSlotTaken), 0, "{reason:?}");
+                assert_eq!(metrics.get(0, Counter::LeaseCheckedCold), 0, "{reason:?}");
             }
             continue;
         }

@@ -259,7 +259,7 @@ fn a_refill_asks_for_at_least_what_the_waiting_request_costs() {
     let _ = w.tick(|_| nothing_granted(300));
 
     assert_eq!(w.last_body("/v1/lease")["min_tokens"], 7);
-    assert_eq!(w.last_body("/v1/lease")["tokens"], 10);
+    assert_eq!(w.last_body("/v1/lease")["tokens"], 10, "its demand at its rate (7 at once), capped at the size");
 }
 
 #[test]

@@ -5,6 +5,7 @@ mod check;
 mod check_failures;
 mod lease;
 mod lease_checks;
+mod lease_demand;
 mod lease_more;
 mod local;
 mod local_failures;

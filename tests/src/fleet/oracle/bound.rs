@@ -90,7 +90,14 @@ impl Replay {
             Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
                 self.bucket.as_ref().is_none_or(|b| b.reset_after_ns(at) == 0)
             }
-            Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingWindow { window_ms, .. } => {
+            // A fixed window carries nothing once it has ended (the store's rule,
+            // `shared_store`'s `fixed_window::is_idle`); a sliding window's previous
+            // window still counts for one more.
+            Algorithm::FixedWindow { window_ms, .. } => {
+                let index = at / (window_ms * MS);
+                self.windows.iter().all(|(i, count)| *count == 0 || *i < index)
+            }
+            Algorithm::SlidingWindow { window_ms, .. } => {
                 let index = at / (window_ms * MS);
                 self.windows.iter().all(|(i, count)| *count == 0 || i.saturating_add(1) < index)
             }

@@ -8,7 +8,7 @@
 //!   the breaker's cooldown), and the proxy has called it since (a breaker a fault
 //!   opened stays open until a request probes), no answer carries a fallback for a
 //!   service reason, nor for a lease that could not serve it (`lease_slot_taken`,
-//!   `lease_contended`: the service decides those requests by a check).
+//!   `lease_contended`, `lease_cold`: the service decides those requests by a check).
 //!
 //! Per proxy (from its metrics and shared data):
 //!
@@ -113,7 +113,7 @@ struct Followed {
 }
 
 /// The reasons that say the service could not decide.
-const SERVICE_REASONS: [&str; 10] = [
+const SERVICE_REASONS: [&str; 11] = [
     "timeout",
     "refused",
     "reset",
@@ -126,6 +126,8 @@ const SERVICE_REASONS: [&str; 10] = [
     // there instead (issue 39): never a degraded decision.
     "lease_slot_taken",
     "lease_contended",
+    // A cold key is checked at the service, never leased, never degraded while it answers.
+    "lease_cold",
 ];
 
 /// The checks and what they have seen.
@@ -387,8 +389,10 @@ impl Oracle {
         }
         // A lease policy whose cost the response reports is not checked yet when its lease
         // cannot serve it (the filter README): it keeps the failure rule for these reasons.
+        // The header's reason is its first policy's (the others may have failed for
+        // reasons of their own, such as `lease_queue_full`).
         let settled_lease_only = ["lease_slot_taken", "lease_contended"].contains(&reason.unwrap_or(""))
-            && named.iter().all(|name| {
+            && named.first().is_some_and(|name| {
                 followed.matched.iter().any(|m| {
                     &m.policy.name == name && matches!(m.policy.kind, Kind::Lease { .. }) && m.policy.usage.is_some()
                 })

@@ -70,7 +70,9 @@ fn a_caller_whose_lease_slot_another_holds_is_decided_by_the_service_with_its_42
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let user = |name: &str| Request::get("/").header("x-user", name);
-    // "a" leases the table's only slot for a minute.
+    // "a" leases the table's only slot for a minute: its first request is leased what it
+    // costs, its second a grant sized to its demand (two), of which one token is left.
+    assert_eq!(send(&envoy, &user("a")).status, 200);
     assert_eq!(send(&envoy, &user("a")).status, 200);
 
     // "b" finds it held: each request is decided by the service, exactly.
