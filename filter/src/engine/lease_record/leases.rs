@@ -173,7 +173,11 @@ impl<S: Store> Leases<'_, S> {
                 return (false, Spend::Empty { until: record.empty_until, under: record.under() });
             }
             if !refill_free {
-                return (false, Spend::Wait { elected: false });
+                // It waits for a refill in flight, and counts toward the demand that sizes
+                // the next one: a key whose requests mostly wait would otherwise look
+                // quieter than it is, and get grants too small to stop the waiting.
+                record.demand.note(cost, now, rules.life);
+                return (true, Spend::Wait { elected: false });
             }
             // A key seen for the first time is not cold (nothing is known of it yet), nor
             // one that asked for a refill within the last lease life (it is being leased:

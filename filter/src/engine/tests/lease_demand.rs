@@ -117,3 +117,24 @@ fn a_busy_key_asks_for_the_whole_size_and_spends_it_without_checks() {
     assert!(asked.iter().all(|&n| n <= 10), "{asked:?}");
     assert!(w.last_body("/v1/lease")["tokens"] == 10, "the size, once the demand exceeds it");
 }
+
+#[test]
+fn requests_that_wait_for_a_refill_in_flight_count_toward_the_demand_that_sizes_the_next() {
+    let mut w = world();
+    let first = waiting(w.begin());
+    let _ = w.tick(|_| granted(1));
+    assert_eq!(status(&w.retry(first)), Some(200));
+
+    // Nine requests at once on an empty lease: the first elects a refill, eight wait for it.
+    let waiters: Vec<_> = (0..9).map(|_| waiting(w.begin())).collect();
+    let _ = w.tick(|_| granted(10));
+
+    assert_eq!(
+        w.last_body("/v1/lease")["tokens"],
+        10,
+        "ten units known at once: at their rate, capped at the size (not the two the electing requests saw)"
+    );
+    for pending in waiters {
+        assert_ne!(status(&w.retry(pending)), Some(503));
+    }
+}
