@@ -337,6 +337,10 @@ counters! {
         /// Lease: tokens that expired unspent (forfeited), counted when their record is
         /// next written: those of a record never written again are not counted.
         LeaseExpired = ("lease.expired", Global),
+        /// Lease: tokens this proxy was not expected to spend before its lease expired,
+        /// taken out of the lease and credited back to the service (counted once the
+        /// service applied the credit; one it could not apply counts as `lease.expired`).
+        LeaseReturned = ("lease.returned", Global),
         /// Lease: units admitted under the failure rule and charged to the global budget
         /// once the service answered again.
         LeaseReconciled = ("lease.reconciled", Global),

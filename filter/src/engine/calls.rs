@@ -34,12 +34,26 @@ pub struct Settlement {
     pub(crate) id: u64,
     /// When it was first queued: one not applied within `DEBT_LIFE` is forgiven.
     pub(crate) since: Nanos,
-    /// A refund: the whole spend of a check whose request a later stage rejected (not
-    /// a response's cost), counted as `unrefunded` when it cannot be applied.
-    pub(crate) refund: bool,
+    /// Why it moves the counter: what it counts once applied, or when it cannot be.
+    pub(crate) purpose: Purpose,
     /// A credit's window (its `spent_at_ns` ÷ the limit's period): credits are summed
     /// only within one. 0 for a charge.
     pub(crate) window: u64,
+}
+
+/// Why a settlement moves the counter, which decides what it counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Purpose {
+    /// A response cost more or less than its estimate: counted as `cost.charged` or
+    /// `cost.credited` once applied, `cost.forgiven` when it cannot be.
+    Cost,
+    /// The whole spend of a check whose request a later stage rejected: nothing counted
+    /// once applied, one `unrefunded` spend when it cannot be.
+    Refund,
+    /// Leased tokens this proxy will not spend, given back to the service
+    /// (`lease_record::review`): counted as `lease.returned` once credited,
+    /// `lease.expired` when they cannot be.
+    Return,
 }
 
 /// Which way a settlement moves the counter.

@@ -57,6 +57,7 @@ mod evidence;
 pub mod headers;
 mod held;
 pub mod lease_record;
+mod lease_return;
 pub mod namespace;
 mod outgoing;
 mod overridden;
@@ -157,6 +158,7 @@ impl Engine {
             outbox: RefCell::new(Vec::new()),
             charges: RefCell::new(PendingCharges::new()),
             settlements: RefCell::new(settle_queue::SettleQueue::new(setup::MAX_PENDING_SETTLEMENTS)),
+            reviews: RefCell::default(),
             instance,
             ids: Cell::new(0),
             sweep: Cell::new(0),
@@ -419,6 +421,12 @@ impl Engine {
     /// a charge for any that owes.
     pub fn sweep_debts<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>) {
         outgoing::sweep_debts(&self.0, limiter);
+    }
+
+    /// Reviews the grants this worker applied whose review is due: the tokens it will
+    /// not spend before they expire are taken out and returned to the service.
+    pub fn review_leases<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, metrics: &mut impl Metrics) {
+        lease_return::review_due(&self.0, limiter, metrics);
     }
 
     /// The calls waiting in this worker's outbox, to be sent by the root context; with

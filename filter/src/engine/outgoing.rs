@@ -28,6 +28,7 @@ use super::calls::{Asker, ID_TTL_MS, Outgoing, Sent, SentOutgoing, Target, charg
 use super::compiled::{Home, Leased};
 use super::evidence::counted;
 use super::lease_record::Updated;
+use super::lease_return;
 use super::namespace;
 use super::settlement;
 use super::setup::Setup;
@@ -346,6 +347,9 @@ fn refill_answered<S: Store, C: Clock>(
     let mut owes = None;
     if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
         metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
+        if granted.granted > applied.repaid && under.is_none() {
+            lease_return::schedule(setup, target, now, sent_at.saturating_add(expires_in), granted.at_ns);
+        }
         if applied.expired > 0 {
             metrics.add(target.policy, Counter::LeaseExpired, units(applied.expired));
         }

@@ -3,7 +3,8 @@
 //! behind it.
 //!
 //! An aim is one caller's counter moved one way: a charge, or a credit of spends in one
-//! window (spent-at ÷ the limit's period), a response cost or a refund. Summing is
+//! window (spent-at ÷ the limit's period), for one purpose (a response's cost, a refund,
+//! a lease's return). Summing is
 //! exact within an aim: charges add, credits of one window commute, and a token
 //! bucket's credits add up to the credit of their sum (`shared_store::Limit::credit`).
 //!
@@ -16,7 +17,7 @@
 //! A settlement whose call failed is kept apart (`tried`): it may have been applied, so
 //! it is sent again as it is, with its id, never summed with another.
 
-use super::calls::{Change, Settlement};
+use super::calls::{Change, Purpose, Settlement};
 use shared_store::Nanos;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -28,7 +29,7 @@ pub(crate) struct Aim {
     tag: String,
     /// `None` for a charge; a credit's window.
     credit_window: Option<u64>,
-    refund: bool,
+    purpose: Purpose,
 }
 
 impl Aim {
@@ -42,7 +43,7 @@ impl Aim {
             key: settlement.key,
             tag: settlement.tag.clone(),
             credit_window,
-            refund: settlement.refund,
+            purpose: settlement.purpose,
         }
     }
 }
@@ -232,7 +233,7 @@ mod tests {
             change: Change::Charge(units),
             id: u64::try_from(key).unwrap() * 1000 + since,
             since: Nanos(since),
-            refund: false,
+            purpose: Purpose::Cost,
             window: 0,
         }
     }
@@ -278,7 +279,7 @@ mod tests {
         let first = sent_now(q.add(credit(1, 5, 7, 1)));
         let _ = sent_now(q.add(credit(1, 5, 8, 1)));
         let _ = sent_now(q.add(charge(1, 5, 1)));
-        let _ = sent_now(q.add(Settlement { refund: true, ..credit(1, 5, 7, 1) }));
+        let _ = sent_now(q.add(Settlement { purpose: Purpose::Refund, ..credit(1, 5, 7, 1) }));
         assert_eq!(q.add(credit(1, 2, 7, 2)), Ok(Added::Waiting));
         assert_eq!(q.add(credit(1, 3, 7, 3)), Ok(Added::Waiting));
         let next = q.release(&first, true).expect("the window's sum");

@@ -2,7 +2,8 @@
 //! the response has said what the request really cost: the excess is charged
 //! (`POST /v1/charge`, into debt up to the policy's debt bound) or the unused part
 //! credited (`POST /v1/credit`, in the window the check spent it in). The same path
-//! refunds a check's whole spend when a later stage rejects its request ([`refund`]).
+//! refunds a check's whole spend when a later stage rejects its request ([`refund`]),
+//! and gives back leased tokens a proxy will not spend ([`give_back_lease`]).
 //!
 //! The request that spent the estimate may be gone by then (its stream ends with its
 //! response), so its settlement goes to the worker's outbox and the root context sends
@@ -23,7 +24,7 @@
 //! retires ([`retire`]): a settlement in flight may have been applied, so the count
 //! errs towards forgiving.
 
-use super::calls::{Change, ID_TTL_MS, Outgoing, Settlement, charge_id, units};
+use super::calls::{Change, ID_TTL_MS, Outgoing, Purpose, Settlement, charge_id, units};
 use super::compiled::{Home, debt_bound};
 use super::decision::Owed;
 use super::lease_record::DEBT_LIFE;
@@ -54,7 +55,7 @@ pub(crate) fn hold(
         std::cmp::Ordering::Greater => Change::Charge(actual - owed.estimate),
         std::cmp::Ordering::Less => Change::Credit { units: owed.estimate - actual, spent_at_ns: at_ns },
     };
-    queue(setup, settlement(setup, owed.policy, (key, tag), change, now, false), metrics);
+    queue(setup, settlement(setup, owed.policy, (key, tag), change, now, Purpose::Cost), metrics);
 }
 
 /// Queues the refund of what a check spent for `policy` (`cost`, at `at_ns` for the
@@ -76,7 +77,24 @@ pub(crate) fn refund(
         return;
     }
     let change = Change::Credit { units: cost, spent_at_ns: at_ns };
-    queue(setup, settlement(setup, policy, (key, tag), change, now, true), metrics);
+    queue(setup, settlement(setup, policy, (key, tag), change, now, Purpose::Refund), metrics);
+}
+
+/// Queues the return of `units` leased tokens of lease policy `policy` for the caller
+/// `key` under `tag`, granted at `at_ns` (the service's clock): taken out of the lease
+/// record already, so no request can spend them, they are credited back at the service
+/// with an id (applied once however often it is sent). Counted as `lease.returned` once
+/// credited, `lease.expired` when they cannot be.
+pub(crate) fn give_back_lease(
+    setup: &Setup,
+    policy: usize,
+    (key, tag, at_ns): (u128, &str, u64),
+    units: u64,
+    now: Nanos,
+    metrics: &mut (impl Metrics + ?Sized),
+) {
+    let change = Change::Credit { units, spent_at_ns: at_ns };
+    queue(setup, settlement(setup, policy, (key, tag), change, now, Purpose::Return), metrics);
 }
 
 fn settlement(
@@ -85,7 +103,7 @@ fn settlement(
     (key, tag): (u128, &str),
     change: Change,
     now: Nanos,
-    refund: bool,
+    purpose: Purpose,
 ) -> Settlement {
     let window = match (change, setup.compiled(policy)) {
         (Change::Credit { spent_at_ns, .. }, Some(compiled)) => {
@@ -93,7 +111,7 @@ fn settlement(
         }
         _ => 0,
     };
-    Settlement { policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now, refund, window }
+    Settlement { policy, key, tag: tag.to_owned(), change, id: setup.next_id(), since: now, purpose, window }
 }
 
 /// Sends `settlement` now (through the outbox) when nothing of its aim is out, or
@@ -147,7 +165,8 @@ fn release(setup: &Setup, settlement: &Settlement, answered: bool, metrics: &mut
 }
 
 /// The call that applies `settlement`: its path and body. `None` (and it is forgiven)
-/// when it is past its life or its policy is no longer a check-mode one.
+/// when it is past its life or its policy is no longer of its mode (a check-mode one
+/// for a cost or a refund, a lease-mode one for a return).
 pub(crate) fn call(
     setup: &Setup,
     settlement: &Settlement,
@@ -159,7 +178,10 @@ pub(crate) fn call(
             return None;
         }
         let compiled = setup.compiled(settlement.policy)?;
-        let Home::Global { spec, lease: None, .. } = &compiled.home else { return None };
+        let Home::Global { spec, lease, .. } = &compiled.home else { return None };
+        if lease.is_some() != (settlement.purpose == Purpose::Return) {
+            return None;
+        }
         let (tag, key, id) =
             (Some(settlement.tag.clone()), namespace::hex128(settlement.key), charge_id(settlement.id));
         let (policy, policy_version) = (Some(compiled.policy.name.clone()), compiled.policy.version);
@@ -233,10 +255,14 @@ pub(crate) fn answered(
     metrics: &mut (impl Metrics + ?Sized),
 ) -> Result<(), Failure> {
     let policy = settlement.policy;
-    let counted = !settlement.refund;
-    let applied = match settlement.change {
-        Change::Charge(_) => wire::classify_charge(answer).map(|a| (Counter::CostCharged, a.charged, a.forgiven)),
-        Change::Credit { .. } => wire::classify_credit(answer).map(|a| (Counter::CostCredited, a.credited, a.forgiven)),
+    let applied = match (settlement.change, settlement.purpose) {
+        (Change::Charge(_), _) => {
+            wire::classify_charge(answer).map(|a| (Counter::CostCharged, Counter::CostForgiven, a.charged, a.forgiven))
+        }
+        (Change::Credit { .. }, Purpose::Return) => wire::classify_credit(answer)
+            .map(|a| (Counter::LeaseReturned, Counter::LeaseExpired, a.credited, a.forgiven)),
+        (Change::Credit { .. }, _) => wire::classify_credit(answer)
+            .map(|a| (Counter::CostCredited, Counter::CostForgiven, a.credited, a.forgiven)),
     };
     let refused =
         matches!(answer, CalloutAnswer::Response { status, .. } if (400..500).contains(status) && *status != 408);
@@ -245,9 +271,9 @@ pub(crate) fn answered(
     }
     match applied {
         // A refund's units are not a response's cost: nothing to count once applied.
-        Ok((counter, moved, forgiven)) if counted => {
+        Ok((counter, not_moved, moved, forgiven)) if settlement.purpose != Purpose::Refund => {
             add(metrics, policy, counter, moved);
-            add(metrics, policy, Counter::CostForgiven, forgiven);
+            add(metrics, policy, not_moved, forgiven);
             Ok(())
         }
         Ok(_) => Ok(()),
@@ -289,12 +315,13 @@ pub(crate) fn retire(
 }
 
 /// Counts a settlement that will not be applied: a response cost's units as
-/// `cost.forgiven`, a refund as one `unrefunded` spend.
+/// `cost.forgiven`, a refund as one `unrefunded` spend, a return's tokens as
+/// `lease.expired` (they were taken out of the lease, and no one spends them).
 fn forgive(settlement: &Settlement, metrics: &mut (impl Metrics + ?Sized)) {
-    if settlement.refund {
-        metrics.add(settlement.policy, Counter::Unrefunded, 1);
-    } else {
-        add(metrics, settlement.policy, Counter::CostForgiven, settlement.change.units());
+    match settlement.purpose {
+        Purpose::Cost => add(metrics, settlement.policy, Counter::CostForgiven, settlement.change.units()),
+        Purpose::Refund => metrics.add(settlement.policy, Counter::Unrefunded, 1),
+        Purpose::Return => add(metrics, settlement.policy, Counter::LeaseExpired, settlement.change.units()),
     }
 }
 

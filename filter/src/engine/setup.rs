@@ -83,8 +83,10 @@ pub(crate) struct Setup {
     pub(crate) outbox: RefCell<Vec<Outgoing>>,
     /// Keys this worker owes charges for.
     pub(crate) charges: RefCell<PendingCharges>,
-    /// Check-mode settlements not yet applied.
+    /// Check-mode settlements and lease returns not yet applied.
     pub(crate) settlements: RefCell<SettleQueue>,
+    /// Grants this worker applied, to review for tokens it will not spend.
+    pub(crate) reviews: RefCell<super::lease_return::Reviews>,
     /// This worker's instance: ids it hands out (waiters, charges) start from it.
     pub(crate) instance: u64,
     pub(crate) ids: Cell<u64>,

@@ -344,6 +344,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.retry_lease_waiters(port);
         self.engine.renew_slots(&self.limiter, &mut self.counts());
         self.engine.sweep_debts(&self.limiter);
+        self.engine.review_leases(&self.limiter, &mut self.counts());
         self.send_outgoing(true, port);
         let expired: Vec<SentOutgoing> = self
             .in_flight

@@ -19,7 +19,7 @@ fn field(text: &str) -> String {
 /// Per interval and policy.
 pub fn policies(outcome: &Outcome) -> String {
     let mut out = String::from(
-        "t_end_s,policy,offered,allowed,rejected,queued,accounting_holds,over_limit,degraded,emergency_allowed,emergency_rejected,failure_allowed,failure_denied,overshoot,lease_granted,lease_expired,lease_checked\n",
+        "t_end_s,policy,offered,allowed,rejected,queued,accounting_holds,over_limit,degraded,emergency_allowed,emergency_rejected,failure_allowed,failure_denied,overshoot,lease_granted,lease_expired,lease_checked,lease_returned\n",
     );
     let series = &outcome.series;
     for (i, row) in series.rows.iter().enumerate() {
@@ -39,7 +39,7 @@ pub fn policies(outcome: &Outcome) -> String {
                 .map_or(String::new(), u64::to_string);
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 seconds(row.end),
                 field(name),
                 delta(Counter::Offered),
@@ -57,6 +57,7 @@ pub fn policies(outcome: &Outcome) -> String {
                 delta(Counter::LeaseGranted),
                 delta(Counter::LeaseExpired),
                 summed(&LEASE_CHECKED),
+                delta(Counter::LeaseReturned),
             );
         }
     }

@@ -71,7 +71,7 @@ fn numbers(summary: &Summary) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound (not by a fallback)</th><th>admitted by a fallback</th><th>lease tokens granted / stranded</th></tr>"
+        "<h2>Numbers to watch</h2><table><tr><th>policy</th><th>mode</th><th>offered</th><th>allowed</th><th>rejected</th><th>queued at end</th><th>accounting line</th><th>over limit</th><th>service could not decide</th><th>fallback duration</th><th>fail open / emergency admitted</th><th>fail closed / emergency refused</th><th>overshoot (fleet-wide)</th><th>promised bound per caller</th><th>beyond the bound (not by a fallback)</th><th>admitted by a fallback</th><th>lease tokens granted / stranded / returned</th></tr>"
     );
     for p in &summary.policies {
         let holds =
@@ -89,7 +89,7 @@ fn numbers(summary: &Summary) -> String {
         };
         let _ = write!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{holds}</td><td>{}</td><td>{}</td><td>{} s</td><td>{} / {}</td><td>{} / {}</td><td>{overshoot}</td><td>{bound}</td><td>{beyond}</td><td>{}</td><td>{} / {}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{holds}</td><td>{}</td><td>{}</td><td>{} s</td><td>{} / {}</td><td>{} / {}</td><td>{overshoot}</td><td>{bound}</td><td>{beyond}</td><td>{}</td><td>{} / {} / {}</td></tr>",
             escape(&p.name),
             escape(&p.mode),
             p.offered,
@@ -106,6 +106,7 @@ fn numbers(summary: &Summary) -> String {
             p.by_fallback,
             p.lease_granted,
             p.lease_expired,
+            p.lease_returned,
         );
     }
     out.push_str("</table>");

@@ -64,6 +64,8 @@ pub struct PolicySummary {
     pub lease_granted: u64,
     /// Stranded lease tokens.
     pub lease_expired: u64,
+    /// Lease tokens a proxy would not spend, returned to the service before they expired.
+    pub lease_returned: u64,
     /// Every counter the filter keeps for the policy, at the end, fleet-wide (each
     /// `degraded.<reason>` among them).
     pub counters: std::collections::BTreeMap<String, u64>,
@@ -190,6 +192,7 @@ impl Summary {
                     by_fallback,
                     lease_granted: get(Counter::LeaseGranted),
                     lease_expired: get(Counter::LeaseExpired),
+                    lease_returned: get(Counter::LeaseReturned),
                     counters: last
                         .policies
                         .get(name)

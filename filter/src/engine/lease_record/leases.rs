@@ -1,6 +1,6 @@
 //! Every change made to a lease record, each one CAS loop through
-//! `shared_store::update`: spend, retry a waiter, give back, owe, grant, fail a refill,
-//! claim and settle a charge, and read one.
+//! `shared_store::update`: spend, retry a waiter, give back, take a surplus out to
+//! return it, owe, grant, fail a refill, claim and settle a charge, and read one.
 
 use super::record::{DEBT_LIFE, MAX_ATTEMPTS, Pool, Record};
 use shared_store::{Change, Nanos, Placement, Store, UpdateError};
@@ -255,6 +255,44 @@ impl<S: Store> Leases<'_, S> {
             (true, 0)
         })?;
         Ok(updated.result.unwrap_or(cost))
+    }
+
+    /// Takes out of the pool of the grant that expires at `expires_at` the tokens this
+    /// proxy is not expected to spend before then: the key's demand over the last life
+    /// (`life`), scaled to the time left, less what the pools that expire earlier hold
+    /// (spent first). Once taken, no worker can spend them: they are the caller's to
+    /// return. Nothing is taken from a grant decided under an operator's override (a
+    /// bypass spent nothing at the service; a clamp's counter may have moved since), nor
+    /// from a pool merged away under an earlier grant's expiry (that grant's review
+    /// takes it). Returns the tokens taken.
+    pub(crate) fn take_surplus(
+        &self,
+        place: &Placement,
+        expires_at: Nanos,
+        life: Nanos,
+        now: Nanos,
+    ) -> Result<Updated<u64>, UpdateError> {
+        let updated = self.update(place, now, |record| {
+            if now >= expires_at || record.override_kind != 0 {
+                return (false, 0);
+            }
+            let earlier: u64 =
+                [record.first, record.second].iter().filter(|p| p.expires_at < expires_at).map(|p| p.live(now)).sum();
+            let expected = record.demand.expected(now, life);
+            let left = u128::from(expires_at.0 - now.0);
+            let wanted = (u128::from(expected) * left).div_ceil(u128::from(life.0.max(1)));
+            let keep = u64::try_from(wanted).unwrap_or(u64::MAX).saturating_sub(earlier);
+            let Some(pool) = [&mut record.first, &mut record.second]
+                .into_iter()
+                .find(|p| p.expires_at == expires_at && p.live(now) > 0)
+            else {
+                return (false, 0);
+            };
+            let surplus = pool.tokens.saturating_sub(keep);
+            pool.tokens -= surplus;
+            (surplus > 0, surplus)
+        })?;
+        Ok(Updated { result: Some(updated.result.unwrap_or(0)), forgiven: updated.forgiven })
     }
 
     /// Records units admitted under the failure rule, up to `max_debt` owed, on the

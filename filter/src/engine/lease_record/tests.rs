@@ -492,3 +492,121 @@ fn a_known_key_below_the_cold_bound_is_checked_unless_it_asked_for_a_refill_with
     assert_eq!(a_life_later, Spend::Cold, "three units over the last life, no refill asked in it");
     assert_eq!(never_checked, Spend::Wait { elected: true }, "a policy that may not check is always leased");
 }
+
+/// Grants `n` tokens to a fresh record at `T`, living 2000 ns.
+fn granted_fresh(leases: &Leases<'_, MemoryStore>, n: u64) {
+    let _ = grant(leases, n, T, 2000, T);
+}
+
+fn take_surplus(leases: &Leases<'_, MemoryStore>, expires_at: Nanos, now: Nanos) -> u64 {
+    leases.take_surplus(&place(), expires_at, RULES.life, now).unwrap().result.unwrap()
+}
+
+#[test]
+fn a_surplus_is_what_the_keys_demand_will_not_spend_before_its_grant_expires() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    granted_fresh(&leases, 10);
+    // Eight units over the grant's first 1500 ns: 8 / 1500 × 2000 = 10.7 per life, so
+    // 11 × 500 / 2000 = 2.75, kept as 3, over the quarter of its life that is left.
+    for n in 0..8 {
+        assert!(matches!(spend(&leases, 1, at(n * 100)), Spend::Spent { .. }));
+    }
+
+    assert_eq!(take_surplus(&leases, at(2000), at(1500)), 0, "two left, three expected");
+    assert_eq!(record(&store).live_tokens(at(1500)), 2);
+}
+
+#[test]
+fn a_quiet_keys_grant_gives_up_all_but_what_its_demand_still_needs() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    granted_fresh(&leases, 10);
+    assert!(matches!(spend(&leases, 1, at(0)), Spend::Spent { .. }));
+
+    // One unit over the last life: ⌈1 × 500 / 2000⌉ = 1 kept of the nine left.
+    assert_eq!(take_surplus(&leases, at(2000), at(1500)), 8);
+    assert_eq!(record(&store).live_tokens(at(1500)), 1);
+    assert!(matches!(spend(&leases, 1, at(1600)), Spend::Spent { .. }));
+    assert_eq!(spend(&leases, 1, at(1700)), Spend::Wait { elected: true }, "what was taken out is spent by no one");
+}
+
+#[test]
+fn a_surplus_counts_the_tokens_of_earlier_grants_as_spent_first_and_leaves_later_grants_alone() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let _ = grant(&leases, 4, T, 1000, T); // expires at(1000)
+    let _ = grant(&leases, 6, at(100), 2000, at(100)); // expires at(2100)
+    for n in 0..3 {
+        assert!(matches!(spend(&leases, 1, at(200 + n)), Spend::Spent { .. }));
+    }
+
+    // Three units over the last life (too few to be projected at their rate). Reviewing
+    // the earlier grant at 750: ⌈3 × 250 / 2000⌉ = 1 kept, and one is left of it.
+    assert_eq!(take_surplus(&leases, at(1000), at(750)), 0, "one left of the first, and one expected");
+    assert_eq!(record(&store).live_tokens(at(750)), 7, "the later grant untouched");
+    // Reviewing the later one at 1600, the earlier expired: ⌈3 × 500 / 2000⌉ = 1 kept.
+    assert_eq!(take_surplus(&leases, at(2100), at(1600)), 5);
+    assert_eq!(record(&store).live_tokens(at(1600)), 1);
+}
+
+#[test]
+fn a_grant_under_an_operators_override_or_past_its_expiry_gives_up_nothing() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let bypass = sluice_protocol::AppliedOverride {
+        id: sluice_protocol::OverrideId(9),
+        kind: sluice_protocol::OverrideKind::Bypass,
+    };
+    let _ = leases.grant(&place(), 10, None, T, Nanos(2000), (Nanos::ZERO, Nanos::ZERO), Some(bypass), T).unwrap();
+
+    assert_eq!(take_surplus(&leases, at(2000), at(1500)), 0, "a bypass spent nothing at the service");
+    assert_eq!(take_surplus(&leases, at(2000), at(2000)), 0, "expired");
+    assert_eq!(record(&store).live_tokens(at(1500)), 10);
+}
+
+/// A store that runs `between` once, just before the first write it is asked for: the
+/// write then loses its compare-and-swap to whatever `between` wrote.
+struct Between<'a> {
+    inner: &'a MemoryStore,
+    between: std::cell::RefCell<Option<Box<dyn FnOnce() + 'a>>>,
+}
+
+impl Store for Between<'_> {
+    fn get(&self, key: &str) -> Result<Option<shared_store::Entry>, shared_store::StoreError> {
+        self.inner.get(key)
+    }
+
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<shared_store::Cas>,
+    ) -> Result<shared_store::Swap, shared_store::StoreError> {
+        if let Some(between) = self.between.borrow_mut().take() {
+            between();
+        }
+        self.inner.set(key, value, cas)
+    }
+}
+
+#[test]
+fn a_surplus_taken_out_while_a_spend_was_being_written_is_never_spent_twice() {
+    let store = MemoryStore::new();
+    granted_fresh(&Leases { store: &store, anchor: "a" }, 5);
+    let taken = std::cell::Cell::new(0);
+    let racing = Between {
+        inner: &store,
+        between: std::cell::RefCell::new(Some(Box::new(|| {
+            // Nothing is known of the key's demand: every token is surplus.
+            taken.set(take_surplus(&Leases { store: &store, anchor: "a" }, at(2000), at(1500)));
+        }))),
+    };
+
+    // The spend read five tokens, then lost its write to the surplus taken out.
+    let spent = Leases { store: &racing, anchor: "a" }.spend(&place(), 3, at(1500), RULES).unwrap().result.unwrap();
+
+    assert_eq!(taken.get(), 5);
+    assert_eq!(spent, Spend::Wait { elected: true }, "read again: nothing left to spend");
+    assert_eq!(record(&store).live_tokens(at(1500)), 0);
+}

@@ -7,6 +7,7 @@ mod lease;
 mod lease_checks;
 mod lease_demand;
 mod lease_more;
+mod lease_returns;
 mod local;
 mod local_failures;
 mod overrides;

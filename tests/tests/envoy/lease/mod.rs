@@ -332,4 +332,5 @@ fn redis_paused_is_bridged_by_the_lease_and_the_outage_is_charged_after() {
 }
 
 mod demand;
+mod returns;
 mod waits;
