@@ -55,9 +55,9 @@ const ENGINE: &[Layer] = &[
     ),
     ("the compiled configuration and the worker's bookkeeping", &["setup"]),
     (
-        "what the service's answers leave behind (settlements, overrides noted); concurrency slots released and \
-         renewed",
-        &["settlement", "overridden", "slots"],
+        "what the service's answers leave behind (settlements, lease returns, overrides noted); concurrency slots \
+         released and renewed",
+        &["settlement", "lease_return", "overridden", "slots"],
     ),
     ("the request path, and the calls the root sends", &["request", "outgoing"]),
     ("the engine: the one place the glue calls", &[MOD]),

@@ -91,6 +91,9 @@ fn main() {
     build(&["sluice-filter"], Some("mutant-lease-no-cas"));
     let lease_mutant = target_dir.join("sluice-mutant-lease-no-cas.wasm");
     std::fs::copy(release.join("sluice.wasm"), &lease_mutant).expect("could not copy the lease mutant aside");
+    build(&["sluice-filter"], Some("mutant-return-keeps-tokens"));
+    let return_mutant = target_dir.join("sluice-mutant-return-keeps-tokens.wasm");
+    std::fs::copy(release.join("sluice.wasm"), &return_mutant).expect("could not copy the return mutant aside");
     build(&["sluice-filter"], Some("test-crash-header"));
     let crashable = target_dir.join("sluice-crashable.wasm");
     std::fs::copy(release.join("sluice.wasm"), &crashable).expect("could not copy the crashable build aside");
@@ -102,8 +105,9 @@ fn main() {
     let bytes = |path: &Path| std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let real = bytes(&release.join("sluice.wasm"));
     let (blind, lease, crash) = (bytes(&mutant), bytes(&lease_mutant), bytes(&crashable));
+    let returns = bytes(&return_mutant);
     assert!(
-        blind != real && lease != real && blind != lease && crash != real,
+        blind != real && lease != real && blind != lease && crash != real && returns != real && returns != lease,
         "a mutant of sluice.wasm was built without its feature"
     );
 
@@ -127,6 +131,12 @@ fn main() {
          `mutant-lease-no-cas`; every other write keeps it): the fleet simulation shows it catches \
          it.\npub const SLUICE_MUTANT_LEASE_NO_CAS_WASM: &str = {:?};\n",
         lease_mutant.display().to_string()
+    ));
+    generated.push_str(&format!(
+        "/// Path of a TEST-ONLY mutant of `sluice.wasm` that credits the service with the \
+         leased tokens it returns and goes on spending them (feature `mutant-return-keeps-tokens`): \
+         the fleet simulation shows it catches it.\npub const SLUICE_MUTANT_RETURN_KEEPS_TOKENS_WASM: &str = {:?};\n",
+        return_mutant.display().to_string()
     ));
     generated.push_str(&format!(
         "/// Path of a TEST-ONLY build of `sluice.wasm` whose VM panics on a request carrying \

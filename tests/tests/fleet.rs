@@ -12,7 +12,7 @@
 //!   lease record; `1` says the same) or `SLUICE_FLEET_CONTENDED=local` (one local bucket).
 //!
 //! Each oracle is shown to catch a deliberately wrong run ([`fleet::Variant`], the
-//! no-CAS mutants of `sluice.wasm`), deterministically: these tests drive the same seeds
+//! mutants of `sluice.wasm`: no CAS, a return that keeps its tokens), deterministically: these tests drive the same seeds
 //! every time.
 
 use sluice_tests::fleet::scenario::{Algorithm, Kind, Kinds, Shape, allowed};
@@ -144,6 +144,23 @@ fn the_simulation_catches_leases_spent_by_a_filter_whose_shared_data_writes_igno
     eprintln!("{failure}");
     assert!(
         matches!(failure.violation.oracle, "spent within grants" | "conservation" | "counter bound"),
+        "caught, but by an oracle that does not speak of spending: {failure}"
+    );
+}
+
+#[test]
+fn the_simulation_catches_a_filter_that_spends_the_leased_tokens_it_returned() {
+    // The mutant credits the service with a lease's surplus and leaves it in the lease:
+    // a token returned, then spent, is paid for twice over by the budget.
+    let mutant = sluice_artifacts::SLUICE_MUTANT_RETURN_KEEPS_TOKENS_WASM;
+    let caught = first_caught(Shape::Generated, 1..=CI_SEEDS, mutant, Variant::Real, |s| {
+        s.policies.iter().any(|p| matches!(p.kind, Kind::Lease { .. }))
+    });
+
+    let failure = caught.expect("no seed caught a filter that spends the tokens it returned");
+    eprintln!("{failure}");
+    assert!(
+        matches!(failure.violation.oracle, "conservation" | "counter bound" | "the budget"),
         "caught, but by an oracle that does not speak of spending: {failure}"
     );
 }

@@ -132,6 +132,43 @@ impl SentOutgoing {
     }
 }
 
+/// A lease grant to review for tokens its proxy will not spend (`lease_return.rs`):
+/// whose, when it expires, and when the service decided it (its clock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Review {
+    pub(crate) target: Target,
+    pub(crate) expires_at: Nanos,
+    pub(crate) at_ns: u64,
+}
+
+/// The grants a worker applied and has yet to review, by when each is due.
+#[derive(Debug, Default)]
+pub(crate) struct Reviews {
+    due: BTreeMap<(Nanos, u64), Review>,
+    next: u64,
+}
+
+impl Reviews {
+    /// Holds `review` until `due`, unless `max` are held already; whether it is held.
+    pub(crate) fn add(&mut self, due: Nanos, review: Review, max: usize) -> bool {
+        if self.due.len() >= max {
+            return false;
+        }
+        self.next = self.next.wrapping_add(1);
+        self.due.insert((due, self.next), review);
+        true
+    }
+
+    /// Takes the earliest review due at or before `now`.
+    pub(crate) fn pop_due(&mut self, now: Nanos) -> Option<Review> {
+        let entry = self.due.first_entry()?;
+        if entry.key().0 > now {
+            return None;
+        }
+        Some(entry.remove())
+    }
+}
+
 /// Keys this worker owes charges for, by slot key.
 pub(crate) type PendingCharges = BTreeMap<String, Target>;
 

@@ -26,14 +26,13 @@
 //! ([`MAX_PENDING_REVIEWS`] per worker; beyond it a grant is not reviewed and its rest
 //! expires, counted, as before).
 
-use super::calls::Target;
+use super::calls::{Review, Target};
 use super::evidence::counted;
 use super::settlement;
 use super::setup::Setup;
 use crate::engine::breaker::Admit;
 use crate::host::Metrics;
 use shared_store::{Clock, Limiter, Nanos, Store};
-use std::collections::BTreeMap;
 
 /// A grant is reviewed when `1 / REVIEW_WHEN_LEFT` of its life is left: late enough that
 /// the key's demand over most of the grant's life is known, early enough that the
@@ -44,21 +43,6 @@ pub(crate) const MAX_PENDING_REVIEWS: usize = 4096;
 /// The most reviews one worker makes per tick (the rest on the next).
 pub(crate) const MAX_REVIEWS_PER_TICK: usize = 16;
 
-/// A grant to review: whose, when it expires, and when the service decided it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Review {
-    target: Target,
-    expires_at: Nanos,
-    at_ns: u64,
-}
-
-/// The grants this worker applied and has yet to review, by when they are due.
-#[derive(Debug, Default)]
-pub(crate) struct Reviews {
-    due: BTreeMap<(Nanos, u64), Review>,
-    next: u64,
-}
-
 /// Remembers to review the grant of `target`'s lease applied at `now`, which expires at
 /// `expires_at` and which the service decided at `at_ns` (its clock).
 pub(crate) fn schedule(setup: &Setup, target: &Target, now: Nanos, expires_at: Nanos, at_ns: u64) {
@@ -67,12 +51,8 @@ pub(crate) fn schedule(setup: &Setup, target: &Target, now: Nanos, expires_at: N
         return;
     }
     let due = Nanos(expires_at.0 - (expires_at.0 - now.0) / REVIEW_WHEN_LEFT);
-    if let Ok(mut reviews) = setup.reviews.try_borrow_mut()
-        && reviews.due.len() < MAX_PENDING_REVIEWS
-    {
-        reviews.next = reviews.next.wrapping_add(1);
-        let seq = reviews.next;
-        reviews.due.insert((due, seq), Review { target: target.clone(), expires_at, at_ns });
+    if let Ok(mut reviews) = setup.reviews.try_borrow_mut() {
+        let _ = reviews.add(due, Review { target: target.clone(), expires_at, at_ns }, MAX_PENDING_REVIEWS);
     }
 }
 
@@ -84,7 +64,7 @@ pub(crate) fn review_due<S: Store, C: Clock>(setup: &Setup, limiter: &Limiter<S,
     let Some(service) = setup.service.as_ref() else { return };
     let reachable = service.breaker.admit_quietly(limiter.store(), now) != Admit::Open;
     for _ in 0..MAX_REVIEWS_PER_TICK {
-        let Some(review) = pop_due(setup, now) else { return };
+        let Some(review) = setup.reviews.try_borrow_mut().ok().and_then(|mut r| r.pop_due(now)) else { return };
         if !reachable {
             continue;
         }
@@ -98,13 +78,4 @@ pub(crate) fn review_due<S: Store, C: Clock>(setup: &Setup, limiter: &Limiter<S,
             settlement::give_back_lease(setup, *policy, (*key, tag, review.at_ns), units, now, metrics);
         }
     }
-}
-
-fn pop_due(setup: &Setup, now: Nanos) -> Option<Review> {
-    let mut reviews = setup.reviews.try_borrow_mut().ok()?;
-    let entry = reviews.due.first_entry()?;
-    if entry.key().0 > now {
-        return None;
-    }
-    Some(entry.remove())
 }

@@ -43,8 +43,9 @@
 //!    `evidence`, `secrets`, `held`;
 //! 2. the compiled configuration and the worker's bookkeeping: `setup`;
 //! 3. what the service's answers leave behind: `settlement` (check-mode costs settled at
-//!    the service) and `overridden` (requests decided under an operator's override:
-//!    counted, named, logged); concurrency slots released and renewed: `slots`;
+//!    the service), `lease_return` (leased tokens a proxy will not spend, given back) and
+//!    `overridden` (requests decided under an operator's override: counted, named,
+//!    logged); concurrency slots released and renewed: `slots`;
 //! 4. the request path, and the calls the root sends: `request`, `outgoing`;
 //! 5. this file, the one place the glue calls.
 

@@ -4,7 +4,7 @@
 //! configuration by `Engine::new`; the stages take it by reference.
 
 use super::breaker::CircuitBreaker;
-use super::calls::{Outgoing, PendingCharges, Target};
+use super::calls::{Outgoing, PendingCharges, Reviews, Target};
 use super::cause::LogLimiter;
 use super::compiled::{Compiled, Home, Leased};
 use super::held::Held;
@@ -86,7 +86,7 @@ pub(crate) struct Setup {
     /// Check-mode settlements and lease returns not yet applied.
     pub(crate) settlements: RefCell<SettleQueue>,
     /// Grants this worker applied, to review for tokens it will not spend.
-    pub(crate) reviews: RefCell<super::lease_return::Reviews>,
+    pub(crate) reviews: RefCell<Reviews>,
     /// This worker's instance: ids it hands out (waiters, charges) start from it.
     pub(crate) instance: u64,
     pub(crate) ids: Cell<u64>,

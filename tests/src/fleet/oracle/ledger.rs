@@ -12,18 +12,25 @@ impl Oracle {
     /// Per global policy, from the proxies' own metrics (whatever their fallback header
     /// says): requests it let through other than by its failure rule
     /// (`allowed - failure_allowed - emergency.allowed`, over every proxy) never exceed
-    /// the units the service granted it (lease) or admitted for it (check). A request
-    /// admitted without paying, and without being counted as a fallback, shows here.
+    /// the units the service granted it (lease) or admitted for it (check), less the
+    /// leased tokens the proxies returned (credits on a counter every form of whose
+    /// policy is leased: a lease policy's spends are never refunded, so its credits are
+    /// returns). A request admitted without paying, or paid with a returned token, and
+    /// not counted as a fallback, shows here.
     pub(super) fn conservation(&self, decisions: &[Decision], proxies: &[&wasm_host::Host]) -> Result<(), Violation> {
         let mut paid: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut returned: BTreeMap<&str, u64> = BTreeMap::new();
         for decision in decisions {
-            let (key, units) = match decision {
-                Decision::Grant { key, granted, .. } => (key, *granted),
-                Decision::Check { key, cost, .. } => (key, *cost),
+            let (key, units, into) = match decision {
+                Decision::Grant { key, granted, .. } => (key, *granted, &mut paid),
+                Decision::Check { key, cost, .. } => (key, *cost, &mut paid),
+                Decision::Credit { key, credited, duplicate: false, .. } if self.leased_only(key) => {
+                    (key, *credited, &mut returned)
+                }
                 _ => continue,
             };
             if let Some((name, _)) = self.counters.get(key) {
-                *paid.entry(name.as_str()).or_insert(0) += units;
+                *into.entry(name.as_str()).or_insert(0) += units;
             }
         }
         let names: BTreeSet<&str> = self
@@ -41,19 +48,29 @@ impl Oracle {
                         .saturating_sub(metric(h, Counter::FailureAllowed) + metric(h, Counter::EmergencyAllowed))
                 })
                 .sum();
+            let given_back = returned.get(name).copied().unwrap_or(0);
             let units = paid.get(name).copied().unwrap_or(0);
-            if through > units {
+            if through + given_back > units {
                 return Err(Violation::new(
                     "conservation",
                     format!(
                         "policy {name}: the proxies let {through} requests through it other than by its failure rule, \
-                         but the service granted or admitted only {units} units for it: requests were admitted \
-                         without paying and without being counted as fallbacks"
+                         but the service granted or admitted only {units} units for it, {given_back} of them \
+                         returned: requests were admitted without paying (or with returned tokens) and without \
+                         being counted as fallbacks"
                     ),
                 ));
             }
         }
         Ok(())
+    }
+
+    /// Whether every form of the policy whose counter `key` is is leased.
+    fn leased_only(&self, key: &str) -> bool {
+        self.counters
+            .get(key)
+            .and_then(|named| self.forms.get(named))
+            .is_some_and(|forms| forms.iter().all(|f| matches!(f.kind, crate::fleet::scenario::Kind::Lease { .. })))
     }
 
     pub(super) fn spent_within_grants(&self, decisions: &[Decision]) -> Result<(), Violation> {
