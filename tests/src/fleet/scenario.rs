@@ -565,6 +565,10 @@ pub struct Traffic {
     pub floods: Vec<(Duration, Duration)>,
     /// Percent of requests under `/a/`.
     pub under_a_percent: u64,
+    /// When set, the hot tenant's requests all arrive at one proxy, the next one each
+    /// period: a caller that moves between regions, leaving the lease its last proxy
+    /// holds to be returned (or to expire) while its new proxy asks for one.
+    pub hot_moves_every: Option<Duration>,
     /// When set, requests arrive on this grid of instants: several at once, on several
     /// workers, whose callbacks then race.
     pub grid: Option<Duration>,
@@ -787,6 +791,8 @@ impl Scenario {
             floods,
             under_a_percent: rng.between(0, 60),
             grid: rng.chance(30).then(|| Duration::from_micros(rng.pick(&[500, 1000, 2000]))),
+            // Decided by the seed, not drawn: the seeds that ran before it draw the same.
+            hot_moves_every: (seed % 5 == 2 && proxies > 1).then(|| Duration::from_millis(span / 3 + 1)),
         };
         // Rolling updates and operators' overrides, from a generator of their own.
         let mut changes = Rng::new(seed ^ 0x0c4a_9e5e);
@@ -939,6 +945,7 @@ impl Scenario {
             floods: Vec::new(),
             under_a_percent: 0,
             grid: Some(Duration::from_millis(1)),
+            hot_moves_every: None,
         };
     }
 

@@ -55,7 +55,13 @@ impl Arrivals {
                 },
             },
         };
-        let proxy = a.rng.below(scenario.proxies as u64) as usize;
+        let drawn = a.rng.below(scenario.proxies as u64) as usize;
+        let proxy = match scenario.traffic.hot_moves_every {
+            Some(every) if sent.tenant == "t0" => {
+                (offset.as_nanos() / every.as_nanos().max(1)) as usize % scenario.proxies.max(1)
+            }
+            _ => drawn,
+        };
         let worker = a.rng.below(scenario.workers as u64) as usize;
         // Exponential-looking gaps: mostly short, sometimes long.
         let mean = scenario.traffic.mean_gap.as_nanos() as u64;

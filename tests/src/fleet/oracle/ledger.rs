@@ -65,6 +65,58 @@ impl Oracle {
         Ok(())
     }
 
+    /// Per lease policy, fleet-wide, in units: what the proxies spent from their leases
+    /// (the units of every request admitted through the policy, less those a check at
+    /// the service decided instead), what they returned and what they counted as expired
+    /// never add up to more than they were granted (`lease.granted`): a token is spent,
+    /// returned or expired once. Tokens still live, debt repaid from grants, spends given
+    /// back, and expiries not yet counted (a record not written since) only leave room.
+    /// A token returned and then spent, or returned and then counted as expired, shows.
+    pub(super) fn lease_ledger(&self, decisions: &[Decision], proxies: &[&wasm_host::Host]) -> Result<(), Violation> {
+        let mut spent: BTreeMap<&str, u64> = BTreeMap::new();
+        for (counter, spends) in &self.lease_spends {
+            if let Some((name, _)) = self.counters.get(counter)
+                && self.leased_only(counter)
+            {
+                *spent.entry(name.as_str()).or_insert(0) += spends.iter().map(|(_, _, units)| units).sum::<u64>();
+            }
+        }
+        let mut checked: BTreeMap<&str, u64> = BTreeMap::new();
+        for decision in decisions {
+            if let Decision::Check { key, cost, .. } = decision
+                && let Some((name, _)) = self.counters.get(key)
+            {
+                *checked.entry(name.as_str()).or_insert(0) += cost;
+            }
+        }
+        // Only policies every form of which is leased.
+        let mixed: BTreeSet<&str> = self
+            .counters
+            .iter()
+            .filter(|(key, _)| !self.leased_only(key))
+            .map(|(_, (name, _))| name.as_str())
+            .collect();
+        for (name, spent) in spent {
+            if mixed.contains(name) {
+                continue;
+            }
+            let metric = |counter: Counter| proxies.iter().map(|h| policy_metric(h, name, counter)).sum::<u64>();
+            let (granted, returned, expired) =
+                (metric(Counter::LeaseGranted), metric(Counter::LeaseReturned), metric(Counter::LeaseExpired));
+            let from_leases = spent.saturating_sub(checked.get(name).copied().unwrap_or(0));
+            if from_leases + returned + expired > granted {
+                return Err(Violation::new(
+                    "lease ledger",
+                    format!(
+                        "policy {name}: the proxies were granted {granted} tokens, but spent {from_leases} from their \
+                         leases, returned {returned} and counted {expired} as expired: a token was used twice"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether every form of the policy whose counter `key` is is leased.
     fn leased_only(&self, key: &str) -> bool {
         self.counters

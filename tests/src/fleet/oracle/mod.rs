@@ -30,6 +30,9 @@
 //!   outliving its window), and requests admitted without spending at all;
 //! * **checked ⊆ admitted**: every unit admitted through a check was admitted by the
 //!   service for that counter, before;
+//! * **lease ledger**: per lease policy, the units the proxies spent from their leases,
+//!   returned to the service and counted as expired add up to no more than they were
+//!   granted: a returned token is neither spent nor expired too;
 //! * **the budget**: what the service granted and admitted on one counter fits the
 //!   policy's numbers (the loosest a reload put in force for that version), replayed in
 //!   the service's own time, from its last restart;
@@ -666,7 +669,8 @@ impl Oracle {
         }
         self.spent_within_grants(decisions)?;
         self.checked_within_admissions(decisions)?;
-        self.conservation(decisions, proxies)
+        self.conservation(decisions, proxies)?;
+        self.lease_ledger(decisions, proxies)
     }
 }
 
