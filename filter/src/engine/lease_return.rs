@@ -14,8 +14,13 @@
 //! that cannot be applied counts as `lease.expired`, as the tokens would have been. So
 //! for each key and proxy, `granted = spent + returned + expired`.
 //!
-//! A busy key is expected to spend its grant and returns nothing: returns cost a callout
-//! only where tokens would have been stranded. A credit is made in the window the grant
+//! Only a grant that left its budget short is reviewed: one after which the counter
+//! held less than the grant itself (the answer's `entry.remaining`), so that another
+//! proxy asking for as much could have been refused. A grant from a plentiful budget is
+//! not: the counter refills meanwhile, and a return would most often credit a full
+//! bucket (nothing given back, a callout spent). A busy key is expected to spend its
+//! grant and returns nothing: returns cost a callout only where tokens would have been
+//! stranded while others could use them. A credit is made in the window the grant
 //! was decided in (its `at_ns`): a fixed window's grant never outlives its window, and
 //! a pool merged under this grant's expiry holds only later grants' tokens, so the
 //! credit never reaches a window the tokens were not counted in.

@@ -347,7 +347,8 @@ fn refill_answered<S: Store, C: Clock>(
     let mut owes = None;
     if let Ok(Some(applied)) = counted(target.policy, applied, metrics) {
         metrics.add(target.policy, Counter::LeaseGranted, units(granted.granted));
-        if granted.granted > applied.repaid && under.is_none() {
+        let scarce = granted.entry.remaining < granted.granted;
+        if granted.granted > applied.repaid && under.is_none() && scarce {
             lease_return::schedule(setup, target, now, sent_at.saturating_add(expires_in), granted.at_ns);
         }
         if applied.expired > 0 {

@@ -14,12 +14,21 @@ fn credited(units: u64) -> CalloutAnswer {
     CalloutAnswer::Response { status: 200, body: body.into_bytes() }
 }
 
-/// Tenant "acme" leased 10 for 2 s (one held for, and spent by, its first request),
-/// then went quiet: nine left, one unit of demand known.
+/// A grant of `n` for 2 s that left the budget with `remaining`.
+fn granted_leaving(n: u64, remaining: u64) -> CalloutAnswer {
+    let body = format!(
+        r#"{{"granted":{n},"expires_in_ms":2000,"at_ns":1,"entry":{{"verdict":"allowed","limit":100,
+            "remaining":{remaining},"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}}}"#
+    );
+    CalloutAnswer::Response { status: 200, body: body.into_bytes() }
+}
+
+/// Tenant "acme" leased 10 for 2 s, leaving the budget short (3 left): one held for, and
+/// spent by, its first request; then it went quiet: nine left, one unit of demand known.
 fn leased_then_quiet() -> World {
     let mut w = world();
     let first = waiting(w.begin());
-    let _ = w.tick(|_| granted(10));
+    let _ = w.tick(|_| granted_leaving(10, 3));
     assert_eq!(status(&w.retry(first)), Some(200));
     w
 }
@@ -53,6 +62,20 @@ fn a_lease_whose_key_went_quiet_is_returned_with_an_id_once_a_quarter_of_its_lif
     assert_eq!(status(&w.begin()), Some(200));
     assert!(waiting(w.begin()).waits_for_lease(), "the lease is empty: a refill is elected");
     assert_eq!(w.review_then_tick(|_| credited(8)), 1, "the refill, and no second return");
+}
+
+#[test]
+fn a_grant_that_left_its_budget_plentiful_is_never_reviewed() {
+    let mut w = world();
+    let first = waiting(w.begin());
+    // 50 left after a grant of 10: another proxy asking as much is granted it anyway.
+    let _ = w.tick(|_| granted_leaving(10, 50));
+    assert_eq!(status(&w.retry(first)), Some(200));
+
+    w.limiter.clock().advance(Nanos::from_millis(1500));
+
+    assert_eq!(w.review_then_tick(|_| credited(8)), 0, "no return: the counter refills meanwhile");
+    assert_eq!(w.metrics.get(0, Counter::LeaseReturned), 0);
 }
 
 #[test]
