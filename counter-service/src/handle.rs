@@ -219,8 +219,9 @@ impl App {
         })
     }
 
-    /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/lease`,
-    /// `/v1/charge` and `/v1/credit` do, synchronously: for tests that simulate a fleet on a virtual
+    /// Answers a request exactly as the HTTP routes `POST /v1/check`, `/v1/checks`,
+    /// `/v1/lease`, `/v1/charge` and `/v1/credit` do (a batch's checks one after the
+    /// other), synchronously: for tests that simulate a fleet on a virtual
     /// clock (a [`crate::store::MemoryCounters::with_clock`] store) and step the service as
     /// they step everything else. Returns the status and the body the HTTP path would.
     ///
@@ -259,6 +260,20 @@ impl App {
             });
         }
         self.authenticate(authorization.into_iter())?;
+        if path == "/v1/checks" {
+            if method != "POST" {
+                return Err(ApiError::method_not_allowed(method, path));
+            }
+            if body.len() > self.max_body() {
+                return Err(ApiError::body_too_large(self.max_body()));
+            }
+            let _permit = self.in_flight_permit()?;
+            let _gauge = self.metrics().start();
+            let bodies = self.split_checks(body)?;
+            let results: Vec<Vec<u8>> =
+                bodies.iter().enumerate().map(|(index, check)| self.decide_in_batch_now(index, check)).collect();
+            return Ok(crate::batch::results(&results));
+        }
         let Some(route) = Route::from_path(path) else { return Err(ApiError::not_found(path)) };
         if method != "POST" {
             return Err(ApiError::method_not_allowed(method, path));

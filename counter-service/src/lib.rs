@@ -58,6 +58,7 @@ pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod batch;
 pub mod call;
 pub mod cli;
 pub mod config;

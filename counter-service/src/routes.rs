@@ -31,6 +31,7 @@ impl IntoResponse for ApiError {
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route("/v1/checks", post(checks))
         .route("/v1/lease", post(lease))
         .route("/v1/charge", post(charge))
         .route("/v1/credit", post(credit))
@@ -202,6 +203,37 @@ async fn decide(app: &App, route: Route, body: &[u8]) -> Result<Response, ApiErr
 
 async fn check(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     decide(&app, Route::Check, &body).await
+}
+
+/// `POST /v1/checks`: the batch's checks decided concurrently (see `batch.rs`), their
+/// results in the request's order.
+async fn checks(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let bodies = app.split_checks(&body)?;
+    let mut decided = tokio::task::JoinSet::new();
+    for (index, check) in bodies.iter().cloned().enumerate() {
+        let app = app.clone();
+        decided.spawn(async move { (index, app.decide_in_batch(index, &check).await) });
+    }
+    let mut results: Vec<Option<Vec<u8>>> = vec![None; bodies.len()];
+    while let Some(joined) = decided.join_next().await {
+        if let Ok((index, result)) = joined
+            && let Some(slot) = results.get_mut(index)
+        {
+            *slot = Some(result);
+        }
+    }
+    // A check whose task did not finish (it panicked) is answered as an internal error.
+    let results: Vec<Vec<u8>> = results
+        .into_iter()
+        .enumerate()
+        .map(|(index, result)| {
+            result.unwrap_or_else(|| {
+                let error = ApiError { status: 500, code: ErrorCode::Internal, message: "not decided".to_owned() };
+                crate::batch::failure(index, &error)
+            })
+        })
+        .collect();
+    Ok(json_bytes(crate::batch::results(&results)))
 }
 
 async fn lease(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {

@@ -55,6 +55,10 @@ error_codes! {
     NoEntries = ("no_entries", 400),
     /// More entries than `--max-entries`.
     TooManyEntries = ("too_many_entries", 400),
+    /// A batch (`POST /v1/checks`) without checks.
+    NoChecks = ("no_checks", 400),
+    /// A batch of more checks than one call carries (`MAX_CHECKS_PER_CALL`).
+    TooManyChecks = ("too_many_checks", 400),
     /// Several entries without a tag.
     TagRequired = ("tag_required", 400),
     /// A tag empty, too long or with braces.

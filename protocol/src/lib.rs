@@ -58,14 +58,18 @@ pub const DEFAULT_MAX_ENTRIES: u16 = 16;
 /// The largest `--max-entries` the service accepts.
 pub const MAX_ENTRIES_LIMIT: u16 = 256;
 const _: () = assert!(DEFAULT_MAX_ENTRIES <= MAX_ENTRIES_LIMIT);
+/// The most checks one `POST /v1/checks` carries: enough to share one callout among the
+/// checks a busy worker has waiting, few enough that one call's answer stays small (each
+/// check is bounded by `--max-entries`, the whole body by `--max-body-bytes`).
+pub const MAX_CHECKS_PER_CALL: usize = 64;
 
 pub use errors::ErrorCode;
 pub use limit::{LimitSpec, MAX_AMOUNT, MAX_PERIOD_MS, MAX_SCALED_CAPACITY, SpecError, ValidLimit};
 pub use overrides::{AppliedOverride, EntryOverride, OverrideId, OverrideKind};
 pub use shared_store::Algorithm;
 pub use wire::{
-    CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
-    EntryRequest, EntryResponse, ErrorBody, ErrorDetail, LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES,
-    MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES, MIN_ID_TTL_MS, VerdictName, is_policy_name,
-    max_debt_bound,
+    CHARGE_ID_TTL_MS, ChargeRequest, ChargeResponse, CheckFailure, CheckRequest, CheckResponse, CheckResult,
+    ChecksRequest, ChecksResponse, CreditRequest, CreditResponse, EntryRequest, EntryResponse, ErrorBody, ErrorDetail,
+    LeaseRequest, LeaseResponse, MAX_CHARGE_ID_BYTES, MAX_KEY_BYTES, MAX_LEASE_TTL_MS, MAX_POLICY_BYTES, MAX_TAG_BYTES,
+    MIN_ID_TTL_MS, VerdictName, is_policy_name, max_debt_bound,
 };

@@ -272,6 +272,44 @@ const fn is_zero(value: &u64) -> bool {
     *value == 0
 }
 
+/// A batch of independent checks (`POST /v1/checks`), each decided as `POST /v1/check`
+/// decides it, all-or-nothing on its own: one call for several requests' checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChecksRequest {
+    /// The checks (1 to [`crate::MAX_CHECKS_PER_CALL`]).
+    pub checks: Vec<CheckRequest>,
+}
+
+/// The answer to a batch: one result per check, in the order of the request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+// Answers accept fields they do not know (requests stay strict): a filter keeps
+// working when a newer service adds one.
+pub struct ChecksResponse {
+    /// Each check's answer or error.
+    pub results: Vec<CheckResult>,
+}
+
+/// One check's result in a batch: the answer `POST /v1/check` would give, or the error
+/// it would answer (that check alone: the others are decided regardless).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CheckResult {
+    /// Decided: admitted or not, as a check's answer says.
+    Answered(CheckResponse),
+    /// Not decided: the status and error `POST /v1/check` would have answered.
+    Failed(CheckFailure),
+}
+
+/// A check of a batch that was not decided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckFailure {
+    /// The HTTP status `POST /v1/check` would have answered.
+    pub status: u16,
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
 /// The answer to a check.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 // Answers accept fields they do not know (requests stay strict): a filter keeps

@@ -6,6 +6,7 @@
 mod api;
 mod auth;
 mod bad_input;
+mod batch;
 mod behaviour;
 mod binary;
 mod clamps;
