@@ -16,11 +16,11 @@
 //! `--max-body-bytes`; it holds one in-flight permit.
 
 use serde::Deserialize;
-use sluice_protocol::{CheckFailure, ErrorCode, ErrorDetail, MAX_CHECKS_PER_CALL};
+use sluice_protocol::{CheckFailure, CheckRequest, ErrorCode, ErrorDetail, MAX_CHECKS_PER_CALL};
 
-use crate::api::{self, ApiError};
+use crate::api::{self, ApiError, CheckPlan};
 use crate::app::App;
-use crate::handle::Route;
+use crate::call::Call;
 
 /// A batch as it is read: each check kept as JSON, to be parsed and validated on its own
 /// (a bad check fails alone, with its path).
@@ -52,12 +52,17 @@ impl App {
         }
     }
 
+    /// A check's body parsed and validated as `POST /v1/check` does it.
+    fn check_call(&self, body: &[u8]) -> Result<Call, ApiError> {
+        Ok(Call::Check(CheckPlan::new(&api::parse::<CheckRequest>(body)?, self.max_entries())?))
+    }
+
     /// Decides the `index`-th check of a batch as `POST /v1/check` would: its answer, or
     /// its failure (the status and error that route would answer, the message naming
     /// the check).
     pub async fn decide_in_batch(&self, index: usize, body: &[u8]) -> Vec<u8> {
         let decided = async {
-            let call = self.prepare(Route::Check, body)?;
+            let call = self.check_call(body)?;
             let (outcome, enforced) = self.decide(&call).await?;
             self.answer(&call, &outcome, &enforced)
         };
@@ -67,7 +72,7 @@ impl App {
     /// [`App::decide_in_batch`] without waiting, on the memory store.
     pub(crate) fn decide_in_batch_now(&self, index: usize, body: &[u8]) -> Vec<u8> {
         let decided = (|| {
-            let call = self.prepare(Route::Check, body)?;
+            let call = self.check_call(body)?;
             let (outcome, enforced) = self.decide_now_on_memory(&call)?;
             self.answer(&call, &outcome, &enforced)
         })();

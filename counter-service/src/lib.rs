@@ -32,6 +32,7 @@
 //!   configured store.
 //! * [`handle`] holds one decision request, shared by the HTTP routes and by
 //!   [`App::handle_now`], the synchronous entry for deterministic simulations;
+//!   [`batch`] several independent checks in one call (`POST /v1/checks`);
 //!   [`admin`] holds the admin API's changes to overrides, audited and counted.
 //! * [`routes`] holds the routes, bounds (body size, requests in flight) and error
 //!   responses; [`conn`] holds one connection: HTTP/1.1 or h2c on the same port,

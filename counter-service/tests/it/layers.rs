@@ -19,7 +19,7 @@ const LAYERS: Layers = Layers::new(&[
     ("overrides applied", &["enforce"]),
     ("settings, callers and metrics", &["auth", "config", "metrics"]),
     ("what a request is served with", &["app"]),
-    ("decisions", &["handle", "admin"]),
+    ("decisions, alone and in batches", &["handle", "admin", "batch"]),
     ("HTTP", &["routes", "conn"]),
     ("serving", &["server"]),
     ("the admin CLI", &["cli"]),
