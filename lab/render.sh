@@ -36,6 +36,8 @@ run regions-partition.yaml identity-lease-fail-open.json
 run regions-partition.yaml identity-lease-fail-closed.json
 run regions-partition.yaml identity-local.json
 compare identity-check-fail-open.json identity-check-fail-closed.json regions-partition.yaml
+# Lease returns: a caller that moves from one region to another.
+run moving-caller.yaml moving-lease.json
 # The game day.
 run gameday.yaml gameday.json
 

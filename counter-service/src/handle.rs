@@ -260,21 +260,12 @@ impl App {
             });
         }
         self.authenticate(authorization.into_iter())?;
-        if path == "/v1/checks" {
-            if method != "POST" {
-                return Err(ApiError::method_not_allowed(method, path));
-            }
-            if body.len() > self.max_body() {
-                return Err(ApiError::body_too_large(self.max_body()));
-            }
-            let _permit = self.in_flight_permit()?;
-            let _gauge = self.metrics().start();
-            let bodies = self.split_checks(body)?;
-            let results: Vec<Vec<u8>> =
-                bodies.iter().enumerate().map(|(index, check)| self.decide_in_batch_now(index, check)).collect();
-            return Ok(crate::batch::results(&results));
-        }
-        let Some(route) = Route::from_path(path) else { return Err(ApiError::not_found(path)) };
+        // `None`: a batch (`POST /v1/checks`).
+        let route = match Route::from_path(path) {
+            Some(route) => Some(route),
+            None if path == "/v1/checks" => None,
+            None => return Err(ApiError::not_found(path)),
+        };
         if method != "POST" {
             return Err(ApiError::method_not_allowed(method, path));
         }
@@ -283,6 +274,12 @@ impl App {
         }
         let _permit = self.in_flight_permit()?;
         let _gauge = self.metrics().start();
+        let Some(route) = route else {
+            let bodies = self.split_checks(body)?;
+            let results: Vec<Vec<u8>> =
+                bodies.iter().enumerate().map(|(index, check)| self.decide_in_batch_now(index, check)).collect();
+            return Ok(crate::batch::results(&results));
+        };
         let call = self.prepare(route, body)?;
         let (outcome, enforced) = self.decide_now_on_memory(&call)?;
         self.answer(&call, &outcome, &enforced)

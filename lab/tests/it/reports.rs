@@ -200,18 +200,11 @@ fn a_caller_that_moves_to_another_region_is_served_from_what_its_old_proxies_ret
     // One identity, a budget of 60 a minute (burst 100) leased up to 100 for 10 s: 40
     // requests a second through region eu for 2 s, then 10 a second through region us.
     // The eu proxies' leases hold what the caller no longer spends there.
-    let scenario = "name: moving caller\nseed: 7\nduration: 20s\ninterval: 1s\nfleet:\n  regions:\n    - {name: eu, proxies: 2}\n    - {name: us, proxies: 2}\n  workers: 2\n  service_latency: 2ms\ncallers:\n  - name: in-eu\n    path: /api/orders\n    headers: {x-user: \"mover\"}\n    regions: [eu]\n    rate:\n      - {at: 0s, rps: 40}\n      - {at: 2s, rps: 0}\n  - name: in-us\n    path: /api/orders\n    headers: {x-user: \"mover\"}\n    regions: [us]\n    rate:\n      - {at: 0s, rps: 0}\n      - {at: 2s, rps: 10}\n";
-    let config = r#"{"counter_service": {"cluster": "sluice-counter", "timeout": "50ms",
-        "token_env": "SLUICE_COUNTER_TOKEN", "hash_key_env": "SLUICE_HASH_KEY"},
-        "policies": [{"name": "per-identity", "key": [{"header": "x-user"}], "rate": "60/minute", "burst": 100,
-        "global": {"strategy": "lease", "lease": {"size": 100, "duration": "10s"}},
-        "on_failure": {"action": "deny"}}]}"#;
+    let s = summary("moving-caller.yaml", "moving-lease.json");
 
-    let summary = Summary::of(&run_text(scenario, config));
-
-    let p = &summary.policies[0];
+    let p = &s.policies[0];
     assert!(p.lease_returned > 0, "the eu proxies returned what they would not spend: {p:?}");
-    let in_us = summary.classes.iter().find(|c| c.name == "in-us").expect("in-us");
+    let in_us = s.classes.iter().find(|c| c.name == "in-us").expect("in-us");
     // From 2 s to 20 s the budget gives back one a second: 18 at most, without returns.
     assert!(
         in_us.totals.allowed > 18 + p.lease_returned / 2,
