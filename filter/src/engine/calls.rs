@@ -5,6 +5,7 @@
 
 use super::lease_record::{Charge, DEBT_LIFE};
 use super::namespace;
+use crate::due::DueQueue;
 use shared_store::{Nanos, Placement};
 use std::collections::BTreeMap;
 
@@ -141,11 +142,12 @@ pub(crate) struct Review {
     pub(crate) at_ns: u64,
 }
 
-/// The grants a worker applied and has yet to review, by when each is due.
+/// The grants a worker applied and has yet to review, by when each is due (a
+/// [`DueQueue`] keyed by a serial number).
 #[derive(Debug, Default)]
 pub(crate) struct Reviews {
-    due: BTreeMap<(Nanos, u64), Review>,
-    next: u64,
+    due: DueQueue<Review>,
+    next: u32,
 }
 
 impl Reviews {
@@ -155,17 +157,13 @@ impl Reviews {
             return false;
         }
         self.next = self.next.wrapping_add(1);
-        self.due.insert((due, self.next), review);
+        self.due.insert(self.next, due, review);
         true
     }
 
     /// Takes the earliest review due at or before `now`.
     pub(crate) fn pop_due(&mut self, now: Nanos) -> Option<Review> {
-        let entry = self.due.first_entry()?;
-        if entry.key().0 > now {
-            return None;
-        }
-        Some(entry.remove())
+        self.due.pop_due(now).map(|(_, review)| review)
     }
 }
 
