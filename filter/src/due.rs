@@ -50,6 +50,17 @@ impl<T> DueQueue<T> {
         self.by_id.iter().find(|(_, (_, value))| pick(value)).map(|(id, _)| *id)
     }
 
+    /// The context ids of the first `n` held values, in due order, that `pick` picks
+    /// (a scan from the front, which stops at the `n`-th).
+    pub fn first_where(&self, n: usize, pick: impl Fn(&T) -> bool) -> Vec<u32> {
+        self.by_due
+            .iter()
+            .filter(|(_, id)| self.by_id.get(id).is_some_and(|(_, value)| pick(value)))
+            .take(n)
+            .map(|(_, id)| *id)
+            .collect()
+    }
+
     /// Takes the earliest value due at or before `now`.
     pub fn pop_due(&mut self, now: Nanos) -> Option<(u32, T)> {
         let &(due, id) = self.by_due.first()?;

@@ -396,6 +396,14 @@ counters! {
         Waiting = ("counter_service.waiting", Global, gauge),
         /// Times this proxy's circuit breaker opened.
         CircuitOpened = ("counter_service.circuit_opened", Global),
+        /// Calls that carried several checks together (`POST /v1/checks`), also counted
+        /// in `callouts`.
+        CheckBatches = ("counter_service.check_batches", Global),
+        /// Checks those calls carried (÷ `check_batches`: the mean batch).
+        ChecksBatched = ("counter_service.checks_batched", Global),
+        /// Checks whose deadline passed while they waited to be sent with a batch: their
+        /// policies took the failure rule (as a timeout).
+        ChecksUnsent = ("counter_service.checks_unsent", Global),
         /// Shared-data keys this plugin created for buckets (bounded by the slot tables).
         KeysCreated = ("keys_created", Every),
         /// Local replies the host refused; the request was then reset or, if that failed

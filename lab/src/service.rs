@@ -16,8 +16,8 @@ use sluice_counter::config::{AdminAccess, Config, Secret};
 use sluice_counter::overrides::Override;
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 use sluice_protocol::{
-    AppliedOverride, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse,
-    LeaseRequest, LeaseResponse, LimitSpec,
+    AppliedOverride, ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CheckResult, ChecksRequest,
+    ChecksResponse, CreditRequest, CreditResponse, LeaseRequest, LeaseResponse, LimitSpec,
 };
 use sluice_testkit::rng::Rng;
 use std::future::Future;
@@ -56,6 +56,10 @@ pub enum Mode {
     /// It decides and applies the call, but the answer is lost (a charge the proxy must
     /// send again, under the same id).
     AppliedButLost,
+    /// It refuses the first check of each batch of checks (`POST /v1/checks`) alone, as
+    /// it refuses a check it cannot decide (that check spends nothing), and decides the
+    /// others; any other call it decides normally.
+    OneCheckRefused,
 }
 
 impl Mode {
@@ -429,7 +433,22 @@ impl Service {
                 .body(r#"{"error":{"code":"store_unavailable","message":"the redis store is unreachable"}}"#)
                 .after(rtt),
             Mode::Garbage => Answer::status(200).body("<html>not an answer</html>").after(rtt),
+            Mode::OneCheckRefused => {
+                let body = Self::spoil_first_check(&path, &call.body);
+                self.decide(&path, authorization.as_deref(), body.as_deref().unwrap_or(&call.body), rtt)
+            }
         }
+    }
+
+    /// A batch of checks whose first check has a tag the service refuses (`None`: not a
+    /// batch).
+    fn spoil_first_check(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        if path != "/v1/checks" {
+            return None;
+        }
+        let mut batch = serde_json::from_slice::<ChecksRequest>(body).ok()?;
+        batch.checks.first_mut()?.tag = Some("{refused}".to_owned());
+        serde_json::to_vec(&batch).ok()
     }
 
     /// Runs the real decision code and records what it decided.
@@ -457,6 +476,17 @@ impl Service {
             return self.app.handle_now("POST", path, authorization, &body);
         }
         self.app.handle_now("POST", path, authorization, body)
+    }
+
+    /// The spends of a check the service admitted.
+    fn record_check(&mut self, request: CheckRequest, answer: &CheckResponse, at: u64, service_at: u64) {
+        if !answer.admitted {
+            return;
+        }
+        for (i, entry) in request.entries.into_iter().enumerate() {
+            let overridden = answer.overrides.iter().find(|o| o.entry == i).map(|o| o.applied());
+            self.decisions.push(Decision::Check { key: entry.key, cost: entry.cost, at, service_at, overridden });
+        }
     }
 
     fn record(&mut self, path: &str, request: &[u8], answer: &[u8], at: u64, service_at: u64) {
@@ -499,17 +529,19 @@ impl Service {
             "/v1/check" => {
                 if let (Ok(request), Ok(answer)) =
                     (serde_json::from_slice::<CheckRequest>(request), serde_json::from_slice::<CheckResponse>(answer))
-                    && answer.admitted
                 {
-                    for (i, entry) in request.entries.into_iter().enumerate() {
-                        let overridden = answer.overrides.iter().find(|o| o.entry == i).map(|o| o.applied());
-                        self.decisions.push(Decision::Check {
-                            key: entry.key,
-                            cost: entry.cost,
-                            at,
-                            service_at,
-                            overridden,
-                        });
+                    self.record_check(request, &answer, at, service_at);
+                }
+            }
+            "/v1/checks" => {
+                // Each check of a batch as if it had come alone.
+                if let (Ok(request), Ok(answer)) =
+                    (serde_json::from_slice::<ChecksRequest>(request), serde_json::from_slice::<ChecksResponse>(answer))
+                {
+                    for (check, result) in request.checks.into_iter().zip(answer.results) {
+                        if let CheckResult::Answered(answer) = result {
+                            self.record_check(check, &answer, at, service_at);
+                        }
                     }
                 }
             }

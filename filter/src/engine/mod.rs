@@ -39,8 +39,8 @@
 //! and holds this list to its table), from the bottom:
 //!
 //! 1. what the stages pass and read: `decision`, `resolved`, `wire`, `namespace`,
-//!    `headers`, `compiled`, `breaker`, `lease_record`, `cause`, `calls`, `settle_queue`,
-//!    `evidence`, `secrets`, `held`;
+//!    `headers`, `compiled`, `breaker`, `lease_record`, `cause`, `calls`, `check_group`,
+//!    `settle_queue`, `evidence`, `secrets`, `held`;
 //! 2. the compiled configuration and the worker's bookkeeping: `setup`;
 //! 3. what the service's answers leave behind: `settlement` (check-mode costs settled at
 //!    the service), `lease_return` (leased tokens a proxy will not spend, given back) and
@@ -52,6 +52,7 @@
 mod breaker;
 mod calls;
 mod cause;
+mod check_group;
 mod compiled;
 mod decision;
 mod evidence;
@@ -139,6 +140,10 @@ impl Engine {
                     authorization,
                     partition: service.partition,
                     secret: HashKey::global(hash_key.as_bytes()),
+                    group: RefCell::new(check_group::CheckGroup::new(
+                        usize::try_from(service.max_checks_in_flight).unwrap_or(usize::MAX),
+                        usize::try_from(service.max_checks_per_call).unwrap_or(usize::MAX),
+                    )),
                 })
             }
         };
@@ -311,6 +316,41 @@ impl Engine {
         metrics: &mut impl Metrics,
     ) -> Begun {
         request::complete(&self.0, *pending, answer, limiter, callouts, room_to_pause, metrics)
+    }
+
+    /// How many requests wait for their check to be sent that may go now, together in
+    /// one call (0: none waits, or the worker has its most check calls out).
+    pub fn checks_to_send(&self) -> usize {
+        self.0.service.as_ref().and_then(|s| s.group.try_borrow().ok()).map_or(0, |group| group.next_batch())
+    }
+
+    /// Sends the checks of requests that waited to be sent (by stream id), together in
+    /// one call (see `check_group`); what each does next, by id.
+    pub fn send_checks<S: Store, C: Clock>(
+        &self,
+        pending: Vec<(u32, Box<Pending>)>,
+        limiter: &Limiter<S, C>,
+        callouts: &mut impl Callouts,
+        room_to_pause: bool,
+        metrics: &mut impl Metrics,
+    ) -> Vec<(u32, Begun)> {
+        let pending = pending.into_iter().map(|(id, p)| (id, *p)).collect();
+        request::send_checks(&self.0, pending, limiter, callouts, room_to_pause, metrics)
+    }
+
+    /// Decides the requests (by stream id) whose checks one batch carried, with its
+    /// answer (read once); what each does next, by id.
+    pub fn complete_batch<S: Store, C: Clock>(
+        &self,
+        pending: Vec<(u32, Box<Pending>)>,
+        answer: &CalloutAnswer,
+        limiter: &Limiter<S, C>,
+        callouts: &mut impl Callouts,
+        room_to_pause: bool,
+        metrics: &mut impl Metrics,
+    ) -> Vec<(u32, Begun)> {
+        let pending = pending.into_iter().map(|(id, p)| (id, *p)).collect();
+        request::complete_batch(&self.0, pending, answer, limiter, callouts, room_to_pause, metrics)
     }
 
     /// Tries a request waiting for a refill again (on its worker's tick, or at once when

@@ -6,6 +6,7 @@
 use super::breaker::CircuitBreaker;
 use super::calls::{Outgoing, PendingCharges, Reviews, Target};
 use super::cause::LogLimiter;
+use super::check_group::CheckGroup;
 use super::compiled::{Compiled, Home, Leased};
 use super::held::Held;
 use super::lease_record::Leases;
@@ -38,6 +39,8 @@ pub(crate) struct Service {
     pub(crate) partition: Vec<KeyPart>,
     pub(crate) secret: HashKey,
     pub(crate) breaker: CircuitBreaker,
+    /// This worker's check calls out, and the checks waiting to go together.
+    pub(crate) group: RefCell<CheckGroup>,
 }
 
 impl Service {

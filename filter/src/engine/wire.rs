@@ -10,12 +10,14 @@
 use super::resolved::{Place, Resolved};
 use crate::host::{CalloutAnswer, Reason};
 use sluice_protocol::{
-    ChargeResponse, CheckRequest, CheckResponse, CreditResponse, EntryRequest, ErrorBody, ErrorCode, LeaseResponse,
-    LimitSpec,
+    ChargeResponse, CheckRequest, CheckResponse, CheckResult, ChecksRequest, ChecksResponse, CreditResponse,
+    EntryRequest, ErrorBody, ErrorCode, LeaseResponse, LimitSpec,
 };
 
 /// The path of a check.
 pub(crate) const CHECK_PATH: &str = "/v1/check";
+/// The path of a batch of checks.
+pub(crate) const CHECKS_PATH: &str = "/v1/checks";
 /// The path of a lease.
 pub(crate) const LEASE_PATH: &str = "/v1/lease";
 /// The path of a charge.
@@ -25,13 +27,13 @@ pub(crate) const CREDIT_PATH: &str = "/v1/credit";
 /// The largest answer the filter reads; an entry's answer is about 150 bytes.
 pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
-/// The body of the check for `global` (policy `i` named and specified by `spec_of(i)`:
-/// its name, limit and version), every counter under one hash `tag`.
-pub(crate) fn check_body<'a>(
+/// The check for `global` (policy `i` named and specified by `spec_of(i)`: its name,
+/// limit and version), every counter under one hash `tag`.
+pub(crate) fn check_request<'a>(
     tag: &str,
     global: &[Resolved],
     spec_of: impl Fn(usize) -> Option<(&'a str, LimitSpec, u64)>,
-) -> Vec<u8> {
+) -> CheckRequest {
     let entries = global
         .iter()
         .filter_map(|resolved| {
@@ -46,10 +48,20 @@ pub(crate) fn check_body<'a>(
             })
         })
         .collect();
-    let request = CheckRequest { tag: Some(tag.to_owned()), entries };
+    CheckRequest { tag: Some(tag.to_owned()), entries }
+}
+
+/// The body of one check, `POST /v1/check`.
+pub(crate) fn check_body(check: &CheckRequest) -> Vec<u8> {
     // Serialising plain structs of strings and integers cannot fail; an empty body
     // would be answered 400 and decided by the failure rule, never admitted.
-    serde_json::to_vec(&request).unwrap_or_default()
+    serde_json::to_vec(check).unwrap_or_default()
+}
+
+/// The body of a batch of checks, `POST /v1/checks`.
+pub(crate) fn checks_body(checks: Vec<CheckRequest>) -> Vec<u8> {
+    // As `check_body`: an empty body is refused, and decided by the failure rule.
+    serde_json::to_vec(&ChecksRequest { checks }).unwrap_or_default()
 }
 
 /// Why an answer decided nothing, and whether it says the service is unhealthy.
@@ -80,6 +92,45 @@ pub(crate) fn classify(answer: &CalloutAnswer, entries: usize) -> Result<CheckRe
     classify_as(answer, |body| {
         serde_json::from_slice::<CheckResponse>(body).ok().filter(|r| r.entries.len() == entries)
     })
+}
+
+/// What an answer to a batch of `size` checks means: the batch's own failure (the call
+/// failed, or its answer is not one result per check), or each check's result, in order.
+/// A check the service refused alone is a failure of that check only, never about the
+/// service's health (the call that carried it was answered).
+pub(crate) fn classify_batch(answer: &CalloutAnswer, size: usize) -> Result<Vec<CheckOutcome>, Failure> {
+    let batch = classify_as(answer, |body| {
+        serde_json::from_slice::<ChecksResponse>(body).ok().filter(|r| r.results.len() == size)
+    })?;
+    Ok(batch
+        .results
+        .into_iter()
+        .map(|result| match result {
+            CheckResult::Answered(response) => Ok(response),
+            CheckResult::Failed(_) => Err(Failure { reason: Reason::BadStatus, unhealthy: false }),
+        })
+        .collect())
+}
+
+/// One check's outcome in a batch: its answer, or why it was not decided.
+pub(crate) type CheckOutcome = Result<CheckResponse, Failure>;
+
+/// A check's answer in a batch, if it answers each of its `entries` entries (else a bad
+/// body, of that check alone).
+pub(crate) fn every_entry(outcome: CheckOutcome, entries: usize) -> CheckOutcome {
+    outcome.and_then(|response| {
+        if response.entries.len() == entries {
+            Ok(response)
+        } else {
+            Err(Failure { reason: Reason::BadBody, unhealthy: false })
+        }
+    })
+}
+
+/// A failure of a check that was never sent (its deadline passed while it waited to be
+/// sent): a timeout, which says nothing about the service.
+pub(crate) const fn unsent() -> Failure {
+    Failure { reason: Reason::Timeout, unhealthy: false }
 }
 
 /// What an answer to a lease means.

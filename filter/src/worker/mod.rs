@@ -215,6 +215,53 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.wake_root(port);
     }
 
+    /// The answer to a batch of checks (callout `token`) arrived: each request it
+    /// carried that still waits is decided with its own result.
+    fn batch_answered(&self, token: u32, answer: &CalloutAnswer, port: &mut impl Port) {
+        let members: Vec<(u32, Box<Pending>)> = self
+            .waiting
+            .try_borrow_mut()
+            .map(|mut q| {
+                // In due order: the order they asked in, so the order of the batch.
+                let ids = q.first_where(usize::MAX, |p| p.token() == Some(token));
+                ids.into_iter().filter_map(|id| q.remove(id).map(|p| (id, p))).collect()
+            })
+            .unwrap_or_default();
+        let room = self.room_to_pause();
+        let decided = self.engine.complete_batch(members, answer, &self.limiter, port, room, &mut self.counts());
+        for (id, begun) in decided {
+            let _ = self.conclude(id, begun, Via::Root, Entry::New, port);
+        }
+    }
+
+    /// Sends the checks that wait to go together, as many calls as the worker has room
+    /// for (from the root context, which receives their answers).
+    fn send_checks(&self, port: &mut impl Port) {
+        loop {
+            let size = self.engine.checks_to_send();
+            if size == 0 {
+                return;
+            }
+            let batch: Vec<(u32, Box<Pending>)> = self
+                .waiting
+                .try_borrow_mut()
+                .map(|mut q| {
+                    let ids = q.first_where(size, |p| p.waits_to_be_sent());
+                    ids.into_iter().filter_map(|id| q.remove(id).map(|p| (id, p))).collect()
+                })
+                .unwrap_or_default();
+            if batch.is_empty() {
+                // Counted as waiting but not held here: nothing to send.
+                return;
+            }
+            let room = self.room_to_pause();
+            let sent = self.engine.send_checks(batch, &self.limiter, port, room, &mut self.counts());
+            for (id, begun) in sent {
+                let _ = self.conclude(id, begun, Via::Root, Entry::Kept, port);
+            }
+        }
+    }
+
     /// The headers to add to stream `id`'s response, taken once.
     pub fn take_response_headers(&self, id: u32) -> Option<Vec<(String, String)>> {
         self.response_headers.try_borrow_mut().ok().and_then(|mut map| map.remove(&id))
@@ -341,6 +388,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
                 self.engine.complete(pending, &CalloutAnswer::TimedOut, &self.limiter, port, room, &mut self.counts());
             let _ = self.conclude(id, begun, Via::Root, Entry::New, port);
         }
+        self.send_checks(port);
         self.retry_lease_waiters(port);
         self.engine.renew_slots(&self.limiter, &mut self.counts());
         self.engine.sweep_debts(&self.limiter);
@@ -365,10 +413,9 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     /// not serve it, sent while the root retried it (the host answers the root).
     pub fn on_root_answer(&self, token: u32, answer: &CalloutAnswer, port: &mut impl Port) {
         let Some(sent) = self.in_flight.try_borrow_mut().ok().and_then(|mut in_flight| in_flight.remove(&token)) else {
-            let checking = self.waiting.try_borrow().ok().and_then(|q| q.find(|p| p.token() == Some(token)));
-            if let Some(id) = checking {
-                self.check_answered(id, answer, Via::Root, port);
-            }
+            // A check the root sent: alone, or a batch.
+            self.batch_answered(token, answer, port);
+            self.send_checks(port);
             return;
         };
         let refill = sent.is_refill();
@@ -380,8 +427,10 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
         self.send_outgoing(false, port);
     }
 
-    /// A request woke the root: send the outbox.
+    /// A request woke the root: send the checks that wait to go together, and the
+    /// outbox.
     pub fn on_wake(&self, port: &mut impl Port) {
+        self.send_checks(port);
         self.send_outgoing(false, port);
     }
 
@@ -422,7 +471,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// After a request's callback: wakes the root to send what it put in the outbox.
     fn wake_root(&self, port: &mut impl Port) {
-        if self.engine.has_outgoing()
+        if (self.engine.has_outgoing() || self.engine.checks_to_send() > 0)
             && let Some(queue) = self.wake
         {
             // If the host refuses, the tick sends it.

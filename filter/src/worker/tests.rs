@@ -13,6 +13,7 @@ use shared_store::{HashKey, ManualClock, MemoryStore, Nanos};
 struct FakePort {
     actions: Vec<String>,
     refuse: Vec<&'static str>,
+    /// The token of the last call it sent.
     next_token: u32,
     sent: Vec<String>,
     /// Each call's body, beside its path in `sent`.
@@ -32,9 +33,17 @@ impl FakePort {
     }
 }
 
+thread_local! {
+    /// The host's callout tokens, unique across a test's ports as a proxy's are.
+    static TOKENS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 impl Callouts for FakePort {
     fn dispatch(&mut self, call: &Call<'_>) -> Result<u32, DispatchError> {
-        self.next_token += 1;
+        self.next_token = TOKENS.with(|t| {
+            t.set(t.get() + 1);
+            t.get()
+        });
         let path = call.headers.iter().find(|(n, _)| *n == ":path").map_or("", |(_, v)| *v);
         self.sent.push(path.to_owned());
         self.bodies.push(String::from_utf8_lossy(call.body).into_owned());
@@ -225,6 +234,7 @@ fn a_local_policy_defines_every_counter_of_its_scope_and_no_counter_only_a_globa
     assert!(!defined(&local[0], Counter::OverrideClamped), "an operator's override is the counter service's");
 }
 
+mod check_batches;
 mod check_costs;
 mod check_refunds;
 mod concurrency;

@@ -633,6 +633,9 @@ pub struct Scenario {
     pub timeout_ms: u64,
     /// The breaker's cooldown.
     pub cooldown_ms: u64,
+    /// Most check calls a worker has out before checks wait to go together (0: each
+    /// alone, at once), and most checks in one call.
+    pub checks_in_flight: (u64, u64),
     /// The service's sweep interval (`--sweep-interval-ms`): idle keys dropped, expired
     /// overrides claimed.
     pub sweep_ms: u64,
@@ -705,6 +708,13 @@ pub fn hot_value(header: &str) -> &'static str {
     }
 }
 
+/// Check mode batched or not (from a generator of its own: the seeds that ran before it
+/// draw the same): `max_checks_in_flight` 0 (unbatched) to 8, and the checks in one call.
+fn batching(seed: u64) -> (u64, u64) {
+    let mut rng = Rng::new(seed ^ 0xba7c_4ed5);
+    (rng.pick(&[0, 1, 2, 4, 8]), rng.pick(&[2, 3, 64]))
+}
+
 fn mode(rng: &mut Rng, timeout_ms: u64) -> Mode {
     match rng.below(11) {
         0 => Mode::Slow(Duration::from_millis(timeout_ms / 2 + rng.between(0, timeout_ms))),
@@ -717,7 +727,7 @@ fn mode(rng: &mut Rng, timeout_ms: u64) -> Mode {
         7 => Mode::Garbage,
         8 => Mode::WrongToken,
         9 => Mode::AppliedButLost,
-        _ => Mode::Refused,
+        _ => Mode::OneCheckRefused,
     }
 }
 
@@ -847,6 +857,7 @@ impl Scenario {
             timeout_ms,
             cooldown_ms: rng.pick(&[100, 300, 1000]),
             sweep_ms: changes.pick(&[100, 300, 1000]),
+            checks_in_flight: batching(seed),
             policies,
             faults,
             events,
@@ -956,6 +967,8 @@ impl Scenario {
                 "cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "token_env": "SLUICE_COUNTER_TOKEN",
                 "timeout": format!("{}ms", self.timeout_ms),
                 "circuit_breaker": {"failures": 3, "cooldown": format!("{}ms", self.cooldown_ms)},
+                "max_checks_in_flight": self.checks_in_flight.0,
+                "max_checks_per_call": self.checks_in_flight.1,
             },
             "policies": policies.iter().map(PolicyDef::json).collect::<Vec<_>>(),
             "response": {"fallback_header": "x-sluice-fallback", "override_header": "x-sluice-override"},

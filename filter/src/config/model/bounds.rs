@@ -117,6 +117,14 @@ pub const MIN_BREAKER_COOLDOWN: Written = Written::ms(1);
 pub const MAX_BREAKER_COOLDOWN: Written = Written::mins(5);
 /// Default time the circuit stays open.
 pub const DEFAULT_BREAKER_COOLDOWN: Written = Written::secs(2);
+/// Default most check calls one worker has out before checks wait to go together
+/// (group commit); 0 sends every check alone, at once.
+pub const DEFAULT_MAX_CHECKS_IN_FLIGHT: u32 = 4;
+/// Largest bound on check calls one worker has out.
+pub const MAX_MAX_CHECKS_IN_FLIGHT: u32 = 1024;
+/// Default and largest number of checks one call carries: the service's bound.
+pub const MAX_CHECKS_PER_CALL: u32 = 64;
+const _: () = assert!(MAX_CHECKS_PER_CALL as usize == sluice_protocol::MAX_CHECKS_PER_CALL);
 /// Shortest hash key: 128 bits.
 pub const MIN_HASH_KEY_BYTES: usize = 16;
 /// Longest secret (token or hash key).

@@ -7,9 +7,10 @@ use sluice_protocol::LimitSpec;
 use std::fmt;
 
 pub use super::bounds::{
-    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT,
-    MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_LEASE, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
-    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT,
+    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT, MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_CHECKS_PER_CALL, MAX_LEASE,
+    MAX_MAX_CHECKS_IN_FLIGHT, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT, MIN_BREAKER_COOLDOWN,
+    MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
 };
 
 /// A secret read from the configuration or the VM's environment. Its `Debug` form never
@@ -61,6 +62,11 @@ pub struct CounterService {
     pub partition: Vec<KeyPart>,
     /// The circuit breaker.
     pub breaker: Breaker,
+    /// Most check calls one worker has out before checks wait to go together (0: each
+    /// goes alone, at once).
+    pub max_checks_in_flight: u32,
+    /// Most checks one call carries.
+    pub max_checks_per_call: u32,
 }
 
 impl CounterService {

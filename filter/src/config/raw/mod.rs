@@ -12,10 +12,11 @@ mod forms;
 
 use super::model::bounds::{
     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_FAILURE_STATUS, DEFAULT_IPV4_PREFIX,
-    DEFAULT_IPV6_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_PAUSED, DEFAULT_MAX_WAITING, DEFAULT_SLOTS, DEFAULT_STAT_PREFIX,
-    DEFAULT_STATUS, DEFAULT_TICK_MS, DEFAULT_TIMEOUT, MAX_BREAKER_FAILURES, MAX_CONFIGURED_AMOUNT, MAX_IPV4_PREFIX,
-    MAX_IPV6_PREFIX, MAX_MAX_PAUSED, MAX_MAX_WAITING, MAX_SLOTS, MAX_STATUS, MAX_TICK_MS, MAX_UNIT_BYTES,
-    MIN_BREAKER_FAILURES, MIN_STATUS, MIN_TICK_MS,
+    DEFAULT_IPV6_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT, DEFAULT_MAX_PAUSED, DEFAULT_MAX_WAITING,
+    DEFAULT_SLOTS, DEFAULT_STAT_PREFIX, DEFAULT_STATUS, DEFAULT_TICK_MS, DEFAULT_TIMEOUT, MAX_BREAKER_FAILURES,
+    MAX_CHECKS_PER_CALL, MAX_CONFIGURED_AMOUNT, MAX_IPV4_PREFIX, MAX_IPV6_PREFIX, MAX_MAX_CHECKS_IN_FLIGHT,
+    MAX_MAX_PAUSED, MAX_MAX_WAITING, MAX_SLOTS, MAX_STATUS, MAX_TICK_MS, MAX_UNIT_BYTES, MIN_BREAKER_FAILURES,
+    MIN_STATUS, MIN_TICK_MS,
 };
 pub use cost::{RawCost, RawEstimateWord, RawHeaderCost, RawOnUnknown, RawResponseCost};
 pub use forms::{DurationSpec, RateSpec, RawAlgorithm};
@@ -87,6 +88,18 @@ pub struct RawCounterService {
     /// must include them. Default: none, so every counter shares one tag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partition: Vec<RawKeyPart>,
+    /// Most check calls one worker has out at once; while it has that many, checks wait
+    /// and go together in one call as soon as one comes back (group commit). 0 sends
+    /// every check alone, at once. Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_MAX_CHECKS_IN_FLIGHT))]
+    #[schemars(extend("default" = DEFAULT_MAX_CHECKS_IN_FLIGHT))]
+    pub max_checks_in_flight: Option<u32>,
+    /// Most checks one call carries, 1 to 64. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_CHECKS_PER_CALL))]
+    #[schemars(extend("default" = MAX_CHECKS_PER_CALL))]
+    pub max_checks_per_call: Option<u32>,
     /// When to stop calling a failing service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<RawCircuitBreaker>,

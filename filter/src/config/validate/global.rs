@@ -7,9 +7,10 @@ use super::fields::{amount, between, duration_between, is_header_value};
 use super::issues::Issues;
 use super::key::validate_key;
 use crate::config::model::bounds::{
-    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT,
-    MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_LEASE, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
-    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT,
+    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT, MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_CHECKS_PER_CALL, MAX_LEASE,
+    MAX_MAX_CHECKS_IN_FLIGHT, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT, MIN_BREAKER_COOLDOWN,
+    MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
 };
 use crate::config::model::global::{Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 use crate::config::raw::{
@@ -105,7 +106,21 @@ pub(super) fn validate_counter_service(issues: &mut Issues, raw: RawCounterServi
     });
     let partition = validate_key(issues, &format!("{path}.partition"), raw.partition, true);
     let breaker = breaker(issues, &format!("{path}.circuit_breaker"), raw.circuit_breaker);
-    CounterService { cluster: raw.cluster, authority, timeout_ms, token, hash_key, partition, breaker }
+    let max_checks_in_flight = raw.max_checks_in_flight.unwrap_or(DEFAULT_MAX_CHECKS_IN_FLIGHT);
+    between(issues, &format!("{path}.max_checks_in_flight"), max_checks_in_flight, 0, MAX_MAX_CHECKS_IN_FLIGHT);
+    let max_checks_per_call = raw.max_checks_per_call.unwrap_or(MAX_CHECKS_PER_CALL);
+    between(issues, &format!("{path}.max_checks_per_call"), max_checks_per_call, 1, MAX_CHECKS_PER_CALL);
+    CounterService {
+        cluster: raw.cluster,
+        authority,
+        timeout_ms,
+        token,
+        hash_key,
+        partition,
+        breaker,
+        max_checks_in_flight,
+        max_checks_per_call,
+    }
 }
 
 /// Why the counter service cannot decide `algorithm`, for one it cannot (`None` for one

@@ -9,7 +9,7 @@
 use super::admit::{check_estimate_owed, due_after, reject};
 use super::fallback::apply_failure_rule;
 use super::local::Admitted;
-use super::state::{CheckSpent, CheckWait, Global, Granted, Next, Pending, ToLease};
+use super::state::{CheckCall, CheckSpent, CheckWait, Global, Granted, Next, Pending, ToLease};
 use crate::engine::breaker::Admit;
 use crate::engine::calls::UNREAD_TAG;
 use crate::engine::cause::Cause;
@@ -56,7 +56,8 @@ pub(crate) fn enter<S: Store, C: Clock>(
     send(setup, service, Global { granted, checked, leased, tag }, callouts, limiter, metrics)
 }
 
-/// Sends the check for the request's check policies, if it has any.
+/// Sends the check for the request's check policies, if it has any: at once, or, while
+/// the worker has its most check calls out, with the next batch (`check_group`).
 fn send<S: Store, C: Clock>(
     setup: &Setup,
     service: &Service,
@@ -69,37 +70,146 @@ fn send<S: Store, C: Clock>(
         return after_check(global.granted, global.leased, global.tag);
     }
     let now = limiter.clock().now();
-    let admit = service.breaker.admit(limiter.store(), now);
-    if admit == Admit::Open {
-        return degrade(setup, Cause::Service(Reason::CircuitOpen), global, false, limiter, metrics);
+    let deadline = now.saturating_add(service.timeout);
+    let wait = CheckWait { call: CheckCall::Queued, deadline, sent_at: now, probe: false, global };
+    let queued = service.group.try_borrow_mut().is_ok_and(|mut group| {
+        let wait = group.must_wait();
+        if wait {
+            group.enqueue();
+        }
+        wait
+    });
+    if queued {
+        metrics.add_plugin(PluginCounter::Waiting, 1);
+        return Next::Wait(Pending::Check(wait));
     }
-    let body = wire::check_body(&global.tag, &global.checked, |index| {
+    let check = check_request(setup, &wait.global);
+    match dispatch(service, vec![check], limiter, callouts, metrics) {
+        Ok(sent) => {
+            metrics.add_plugin(PluginCounter::Waiting, 1);
+            Next::Wait(Pending::Check(CheckWait { call: CheckCall::Alone(sent.token), ..sent.stamp(wait, 0) }))
+        }
+        Err(cause) => unsent(setup, wait, cause, limiter, metrics),
+    }
+}
+
+/// Sends the checks of requests that waited to be sent, together (one alone goes as a
+/// plain check); what each request does next, in order.
+pub(crate) fn send_waiting<S: Store, C: Clock>(
+    setup: &Setup,
+    waits: Vec<CheckWait>,
+    callouts: &mut (impl Callouts + ?Sized),
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Vec<Next> {
+    // They stop waiting to be sent; those sent wait again, for the answer.
+    metrics.add_plugin(PluginCounter::Waiting, -i64::try_from(waits.len()).unwrap_or(i64::MAX));
+    let Some(service) = &setup.service else {
+        // Only a configuration with a service queues a check.
+        let cause = Cause::Service(Reason::DispatchFailed);
+        return waits.into_iter().map(|wait| unsent(setup, wait, cause, limiter, metrics)).collect();
+    };
+    if let Ok(mut group) = service.group.try_borrow_mut() {
+        for _ in &waits {
+            group.dequeue();
+        }
+    }
+    let checks = waits.iter().map(|wait| check_request(setup, &wait.global)).collect();
+    let size = waits.len();
+    match dispatch(service, checks, limiter, callouts, metrics) {
+        Ok(sent) => waits
+            .into_iter()
+            .enumerate()
+            .map(|(index, wait)| {
+                let call = if size == 1 {
+                    CheckCall::Alone(sent.token)
+                } else {
+                    CheckCall::Batch { token: sent.token, index, size }
+                };
+                metrics.add_plugin(PluginCounter::Waiting, 1);
+                Next::Wait(Pending::Check(CheckWait { call, ..sent.stamp(wait, index) }))
+            })
+            .collect(),
+        Err(cause) => waits.into_iter().map(|wait| unsent(setup, wait, cause, limiter, metrics)).collect(),
+    }
+}
+
+/// The check of `global`'s check policies.
+fn check_request(setup: &Setup, global: &Global) -> sluice_protocol::CheckRequest {
+    wire::check_request(&global.tag, &global.checked, |index| {
         let compiled = setup.compiled(index)?;
         match &compiled.home {
             Home::Global { spec, .. } => Some((compiled.policy.name.as_str(), *spec, compiled.policy.version)),
             Home::Local(_) => None,
         }
-    });
-    match service.dispatch(wire::CHECK_PATH, &body, callouts) {
-        Ok(token) => {
-            metrics.add_plugin(PluginCounter::Callouts, 1);
-            metrics.add_plugin(PluginCounter::Waiting, 1);
-            let deadline = now.saturating_add(service.timeout);
-            Next::Wait(Pending::Check(CheckWait {
-                token,
-                deadline,
-                sent_at: now,
-                probe: admit == Admit::Probe,
-                global,
-            }))
-        }
-        Err(_) => {
-            if service.breaker.record(limiter.store(), now, Some(false), now) {
-                metrics.add_plugin(PluginCounter::CircuitOpened, 1);
-            }
-            degrade(setup, Cause::Service(Reason::DispatchFailed), global, false, limiter, metrics)
-        }
+    })
+}
+
+/// A call sent.
+struct SentCall {
+    token: u32,
+    at: Nanos,
+    /// Whether it is the probe of a half-open circuit.
+    probe: bool,
+}
+
+impl SentCall {
+    /// `wait`, sent by this call as its `index`-th check: the probe's flag goes with its
+    /// first request.
+    fn stamp(&self, wait: CheckWait, index: usize) -> CheckWait {
+        CheckWait { sent_at: self.at, probe: self.probe && index == 0, ..wait }
     }
+}
+
+/// Sends `checks` in one call: a plain check for one, a batch for more (counted); or
+/// why it could not be sent (the circuit open, the host refused, which the breaker
+/// counts once).
+fn dispatch<S: Store, C: Clock>(
+    service: &Service,
+    mut checks: Vec<sluice_protocol::CheckRequest>,
+    limiter: &Limiter<S, C>,
+    callouts: &mut (impl Callouts + ?Sized),
+    metrics: &mut impl Metrics,
+) -> Result<SentCall, Cause> {
+    let now = limiter.clock().now();
+    let admit = service.breaker.admit(limiter.store(), now);
+    if admit == Admit::Open {
+        return Err(Cause::Service(Reason::CircuitOpen));
+    }
+    let size = checks.len();
+    let dispatched = match checks.pop() {
+        Some(check) if checks.is_empty() => service.dispatch(wire::CHECK_PATH, &wire::check_body(&check), callouts),
+        last => {
+            checks.extend(last);
+            service.dispatch(wire::CHECKS_PATH, &wire::checks_body(checks), callouts)
+        }
+    };
+    let Ok(token) = dispatched else {
+        if service.breaker.record(limiter.store(), now, Some(false), now) {
+            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+        }
+        return Err(Cause::Service(Reason::DispatchFailed));
+    };
+    metrics.add_plugin(PluginCounter::Callouts, 1);
+    if size > 1 {
+        metrics.add_plugin(PluginCounter::CheckBatches, 1);
+        metrics.add_plugin(PluginCounter::ChecksBatched, i64::try_from(size).unwrap_or(i64::MAX));
+    }
+    if let Ok(mut group) = service.group.try_borrow_mut() {
+        group.sent(token, size);
+    }
+    Ok(SentCall { token, at: now, probe: admit == Admit::Probe })
+}
+
+/// A check that could not be sent: its policies take the failure rule for `cause`.
+fn unsent<S: Store, C: Clock>(
+    setup: &Setup,
+    wait: CheckWait,
+    cause: Cause,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
+    degrade(setup, cause, wait.global, false, limiter, metrics)
 }
 
 /// Sends the check of lease policies their leases could not serve (`global.checked`;
@@ -120,7 +230,9 @@ pub(crate) fn send_for_leases<S: Store, C: Clock>(
 }
 
 /// Decides a request waiting for its check with the counter service's answer (or its
-/// absence: `TimedOut`).
+/// absence: `TimedOut`). A request whose deadline passed before its check was sent takes
+/// its failure rule (a timeout, counted as `checks_unsent`, not held against the
+/// service).
 pub(crate) fn answered<S: Store, C: Clock>(
     setup: &Setup,
     wait: CheckWait,
@@ -128,20 +240,98 @@ pub(crate) fn answered<S: Store, C: Clock>(
     limiter: &Limiter<S, C>,
     metrics: &mut impl Metrics,
 ) -> Next {
+    let entries = wait.global.checked.len();
+    let (outcome, health) = match wait.call {
+        CheckCall::Queued => {
+            metrics.add_plugin(PluginCounter::ChecksUnsent, 1);
+            (Err(wire::unsent()), None)
+        }
+        CheckCall::Alone(_) => {
+            let classified = wire::classify(answer, entries);
+            let health = classified.as_ref().map_or_else(wire::Failure::health, |_| Some(true));
+            (classified, health)
+        }
+        CheckCall::Batch { index, size, .. } => match wire::classify_batch(answer, size) {
+            Ok(mut results) => {
+                let outcome = if index < results.len() { results.swap_remove(index) } else { Err(wire::unsent()) };
+                (wire::every_entry(outcome, entries), Some(true))
+            }
+            Err(failure) => (Err(failure), failure.health()),
+        },
+    };
+    decide(setup, wait, outcome, health, limiter, metrics)
+}
+
+/// Decides the requests that waited for one batch's answer (its members still waiting:
+/// some may have ended or timed out), reading the answer once.
+pub(crate) fn batch_answered<S: Store, C: Clock>(
+    setup: &Setup,
+    waits: Vec<CheckWait>,
+    answer: &CalloutAnswer,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Vec<Next> {
+    let size = waits.iter().find_map(|w| match w.call {
+        CheckCall::Batch { size, .. } => Some(size),
+        _ => None,
+    });
+    let classified = size.map(|size| wire::classify_batch(answer, size));
+    let mut results: Vec<Option<wire::CheckOutcome>> = match &classified {
+        Some(Ok(results)) => results.iter().cloned().map(Some).collect(),
+        _ => Vec::new(),
+    };
+    waits
+        .into_iter()
+        .map(|wait| {
+            let (outcome, health) = match (&classified, wait.call) {
+                (Some(Ok(_)), CheckCall::Batch { index, .. }) => {
+                    let outcome = results.get_mut(index).and_then(Option::take).unwrap_or(Err(wire::unsent()));
+                    (wire::every_entry(outcome, wait.global.checked.len()), Some(true))
+                }
+                (Some(Err(failure)), CheckCall::Batch { .. }) => (Err(*failure), failure.health()),
+                // Not a member of a batch: decided on its own.
+                _ => return answered(setup, wait, answer, limiter, metrics),
+            };
+            decide(setup, wait, outcome, health, limiter, metrics)
+        })
+        .collect()
+}
+
+/// A waiting request leaves its call (or the queue of checks to send): the call is no
+/// longer counted out once none of its requests waits for it.
+pub(crate) fn leave(setup: &Setup, wait: &CheckWait) {
+    let Some(service) = &setup.service else { return };
+    let Ok(mut group) = service.group.try_borrow_mut() else { return };
+    match wait.call.token() {
+        Some(token) => group.left(token),
+        None => group.dequeue(),
+    }
+}
+
+/// Decides a request with its check's outcome; the breaker hears the call's `health`
+/// once per call.
+fn decide<S: Store, C: Clock>(
+    setup: &Setup,
+    wait: CheckWait,
+    outcome: wire::CheckOutcome,
+    health: Option<bool>,
+    limiter: &Limiter<S, C>,
+    metrics: &mut impl Metrics,
+) -> Next {
     metrics.add_plugin(PluginCounter::Waiting, -1);
     let now = limiter.clock().now();
-    let CheckWait { sent_at, global, .. } = wait;
-    let classified = wire::classify(answer, global.checked.len());
-    let health = match &classified {
-        Ok(_) => Some(true),
-        Err(failure) => failure.health(),
-    };
-    if let Some(service) = &setup.service
-        && service.breaker.record(limiter.store(), now, health, sent_at)
-    {
-        metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+    if let Some(service) = &setup.service {
+        let first = wait
+            .call
+            .token()
+            .is_some_and(|token| service.group.try_borrow_mut().map_or(true, |mut group| group.first_record(token)));
+        leave(setup, &wait);
+        if first && service.breaker.record(limiter.store(), now, health, wait.sent_at) {
+            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+        }
     }
-    let response = match classified {
+    let CheckWait { global, .. } = wait;
+    let response = match outcome {
         Ok(response) => response,
         Err(failure) => return degrade(setup, Cause::Service(failure.reason), global, false, limiter, metrics),
     };

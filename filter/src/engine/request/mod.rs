@@ -83,6 +83,64 @@ pub(crate) fn complete<S: Store, C: Clock>(
     run(setup, next, limiter, callouts, room_to_pause, metrics)
 }
 
+/// Sends the checks of requests that waited to be sent (`Pending::waits_to_be_sent`),
+/// together in one call; what each does next, by the id it was given with (anything
+/// else given goes on waiting as it was).
+pub(crate) fn send_checks<S: Store, C: Clock>(
+    setup: &Setup,
+    pending: Vec<(u32, Pending)>,
+    limiter: &Limiter<S, C>,
+    callouts: &mut dyn Callouts,
+    room_to_pause: bool,
+    metrics: &mut impl Metrics,
+) -> Vec<(u32, Begun)> {
+    let (ids, waits, mut begun) = checks_of(pending);
+    let sent = check::send_waiting(setup, waits, &mut *callouts, limiter, metrics);
+    begun.extend(
+        ids.into_iter().zip(sent).map(|(id, next)| (id, run(setup, next, limiter, callouts, room_to_pause, metrics))),
+    );
+    begun
+}
+
+/// Decides the requests that waited for one batch's answer, reading it once; what each
+/// does next, by the id it was given with (anything else given goes on waiting as it
+/// was).
+pub(crate) fn complete_batch<S: Store, C: Clock>(
+    setup: &Setup,
+    pending: Vec<(u32, Pending)>,
+    answer: &CalloutAnswer,
+    limiter: &Limiter<S, C>,
+    callouts: &mut dyn Callouts,
+    room_to_pause: bool,
+    metrics: &mut impl Metrics,
+) -> Vec<(u32, Begun)> {
+    let (ids, waits, mut begun) = checks_of(pending);
+    let answered = check::batch_answered(setup, waits, answer, limiter, metrics);
+    begun.extend(
+        ids.into_iter()
+            .zip(answered)
+            .map(|(id, next)| (id, run(setup, next, limiter, callouts, room_to_pause, metrics))),
+    );
+    begun
+}
+
+/// The check waits among `pending` with their ids, and the rest, still waiting.
+fn checks_of(pending: Vec<(u32, Pending)>) -> (Vec<u32>, Vec<CheckWait>, Vec<(u32, Begun)>) {
+    let mut ids = Vec::with_capacity(pending.len());
+    let mut waits = Vec::with_capacity(pending.len());
+    let mut others = Vec::new();
+    for (id, p) in pending {
+        match p {
+            Pending::Check(wait) => {
+                ids.push(id);
+                waits.push(wait);
+            }
+            lease @ Pending::Lease(_) => others.push((id, Begun::Waiting(Box::new(lease)))),
+        }
+    }
+    (ids, waits, others)
+}
+
 /// Tries a request waiting for a refill again; one waiting for its check's answer goes
 /// on waiting.
 pub(crate) fn retry<S: Store, C: Clock>(
@@ -142,12 +200,14 @@ pub(crate) fn forget<S: Store, C: Clock>(
     metrics: &mut impl Metrics,
 ) {
     metrics.add_plugin(PluginCounter::Waiting, -1);
-    // The host cancels an ended stream's callout: a probe's answer will not come.
-    if let Pending::Check(wait) = &pending
-        && wait.probe
-        && let Some(service) = &setup.service
-    {
-        service.breaker.release_probe(limiter.store(), limiter.clock().now());
+    if let Pending::Check(wait) = &pending {
+        check::leave(setup, wait);
+        // The host cancels an ended stream's callout: a probe's answer will not come.
+        if wait.probe
+            && let Some(service) = &setup.service
+        {
+            service.breaker.release_probe(limiter.store(), limiter.clock().now());
+        }
     }
     let granted = match pending {
         Pending::Check(wait) => wait.global.granted,

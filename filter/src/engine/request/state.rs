@@ -130,17 +130,40 @@ pub enum Pending {
 /// A request waiting for the answer to its check.
 #[derive(Debug)]
 pub struct CheckWait {
-    /// The host's token for the callout.
-    pub(crate) token: u32,
-    /// When the filter stops waiting, on the limiter's clock.
+    /// The call that carries its check, or that it waits to be sent.
+    pub(crate) call: CheckCall,
+    /// When the filter stops waiting, on the limiter's clock: set when it first asks,
+    /// never moved by waiting to be sent.
     pub(crate) deadline: Nanos,
-    /// When the check was sent (a success from before the circuit opened does not
-    /// close it).
+    /// When the check was sent, or queued (a success from before the circuit opened
+    /// does not close it).
     pub(crate) sent_at: Nanos,
     /// Whether the check is the probe of a half-open circuit.
     pub(crate) probe: bool,
     /// What the check decides, and what comes after it.
     pub(crate) global: Global,
+}
+
+/// The call that carries a waiting request's check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckCall {
+    /// Not sent yet: it goes with the next batch (`check_group`).
+    Queued,
+    /// Sent alone, `POST /v1/check`, callout `token`.
+    Alone(u32),
+    /// Sent with others, `POST /v1/checks`, callout `token`: its answer is the
+    /// `index`-th of `size`.
+    Batch { token: u32, index: usize, size: usize },
+}
+
+impl CheckCall {
+    /// The callout token, once sent.
+    pub(crate) const fn token(self) -> Option<u32> {
+        match self {
+            Self::Queued => None,
+            Self::Alone(token) | Self::Batch { token, .. } => Some(token),
+        }
+    }
 }
 
 /// A request waiting for a lease refill.
@@ -171,12 +194,18 @@ impl Pending {
         }
     }
 
-    /// The callout token of its check (`None` while it waits for a refill).
+    /// The callout token of its check (`None` while it waits for a refill, or for its
+    /// check to be sent).
     pub fn token(&self) -> Option<u32> {
         match self {
-            Self::Check(wait) => Some(wait.token),
+            Self::Check(wait) => wait.call.token(),
             Self::Lease(_) => None,
         }
+    }
+
+    /// Whether it waits for its check to be sent with the next batch.
+    pub fn waits_to_be_sent(&self) -> bool {
+        matches!(self, Self::Check(CheckWait { call: CheckCall::Queued, .. }))
     }
 
     /// When it stops waiting, on the limiter's clock.
