@@ -371,7 +371,8 @@ impl Service {
             | Mode::Error500
             | Mode::StoreDown
             | Mode::Garbage
-            | Mode::WrongToken => Some(self.rtt),
+            | Mode::WrongToken
+            | Mode::OneCheckRefused => Some(self.rtt),
         }
     }
 
