@@ -106,12 +106,15 @@ fn drive(envoys: &[Envoy]) -> (BTreeMap<u64, Vec<u64>>, BTreeMap<u16, u64>, u64)
     seen.into_inner().unwrap()
 }
 
-fn assert_one_budget(service: &Counter) {
+/// Drives 2 Envoys × 2 workers at one global budget (the tenant config, with
+/// `batching` added to its `counter_service`) and replays every admission through an
+/// exact reference bucket. Returns the requests and the callouts they took.
+fn assert_one_budget(service: &Counter, batching: &str) -> (u64, u64) {
     // A healthy service must decide every request: give callouts a deadline that a loaded
     // 2-core machine running several proxies meets with a wide margin (the failure tests keep
     // 100 ms, since they wait for it to pass).
     let config = tenant_config(&format!("{RATE}/second"), BURST, r#"{"action": "deny"}"#)
-        .replace(r#""timeout": "100ms""#, r#""timeout": "2s""#);
+        .replace(r#""timeout": "100ms""#, &format!(r#""timeout": "2s"{batching}"#));
     let envoys: Vec<Envoy> = (0..2).map(|_| envoy(&config, service.addr(), 2)).collect();
 
     let (mut admits, statuses, max_latency) = drive(&envoys);
@@ -125,21 +128,47 @@ fn assert_one_budget(service: &Counter) {
     assert_eq!(admits.len() as u64, TENANTS);
     assert!(admitted as u64 >= TENANTS * BURST, "every tenant spent at least its burst ({admitted})");
     assert_eq!(statuses.get(&503), None, "no callout failed: {statuses:?}");
-    let callouts: u64 = envoys.iter().map(|e| stat(e, PluginCounter::Callouts)).sum();
-    assert_eq!(callouts, statuses.values().sum::<u64>(), "one callout per request");
+    let total = |counter| envoys.iter().map(|e| stat(e, counter)).sum::<u64>();
+    let (callouts, batches, batched) =
+        (total(PluginCounter::Callouts), total(PluginCounter::CheckBatches), total(PluginCounter::ChecksBatched));
+    let requests = statuses.values().sum::<u64>();
+    eprintln!("{callouts} callouts for {requests} requests: {batches} batches carried {batched} checks");
+    assert_eq!(callouts - batches + batched, requests, "each request's check went out once, alone or in a batch");
+    assert_eq!(total(PluginCounter::ChecksUnsent), 0);
+    (requests, callouts)
 }
 
 #[test]
 fn several_envoys_share_one_global_budget_on_the_memory_store() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
-    assert_one_budget(&service);
+    let _ = assert_one_budget(&service, "");
 }
 
 #[test]
 fn several_envoys_share_one_global_budget_on_redis() {
     let redis = RedisServer::start();
     let service = Counter::start(counter::with_token(counter::redis(&redis.url()), TOKEN));
-    assert_one_budget(&service);
+    let _ = assert_one_budget(&service, "");
+}
+
+#[test]
+fn checks_that_wait_for_a_call_in_flight_go_together_and_the_budget_stays_exact() {
+    // One call out per worker: 6 connections on 2 workers put 2 at least on one of them,
+    // so under closed-loop load its checks meet a call in flight and wait for it.
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+
+    let (requests, callouts) = assert_one_budget(&service, r#", "max_checks_in_flight": 1"#);
+
+    assert!(callouts < requests, "{callouts} callouts for {requests} requests: checks went together");
+}
+
+#[test]
+fn unbatched_every_request_takes_its_own_callout() {
+    let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
+
+    let (requests, callouts) = assert_one_budget(&service, r#", "max_checks_in_flight": 0"#);
+
+    assert_eq!(callouts, requests);
 }
 
 // ---------------------------------------------------------------------------------
@@ -185,6 +214,41 @@ fn a_service_slower_than_the_deadline_fails_closed_at_the_deadline() {
     let envoy = envoy(&tenant_config("100/second", 10, DENY), slow.addr(), 1);
 
     let _ = assert_fails_closed(&envoy, Reason::Timeout);
+}
+
+#[test]
+fn a_check_waiting_to_be_sent_behind_a_slow_call_takes_its_failure_rule_at_its_own_deadline() {
+    let body = r#"{"admitted":true,"at_ns":1,"entries":[]}"#;
+    let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let slow = Peer::start(vec![Step::Wait(Duration::from_secs(5)), Step::Write(response.into_bytes())]);
+    let config = tenant_config("100/second", 10, DENY)
+        .replace(r#""timeout": "100ms""#, r#""timeout": "1s", "max_checks_in_flight": 1"#);
+    let envoy = envoy(&config, slow.addr(), 1);
+
+    let (first, second) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| timed(&envoy, &tenant("a")));
+        // The first check is out (the one call this worker may have): the second waits
+        // to be sent, its deadline running from now.
+        let out = Instant::now() + Duration::from_secs(5);
+        while stat(&envoy, PluginCounter::Callouts) == 0 {
+            assert!(Instant::now() < out, "the first check was never sent");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let second = scope.spawn(|| timed(&envoy, &tenant("b")));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+
+    for (status, fallback, _) in [&first, &second] {
+        assert_eq!(*status, 503);
+        assert_eq!(fallback.as_deref(), Some("fail_closed; reason=timeout; policies=tenant"));
+    }
+    // Sent when the first call timed out, half its deadline gone already: it fails at its
+    // own deadline (1 s after it asked), not a whole deadline after it was sent (1.5 s).
+    let took = second.2;
+    assert!(took >= Duration::from_millis(950), "decided after {took:?}, before its 1 s deadline");
+    assert!(took < Duration::from_millis(1450), "decided after {took:?}: its deadline moved when it was sent");
+    no_request_left_paused(&envoy);
 }
 
 #[test]
