@@ -2,13 +2,15 @@
 //! requests wait to be sent. While the worker has `max_in_flight` check calls out, a
 //! request that needs a check does not send its own: it waits, and the checks that
 //! waited leave together, in one `POST /v1/checks`, as soon as a call comes back (or the
-//! tick sees room). A lone request never waits: with fewer calls out, it goes at once.
+//! tick sees room), or at once when they fill a call (`max_per_call`). A lone request
+//! never waits: with fewer calls out, it goes at once.
 //!
 //! # What it costs a request, at most
 //!
 //! A request waits to be sent for at most the round trip of a call already out (that
-//! call's answer, or its deadline, makes room), plus one turn of the worker's event
-//! loop (the answer wakes the root context, which sends). Its deadline is set when it
+//! call's answer, or its deadline, makes room; a full batch does not wait for room, so
+//! the queue never holds more than one call's worth), plus one turn of the worker's
+//! event loop (the answer wakes the root context, which sends). Its deadline is set when it
 //! first asks and never moves, so the wait is inside the deadline it always had: a
 //! request whose deadline passes before it is sent takes its failure rule, counted as
 //! `checks_unsent`.
@@ -57,12 +59,16 @@ impl CheckGroup {
         self.max_in_flight > 0 && self.calls.len() >= self.max_in_flight
     }
 
-    /// How many waiting checks may be sent now, in one call (0: none waits, or no room).
+    /// How many waiting checks may be sent now, in one call: a full batch at once,
+    /// whatever is out; fewer once a call may go (0: none waits, or no room).
     pub(crate) fn next_batch(&self) -> usize {
-        if self.queued == 0 || (self.max_in_flight > 0 && self.calls.len() >= self.max_in_flight) {
+        if self.queued >= self.max_per_call {
+            return self.max_per_call;
+        }
+        if self.queued == 0 || self.must_wait() {
             return 0;
         }
-        self.queued.min(self.max_per_call)
+        self.queued
     }
 
     /// A request began waiting to be sent.
@@ -136,21 +142,31 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_takes_what_waits_up_to_its_size_and_only_when_a_call_can_go() {
+    fn a_batch_that_is_not_full_waits_for_a_call_to_come_back() {
+        let mut group = CheckGroup::new(1, 3);
+        group.sent(7, 1);
+        group.enqueue();
+        group.enqueue();
+        assert_eq!(group.next_batch(), 0, "the one call allowed is out");
+
+        group.left(7);
+
+        assert_eq!(group.next_batch(), 2);
+    }
+
+    #[test]
+    fn a_full_batch_leaves_at_once_whatever_is_out() {
         let mut group = CheckGroup::new(1, 3);
         group.sent(7, 1);
         for _ in 0..5 {
             group.enqueue();
         }
-        assert_eq!(group.next_batch(), 0, "the one call allowed is out");
-
-        group.left(7);
 
         assert_eq!(group.next_batch(), 3);
         for _ in 0..3 {
             group.dequeue();
         }
-        assert_eq!(group.next_batch(), 2);
+        assert_eq!(group.next_batch(), 0, "two wait for room");
     }
 
     #[test]

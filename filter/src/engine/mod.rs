@@ -319,7 +319,8 @@ impl Engine {
     }
 
     /// How many requests wait for their check to be sent that may go now, together in
-    /// one call (0: none waits, or the worker has its most check calls out).
+    /// one call: a full call's worth at once, fewer once the worker has room for a call
+    /// (0: none waits, or no room for fewer than a full call).
     pub fn checks_to_send(&self) -> usize {
         self.0.service.as_ref().and_then(|s| s.group.try_borrow().ok()).map_or(0, |group| group.next_batch())
     }

@@ -192,22 +192,22 @@ fn a_request_whose_deadline_passes_while_it_waits_to_be_sent_takes_its_failure_r
 }
 
 #[test]
-fn a_batch_carries_at_most_max_checks_per_call_and_the_rest_go_as_room_allows() {
-    let w = worker(&config(2, 3));
-    let _ = ask(&w, 9);
-    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
+fn a_full_batch_leaves_at_once_without_waiting_for_a_call_to_come_back() {
+    let w = worker(&config(1, 3));
+    let _ = ask(&w, 3);
+    let mut fourth = FakePort::default();
+    assert_eq!(w.on_request_headers(4, &user("u4"), &mut fourth), Flow::Pause);
+    assert_eq!(fourth.actions, ["wake 7"], "three wait: a full call's worth, sent from the root");
 
     let mut root = FakePort::default();
     w.on_wake(&mut root);
 
-    assert_eq!(root.sent, ["/v1/checks"], "one call is free: one batch");
+    assert_eq!(root.sent, ["/v1/checks"], "the first call is still out");
     assert_eq!(checks_in(&root.bodies[0]), 3);
-    w.on_check_answer(2, &ok(ALLOWED), &mut FakePort::default());
-    let mut root = FakePort::default();
-    w.on_wake(&mut root);
-    assert_eq!(root.sent, ["/v1/checks"]);
-    assert_eq!(checks_in(&root.bodies[0]), 3, "the last one waits for the next call back");
-    assert_eq!(w.held(), (0, 7, 0));
+    let mut fifth = FakePort::default();
+    assert_eq!(w.on_request_headers(5, &user("u5"), &mut fifth), Flow::Pause);
+    assert!(fifth.actions.is_empty() && fifth.sent.is_empty(), "one waits, for a call to come back");
+    assert_eq!(w.held(), (0, 5, 0));
 }
 
 #[test]

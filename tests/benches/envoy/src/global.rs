@@ -11,6 +11,10 @@ use std::collections::BTreeMap;
 /// 10): each response is settled at the service with a charge, one more callout.
 const CHECK_SETTLED: &str = "check, cost from the response";
 
+/// The check-mode variant that sends every check alone (`max_checks_in_flight: 0`), as
+/// the filter did before group commit.
+const CHECK_UNBATCHED: &str = "check, each alone";
+
 /// The global group's policy on `x-tenant`, by mode: `local`, `check` (either
 /// protocol) or `lease`, on a budget that never runs out; and `lease, over the limit`: a
 /// budget of 200 per second, leased 20 at a time, under a demand far above it (the
@@ -18,7 +22,7 @@ const CHECK_SETTLED: &str = "check, cost from the response";
 fn global_policy(mode: &str) -> String {
     let mode = mode.strip_prefix("before: ").unwrap_or(mode);
     let (strategy, numbers) = match mode {
-        "check" | "check over HTTP/1.1" => {
+        "check" | "check over HTTP/1.1" | CHECK_UNBATCHED => {
             (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
         }
         CHECK_SETTLED => (
@@ -35,8 +39,10 @@ fn global_policy(mode: &str) -> String {
         ),
         _ => ("", r#""1000000000/second","burst":1000000000"#),
     };
+    // Checks go together by default (group commit); one variant sends each alone.
+    let batching = if mode == CHECK_UNBATCHED { r#","max_checks_in_flight":0"# } else { "" };
     format!(
-        r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"}},
+        r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"{batching}}},
            "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":{numbers}{strategy}}}],
            "response":{{"fallback_header":"x-sluice-fallback"}}}}"#
     )
@@ -75,8 +81,16 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     )
     .unwrap();
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
-    let mut modes =
-        vec!["none", "local", "check", "check over HTTP/1.1", CHECK_SETTLED, "lease", "lease, over the limit"];
+    let mut modes = vec![
+        "none",
+        "local",
+        "check",
+        CHECK_UNBATCHED,
+        "check over HTTP/1.1",
+        CHECK_SETTLED,
+        "lease",
+        "lease, over the limit",
+    ];
     if baseline_wasm().is_some() {
         modes.extend([
             "before: local",
@@ -85,6 +99,11 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             "before: lease",
             "before: lease, over the limit",
         ]);
+    }
+    // `GLOBAL_MODES` (comma-separated) runs only those modes.
+    if let Ok(only) = std::env::var("GLOBAL_MODES") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        modes.retain(|m| only.contains(m));
     }
     for round in 1..=rounds {
         for &mode in &modes {
@@ -168,6 +187,34 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
     }
     // Envoy's CPU time per request (all its threads), the steadier figure.
     let cpu = |mode: &str| med(&format!("{mode}, saturated"), |s| s.cpu_ns_per_request);
+    let over_none = |mode: &str| cpu(mode) - cpu("none");
+    let has = |mode: &str| rows.contains_key(&format!("{mode}, saturated"));
+    if has("check") && has(CHECK_UNBATCHED) && has("none") {
+        let per_thousand = |mode: &str| med(&format!("{mode}, callouts per 1000 requests"), |s| s.rps);
+        println!(
+            "group commit: check mode adds {:.0} ns of Envoy CPU per request over no filter against {:.0} ns with each \
+             check alone ({:.2}×); {:.0} callouts per 1000 requests against {:.0}; p99 at 32 connections {:.0} µs \
+             against {:.0} µs; p50 at 1 connection {:.0} µs against {:.0} µs",
+            over_none("check"),
+            over_none(CHECK_UNBATCHED),
+            over_none("check") / over_none(CHECK_UNBATCHED),
+            per_thousand("check"),
+            per_thousand(CHECK_UNBATCHED),
+            med("check, saturated", |s| s.p99_us),
+            med(&format!("{CHECK_UNBATCHED}, saturated"), |s| s.p99_us),
+            med("check, 1 connection", |s| s.p50_us),
+            med(&format!("{CHECK_UNBATCHED}, 1 connection"), |s| s.p50_us),
+        );
+    }
+    if !(has("none")
+        && has("local")
+        && has("check")
+        && has("check over HTTP/1.1")
+        && has(CHECK_SETTLED)
+        && has("lease"))
+    {
+        return;
+    }
     let added_cpu = |mode: &str| cpu(mode) - cpu("local");
     let added_p50 = med("check, 1 connection", |s| s.p50_us) - med("local, 1 connection", |s| s.p50_us);
     let rtt = med("service alone, 1 connection", |s| s.p50_us);
@@ -190,7 +237,6 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
         med(&format!("{CHECK_SETTLED}, callouts per 1000 requests"), |s| s.rps),
         med(&format!("{CHECK_SETTLED}, share of the excess forgiven"), |s| s.rps)
     );
-    let over_none = |mode: &str| cpu(mode) - cpu("none");
     println!(
         "Envoy CPU added over no filter: local {:.0} ns, check {:.0} ns, lease {:.0} ns per request; lease / local = {:.2}; \
          {:.2} callouts per 1000 requests in lease mode",
