@@ -94,6 +94,9 @@ fn main() {
     build(&["sluice-filter"], Some("mutant-return-keeps-tokens"));
     let return_mutant = target_dir.join("sluice-mutant-return-keeps-tokens.wasm");
     std::fs::copy(release.join("sluice.wasm"), &return_mutant).expect("could not copy the return mutant aside");
+    build(&["sluice-filter"], Some("mutant-batch-misplaced"));
+    let batch_mutant = target_dir.join("sluice-mutant-batch-misplaced.wasm");
+    std::fs::copy(release.join("sluice.wasm"), &batch_mutant).expect("could not copy the batch mutant aside");
     build(&["sluice-filter"], Some("test-crash-header"));
     let crashable = target_dir.join("sluice-crashable.wasm");
     std::fs::copy(release.join("sluice.wasm"), &crashable).expect("could not copy the crashable build aside");
@@ -106,8 +109,16 @@ fn main() {
     let real = bytes(&release.join("sluice.wasm"));
     let (blind, lease, crash) = (bytes(&mutant), bytes(&lease_mutant), bytes(&crashable));
     let returns = bytes(&return_mutant);
+    let batch = bytes(&batch_mutant);
     assert!(
-        blind != real && lease != real && blind != lease && crash != real && returns != real && returns != lease,
+        blind != real
+            && lease != real
+            && blind != lease
+            && crash != real
+            && returns != real
+            && returns != lease
+            && batch != real
+            && batch != returns,
         "a mutant of sluice.wasm was built without its feature"
     );
 
@@ -137,6 +148,12 @@ fn main() {
          leased tokens it returns and goes on spending them (feature `mutant-return-keeps-tokens`): \
          the fleet simulation shows it catches it.\npub const SLUICE_MUTANT_RETURN_KEEPS_TOKENS_WASM: &str = {:?};\n",
         return_mutant.display().to_string()
+    ));
+    generated.push_str(&format!(
+        "/// Path of a TEST-ONLY mutant of `sluice.wasm` that decides each request of a batch of \
+         checks with the next request's result (feature `mutant-batch-misplaced`): the fleet \
+         simulation shows it catches it.\npub const SLUICE_MUTANT_BATCH_MISPLACED_WASM: &str = {:?};\n",
+        batch_mutant.display().to_string()
     ));
     generated.push_str(&format!(
         "/// Path of a TEST-ONLY build of `sluice.wasm` whose VM panics on a request carrying \

@@ -166,6 +166,23 @@ fn the_simulation_catches_a_filter_that_spends_the_leased_tokens_it_returned() {
 }
 
 #[test]
+fn the_simulation_catches_a_filter_that_gives_a_batchs_answers_to_the_wrong_requests() {
+    // The mutant decides each request of a batch of checks with the next one's result:
+    // a request the service rejected is admitted, one it admitted (and spent for) is not.
+    let mutant = sluice_artifacts::SLUICE_MUTANT_BATCH_MISPLACED_WASM;
+    let caught = first_caught(Shape::Generated, 1..=CI_SEEDS, mutant, Variant::Real, |s| {
+        s.checks_in_flight.0 > 0 && s.policies.iter().any(|p| matches!(p.kind, Kind::Check))
+    });
+
+    let failure = caught.expect("no seed caught a filter that misplaces a batch's answers");
+    eprintln!("{failure}");
+    assert!(
+        matches!(failure.violation.oracle, "counter bound" | "checked within admissions"),
+        "caught, but by an oracle that does not speak of admissions: {failure}"
+    );
+}
+
+#[test]
 fn the_local_bound_catches_a_filter_whose_shared_data_writes_ignore_cas() {
     // Lost updates of one local bucket: three workers admitting one hot caller at the
     // same instants, interleaved inside their callbacks.
@@ -186,6 +203,26 @@ fn the_contended_scenarios_run_clean_with_the_real_filter() {
             }
         }
     }
+}
+
+#[test]
+fn the_ci_seeds_draw_check_mode_batched_and_unbatched_with_batches_failing_whole_and_in_part() {
+    let mut in_flight = std::collections::BTreeSet::new();
+    let mut per_call = std::collections::BTreeSet::new();
+    let mut one_check_refused = 0;
+    for seed in 1..=CI_SEEDS {
+        let scenario = Scenario::generate(seed);
+        if !scenario.policies.iter().any(|p| matches!(p.kind, Kind::Check)) {
+            continue;
+        }
+        in_flight.insert(scenario.checks_in_flight.0);
+        per_call.insert(scenario.checks_in_flight.1);
+        one_check_refused += scenario.faults.iter().filter(|f| f.mode == fleet::service::Mode::OneCheckRefused).count();
+    }
+
+    assert_eq!(in_flight.into_iter().collect::<Vec<_>>(), [0, 1, 2, 4, 8], "unbatched, and 1 to 8 calls out");
+    assert_eq!(per_call.into_iter().collect::<Vec<_>>(), [2, 3, 64]);
+    assert!(one_check_refused > 0, "no seed refuses one check of a batch");
 }
 
 #[test]

@@ -285,6 +285,8 @@ pub(crate) fn batch_answered<S: Store, C: Clock>(
         .map(|wait| {
             let (outcome, health) = match (&classified, wait.call) {
                 (Some(Ok(_)), CheckCall::Batch { index, .. }) => {
+                    #[cfg(feature = "mutant-batch-misplaced")]
+                    let index = (index + 1) % results.len().max(1);
                     let outcome = results.get_mut(index).and_then(Option::take).unwrap_or(Err(wire::unsent()));
                     (wire::every_entry(outcome, wait.global.checked.len()), Some(true))
                 }
