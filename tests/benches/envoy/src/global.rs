@@ -100,9 +100,9 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
             "before: lease, over the limit",
         ]);
     }
-    // `GLOBAL_MODES` (comma-separated) runs only those modes.
+    // `GLOBAL_MODES` (separated by `;`: some names have commas) runs only those modes.
     if let Ok(only) = std::env::var("GLOBAL_MODES") {
-        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        let only: Vec<&str> = only.split(';').map(str::trim).collect();
         modes.retain(|m| only.contains(m));
     }
     for round in 1..=rounds {
