@@ -54,6 +54,11 @@ impl CheckGroup {
         Self { max_in_flight, max_per_call: max_per_call.max(1), calls: HashMap::new(), queued: 0 }
     }
 
+    /// Whether checks ever wait to go together (a bound on calls in flight is set).
+    pub(crate) const fn batches(&self) -> bool {
+        self.max_in_flight > 0
+    }
+
     /// Whether a request that needs a check now waits to be sent with others.
     pub(crate) fn must_wait(&self) -> bool {
         self.max_in_flight > 0 && self.calls.len() >= self.max_in_flight

@@ -213,10 +213,13 @@ impl Engine {
     }
 
     /// Whether the root context sends calls for the request path: lease refills and
-    /// charges, or settlements of check-mode costs the response reports. A worker then
-    /// wakes its root as soon as there is one to send, rather than at its next tick.
+    /// charges, settlements of check-mode costs the response reports, or checks that
+    /// waited to go together (`max_checks_in_flight` above 0). A worker then wakes its
+    /// root as soon as there is one to send, rather than at its next tick.
     pub fn sends_from_root(&self) -> bool {
         self.has_lease()
+            || self.0.service.as_ref().is_some_and(|s| s.group.try_borrow().is_ok_and(|g| g.batches()))
+                && self.0.policies.iter().any(|c| matches!(c.home, Home::Global { lease: None, .. }))
             || self
                 .0
                 .policies

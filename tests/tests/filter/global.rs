@@ -101,6 +101,39 @@ fn each_failure_class_ends_in_the_failure_rule_when_it_happens() {
     }
 }
 
+/// Admits every check of a call, alone (`/v1/check`) or in a batch (`/v1/checks`),
+/// 10 ms after it is sent.
+fn admit_after_10ms(call: &wasm_host::CalloutRequest) -> Answer {
+    let allowed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"allowed","limit":30,"remaining":29,
+        "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}]}"#;
+    let body = if call.headers.get_str(":path") == Some("/v1/checks") {
+        let checks: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
+        let n = checks["checks"].as_array().map_or(0, Vec::len);
+        format!(r#"{{"results":[{}]}}"#, vec![allowed; n].join(","))
+    } else {
+        allowed.to_owned()
+    };
+    Answer::status(200).header("content-type", "application/json").body(body).after(millis(10))
+}
+
+#[test]
+fn a_check_waiting_for_a_call_in_flight_is_sent_as_soon_as_that_call_answers_not_on_the_next_tick() {
+    let config = config(DENY).replace(r#""timeout": "100ms""#, r#""timeout": "100ms", "max_checks_in_flight": 1"#);
+    let mut host = global(&config).scripted_cluster("sluice-counter", admit_after_10ms).build().unwrap();
+    let first = host.worker(0).request(tenant());
+    host.advance(millis(1));
+    let second = host.worker(0).request(tenant());
+    assert_eq!(plugin_metric(&host, PluginCounter::Callouts), Some(1), "the second check waits");
+
+    // The first answer comes at 10 ms; it wakes the root, which sends the second check,
+    // answered at 20 ms. The tick (a quarter of the timeout) first runs at 25 ms.
+    host.advance(millis(20));
+
+    assert!(matches!(host.worker(0).outcome(first), Some(Outcome::Forwarded(_))));
+    assert!(matches!(host.worker(0).outcome(second), Some(Outcome::Forwarded(_))), "sent only by the tick");
+    assert_eq!(plugin_metric(&host, PluginCounter::Callouts), Some(2));
+}
+
 #[test]
 fn three_failures_open_the_circuit_and_a_probe_after_the_cooldown_closes_it() {
     let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));

@@ -238,3 +238,9 @@ fn an_open_circuit_decides_the_waiting_checks_without_sending_them() {
     assert!(port.sent.is_empty(), "the circuit is open: no call");
     assert_eq!(counted(&w, Reason::CircuitOpen.counter()), 1);
 }
+
+#[test]
+fn a_worker_that_batches_checks_has_a_queue_to_wake_its_root_and_one_that_does_not_needs_none() {
+    assert!(worker(&config(1, 64)).engine.sends_from_root(), "without a wake, waiting checks go on the tick");
+    assert!(!worker(&config(0, 64)).engine.sends_from_root());
+}
