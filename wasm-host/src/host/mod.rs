@@ -112,8 +112,9 @@ impl Host {
     }
 
     /// Moves the virtual clock forward by `by`, firing on the way, in time order, every
-    /// tick and every scripted callout answer or timeout that falls due, on every worker;
-    /// then waits for real callouts those dispatched. Without a virtual clock, only fires
+    /// tick and every scripted callout answer or timeout that falls due, on every worker,
+    /// and at the same instant what those posted (shared-queue notifications); then
+    /// waits for real callouts those dispatched. Without a virtual clock, only fires
     /// what is already due.
     pub fn advance(&mut self, by: Duration) {
         let Some(clock) = self.clock.clone() else {
@@ -134,6 +135,9 @@ impl Host {
                     clock.advance_to_monotonic(at);
                     for worker in &mut self.workers {
                         worker.fire_due();
+                        // What those callbacks posted (a shared queue's notification) runs
+                        // at this instant too, as on Envoy's event loop, not at the end.
+                        worker.drain_inbox();
                     }
                 }
                 _ => break,
