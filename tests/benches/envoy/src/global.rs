@@ -22,7 +22,9 @@ const CHECK_UNBATCHED: &str = "check, each alone";
 fn global_policy(mode: &str) -> String {
     let mode = mode.strip_prefix("before: ").unwrap_or(mode);
     let (strategy, numbers) = match mode {
-        "check" | "check over HTTP/1.1" | CHECK_UNBATCHED => {
+        m if matches!(m, "check" | "check over HTTP/1.1" | CHECK_UNBATCHED)
+            || (m.starts_with("check, ") && m.ends_with(" in flight")) =>
+        {
             (r#","global":{"strategy":"check"}"#, r#""1000000000/second","burst":1000000000"#)
         }
         CHECK_SETTLED => (
@@ -39,8 +41,14 @@ fn global_policy(mode: &str) -> String {
         ),
         _ => ("", r#""1000000000/second","burst":1000000000"#),
     };
-    // Checks go together by default (group commit); one variant sends each alone.
-    let batching = if mode == CHECK_UNBATCHED { r#","max_checks_in_flight":0"# } else { "" };
+    // Checks go together by default (group commit); one variant sends each alone, and
+    // `check, <n> in flight` (run by name with `GLOBAL_MODES`) sets the bound to n.
+    let in_flight = mode.strip_prefix("check, ").and_then(|m| m.strip_suffix(" in flight"));
+    let batching = match in_flight {
+        _ if mode == CHECK_UNBATCHED => r#","max_checks_in_flight":0"#.to_owned(),
+        Some(n) => format!(r#","max_checks_in_flight":{n}"#),
+        None => String::new(),
+    };
     format!(
         r#"{{"counter_service":{{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"200ms"{batching}}},
            "policies":[{{"name":"tenant","key":[{{"header":"x-tenant"}}],"rate":{numbers}{strategy}}}],
@@ -101,9 +109,12 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
         ]);
     }
     // `GLOBAL_MODES` (separated by `;`: some names have commas) runs only those modes.
-    if let Ok(only) = std::env::var("GLOBAL_MODES") {
+    let chosen = std::env::var("GLOBAL_MODES").ok();
+    if let Some(only) = &chosen {
         let only: Vec<&str> = only.split(';').map(str::trim).collect();
         modes.retain(|m| only.contains(m));
+        // The bound on check calls in flight, by name: `check, <n> in flight`.
+        modes.extend(only.into_iter().filter(|m| m.starts_with("check, ") && m.ends_with(" in flight")));
     }
     for round in 1..=rounds {
         for &mode in &modes {
