@@ -119,7 +119,7 @@ pub const MAX_BREAKER_COOLDOWN: Written = Written::mins(5);
 pub const DEFAULT_BREAKER_COOLDOWN: Written = Written::secs(2);
 /// Default most check calls one worker has out before checks wait to go together
 /// (group commit); 0 sends every check alone, at once.
-pub const DEFAULT_MAX_CHECKS_IN_FLIGHT: u32 = 4;
+pub const DEFAULT_MAX_CHECKS_IN_FLIGHT: u32 = 2;
 /// Largest bound on check calls one worker has out.
 pub const MAX_MAX_CHECKS_IN_FLIGHT: u32 = 1024;
 /// Default and largest number of checks one call carries: the service's bound.

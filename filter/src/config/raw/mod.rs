@@ -90,7 +90,7 @@ pub struct RawCounterService {
     pub partition: Vec<RawKeyPart>,
     /// Most check calls one worker has out at once; while it has that many, checks wait
     /// and go together in one call as soon as one comes back (group commit). 0 sends
-    /// every check alone, at once. Default 4.
+    /// every check alone, at once. Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = MAX_MAX_CHECKS_IN_FLIGHT))]
     #[schemars(extend("default" = DEFAULT_MAX_CHECKS_IN_FLIGHT))]
