@@ -16,9 +16,11 @@
 //!   its no-op mode: what one host call costs in V8 (where Sluice's time goes).
 //! * `global`: no filter, and Sluice with one policy local, global in `check` mode and
 //!   global in `lease` mode against `sluice-counter` (memory store, over h2c, and once
-//!   in `check` mode over HTTP/1.1; pinned to CPU 1 with wrk); callouts per 1000
+//!   in `check` mode over HTTP/1.1; pinned to CPU 1 with wrk); check mode with its checks
+//!   committed together (the default) and each alone (`check, each alone`), and, by
+//!   name, with any bound on calls in flight (`check, <n> in flight`); callouts per 1000
 //!   requests; latency at one connection beside one loopback round trip to the service
-//!   itself.
+//!   itself. `GLOBAL_MODES` (names separated by `;`) runs only the modes it names.
 //!
 //! * `costs`: Sluice with one local policy in front of answers that report their cost
 //!   (Envoy answers a JSON document, or an event stream of 6 events, with the usage in
