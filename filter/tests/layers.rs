@@ -47,6 +47,7 @@ const ENGINE: &[Layer] = &[
             "lease_record",
             "cause",
             "calls",
+            "check_group",
             "settle_queue",
             "evidence",
             "secrets",

@@ -20,6 +20,9 @@ pub struct CallCounts {
     pub host: BTreeMap<String, u64>,
     /// Entries into each probed guest function.
     pub guest: BTreeMap<String, u64>,
+    /// Instructions the guest ran (wasmtime's fuel, one unit per instruction; 0 unless
+    /// the host counts them: [`crate::HostBuilder::count_instructions`]).
+    pub instructions: u64,
 }
 
 impl CallCounts {
@@ -46,6 +49,7 @@ impl CallCounts {
         for (name, n) in &other.guest {
             *self.guest.entry(name.clone()).or_default() += n;
         }
+        self.instructions += other.instructions;
     }
 }
 
@@ -91,7 +95,11 @@ impl Sub for &CallCounts {
                 .filter(|(_, n)| *n > 0)
                 .collect()
         };
-        CallCounts { host: since(&self.host, &before.host), guest: since(&self.guest, &before.guest) }
+        CallCounts {
+            host: since(&self.host, &before.host),
+            guest: since(&self.guest, &before.guest),
+            instructions: self.instructions.saturating_sub(before.instructions),
+        }
     }
 }
 
@@ -101,7 +109,7 @@ mod tests {
 
     fn counts(host: &[(&str, u64)], guest: &[(&str, u64)]) -> CallCounts {
         let map = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-        CallCounts { host: map(host), guest: map(guest) }
+        CallCounts { host: map(host), guest: map(guest), instructions: 0 }
     }
 
     #[test]

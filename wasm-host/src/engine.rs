@@ -22,22 +22,39 @@ pub(crate) struct Compiled {
     pub(crate) unimplemented: Vec<String>,
 }
 
-/// Compiles `bytes` (binary or WAT) on the engine for `interruptible` (see [`engine`]),
-/// checks the proxy-wasm ABI, and links the host functions. `origin` names the module in
+/// What an engine's generated code carries beyond the guest's own: epoch checks (a call
+/// time limit) and fuel (instructions counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Flavor {
+    /// Epoch checks, so that a call can be cut at its time limit.
+    pub(crate) interruptible: bool,
+    /// Fuel consumed per instruction, so that a test can count the guest's work
+    /// ([`crate::HostBuilder::count_instructions`]).
+    pub(crate) fuel: bool,
+}
+
+impl Flavor {
+    const fn index(self) -> usize {
+        (self.interruptible as usize) | ((self.fuel as usize) << 1)
+    }
+}
+
+/// Compiles `bytes` (binary or WAT) on the engine of `flavor` (see [`engine`]), checks
+/// the proxy-wasm ABI, and links the host functions. `origin` names the module in
 /// errors.
 ///
 /// # Errors
 /// [`HostError::InvalidModule`] when wasmtime refuses the bytes,
 /// [`HostError::NotProxyWasm`] when the module is not a proxy-wasm 0.2 plugin or cannot
 /// be linked.
-pub(crate) fn compile(bytes: &[u8], origin: &str, interruptible: bool) -> Result<Compiled, HostError> {
-    let engine = engine(interruptible);
-    let module = match cached(bytes, interruptible) {
+pub(crate) fn compile(bytes: &[u8], origin: &str, flavor: Flavor) -> Result<Compiled, HostError> {
+    let engine = engine(flavor);
+    let module = match cached(bytes, flavor) {
         Some(module) => module,
         None => {
             let module = Module::new(&engine, bytes)
                 .map_err(|e| HostError::InvalidModule { origin: origin.to_owned(), reason: format!("{e:#}") })?;
-            remember(bytes, interruptible, &module);
+            remember(bytes, flavor, &module);
             module
         }
     };
@@ -54,24 +71,24 @@ const MAX_CACHED_MODULES: usize = 8;
 /// running one module compiles it once (compiling sluice.wasm takes about a second;
 /// instantiating it, milliseconds). A `Module` is immutable code, so sharing it shares
 /// no state a test could observe.
-type ModuleCache = std::sync::Mutex<Vec<(Vec<u8>, bool, Module)>>;
+type ModuleCache = std::sync::Mutex<Vec<(Vec<u8>, Flavor, Module)>>;
 
 fn module_cache() -> &'static ModuleCache {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     CACHE.get_or_init(|| std::sync::Mutex::new(Vec::new()))
 }
 
-fn cached(bytes: &[u8], interruptible: bool) -> Option<Module> {
+fn cached(bytes: &[u8], flavor: Flavor) -> Option<Module> {
     let cache = module_cache().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    cache.iter().find(|(b, i, _)| *i == interruptible && b.as_slice() == bytes).map(|(_, _, m)| m.clone())
+    cache.iter().find(|(b, f, _)| *f == flavor && b.as_slice() == bytes).map(|(_, _, m)| m.clone())
 }
 
-fn remember(bytes: &[u8], interruptible: bool, module: &Module) {
+fn remember(bytes: &[u8], flavor: Flavor, module: &Module) {
     let mut cache = module_cache().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if cache.len() >= MAX_CACHED_MODULES {
         cache.remove(0);
     }
-    cache.push((bytes.to_vec(), interruptible, module.clone()));
+    cache.push((bytes.to_vec(), flavor, module.clone()));
 }
 
 /// Epoch ticks in `limit` (at least 1); no limit is `u64::MAX`.
@@ -85,18 +102,21 @@ pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Set to `perfmap` to let `perf` name the guest's functions (see docs/benchmarks.md).
 pub const PROFILE_ENV: &str = "WASM_HOST_PROFILE";
 
-/// The engines hosts use: configuration only, no state a test could observe. With a
-/// call time limit, the engine's epoch advances every [`EPOCH_TICK`] on a background
-/// thread, so that a guest stuck in a loop traps at the limit instead of hanging the
-/// worker; without one, generated code carries no epoch checks.
-fn engine(interruptible: bool) -> Engine {
-    static INTERRUPTIBLE: OnceLock<Engine> = OnceLock::new();
-    static PLAIN: OnceLock<Engine> = OnceLock::new();
-    let cell = if interruptible { &INTERRUPTIBLE } else { &PLAIN };
+/// The engines hosts use, one per [`Flavor`]: configuration only, no state a test could
+/// observe. With a call time limit, the engine's epoch advances every [`EPOCH_TICK`] on a
+/// background thread, so that a guest stuck in a loop traps at the limit instead of
+/// hanging the worker; without one, generated code carries no epoch checks. With fuel,
+/// each instruction the guest runs consumes one unit (wasmtime's count, the same on
+/// every machine).
+fn engine(flavor: Flavor) -> Engine {
+    static ENGINES: [OnceLock<Engine>; 4] = [const { OnceLock::new() }; 4];
+    let interruptible = flavor.interruptible;
+    let cell = ENGINES.get(flavor.index()).unwrap_or(&ENGINES[0]);
     cell.get_or_init(|| {
         let mut config = Config::new();
         config.cranelift_opt_level(OptLevel::Speed);
         config.epoch_interruption(interruptible);
+        config.consume_fuel(flavor.fuel);
         if std::env::var_os(PROFILE_ENV).is_some_and(|v| v == "perfmap") {
             // Names generated code for `perf report` (writes /tmp/perf-<pid>.map).
             config.profiler(ProfilingStrategy::PerfMap);

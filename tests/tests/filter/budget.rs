@@ -41,13 +41,61 @@ fn local_policy(rate: &str, burst: u64) -> String {
 /// What the fourth request of a key costs, the whole stream (request, response, end):
 /// the first three create the key's slot and warm the worker's tables.
 fn one_request(config: &str) -> (u16, CallCounts) {
-    let mut host = builder(config).count_calls_to(PROBES).build().expect("the filter starts");
+    let mut host = builder(config).count_calls_to(PROBES).count_instructions().build().expect("the filter starts");
     for _ in 0..3 {
         send(&mut host, Request::get("/").header("x-api-key", "k"));
     }
     let before = host.call_counts();
     let status = status(&mut host, Request::get("/").header("x-api-key", "k"));
     (status, &host.call_counts() - &before)
+}
+
+/// Instructions the guest runs for one whole request (wasmtime's fuel, one unit per wasm
+/// instruction, the probes' counting included), by path: what the request path costs
+/// the guest, the same on every machine. A change that adds more than
+/// [`INSTRUCTION_HEADROOM_PERCENT`] fails here and must raise the budget knowingly, with
+/// the figure in its commit and in docs/benchmarks.md; one that removes more than
+/// [`INSTRUCTION_SLACK_PERCENT`] must lower it, so the budget stays a measure.
+const INSTRUCTIONS_LOCAL_ADMITTED: u64 = 1;
+const INSTRUCTIONS_LOCAL_REJECTED: u64 = 1;
+const INSTRUCTIONS_LEASE_SPEND: u64 = 1;
+const INSTRUCTIONS_CHECK: u64 = 1;
+const INSTRUCTION_HEADROOM_PERCENT: u64 = 2;
+const INSTRUCTION_SLACK_PERCENT: u64 = 10;
+
+fn assert_instructions(path: &str, counts: &CallCounts, budget: u64) {
+    let ran = counts.instructions;
+    eprintln!("{path}: {ran} instructions (budget {budget})");
+    assert!(
+        ran <= budget + budget * INSTRUCTION_HEADROOM_PERCENT / 100,
+        "{path}: {ran} instructions, above the budget of {budget} (+{INSTRUCTION_HEADROOM_PERCENT} %): raise it \
+         knowingly, with the figure in the commit and docs/benchmarks.md"
+    );
+    assert!(
+        ran >= budget - budget * INSTRUCTION_SLACK_PERCENT / 100,
+        "{path}: {ran} instructions, far below the budget of {budget}: lower it to keep it a measure"
+    );
+}
+
+/// The release module's size in bytes (the build `tests/artifacts` makes, which the
+/// proxies load): held as the instructions are, with the same headroom and slack. What
+/// takes the space is in docs/benchmarks.md ("the local path").
+const MODULE_BYTES: u64 = 1_065_083;
+
+#[test]
+fn the_release_module_stays_within_its_size_budget() {
+    let bytes = std::fs::metadata(wasm()).expect("the release module is built").len();
+    eprintln!("sluice.wasm: {bytes} bytes (budget {MODULE_BYTES})");
+
+    assert!(
+        bytes <= MODULE_BYTES + MODULE_BYTES * INSTRUCTION_HEADROOM_PERCENT / 100,
+        "sluice.wasm is {bytes} bytes, above its budget of {MODULE_BYTES} (+{INSTRUCTION_HEADROOM_PERCENT} %): raise \
+         it knowingly, with the figure in the commit and docs/benchmarks.md"
+    );
+    assert!(
+        bytes >= MODULE_BYTES - MODULE_BYTES * INSTRUCTION_SLACK_PERCENT / 100,
+        "sluice.wasm is {bytes} bytes, far below its budget of {MODULE_BYTES}: lower it to keep it a measure"
+    );
 }
 
 /// Counts as `(name, count)` pairs, for a readable failure.
@@ -85,6 +133,7 @@ fn an_admitted_request_makes_only_the_host_calls_its_decision_needs() {
         // or allocation was added.
         [("__multi3", 3), ("call_indirect", 7), ("malloc", 4), ("memory.copy", 35), ("memory.fill", 1)]
     );
+    assert_instructions("a local policy's admitted request", &counts, INSTRUCTIONS_LOCAL_ADMITTED);
 }
 
 #[test]
@@ -105,6 +154,7 @@ fn a_rejected_request_makes_no_host_call_beyond_its_decision_and_its_reply() {
         "no CAS write (nothing is spent), and the reply"
     );
     assert_eq!(pairs(&counts.guest), [("__multi3", 4), ("call_indirect", 7), ("malloc", 15), ("memory.copy", 33)]);
+    assert_instructions("a local policy's rejected request", &counts, INSTRUCTIONS_LOCAL_REJECTED);
 }
 
 #[test]
@@ -143,6 +193,7 @@ fn leasing() -> wasm_host::HostBuilder {
     builder(config)
         .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
         .count_calls_to(PROBES)
+        .count_instructions()
         .scripted_cluster("sluice-counter", move |_| wasm_host::Answer::status(200).body(grant).after(millis(2)))
 }
 
@@ -167,6 +218,41 @@ fn a_request_spent_from_its_lease_reads_only_its_lease_record() {
         "the lease record read and written by CAS, as a local bucket: the circuit breaker is read only for a \
          request that would wait for a refill"
     );
+    assert_instructions("a lease policy's request spent from its lease", &counts, INSTRUCTIONS_LEASE_SPEND);
+}
+
+#[test]
+fn a_checked_request_runs_no_more_instructions_than_its_budget() {
+    let config = r#"{
+      "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
+      "policies": [{"name": "key", "key": [{"header": "x-api-key"}], "rate": "100000/second", "burst": 100000,
+                    "global": {"strategy": "check"}}]
+    }"#;
+    let allowed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"allowed","limit":100000,"remaining":99999,
+      "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}]}"#;
+    let mut host = builder(config)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .count_calls_to(PROBES)
+        .count_instructions()
+        .scripted_cluster("sluice-counter", move |_| wasm_host::Answer::status(200).body(allowed).after(millis(2)))
+        .build()
+        .expect("the filter starts");
+    let checked = |host: &mut Host| {
+        let stream = host.worker(0).request(Request::get("/").header("x-api-key", "k"));
+        host.advance(millis(2));
+        assert!(matches!(host.worker(0).outcome(stream).unwrap(), wasm_host::Outcome::Forwarded(_)));
+        host.worker(0).respond(stream, Response::ok()).unwrap();
+    };
+    for _ in 0..3 {
+        checked(&mut host);
+    }
+
+    let before = host.call_counts();
+    checked(&mut host);
+    let counts = &host.call_counts() - &before;
+
+    assert_eq!(counts.host("proxy_http_call"), 1, "{counts:?}");
+    assert_instructions("a check policy's admitted request", &counts, INSTRUCTIONS_CHECK);
 }
 
 #[test]

@@ -92,6 +92,7 @@ pub struct HostBuilder {
     before_shared_data: Option<BeforeSharedData>,
     serve_mode: bool,
     probes: Vec<String>,
+    count_instructions: bool,
 }
 
 enum ClockChoice {
@@ -135,6 +136,7 @@ impl HostBuilder {
             before_shared_data: None,
             serve_mode: false,
             probes: Vec::new(),
+            count_instructions: false,
         }
     }
 
@@ -342,6 +344,16 @@ impl HostBuilder {
         self
     }
 
+    /// Counts the instructions each VM runs (wasmtime's fuel: one unit per instruction,
+    /// the same on every machine), read with [`Host::call_counts`]: a test can hold a
+    /// filter to a budget of work per request that no machine's speed can move. The
+    /// generated code checks its fuel, so it runs a little slower.
+    #[must_use]
+    pub fn count_instructions(mut self) -> Self {
+        self.count_instructions = true;
+        self
+    }
+
     /// Compiles the module and starts every worker's VM: `_initialize`, then the root
     /// context (`proxy_on_context_create`, `proxy_on_vm_start`, `proxy_on_configure`).
     ///
@@ -362,7 +374,8 @@ impl HostBuilder {
             probe::instrument(&bytes, &self.probes)
                 .map_err(|e| HostError::Probe { origin: origin.clone(), reason: e.to_string() })?
         };
-        let compiled = engine::compile(&bytes, &origin, self.call_time_limit.is_some())?;
+        let flavor = engine::Flavor { interruptible: self.call_time_limit.is_some(), fuel: self.count_instructions };
+        let compiled = engine::compile(&bytes, &origin, flavor)?;
         let (clock, virtual_clock): (Arc<dyn Clock>, Option<VirtualClock>) = match self.clock {
             ClockChoice::Virtual(clock) => (Arc::new(clock.clone()), Some(clock)),
             ClockChoice::Custom(clock) => (clock, None),
@@ -385,6 +398,7 @@ impl HostBuilder {
             env: self.env,
             entropy,
             probes: self.probes,
+            count_instructions: self.count_instructions,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,
             call_ticks: engine::call_ticks(self.call_time_limit),

@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     /// The guest functions whose entries each VM counts (`crate::probe`), in the order
     /// of their counters.
     pub(crate) probes: Vec<String>,
+    /// Whether each store is given fuel, to count the instructions its VM runs.
+    pub(crate) count_instructions: bool,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_memory: usize,
     /// Epoch ticks a single guest call may run before it traps.

@@ -44,6 +44,10 @@ pub(super) fn instantiate(
     let mut store = Store::new(pre.module().engine(), state);
     store.limiter(|state| &mut state.limits);
     store.set_epoch_deadline(shared.call_ticks);
+    if shared.count_instructions {
+        // Fuel only counts here: no guest runs out of it.
+        store.set_fuel(u64::MAX).map_err(|e| HostError::Instantiate { worker: index, reason: format!("{e:#}") })?;
+    }
     let fail = |reason: String| HostError::Instantiate { worker: index, reason };
     let instance = pre.instantiate(&mut store).map_err(|e| fail(format!("{e:#}")))?;
     let memory = instance.get_memory(&mut store, "memory");

@@ -226,8 +226,9 @@ impl Worker {
     }
 
     /// What the VM counted since it started: its calls to each host function, the host's
-    /// re-entries into its allocator, and entries into the probed functions
-    /// ([`crate::HostBuilder::count_calls_to`]).
+    /// re-entries into its allocator, entries into the probed functions
+    /// ([`crate::HostBuilder::count_calls_to`]), and the instructions it ran
+    /// ([`crate::HostBuilder::count_instructions`]).
     pub fn call_counts(&mut self) -> CallCounts {
         let host = self.store.data().calls.by_name();
         let guest = self
@@ -239,7 +240,9 @@ impl Worker {
                 (name.clone(), count)
             })
             .collect();
-        CallCounts { host, guest }
+        // Fuel left from what it was given: the instructions run (0 unless counted).
+        let instructions = self.store.get_fuel().map_or(0, |left| u64::MAX - left);
+        CallCounts { host, guest, instructions }
     }
 
     /// How many streams are open (not yet finished) on this worker.

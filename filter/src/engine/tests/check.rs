@@ -166,7 +166,9 @@ fn every_proxy_names_the_same_global_counter_whatever_its_own_secret() {
 
 #[test]
 fn a_partition_names_the_hash_tag_and_differs_by_its_value() {
-    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH", "partition": [{"header": "x-tenant"}]},
+    // Three checks out at once: none waits to go with the others (`max_checks_in_flight`).
+    let config = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "HASH", "partition": [{"header": "x-tenant"}],
+                                         "max_checks_in_flight": 0},
         "policies": [{"name": "user", "key": [{"header": "x-tenant"}, {"header": "x-user"}], "rate": "10/second",
                       "global": {"strategy": "check"}}]}"#;
     let engine = engine(config);
