@@ -82,6 +82,15 @@ pub struct Worker<S, C, M> {
     wake: Option<u32>,
 }
 
+/// Takes what stream `id` holds in `map`, if anything. An empty map is not hashed into:
+/// most streams hold nothing in most maps (a local policy without costs, concurrency or
+/// headers on allowed responses holds nothing anywhere), and the hash of a lookup is
+/// most of its cost.
+fn take<V>(map: &RefCell<HashMap<u32, V>>, id: u32) -> Option<V> {
+    let mut map = map.try_borrow_mut().ok()?;
+    if map.is_empty() { None } else { map.remove(&id) }
+}
+
 /// Where a decision is carried out from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
@@ -264,14 +273,14 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// The headers to add to stream `id`'s response, taken once.
     pub fn take_response_headers(&self, id: u32) -> Option<Vec<(String, String)>> {
-        self.response_headers.try_borrow_mut().ok().and_then(|mut map| map.remove(&id))
+        take(&self.response_headers, id)
     }
 
     /// Stream `id`'s response headers arrived (`has_body`: a body follows): reads the
     /// costs they report, and says whether its body is to be read (passed to
     /// [`Self::on_response_body`]); costs with nothing left to read are settled now.
     pub fn on_response_headers(&self, id: u32, response: &impl ResponseFacts, has_body: bool) -> bool {
-        let Some(mut costs) = self.costs.try_borrow_mut().ok().and_then(|mut map| map.remove(&id)) else {
+        let Some(mut costs) = take(&self.costs, id) else {
             return false;
         };
         if costs.on_headers(&self.engine, response, has_body)
@@ -286,7 +295,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// Whether stream `id`'s response body is read for its costs.
     pub fn reads_response_body(&self, id: u32) -> bool {
-        self.costs.try_borrow().is_ok_and(|map| map.get(&id).is_some_and(StreamCosts::reads_body))
+        self.costs.try_borrow().is_ok_and(|map| !map.is_empty() && map.get(&id).is_some_and(StreamCosts::reads_body))
     }
 
     /// A chunk of stream `id`'s response body passed (a copy: nothing is held back; `None`
@@ -342,14 +351,12 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     /// settled with what it reported before it ended; its concurrency slots are given
     /// back.
     pub fn on_stream_end(&self, id: u32) {
-        let slots = self.slots.try_borrow_mut().ok().and_then(|mut map| map.remove(&id));
+        let slots = take(&self.slots, id);
         if let Some(slots) = slots {
             self.engine.release_slots(slots, &self.limiter, &mut self.counts());
         }
-        if let Ok(mut map) = self.response_headers.try_borrow_mut() {
-            map.remove(&id);
-        }
-        let costs = self.costs.try_borrow_mut().ok().and_then(|mut map| map.remove(&id));
+        let _ = take(&self.response_headers, id);
+        let costs = take(&self.costs, id);
         if let Some(costs) = costs {
             self.settle_costs(costs, false);
         }
@@ -358,7 +365,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
             self.engine.abandon(&tally, &mut self.counts());
         }
         let waiting = self.waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(id));
-        let lease_waiting = self.lease_waiting.try_borrow_mut().ok().and_then(|mut q| q.remove(&id));
+        let lease_waiting = take(&self.lease_waiting, id);
         for pending in waiting.into_iter().chain(lease_waiting) {
             self.engine.forget(pending, &self.limiter, &mut self.counts());
         }
