@@ -109,3 +109,34 @@ fn a_guest_stuck_in_a_loop_is_interrupted_at_its_call_time_limit() {
     assert_eq!(exchange.status(), Some(503));
     assert!(host.traps()[0].message.contains("interrupted"), "{}", host.traps()[0].message);
 }
+
+/// A module whose `proxy_on_request_headers` runs a loop of `n` turns, then answers.
+fn looping(n: u32) -> Wasm {
+    let body = format!(
+        "(local.set 0 (i32.const {n})) (block $done (loop $again (br_if $done (i32.eqz (local.get 0))) \
+         (local.set 0 (i32.sub (local.get 0) (i32.const 1))) (br $again))) (i32.const 0)"
+    );
+    module("", "(i32.const 1024)", &body)
+}
+
+fn instructions_of(wasm: Wasm, counted: bool) -> u64 {
+    let builder = Host::builder(wasm);
+    let mut host = if counted { builder.count_instructions() } else { builder }.build().unwrap();
+    let before = host.call_counts();
+    let _ = host.worker(0).exchange(Request::get("/p"), Response::ok()).unwrap();
+    (&host.call_counts() - &before).instructions
+}
+
+#[test]
+fn a_counted_host_counts_each_instruction_the_guest_runs_and_the_same_on_every_run() {
+    let ten = instructions_of(looping(10), true);
+    let hundred = instructions_of(looping(100), true);
+
+    assert!(ten > 0);
+    assert_eq!(instructions_of(looping(10), true), ten, "the same work, the same count");
+    // Each turn of the loop runs the same instructions: 90 more turns, 90 times one turn.
+    let per_turn = (hundred - ten) / 90;
+    assert_eq!(hundred - ten, 90 * per_turn);
+    assert!(per_turn >= 5, "a turn runs at least its test, branch, get, sub and set: {per_turn}");
+    assert_eq!(instructions_of(looping(100), false), 0, "nothing is counted unless asked");
+}
