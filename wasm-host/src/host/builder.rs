@@ -348,7 +348,6 @@ impl HostBuilder {
     /// the same on every machine), read with [`Host::call_counts`]: a test can hold a
     /// filter to a budget of work per request that no machine's speed can move. The
     /// generated code checks its fuel, so it runs a little slower.
-    #[must_use]
     pub fn count_instructions(mut self) -> Self {
         self.count_instructions = true;
         self
