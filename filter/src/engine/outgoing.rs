@@ -161,9 +161,7 @@ pub(crate) fn dispatch_outgoing<S: Store, C: Clock>(
             Some(SentOutgoing { token, deadline: now.saturating_add(setup.refill_window()), sent_at: now, call: sent })
         }
         Err(_) => {
-            if service.breaker.record(limiter.store(), now, Some(false), now) {
-                metrics.add_plugin(PluginCounter::CircuitOpened, 1);
-            }
+            service.record_health(limiter.store(), now, Some(false), now, metrics);
             unsent(setup, Reason::DispatchFailed, sent, limiter, metrics);
             None
         }
@@ -282,10 +280,8 @@ pub(crate) fn outgoing_answered<S: Store, C: Clock, M: Metrics>(
 ) {
     let now = limiter.clock().now();
     let record = |health: Option<bool>, metrics: &mut M| {
-        if let Some(service) = &setup.service
-            && service.breaker.record(limiter.store(), now, health, sent.sent_at)
-        {
-            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+        if let Some(service) = &setup.service {
+            service.record_health(limiter.store(), now, health, sent.sent_at, metrics);
         }
     };
     match &sent.call {

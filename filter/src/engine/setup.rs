@@ -44,6 +44,21 @@ pub(crate) struct Service {
 }
 
 impl Service {
+    /// Tells the circuit breaker how a call sent at `sent_at` went (`health`: see
+    /// `CircuitBreaker::record`), and counts the circuit opening if it did.
+    pub(crate) fn record_health(
+        &self,
+        store: &impl Store,
+        now: Nanos,
+        health: Option<bool>,
+        sent_at: Nanos,
+        metrics: &mut impl crate::host::Metrics,
+    ) {
+        if self.breaker.record(store, now, health, sent_at) {
+            metrics.add_plugin(crate::host::PluginCounter::CircuitOpened, 1);
+        }
+    }
+
     /// Sends `body` to the service's `path` (a POST with the token, if one is
     /// configured) within the callout deadline; the host's token for the answer.
     pub(crate) fn dispatch(

@@ -185,9 +185,7 @@ fn dispatch<S: Store, C: Clock>(
         }
     };
     let Ok(token) = dispatched else {
-        if service.breaker.record(limiter.store(), now, Some(false), now) {
-            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
-        }
+        service.record_health(limiter.store(), now, Some(false), now, metrics);
         return Err(Cause::Service(Reason::DispatchFailed));
     };
     metrics.add_plugin(PluginCounter::Callouts, 1);
@@ -328,8 +326,8 @@ fn decide<S: Store, C: Clock>(
             .token()
             .is_some_and(|token| service.group.try_borrow_mut().map_or(true, |mut group| group.first_record(token)));
         leave(setup, &wait);
-        if first && service.breaker.record(limiter.store(), now, health, wait.sent_at) {
-            metrics.add_plugin(PluginCounter::CircuitOpened, 1);
+        if first {
+            service.record_health(limiter.store(), now, health, wait.sent_at, metrics);
         }
     }
     let CheckWait { global, .. } = wait;

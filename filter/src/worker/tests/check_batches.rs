@@ -83,13 +83,10 @@ fn checks_beyond_the_calls_in_flight_wait_and_leave_together_when_a_call_returns
 #[test]
 fn each_request_of_a_batch_gets_its_own_result_and_a_check_refused_alone_takes_its_failure_rule() {
     let w = worker(&config(1, 64));
-    let _ = ask(&w, 4);
-    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
-    let mut root = FakePort::default();
-    w.on_wake(&mut root);
+    let token = three_in_a_batch(&w);
 
     let mut answered = FakePort::default();
-    w.on_root_answer(root.next_token, &batch(&[ALLOWED, REJECTED, REFUSED]), &mut answered);
+    w.on_root_answer(token, &batch(&[ALLOWED, REJECTED, REFUSED]), &mut answered);
 
     assert_eq!(answered.actions, ["enter 2", "resume", "enter 3", "reply 429", "enter 4", "reply 503"]);
     assert_eq!(w.held(), (0, 0, 0));
@@ -102,14 +99,11 @@ fn each_request_of_a_batch_gets_its_own_result_and_a_check_refused_alone_takes_i
 #[test]
 fn a_batch_whose_member_ended_still_answers_the_others_by_their_own_place() {
     let w = worker(&config(1, 64));
-    let _ = ask(&w, 4);
-    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
-    let mut root = FakePort::default();
-    w.on_wake(&mut root);
+    let token = three_in_a_batch(&w);
 
     w.on_stream_end(2);
     let mut answered = FakePort::default();
-    w.on_root_answer(root.next_token, &batch(&[ALLOWED, ALLOWED, REJECTED]), &mut answered);
+    w.on_root_answer(token, &batch(&[ALLOWED, ALLOWED, REJECTED]), &mut answered);
 
     assert_eq!(answered.actions, ["enter 3", "resume", "enter 4", "reply 429"]);
     assert_eq!(counted(&w, Counter::Abandoned), 1);
@@ -118,13 +112,10 @@ fn a_batch_whose_member_ended_still_answers_the_others_by_their_own_place() {
 #[test]
 fn a_batch_whose_call_fails_is_one_failure_for_the_breaker_and_the_failure_rule_for_each_request() {
     let w = worker(&config(1, 64));
-    let _ = ask(&w, 4);
-    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
-    let mut root = FakePort::default();
-    w.on_wake(&mut root);
+    let token = three_in_a_batch(&w);
 
     let mut answered = FakePort::default();
-    w.on_root_answer(root.next_token, &CalloutAnswer::Failed, &mut answered);
+    w.on_root_answer(token, &CalloutAnswer::Failed, &mut answered);
 
     assert_eq!(answered.actions, ["enter 2", "reply 503", "enter 3", "reply 503", "enter 4", "reply 503"]);
     assert_eq!(counted(&w, Reason::Reset.counter()), 3);
@@ -137,6 +128,17 @@ fn a_batch_whose_call_fails_is_one_failure_for_the_breaker_and_the_failure_rule_
     assert_eq!(plugin(&w, PluginCounter::CircuitOpened), 1);
 }
 
+/// Streams 1 to 4 ask with one call allowed out: 1 goes alone and is admitted, then 2, 3
+/// and 4 go in one batch. The batch's callout token.
+fn three_in_a_batch(w: &TestWorker) -> u32 {
+    let _ = ask(w, 4);
+    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
+    let mut root = FakePort::default();
+    w.on_wake(&mut root);
+    assert_eq!(root.sent, ["/v1/checks"]);
+    root.next_token
+}
+
 fn ask_one(w: &TestWorker, id: u32) -> FakePort {
     let mut port = FakePort::default();
     assert_eq!(w.on_request_headers(id, &user(&format!("u{id}")), &mut port), Flow::Pause);
@@ -146,9 +148,7 @@ fn ask_one(w: &TestWorker, id: u32) -> FakePort {
 #[test]
 fn members_of_a_batch_timed_out_by_the_tick_count_once_against_the_service() {
     let w = worker(&config(1, 64));
-    let _ = ask(&w, 4);
-    w.on_check_answer(1, &ok(ALLOWED), &mut FakePort::default());
-    w.on_wake(&mut FakePort::default());
+    let _ = three_in_a_batch(&w);
 
     w.limiter.clock().advance(Nanos::from_millis(41));
     let mut root = FakePort::default();
@@ -224,7 +224,7 @@ fn with_no_bound_on_calls_in_flight_every_check_goes_alone_at_once() {
 fn an_open_circuit_decides_the_waiting_checks_without_sending_them() {
     let w = worker(&config(1, 64));
     let _ = ask(&w, 3);
-    // Two failed calls open the circuit: the one out, then one sent from the tick.
+    // Two failed calls open the circuit: the one out, then the batch the root sent.
     w.on_check_answer(1, &CalloutAnswer::Failed, &mut FakePort::default());
     let mut root = FakePort::default();
     w.on_wake(&mut root);
