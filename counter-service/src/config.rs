@@ -15,6 +15,9 @@ use crate::store::{MemoryConfig, RedisConfig, RedisUrl, Topology};
 
 /// The default listen address: loopback only, port 8710.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8710";
+/// The default RLS listen address (with `--rls-config`): loopback, envoyproxy/ratelimit's
+/// gRPC port.
+pub const DEFAULT_RLS_LISTEN: &str = "127.0.0.1:8081";
 
 /// Which store holds the counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -183,6 +186,33 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_HASH_KEY_ENV", value_name = "NAME")]
     pub hash_key_env: Option<String>,
 
+    /// A directory of envoyproxy/ratelimit YAML files: serve Envoy's rate limit service
+    /// protocol (RLS v3, `ShouldRateLimit` over h2c gRPC) on `--rls-listen` under them.
+    /// A file that does not load stops the start; changes are picked up without a
+    /// restart (see `--rls-reload-ms`). Without it, RLS is not served.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_CONFIG", value_name = "DIR")]
+    pub rls_config: Option<PathBuf>,
+
+    /// Where RLS is served (its own port: envoyproxy/ratelimit's gRPC port is 8081), with
+    /// `--rls-config`.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_LISTEN", default_value = DEFAULT_RLS_LISTEN)]
+    pub rls_listen: SocketAddr,
+
+    /// How often the RLS directory is read again for changes, in milliseconds.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_RELOAD_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub rls_reload_ms: u64,
+
+    /// Let several RLS files add to one domain (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`); otherwise a domain defined twice is a load error.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_MERGE_DOMAINS")]
+    pub rls_merge_domains: bool,
+
+    /// Headers RLS answers ask Envoy to add, comma-separated: `ietf` (`RateLimit-Policy`,
+    /// `RateLimit`), `retry-after` (the exact wait, when over the limit), `ratelimit`
+    /// (envoyproxy/ratelimit's `RateLimit-Limit`/`-Remaining`/`-Reset`), or `none`.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_RESPONSE_HEADERS", default_value = "none")]
+    pub rls_response_headers: String,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
     pub log: String,
@@ -216,6 +246,11 @@ impl fmt::Debug for Config {
             token,
             admin_token_env,
             hash_key_env,
+            rls_config,
+            rls_listen,
+            rls_reload_ms,
+            rls_merge_domains,
+            rls_response_headers,
             log,
             log_format,
         } = self;
@@ -241,6 +276,11 @@ impl fmt::Debug for Config {
             .field("token", token)
             .field("admin_token_env", admin_token_env)
             .field("hash_key_env", hash_key_env)
+            .field("rls_config", rls_config)
+            .field("rls_listen", rls_listen)
+            .field("rls_reload_ms", rls_reload_ms)
+            .field("rls_merge_domains", rls_merge_domains)
+            .field("rls_response_headers", rls_response_headers)
             .field("log", log)
             .field("log_format", log_format)
             .finish()
@@ -271,6 +311,11 @@ impl Config {
             token: None,
             admin_token_env: None,
             hash_key_env: None,
+            rls_config: None,
+            rls_listen: DEFAULT_RLS_LISTEN.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8081))),
+            rls_reload_ms: 1000,
+            rls_merge_domains: false,
+            rls_response_headers: "none".to_owned(),
             log: "info".to_owned(),
             log_format: LogFormat::Text,
         }

@@ -9,6 +9,8 @@
 
 use std::time::Instant;
 
+use shared_store::Nanos;
+
 use sluice_protocol::{
     ChargeRequest, ChargeResponse, CheckRequest, CheckResponse, CreditRequest, CreditResponse, EntryOverride,
     EntryResponse, LeaseRequest, LeaseResponse,
@@ -69,9 +71,18 @@ impl App {
     /// # Errors
     /// The 503 [`ApiError`] of a store that could not decide (counted and logged).
     pub async fn decide(&self, call: &Call) -> Result<(Outcome, Enforced), ApiError> {
+        self.decide_at(call, None).await
+    }
+
+    /// [`App::decide`] at `at` instead of the store's time when given (tests only, as the
+    /// stores' own override).
+    ///
+    /// # Errors
+    /// As [`App::decide`].
+    pub async fn decide_at(&self, call: &Call, at: Option<Nanos>) -> Result<(Outcome, Enforced), ApiError> {
         let enforced = self.enforce(call);
         let decided = match enforced.store_call(call) {
-            Some(store_call) => Some(self.call_store(store_call).await?),
+            Some(store_call) => Some(self.call_store_at(store_call, at).await?),
             None => None,
         };
         Ok((self.complete(call, &enforced, decided)?, enforced))
@@ -103,13 +114,21 @@ impl App {
     /// # Errors
     /// The 503 [`ApiError`] of a store that could not decide (counted and logged).
     pub async fn call_store(&self, call: &Call) -> Result<Outcome, ApiError> {
+        self.call_store_at(call, None).await
+    }
+
+    /// [`App::call_store`] at `at` when given, else at the store's time.
+    ///
+    /// # Errors
+    /// As [`App::call_store`].
+    pub async fn call_store_at(&self, call: &Call, at: Option<Nanos>) -> Result<Outcome, ApiError> {
         let start = Instant::now();
         let store = self.store();
         let result = match call {
-            Call::Check(plan) => store.check(plan, None).await.map(Outcome::Check),
-            Call::Lease(plan) => store.lease(plan, None).await.map(Outcome::Lease),
-            Call::Charge(plan) => store.charge(plan, None).await.map(Outcome::Charge),
-            Call::Credit(plan) => store.credit(plan, None).await.map(Outcome::Credit),
+            Call::Check(plan) => store.check(plan, at).await.map(Outcome::Check),
+            Call::Lease(plan) => store.lease(plan, at).await.map(Outcome::Lease),
+            Call::Charge(plan) => store.charge(plan, at).await.map(Outcome::Charge),
+            Call::Credit(plan) => store.credit(plan, at).await.map(Outcome::Credit),
         };
         self.stored(start.elapsed(), result)
     }

@@ -69,6 +69,7 @@ pub mod handle;
 pub mod metrics;
 pub mod overrides;
 pub mod policies;
+pub mod rls;
 pub mod routes;
 pub mod server;
 pub mod spec;
@@ -113,14 +114,28 @@ pub async fn run(
         admin = app.admin_enabled(),
         "sluice-counter serving"
     );
-    server::serve(
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
+    let rls = rls::start(app.clone(), &config, until_true(stopped))?;
+    let served = server::serve(
         listener,
         app,
         Duration::from_millis(config.shutdown_grace_ms),
         Duration::from_millis(config.sweep_interval_ms),
-        shutdown,
+        async move {
+            shutdown.await;
+            let _ = stopping.send(true);
+        },
     )
-    .await
+    .await;
+    if let Some(front) = rls {
+        front.task.await??;
+    }
+    served
+}
+
+/// Completes when `flag` turns true or its sender is gone.
+async fn until_true(mut flag: tokio::sync::watch::Receiver<bool>) {
+    let _ = flag.wait_for(|stop| *stop).await;
 }
 
 /// A service running in this process (tests, embedding).
@@ -130,8 +145,11 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Its state, to inspect the store and metrics.
     pub app: Arc<App>,
+    /// The RLS front door, when `--rls-config` asked for it.
+    pub rls: Option<rls::Front>,
     stop: Option<tokio::sync::oneshot::Sender<server::Stop>>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    rls_stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Running {
@@ -178,6 +196,8 @@ impl Running {
     pub fn serve_app(listener: TcpListener, config: &Config, app: App) -> anyhow::Result<Self> {
         let app = Arc::new(app);
         let addr = listener.local_addr()?;
+        let (rls_stop, rls_stopped) = tokio::sync::watch::channel(false);
+        let rls = rls::start(app.clone(), config, until_true(rls_stopped))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<server::Stop>();
         let task = tokio::spawn(server::serve_until(
             listener,
@@ -187,7 +207,7 @@ impl Running {
             // A `Running` dropped without `stop` or `kill` shuts down gracefully.
             async move { stopped.await.unwrap_or(server::Stop::Graceful) },
         ));
-        Ok(Self { addr, app, stop: Some(stop), task })
+        Ok(Self { addr, app, rls, stop: Some(stop), task, rls_stop })
     }
 
     /// Shuts down gracefully and waits for the server to finish.
@@ -198,7 +218,16 @@ impl Running {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(server::Stop::Graceful);
         }
+        self.stop_rls().await?;
         (&mut self.task).await?
+    }
+
+    async fn stop_rls(&mut self) -> anyhow::Result<()> {
+        let _ = self.rls_stop.send(true);
+        match self.rls.take() {
+            Some(front) => front.task.await?,
+            None => Ok(()),
+        }
     }
 
     /// Stops the service abruptly, as a crash would: the listener and every connection
@@ -213,6 +242,9 @@ impl Running {
     pub async fn kill(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(server::Stop::Kill);
+        }
+        if let Some(front) = self.rls.take() {
+            front.task.abort();
         }
         (&mut self.task).await?
     }

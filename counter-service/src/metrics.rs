@@ -13,6 +13,8 @@
 //! What the store holds (keys, charge and credit ids, Redis connections) is read when `/metrics`
 //! is rendered, not counted as it changes.
 
+pub mod rls;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -70,6 +72,7 @@ pub struct Metrics {
     overrides_expired: Counter,
     overrides_active: Gauge,
     overridden: [Counter; OverrideKind::ALL.len()],
+    rls: rls::RlsMetrics,
 }
 
 /// A family whose label values are fixed: its series exist from the start and are
@@ -197,6 +200,7 @@ impl Metrics {
             "overrides_active",
             "Operator overrides live, as this instance last saw (set, removal, list or sweep)",
         );
+        let rls = rls::RlsMetrics::new(&mut registry);
 
         Self {
             registry,
@@ -231,7 +235,13 @@ impl Metrics {
             overrides_expired,
             overrides_active,
             overridden,
+            rls,
         }
+    }
+
+    /// The RLS front door's metrics.
+    pub const fn rls(&self) -> &rls::RlsMetrics {
+        &self.rls
     }
 
     /// Counts an entry decided under an override of `kind`.

@@ -20,5 +20,6 @@ mod layers;
 mod load;
 mod overrides;
 mod protocols;
+mod rls;
 mod stores;
 mod support;

@@ -1,0 +1,238 @@
+//! The RLS front door over gRPC, as Envoy calls it: answers, errors as gRPC statuses
+//! (never `overall_code: UNKNOWN`), the bearer token, response headers, metrics, and a
+//! configuration directory that changes under a running service.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_counter::Running;
+use sluice_counter::config::{Config, StoreKind};
+use tonic::transport::Channel;
+
+use crate::support::{Http, RedisServer};
+
+const RULES: &str =
+    "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2, name: per-user}\n";
+
+fn rls_config(dir: &Path) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        rls_config: Some(dir.to_owned()),
+        rls_listen: "127.0.0.1:0".parse().expect("addr"),
+        rls_reload_ms: 10,
+        ..Config::defaults()
+    }
+}
+
+async fn start(config: Config) -> (Running, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let running = Running::start(listener, config).await.expect("the service starts");
+    let rls = running.rls.as_ref().expect("rls is served").addr;
+    (running, rls)
+}
+
+async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}")).await.expect("connects")
+}
+
+fn request(domain: &str, user: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry { key: "user".to_owned(), value: user.to_owned() }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn ask(client: &mut RateLimitServiceClient<Channel>, request: RateLimitRequest) -> RateLimitResponse {
+    client.should_rate_limit(request).await.expect("answered").into_inner()
+}
+
+fn dir_with(rules: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(dir.path().join("shop.yaml"), rules).expect("write");
+    dir
+}
+
+#[tokio::test]
+async fn envoys_call_is_answered_with_one_status_per_descriptor_and_the_limit_it_met() {
+    let dir = dir_with(RULES);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+
+    let answers = [ask(&mut rls, request("shop", "ann")).await, ask(&mut rls, request("shop", "ann")).await];
+    let third = ask(&mut rls, request("shop", "ann")).await;
+
+    let codes: Vec<(i32, u32)> = answers.iter().map(|a| (a.overall_code, a.statuses[0].limit_remaining)).collect();
+    assert_eq!(codes, [(Code::Ok as i32, 1), (Code::Ok as i32, 0)]);
+    assert_eq!(third.overall_code, Code::OverLimit as i32);
+    let status = &third.statuses[0];
+    let limit = status.current_limit.as_ref().expect("the limit it met");
+    assert_eq!((limit.requests_per_unit, limit.name.as_str()), (2, "per-user"));
+    let reset = status.duration_until_reset.expect("a reset").seconds;
+    assert!((1..=3600).contains(&reset), "{reset}");
+    assert!(third.response_headers_to_add.is_empty(), "no headers unless asked for");
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_malformed_request_is_invalid_argument_and_never_unknown() {
+    let dir = dir_with(RULES);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+
+    let no_domain = rls.should_rate_limit(request("", "ann")).await.expect_err("refused");
+    let no_descriptors = rls
+        .should_rate_limit(RateLimitRequest { descriptors: vec![], ..request("shop", "ann") })
+        .await
+        .expect_err("refused");
+
+    assert_eq!(no_domain.code(), tonic::Code::InvalidArgument);
+    assert_eq!(no_domain.message(), "rate limit domain must not be empty");
+    assert_eq!(no_descriptors.code(), tonic::Code::InvalidArgument);
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_caller_without_the_bearer_token_is_unauthenticated() {
+    let dir = dir_with(RULES);
+    let config = Config { token: Some("s3cret-token".to_owned().into()), ..rls_config(dir.path()) };
+    let (running, addr) = start(config).await;
+    let mut rls = client(addr).await;
+
+    let without = rls.should_rate_limit(request("shop", "ann")).await.expect_err("refused");
+    let mut with = tonic::Request::new(request("shop", "ann"));
+    with.metadata_mut().insert("authorization", "Bearer s3cret-token".parse().expect("metadata"));
+    let answered = rls.should_rate_limit(with).await.expect("answered").into_inner();
+
+    assert_eq!(without.code(), tonic::Code::Unauthenticated);
+    assert_eq!(answered.overall_code, Code::Ok as i32);
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_store_past_its_deadline_is_unavailable_so_envoys_failure_mode_decides() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let dir = dir_with(RULES);
+    let config = Config {
+        store: StoreKind::Redis,
+        redis_url: vec![redis.url()],
+        redis_timeout_ms: 100,
+        ..rls_config(dir.path())
+    };
+    let (running, addr) = start(config).await;
+    let mut rls = client(addr).await;
+    ask(&mut rls, request("shop", "ann")).await;
+
+    redis.signal("STOP");
+    let stalled = rls.should_rate_limit(request("shop", "ann")).await;
+    redis.signal("CONT");
+
+    let error = stalled.expect_err("not decided");
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    assert!(error.message().contains("did not answer within 100 ms"), "{}", error.message());
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn headers_asked_for_carry_the_limit_and_the_exact_wait() {
+    let dir = dir_with(RULES);
+    let config = Config { rls_response_headers: "ietf,retry-after,ratelimit".to_owned(), ..rls_config(dir.path()) };
+    let (running, addr) = start(config).await;
+    let mut rls = client(addr).await;
+
+    let ok = ask(&mut rls, request("shop", "bo")).await;
+    ask(&mut rls, request("shop", "bo")).await;
+    let over = ask(&mut rls, request("shop", "bo")).await;
+
+    let header = |r: &RateLimitResponse, name: &str| {
+        r.response_headers_to_add.iter().find(|h| h.key == name).map(|h| h.value.clone())
+    };
+    let reset = over.statuses[0].duration_until_reset.expect("a reset").seconds;
+    assert_eq!(header(&ok, "RateLimit-Policy").as_deref(), Some("\"per-user\";q=2;w=3600"));
+    assert_eq!(header(&ok, "RateLimit-Remaining").as_deref(), Some("1"));
+    assert_eq!(header(&ok, "Retry-After"), None, "only when over");
+    assert_eq!(header(&over, "Retry-After"), Some(reset.to_string()));
+    assert_eq!(header(&over, "RateLimit").as_deref(), Some(format!("\"per-user\";r=0;t={reset}").as_str()));
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_changed_directory_applies_without_a_restart_and_a_bad_one_leaves_the_last_good_in_force() {
+    let dir = dir_with(RULES);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+    let limit_of = |r: &RateLimitResponse| r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
+
+    std::fs::write(dir.path().join("shop.yaml"), RULES.replace("requests_per_unit: 2", "requests_per_unit: 7"))
+        .expect("write");
+    let mut raised = None;
+    for _ in 0..500 {
+        raised = limit_of(&ask(&mut rls, request("shop", "cy")).await);
+        if raised == Some(7) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::write(dir.path().join("shop.yaml"), "domain: shop\nbroken: [\n").expect("write");
+    let http = Http::new(running.addr);
+    let mut errors = 0;
+    for _ in 0..500 {
+        let (_, metrics) = http.get("/metrics").await;
+        errors = metric(&metrics, "sluice_counter_rls_config_loads_total{outcome=\"error\"}");
+        if errors > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kept = limit_of(&ask(&mut rls, request("shop", "cy")).await);
+
+    assert_eq!(raised, Some(7), "the new numbers apply without a restart");
+    assert_eq!(errors, 1, "the bad directory is counted once");
+    assert_eq!(kept, Some(7), "the last good configuration stays in force");
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn a_directory_that_does_not_load_stops_the_start_naming_the_file() {
+    let dir = dir_with("domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: eon}\n");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+
+    let error = Running::start(listener, rls_config(dir.path())).await.expect_err("refused").to_string();
+
+    assert!(error.contains("shop.yaml: shop.user: invalid rate limit unit 'eon'"), "{error}");
+}
+
+#[tokio::test]
+async fn each_rules_hits_are_counted_under_its_path_never_under_a_callers_value() {
+    let dir = dir_with(RULES);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+    for user in ["a", "a", "a", "b"] {
+        ask(&mut rls, request("shop", user)).await;
+    }
+    ask(&mut rls, request("elsewhere", "a")).await;
+
+    let (_, metrics) = Http::new(running.addr).get("/metrics").await;
+
+    assert_eq!(metric(&metrics, "sluice_counter_rls_total_hits_total{rule=\"shop.user\"}"), 4);
+    assert_eq!(metric(&metrics, "sluice_counter_rls_over_limit_total{rule=\"shop.user\"}"), 1);
+    assert_eq!(metric(&metrics, "sluice_counter_rls_within_limit_total{rule=\"shop.user\"}"), 3);
+    assert_eq!(metric(&metrics, "sluice_counter_rls_domain_not_found_total"), 1);
+    assert_eq!(metric(&metrics, "sluice_counter_rls_requests_total{outcome=\"ok\"}"), 5);
+    assert!(!metrics.contains("user_a"), "no caller's value in a label");
+    running.stop().await.expect("stops");
+}
+
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
+}
