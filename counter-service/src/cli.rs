@@ -21,6 +21,47 @@ pub enum Command {
     /// Set, list or remove operator overrides on a running service (its admin API).
     #[command(subcommand)]
     Override(OverrideCommand),
+    /// Envoy's rate limit service protocol (RLS v3): check a configuration directory.
+    #[command(subcommand)]
+    Rls(RlsCommand),
+}
+
+/// `sluice-counter rls ...`.
+#[derive(Clone, Debug, PartialEq, Eq, Subcommand)]
+pub enum RlsCommand {
+    /// Load a directory of envoyproxy/ratelimit YAML files as `--rls-config` would, and
+    /// print its domains and rules, or the first error (naming the file and the
+    /// descriptor) with exit status 1. For CI.
+    Validate {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// As `--rls-merge-domains`.
+        #[arg(long)]
+        merge_domains: bool,
+    },
+}
+
+impl RlsCommand {
+    /// Runs it: what to print, or the error.
+    ///
+    /// # Errors
+    /// The first file that does not load.
+    pub fn run(&self) -> Result<String, crate::rls::config::LoadError> {
+        let Self::Validate { dir, merge_domains } = self;
+        let config = crate::rls::config::RlsConfig::load_dir(dir, *merge_domains)?;
+        let mut out = format!("{} file(s), {} domain(s): valid\n", config.files.len(), config.domains.len());
+        for rule in config.rules() {
+            let numbers = match rule.unit {
+                Some(unit) if rule.unit_multiplier > 1 => {
+                    format!("{}/{}×{unit}", rule.requests_per_unit, rule.unit_multiplier)
+                }
+                Some(unit) => format!("{}/{unit}", rule.requests_per_unit),
+                None => "unlimited".to_owned(),
+            };
+            out.push_str(&format!("{}: {numbers} (policy {})\n", rule.path, rule.policy));
+        }
+        Ok(out)
+    }
 }
 
 /// `sluice-counter override ...`.

@@ -23,6 +23,16 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let Cli { config, command } = Cli::parse();
+    if let Some(Command::Rls(command)) = &command {
+        match command.run() {
+            Ok(report) => print!("{report}"),
+            Err(error) => {
+                eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     if let Some(Command::Override(command)) = command {
         match command.run(|name| std::env::var(name).ok()).await {
             Ok(answer) => println!("{answer}"),

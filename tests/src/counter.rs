@@ -121,6 +121,34 @@ impl Counter {
         Self { runtime, running: Some(running), addr, config, env }
     }
 
+    /// Starts a memory-store service with `config` whose counters read `clock` (a
+    /// [`shared_store::ManualClock`] holds every window still), on a loopback port the OS
+    /// picks. It cannot be restarted.
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn start_on_clock(config: Config, clock: std::sync::Arc<dyn shared_store::Clock + Send + Sync>) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the counter service");
+        let store = store::CounterStore::Memory(store::MemoryCounters::with_clock(config.memory(), clock));
+        let (running, addr) = runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+            let running =
+                Running::start_with_store(listener, config.clone(), store).expect("sluice-counter starts on the clock");
+            let addr = running.addr;
+            (running, addr)
+        });
+        Self { runtime, running: Some(running), addr, config, env: std::sync::Arc::new(|_| None) }
+    }
+
+    /// Where its RLS front door listens, when it serves one (`--rls-config`).
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        self.running.as_ref()?.rls.as_ref().map(|front| front.addr)
+    }
+
     /// Where it listens (also after a kill: a restart listens there again).
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -297,3 +297,28 @@ fn an_admin_token_variable_that_is_not_set_refuses_to_start_naming_the_flag() {
     assert!(!out.status.success());
     assert!(stderr.contains("--admin-token-env SLUICE_TEST_UNSET_ADMIN_TOKEN: "), "{stderr}");
 }
+
+#[test]
+fn rls_validate_prints_the_rules_of_a_good_directory_and_names_the_file_of_a_bad_one() {
+    let good = tempfile::tempdir().expect("a directory");
+    std::fs::write(
+        good.path().join("shop.yaml"),
+        "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .expect("write");
+    let bad = tempfile::tempdir().expect("a directory");
+    std::fs::write(bad.path().join("broken.yaml"), "domain: shop\ndescriptors:\n  - key: user\n    colour: red\n")
+        .expect("write");
+
+    let valid = Command::new(BIN).args(["rls", "validate"]).arg(good.path()).output().expect("runs");
+    let invalid = Command::new(BIN).args(["rls", "validate"]).arg(bad.path()).output().expect("runs");
+
+    assert!(valid.status.success(), "{valid:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&valid.stdout),
+        "1 file(s), 1 domain(s): valid\nshop.user: 10/minute (policy rls.shop.user)\n"
+    );
+    assert_eq!(invalid.status.code(), Some(1));
+    let error = String::from_utf8_lossy(&invalid.stderr);
+    assert!(error.contains("broken.yaml: config error, unknown key 'colour'"), "{error}");
+}

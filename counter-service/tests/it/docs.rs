@@ -69,7 +69,12 @@ fn documented_metrics() -> std::collections::BTreeSet<String> {
 #[test]
 fn the_metrics_the_readme_lists_are_exactly_the_ones_the_service_serves() {
     let store = CounterStore::Memory(MemoryCounters::new(MemoryConfig::default()));
-    let text = Metrics::new("memory").render(&store);
+    let metrics = Metrics::new("memory");
+    // The RLS rule families have a series per rule: one hit over (in shadow mode) and
+    // one near the limit make each family appear.
+    metrics.rls().hits("shop.user", 1, true, true, false);
+    metrics.rls().hits("shop.user", 1, false, false, true);
+    let text = metrics.render(&store);
     // Families as exposed (a histogram is named without its `_bucket`/`_sum`/`_count`).
     let served: std::collections::BTreeSet<String> = text
         .lines()

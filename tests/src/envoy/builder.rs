@@ -39,6 +39,7 @@ pub struct EnvoyBuilder {
     log_level: &'static str,
     cpu: Option<usize>,
     env: Vec<(String, String)>,
+    rate_limits: Option<Value>,
 }
 
 impl EnvoyBuilder {
@@ -54,6 +55,7 @@ impl EnvoyBuilder {
             log_level: "info",
             cpu: None,
             env: Vec::new(),
+            rate_limits: None,
         }
     }
 
@@ -137,6 +139,14 @@ impl EnvoyBuilder {
         self
     }
 
+    /// The route's `rate_limits` (what Envoy's own `ratelimit` filter sends as
+    /// descriptors): only on a route to a cluster ([`EnvoyBuilder::route_to`]).
+    #[must_use]
+    pub fn rate_limits(mut self, rate_limits: Value) -> Self {
+        self.rate_limits = Some(rate_limits);
+        self
+    }
+
     fn listener(&self) -> Value {
         let route = match &self.route {
             Route::Direct => json!({ "direct_response": { "status": 200, "body": { "inline_string": "upstream\n" } } }),
@@ -157,6 +167,9 @@ impl EnvoyBuilder {
         let mut route_entry = json!({ "match": { "prefix": "/" } });
         if let (Some(entry), Some(action)) = (route_entry.as_object_mut(), route.as_object()) {
             entry.extend(action.clone());
+        }
+        if let Some(rate_limits) = &self.rate_limits {
+            route_entry["route"]["rate_limits"] = rate_limits.clone();
         }
         json!({
             "name": "ingress",

@@ -15,6 +15,7 @@ mod lease;
 mod memory;
 mod overrides;
 mod reconfigure;
+mod rls;
 mod shaping;
 mod shared_data;
 

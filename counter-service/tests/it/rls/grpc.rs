@@ -236,3 +236,30 @@ async fn each_rules_hits_are_counted_under_its_path_never_under_a_callers_value(
 fn metric(text: &str, series: &str) -> u64 {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0)
 }
+
+#[tokio::test]
+async fn an_operators_bypass_set_on_a_rules_policy_lets_its_rls_traffic_through_and_says_so() {
+    let dir = dir_with(RULES);
+    let config = crate::overrides::admin_config(rls_config(dir.path()));
+    let running = crate::overrides::start(config).await;
+    let mut rls = client(running.rls.as_ref().expect("rls").addr).await;
+    let authorized = |user: &str| {
+        let mut request = tonic::Request::new(request("shop", user));
+        let bearer = format!("Bearer {}", crate::overrides::PROXY);
+        request.metadata_mut().insert("authorization", bearer.parse().expect("metadata"));
+        request
+    };
+    for _ in 0..2 {
+        rls.should_rate_limit(authorized("fay")).await.expect("answered");
+    }
+
+    let bypass = serde_json::json!({"kind": "bypass", "policy": "per-user", "ttl_ms": 60_000, "reason": "incident", "operator": "ops"});
+    let (created, body) = crate::overrides::admin(&running).post(crate::overrides::OVERRIDES, &bypass).await;
+    let after = rls.should_rate_limit(authorized("fay")).await.expect("answered").into_inner();
+
+    assert_eq!(created, 201, "{body}");
+    assert_eq!(after.overall_code, Code::Ok as i32, "over its limit, but bypassed");
+    let named = after.response_headers_to_add.iter().find(|h| h.key == "x-sluice-override").map(|h| h.value.clone());
+    assert_eq!(named.as_deref(), body["id"].as_str());
+    running.stop().await.expect("stops");
+}

@@ -1,0 +1,220 @@
+//! Envoy's own `envoy.filters.http.ratelimit` filter (no wasm module) against
+//! sluice-counter's RLS front door, configured by envoyproxy/ratelimit's YAML: limits
+//! held across Envoys and workers, Envoy's headers from the statuses, the failure mode
+//! when the service is gone, a configuration changed under a running service, and a
+//! token budget charged when the stream is done.
+//!
+//! The service's counters read a frozen clock: no window ends during a test, so every
+//! count below is exact whatever the machine's speed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shared_store::{ManualClock, Nanos};
+use sluice_counter::config::Config;
+use sluice_tests::counter::Counter;
+use sluice_tests::envoy::{Envoy, cluster};
+use sluice_tests::http::Request;
+use sluice_tests::upstream::Upstream;
+
+/// Unix second 1 750 000 000: 3 200 s before its hour ends.
+const FROZEN_AT_S: u64 = 1_750_000_000;
+
+const RULES: &str = "domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5, name: per-user}
+  - key: budget
+    rate_limit: {unit: hour, requests_per_unit: 10, name: tokens}
+";
+
+struct Rls {
+    counter: Counter,
+    dir: tempfile::TempDir,
+}
+
+fn rls_service(rules: &str) -> Rls {
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(dir.path().join("shop.yaml"), rules).expect("write the rules");
+    let config = Config {
+        rls_config: Some(dir.path().to_owned()),
+        rls_listen: "127.0.0.1:0".parse().expect("addr"),
+        rls_reload_ms: 20,
+        ..Config::defaults()
+    };
+    let counter = Counter::start_on_clock(config, Arc::new(ManualClock::at(Nanos::from_secs(FROZEN_AT_S))));
+    Rls { counter, dir }
+}
+
+/// Envoy's native filter calling the service at `rls` (gRPC over HTTP/2).
+fn native_filter(deny: bool) -> Value {
+    json!({
+        "name": "envoy.filters.http.ratelimit",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+            "domain": "shop",
+            "failure_mode_deny": deny,
+            // Generous: a slow machine must not turn a decision into the failure mode.
+            "timeout": "2s",
+            "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
+            "enable_retry_after_header": true,
+            "rate_limit_service": {
+                "grpc_service": { "envoy_grpc": { "cluster_name": "rls" } },
+                "transport_api_version": "V3",
+            },
+        },
+    })
+}
+
+fn per_user() -> Value {
+    json!([{ "actions": [{ "request_headers": { "header_name": "x-user", "descriptor_key": "user" } }] }])
+}
+
+fn envoy(rls: std::net::SocketAddr, upstream: &Upstream, deny: bool, rate_limits: Value) -> Envoy {
+    Envoy::builder()
+        .workers(2)
+        .cluster(cluster("rls", rls, true))
+        .cluster(cluster("backend", upstream.addr(), false))
+        .route_to("backend")
+        .rate_limits(rate_limits)
+        .filter(native_filter(deny))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn as_user(user: &str) -> Request {
+    Request::get("/").header("x-user", user)
+}
+
+#[test]
+fn a_limit_holds_across_two_envoys_with_two_workers_each() {
+    let service = rls_service(RULES);
+    let upstream = Upstream::start(&[]);
+    let addr = service.counter.rls_addr().expect("rls served");
+    let envoys = [envoy(addr, &upstream, true, per_user()), envoy(addr, &upstream, true, per_user())];
+
+    let mut statuses = Vec::new();
+    for i in 0..20 {
+        statuses.push(envoys[i % 2].send(&as_user("alice")).status);
+    }
+    let bob = envoys[1].send(&as_user("bob")).status;
+
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert_eq!(admitted, 5, "the oracle: one window of 5 per user ({statuses:?})");
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    assert_eq!(statuses[..5], [200; 5], "the first five, in order");
+    assert_eq!(bob, 200, "another user has their own counter");
+    assert_eq!(upstream.served(), 6);
+}
+
+#[test]
+fn envoy_writes_x_ratelimit_and_retry_after_from_the_statuses() {
+    let service = rls_service(RULES);
+    let upstream = Upstream::start(&[]);
+    let envoy = envoy(service.counter.rls_addr().expect("rls"), &upstream, true, per_user());
+
+    let first = envoy.send(&as_user("carol"));
+    for _ in 0..4 {
+        envoy.send(&as_user("carol"));
+    }
+    let rejected = envoy.send(&as_user("carol"));
+
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("5, 5;w=3600;name=\"per-user\""));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("4"));
+    assert_eq!(first.header("x-ratelimit-reset"), Some("3200"));
+    assert_eq!(rejected.status, 429);
+    assert_eq!(rejected.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(rejected.header("retry-after"), Some("3200"), "until the hour ends, exactly");
+}
+
+#[test]
+fn with_the_service_gone_failure_mode_deny_refuses_and_its_absence_lets_through_without_waiting() {
+    let mut service = rls_service(RULES);
+    let upstream = Upstream::start(&[]);
+    let addr = service.counter.rls_addr().expect("rls");
+    let deny = envoy(addr, &upstream, true, per_user());
+    let allow = envoy(addr, &upstream, false, per_user());
+    assert_eq!(deny.send(&as_user("dan")).status, 200);
+    service.counter.kill();
+
+    let start = Instant::now();
+    let denied = deny.send(&as_user("dan"));
+    let allowed = allow.send(&as_user("dan"));
+    let took = start.elapsed();
+
+    assert_eq!(denied.status, 500, "failure_mode_deny answers status_on_error (500 by default)");
+    assert_eq!(allowed.status, 200, "without it, the request goes through");
+    assert!(
+        took < Duration::from_secs(2 * 2 + 2),
+        "no request waits past Envoy's timeout (2 s) plus a margin: {took:?}"
+    );
+}
+
+#[test]
+fn a_changed_rule_applies_without_restarting_the_service() {
+    let service = rls_service(RULES);
+    let upstream = Upstream::start(&[]);
+    let envoy = envoy(service.counter.rls_addr().expect("rls"), &upstream, true, per_user());
+    assert_eq!(envoy.send(&as_user("erin")).status, 200);
+
+    std::fs::write(service.dir.path().join("shop.yaml"), RULES.replace("requests_per_unit: 5", "requests_per_unit: 1"))
+        .expect("write");
+    let mut lowered = false;
+    for attempt in 0..200 {
+        let user = format!("fresh-{attempt}");
+        envoy.send(&as_user(&user));
+        if envoy.send(&as_user(&user)).status == 429 {
+            lowered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    assert!(lowered, "a second request of a new user is refused under the new limit of 1");
+    assert_eq!(envoy.send(&as_user("erin")).status, 429, "erin's earlier hit was kept: 1 of 1");
+}
+
+#[test]
+fn a_token_budget_charged_when_the_stream_is_done_runs_out_and_holds() {
+    let service = rls_service(RULES);
+    let upstream = Upstream::start(&[("x-tokens", "7")]);
+    let budget = json!([{ "generic_key": { "descriptor_key": "budget", "descriptor_value": "tenant-1" } }]);
+    let rate_limits = json!([
+        { "actions": budget, "hits_addend": { "number": 0 } },
+        { "actions": budget, "apply_on_stream_done": true, "hits_addend": { "format": "%RESP(x-tokens)%" } },
+    ]);
+    // Envoy honours `hits_addend` on the filter's own `rate_limits` (the route's are
+    // sent without it).
+    let mut filter = native_filter(true);
+    filter["typed_config"]["rate_limits"] = rate_limits;
+    let envoy = Envoy::builder()
+        .workers(2)
+        .cluster(cluster("rls", service.counter.rls_addr().expect("rls"), true))
+        .cluster(cluster("backend", upstream.addr(), false))
+        .route_to("backend")
+        .filter(filter)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let hits = || service.counter.metric("sluice_counter_rls_total_hits_total{rule=\"shop.budget\"}");
+    let charged = |total: u64| {
+        // The charge is Envoy's fire-and-forget call after the response: wait for it, so
+        // the next request is decided after it (the interleaving is forced, not hoped for).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hits() < total && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        hits()
+    };
+
+    let first = envoy.send(&Request::get("/")).status;
+    let after_first = charged(7);
+    let second = envoy.send(&Request::get("/")).status;
+    let after_second = charged(14);
+    let third = envoy.send(&Request::get("/")).status;
+
+    assert_eq!((first, after_first), (200, 7), "asked with 0 hits, then charged 7");
+    assert_eq!((second, after_second), (200, 14), "3 were left; the 7 charged do not fit and are counted all the same");
+    assert_eq!(third, 429, "the budget is spent: held");
+}
