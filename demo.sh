@@ -13,12 +13,15 @@
 #
 # Needs cargo (rustup; rust-toolchain.toml pins the toolchain and wasm target), curl and
 # python3. PORT (default 8080) is the proxy; the admin interface is PORT+1, the upstream
-# PORT+2 and sluice-counter PORT+3.
+# PORT+2 and sluice-counter PORT+3. In Envoy, a last step runs Envoy's own ratelimit filter
+# (no wasm) against a second sluice-counter serving envoyproxy/ratelimit's YAML over RLS:
+# that Envoy listens on PORT+4 (admin PORT+5), its sluice-counter on PORT+6 (RLS PORT+7).
 set -euo pipefail
 
 cd "$(dirname "$0")"
 PORT="${PORT:-8080}"
 ADMIN=$((PORT + 1)); UPSTREAM=$((PORT + 2)); COUNTER=$((PORT + 3))
+RLS_PROXY=$((PORT + 4)); RLS_ADMIN=$((PORT + 5)); RLS_COUNTER=$((PORT + 6)); RLS=$((PORT + 7))
 CONFIG="${CONFIG:-examples/demo.json}"
 URL="http://127.0.0.1:${PORT}/"
 CHECK=false
@@ -36,7 +39,7 @@ done
 for tool in cargo curl python3; do
   command -v "$tool" >/dev/null || { echo "demo.sh: $tool is required" >&2; exit 1; }
 done
-for port in "$PORT" "$ADMIN" "$UPSTREAM" "$COUNTER"; do
+for port in "$PORT" "$ADMIN" "$UPSTREAM" "$COUNTER" "$RLS_PROXY" "$RLS_ADMIN" "$RLS_COUNTER" "$RLS"; do
   if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:${port}/" 2>/dev/null; then
     echo "demo.sh: something already answers on port ${port}; set PORT to another base port" >&2
     exit 1
@@ -91,6 +94,7 @@ export SLUICE_ADMIN_TOKEN="demo-admin-$RANDOM$RANDOM"
 
 mkdir -p "$RUN/www/v1" "$RUN/www/api" && echo "hello from the upstream" > "$RUN/www/index.html"
 echo "hello from the API" > "$RUN/www/api/index.html"
+mkdir -p "$RUN/www/login" && echo "the login form" > "$RUN/www/login/index.html"
 # A language model's answer: it reports the tokens it used, which the filter charges.
 echo '{"choices": [{"message": {"content": "hello"}}], "usage": {"total_tokens": 120}}' > "$RUN/www/v1/usage.json"
 python3 -m http.server --bind 127.0.0.1 --directory "$RUN/www" "$UPSTREAM" >"$RUN/upstream.log" 2>&1 &
@@ -120,6 +124,31 @@ else
   STATS="(wasm-host prints its metrics when it stops)"
 fi
 wait_for "$URL" "the proxy" "$PROXY_PID"
+if [[ "$HOST" == envoy ]]; then
+  # Envoy's own ratelimit filter, no wasm: envoy-config/envoy-rls.yaml against a second
+  # sluice-counter that serves examples/ratelimit (envoyproxy/ratelimit's YAML) over RLS.
+  target/debug/sluice-counter --listen "127.0.0.1:${RLS_COUNTER}" --rls-config examples/ratelimit \
+    --rls-listen "127.0.0.1:${RLS}" --rls-response-headers retry-after --log-format json \
+    >"$RUN/sluice-counter-rls.log" 2>&1 &
+  RLS_COUNTER_PID=$!; PIDS+=("$RLS_COUNTER_PID")
+  wait_for "http://127.0.0.1:${RLS_COUNTER}/healthz" "sluice-counter (RLS)" "$RLS_COUNTER_PID"
+  target/envoy-venv/bin/python3 envoy-config/local.py --listen "127.0.0.1:${RLS_PROXY}" \
+    --admin "127.0.0.1:${RLS_ADMIN}" --backend "127.0.0.1:${UPSTREAM}" --rls "127.0.0.1:${RLS}" \
+    --token "$SLUICE_COUNTER_TOKEN" >"$RUN/envoy-rls.json"
+  "$ENVOY" -c "$RUN/envoy-rls.json" --concurrency 2 --use-dynamic-base-id --log-path "$RUN/envoy-rls.log" \
+    >"$RUN/envoy-rls.out" 2>&1 &
+  RLS_PROXY_PID=$!; PIDS+=("$RLS_PROXY_PID")
+  wait_for "http://127.0.0.1:${RLS_ADMIN}/ready" "Envoy (native ratelimit)" "$RLS_PROXY_PID"
+  RLS_STEP="
+6. Envoy's own ratelimit filter, no wasm module: a second Envoy (envoy-config/envoy-rls.yaml)
+   at http://127.0.0.1:${RLS_PROXY}/ asks a second sluice-counter over RLS v3, which serves
+   examples/ratelimit, envoyproxy/ratelimit's YAML unchanged (5 logins a minute per address):
+     for i in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code} ' http://127.0.0.1:${RLS_PROXY}/login/; done; echo
+   gives 200 200 200 200 200 429; the 429 carries the exact Retry-After from the service.
+"
+else
+  RLS_STEP=""
+fi
 # The readiness probe spent one of this client's local tokens; wait for it to come back.
 sleep 1.1
 
@@ -161,7 +190,7 @@ Sluice is running in ${HOST} at ${URL}  (filter configuration: ${CONFIG})
      kill ${COUNTER_PID}; sleep 1; curl -si -H 'x-tenant: initech' ${URL} | grep -i sluice-fallback
    gives x-sluice-fallback: emergency; reason=refused; policies=demo-per-tenant, and its metric moves:
      ${STATS} | grep -E 'emergency|degraded'
-
+${RLS_STEP}
 Ctrl-C stops everything. Logs are in ${RUN}/.
 WALKTHROUGH
 
@@ -229,5 +258,13 @@ if [[ "$HOST" == envoy ]]; then
   metric="$(curl -s "http://127.0.0.1:${ADMIN}/stats?filter=sluice.demo-per-tenant.emergency.allowed")"
   echo "   $metric"
   grep -q 'emergency.allowed: 1' <<<"$metric" || fail "step 5: the emergency metric did not move"
+  # Five logins a minute, in windows aligned to the minute: start well inside one.
+  while (( $(date +%s) % 60 > 50 )); do sleep 0.5; done
+  step6="$(for _ in 1 2 3 4 5 6; do curl -s -o /dev/null -w '%{http_code} ' "http://127.0.0.1:${RLS_PROXY}/login/"; done)"
+  echo "6. Envoy's native ratelimit filter, envoyproxy/ratelimit's YAML, sluice-counter over RLS: $step6"
+  [[ "$step6" == "200 200 200 200 200 429 " ]] || fail "step 6: expected five logins, then 429"
+  refused="$(curl -si "http://127.0.0.1:${RLS_PROXY}/login/")"
+  echo "   $(grep -i '^retry-after' <<<"$refused" | tr -d '\r')"
+  grep -qi '^retry-after: [1-9]' <<<"$refused" || fail "step 6: the 429 lacks the service's Retry-After"
 fi
 echo "demo.sh: OK"

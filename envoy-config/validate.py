@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Validates the deployment configs in this folder against their platforms' own schemas.
 
-* envoy.yaml: parsed as an Envoy v3 Bootstrap by envoy-data-plane (Envoy's API protos
+* envoy.yaml and envoy-rls.yaml (Envoy's native ratelimit filter against sluice-counter's
+  RLS front door): parsed as an Envoy v3 Bootstrap by envoy-data-plane (Envoy's API protos
   compiled to Python). Parsing is strict: an unknown field anywhere, including inside
   every typed_config (resolved through its @type), is an error, and so is a value of the
   wrong type or an unknown enum name.
@@ -57,7 +58,7 @@ def find_wasm_configurations(node):
             yield from find_wasm_configurations(value)
 
 
-def validate_envoy(path: Path) -> list[str]:
+def validate_envoy(path: Path, wasm_required: bool = True) -> list[str]:
     from envoy_data_plane.envoy.config.bootstrap.v3 import Bootstrap
 
     document = yaml.safe_load(path.read_text())
@@ -74,7 +75,7 @@ def validate_envoy(path: Path) -> list[str]:
     except Exception as error:  # envoy-data-plane raises KeyError/TypeError/ValueError/ValidationError
         return [f"{path.name}: not a valid Envoy v3 Bootstrap: {type(error).__name__}: {error}"]
     configurations = list(find_wasm_configurations(document))
-    if not configurations:
+    if not configurations and wasm_required:
         return [f"{path.name}: no envoy.filters.http.wasm filter found"]
     for any_value in configurations:
         if not any_value.get("@type", "").endswith("google.protobuf.StringValue"):
@@ -163,10 +164,15 @@ def self_test() -> list[str]:
     """Proves the checks are not vacuous: each seeded mistake must be reported."""
     import tempfile
 
+    def rls(path: Path) -> list[str]:
+        return validate_envoy(path, wasm_required=False)
+
     mutants = [
         ("envoy.yaml", validate_envoy, "stat_prefix: ingress_http", "stat_prefx: ingress_http"),
         ("envoy.yaml", validate_envoy, "vm_id: sluice", "vm_idd: sluice"),
         ("envoy.yaml", validate_envoy, "failure_policy: FAIL_RELOAD", "failure_policy: FAIL_SOMETIMES"),
+        ("envoy-rls.yaml", rls, "failure_mode_deny: true", "failure_mode_denny: true"),
+        ("envoy-rls.yaml", rls, "enable_x_ratelimit_headers: DRAFT_VERSION_03", "enable_x_ratelimit_headers: DRAFT_04"),
         ("wasmplugin.yaml", validate_istio, "failStrategy: FAIL_RELOAD", "failStratgy: FAIL_RELOAD"),
         ("wasmplugin.yaml", validate_istio, "phase: AUTHN", "phase: EARLY"),
         ("wasmplugin.yaml", validate_istio, "valueFrom: HOST\n    - name", "valueFrom: ELSEWHERE\n    - name"),
@@ -194,6 +200,7 @@ def self_test() -> list[str]:
 def main() -> int:
     errors = (
         validate_envoy(HERE / "envoy.yaml")
+        + validate_envoy(HERE / "envoy-rls.yaml", wasm_required=False)
         + validate_istio(HERE / "wasmplugin.yaml")
         + validate_counter(HERE / "sluice-counter.yaml", HERE / "wasmplugin.yaml")
         + self_test()
@@ -203,7 +210,7 @@ def main() -> int:
     if errors:
         return 1
     print(
-        "envoy.yaml: valid Envoy v3 Bootstrap; wasmplugin.yaml: valid Istio WasmPlugin; "
+        "envoy.yaml, envoy-rls.yaml: valid Envoy v3 Bootstraps; wasmplugin.yaml: valid Istio WasmPlugin; "
         "sluice-counter.yaml: the Service the WasmPlugin calls"
     )
     return 0

@@ -31,9 +31,17 @@ pub fn yaml_to_json(yaml: &Yaml) -> Value {
 /// # Panics
 /// When the file is missing or not YAML.
 pub fn bootstrap_json() -> Value {
-    let text = std::fs::read_to_string(repo().join("envoy-config/envoy.yaml")).expect("envoy-config/envoy.yaml");
-    let docs = YamlLoader::load_from_str(&text).expect("envoy.yaml is YAML");
-    yaml_to_json(docs.first().expect("envoy.yaml has a document"))
+    envoy_config_json("envoy.yaml")
+}
+
+/// `envoy-config/<name>` as JSON.
+///
+/// # Panics
+/// When the file is missing or not YAML.
+pub fn envoy_config_json(name: &str) -> Value {
+    let text = std::fs::read_to_string(repo().join("envoy-config").join(name)).expect("a file in envoy-config/");
+    let docs = YamlLoader::load_from_str(&text).expect("YAML");
+    yaml_to_json(docs.first().expect("one document"))
 }
 
 /// Every Sluice filter configuration embedded in a bootstrap (the `configuration` value

@@ -34,7 +34,7 @@ const KEYS: [&str; 16] = [
     "share_threshold",
     "metadata",
 ];
-const EXTENSION_KEYS: [&str; 3] = ["algorithm", "burst", "unit_multiplier"];
+const EXTENSION_KEYS: [&str; 5] = ["algorithm", "burst", "unit_multiplier", "all_or_nothing", "all_or_nothing_key"];
 
 /// Deepest nesting of descriptors a file may have (a request's descriptor has at most as
 /// many entries as a route's actions; Envoy sends a handful).
@@ -181,11 +181,24 @@ impl Node {
     }
 }
 
+/// A domain whose requests are decided all or nothing (`all_or_nothing: true`, Sluice's
+/// extension): every counted descriptor of a request spends, or none does, in one atomic
+/// step on one Redis Cluster slot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllOrNothing {
+    /// `all_or_nothing_key`: the descriptor key whose value picks the slot (a tenant, so
+    /// that tenants spread over the cluster); without it, or when the request has no
+    /// entry with that key, the domain's one slot.
+    pub key: Option<String>,
+}
+
 /// Every domain's descriptors, as loaded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RlsConfig {
     /// By domain.
     pub domains: BTreeMap<String, Vec<Node>>,
+    /// The domains decided all or nothing.
+    pub all_or_nothing: BTreeMap<String, AllOrNothing>,
     /// The files loaded, in order.
     pub files: Vec<PathBuf>,
 }
@@ -235,8 +248,12 @@ impl RlsConfig {
     /// The first file that cannot be loaded.
     pub fn from_files<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>, merge: bool) -> Result<Self, LoadError> {
         let mut domains: BTreeMap<String, Vec<Node>> = BTreeMap::new();
+        let mut all_or_nothing = BTreeMap::new();
         for (file, text) in files {
-            let (domain, nodes) = load_file(file, text)?;
+            let (domain, nodes, atomic) = load_file(file, text)?;
+            if let Some(atomic) = atomic {
+                all_or_nothing.insert(domain.clone(), atomic);
+            }
             match domains.get_mut(&domain) {
                 Some(_) if !merge => {
                     return Err(LoadError::new(file, "", format!("duplicate domain '{domain}' in config file")));
@@ -255,7 +272,7 @@ impl RlsConfig {
                 }
             }
         }
-        Ok(Self { domains, files: Vec::new() })
+        Ok(Self { domains, all_or_nothing, files: Vec::new() })
     }
 
     /// Every rule, with its domain.
@@ -294,8 +311,8 @@ impl Node {
     }
 }
 
-fn load_file(file: &str, text: &str) -> Result<(String, Vec<Node>), LoadError> {
-    let root: Value = serde_norway::from_str(text)
+fn load_file(file: &str, yaml: &str) -> Result<(String, Vec<Node>, Option<AllOrNothing>), LoadError> {
+    let root: Value = serde_norway::from_str(yaml)
         .map_err(|e| LoadError::new(file, "", format!("error loading config file: {e}")))?;
     let Value::Mapping(map) = &root else {
         return Err(LoadError::new(file, "", "error loading config file: the file is not a YAML mapping"));
@@ -309,7 +326,15 @@ fn load_file(file: &str, text: &str) -> Result<(String, Vec<Node>), LoadError> {
         Some(other) => return Err(LoadError::new(file, "", format!("domain: must be a string, not {}", kind(other)))),
     };
     let nodes = load_descriptors(file, &domain, map.get("descriptors"), 1)?;
-    Ok((domain, nodes))
+    let key = text(file, &domain, map.get("all_or_nothing_key"), "all_or_nothing_key")?;
+    let atomic = match (flag(file, &domain, map.get("all_or_nothing"), "all_or_nothing")?, key) {
+        (true, key) => Some(AllOrNothing { key }),
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(LoadError::new(file, &domain, "all_or_nothing_key: given without all_or_nothing: true"));
+        }
+    };
+    Ok((domain, nodes, atomic))
 }
 
 /// envoyproxy/ratelimit's `validateYamlKeys`: every key anywhere (but inside

@@ -238,10 +238,10 @@ fn override_rule(domain: &str, index: usize, (rpu, unit): (u32, i32)) -> Result<
 
 /// The rule a descriptor falls under (borrowed from the configuration, or made from
 /// the request's own limit), its counter and its metrics' label.
-struct Target<'a> {
-    rule: std::borrow::Cow<'a, Rule>,
-    counter: String,
-    stat: String,
+pub(super) struct Target<'a> {
+    pub(super) rule: std::borrow::Cow<'a, Rule>,
+    pub(super) counter: String,
+    pub(super) stat: String,
 }
 
 /// Decides `request` under `config` on `app`'s store, at `at` when given (tests; the
@@ -283,20 +283,36 @@ pub async fn decide(
     // `replaces`: a rule another matched rule replaces is not counted.
     let replaced: Vec<&str> =
         targets.iter().flatten().flat_map(|t| t.rule.replaces.iter().map(String::as_str)).collect();
-    let mut statuses = Vec::with_capacity(targets.len());
-    for (descriptor, target) in request.descriptors.iter().zip(&targets) {
-        let hits = descriptor.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)));
-        statuses.push(match target {
-            None => Status::allowed(0),
-            Some(t) if t.rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) => Status::allowed(0),
-            Some(Target { rule, counter, stat }) => {
-                let mut status = decide_one(app, rule, counter, (hits, descriptor.negative), at).await?;
-                status.stat = Some(stat.clone());
-                status
-            }
-        });
+    let counted: Vec<usize> = (0..targets.len())
+        .filter(|i| {
+            targets[*i].as_ref().is_some_and(|t| !t.rule.name.as_deref().is_some_and(|n| replaced.contains(&n)))
+        })
+        .collect();
+    let mut statuses: Vec<Status> = request.descriptors.iter().map(|_| Status::allowed(0)).collect();
+    let mut alone = counted;
+    if let Some(together) = config.all_or_nothing.get(&request.domain) {
+        let decided = super::together::decide_together(app, request, (&targets, &alone), together, at).await?;
+        alone.retain(|i| !decided.iter().any(|(d, _)| d == i));
+        for (index, status) in decided {
+            statuses[index] = status;
+        }
+    }
+    for index in alone {
+        let (descriptor, Some(Target { rule, counter, stat })) = (&request.descriptors[index], &targets[index]) else {
+            continue;
+        };
+        let mut status =
+            decide_one(app, rule, counter, (hits_of(request, descriptor), descriptor.negative), at).await?;
+        status.stat = Some(stat.clone());
+        statuses[index] = status;
     }
     Ok(RlsAnswer { overall: overall(&statuses), statuses, domain_not_found: false })
+}
+
+/// A descriptor's hits: its own `hits_addend` when set (0 included), else the
+/// request's, at least 1.
+pub(super) fn hits_of(request: &RlsRequest, descriptor: &RlsDescriptor) -> u64 {
+    descriptor.hits_addend.unwrap_or_else(|| u64::from(request.hits_addend.max(1)))
 }
 
 /// envoyproxy/ratelimit's overall code: over when a descriptor outside `quota_mode` is
@@ -311,7 +327,7 @@ fn overall(statuses: &[Status]) -> Code {
 
 impl Status {
     /// Allowed without a limit: `remaining` as given (0, or `u32::MAX` when unlimited).
-    fn allowed(remaining: u32) -> Self {
+    pub(super) fn allowed(remaining: u32) -> Self {
         Self {
             code: Code::Ok,
             decided: Code::Ok,
@@ -335,25 +351,10 @@ async fn decide_one(
     (hits, negative): (u64, bool),
     at: Option<Nanos>,
 ) -> Result<Status, RlsError> {
-    if rule.unlimited {
-        return Ok(Status { stat: None, ..Status::allowed(u32::MAX) });
-    }
-    let Some(unit) = rule.unit else { return Ok(Status::allowed(u32::MAX)) };
-    let current_limit = Some(CurrentLimit {
-        requests_per_unit: rule.requests_per_unit,
-        unit,
-        unit_multiplier: rule.unit_multiplier,
-        name: rule.name.clone().unwrap_or_default(),
-        policy: rule.policy.clone(),
-    });
-    let base = Status {
-        current_limit,
-        quota_mode: rule.quota_mode,
-        shadow_mode: rule.shadow_mode,
-        hits: if negative { 0 } else { hits },
-        ..Status::allowed(0)
-    };
-    let period = Nanos::from_millis(unit.seconds() * 1000 * u64::from(rule.unit_multiplier));
+    // `unlimited` (which has no unit): allowed, every hit left, nothing counted.
+    let Some(unit) = rule.unit.filter(|_| !rule.unlimited) else { return Ok(Status::allowed(u32::MAX)) };
+    let base = Status { hits: if negative { 0 } else { hits }, ..limited(rule, unit) };
+    let period = period_of(rule, unit);
     let Some(limit) = &rule.limit else {
         // `requests_per_unit: 0`: always over, nothing to count.
         let status = Status {
@@ -424,7 +425,29 @@ async fn decide_one(
     Ok(shadowed(over(status, &charge.decision, charge.at, fixed, period)))
 }
 
-fn internal() -> RlsError {
+/// The status of a descriptor under `rule` (of `unit`), before it is decided.
+pub(super) fn limited(rule: &Rule, unit: Unit) -> Status {
+    Status {
+        current_limit: Some(CurrentLimit {
+            requests_per_unit: rule.requests_per_unit,
+            unit,
+            unit_multiplier: rule.unit_multiplier,
+            name: rule.name.clone().unwrap_or_default(),
+            policy: rule.policy.clone(),
+        }),
+        quota_mode: rule.quota_mode,
+        shadow_mode: rule.shadow_mode,
+        ..Status::allowed(0)
+    }
+}
+
+/// The length of `rule`'s window or period.
+pub(super) fn period_of(rule: &Rule, unit: Unit) -> Nanos {
+    Nanos::from_millis(unit.seconds() * 1000 * u64::from(rule.unit_multiplier))
+}
+
+/// The store's own answer kind, when it answered another.
+pub(super) fn internal() -> RlsError {
     RlsError::Unavailable(format!("{}: the store answered another kind of request", ErrorCode::Internal.name()))
 }
 
@@ -445,7 +468,7 @@ fn whole_seconds(wait: Nanos) -> Duration {
 }
 
 /// An admitted descriptor's status.
-fn answer(status: Status, decision: &Decision, at: Nanos, fixed: bool, period: Nanos) -> Status {
+pub(super) fn answer(status: Status, decision: &Decision, at: Nanos, fixed: bool, period: Nanos) -> Status {
     let reset = if fixed { until_window_end(at, period) } else { whole_seconds(decision.reset_after) };
     Status {
         code: Code::Ok,
@@ -457,7 +480,7 @@ fn answer(status: Status, decision: &Decision, at: Nanos, fixed: bool, period: N
 }
 
 /// A descriptor over its limit: nothing left, and the wait.
-fn over(status: Status, decision: &Decision, at: Nanos, fixed: bool, period: Nanos) -> Status {
+pub(super) fn over(status: Status, decision: &Decision, at: Nanos, fixed: bool, period: Nanos) -> Status {
     let retry_after = match decision.verdict {
         Verdict::Rejected { retry_after } => Some(retry_after),
         _ => None,

@@ -4,8 +4,9 @@
 //!
 //! * [`identity`] names the counter a descriptor counts in;
 //! * [`config`] loads the YAML; [`matching`] finds a descriptor's rule in it;
-//! * [`decide`] decides a request on the stores; [`headers`] adds what the operator asked
-//!   for to the answer;
+//! * [`decide`] decides a request on the stores, each descriptor on its own, or
+//!   [`together`] when its domain asks for all or nothing; [`headers`] adds what the
+//!   operator asked for to the answer;
 //! * [`watch`] keeps the configuration in force and reloads its directory;
 //! * [`grpc`] is the tonic service; [`serve`] runs it on its own listener.
 //!
@@ -18,6 +19,7 @@ pub mod grpc;
 pub mod headers;
 pub mod identity;
 pub mod matching;
+pub mod together;
 pub mod watch;
 
 use std::future::Future;

@@ -218,3 +218,51 @@ fn a_token_budget_charged_when_the_stream_is_done_runs_out_and_holds() {
     assert_eq!((second, after_second), (200, 14), "3 were left; the 7 charged do not fit and are counted all the same");
     assert_eq!(third, 429, "the budget is spent: held");
 }
+
+/// `bootstrap` with its listener and admin on ports the OS picks and each cluster named
+/// in `endpoints` pointed at its loopback address.
+fn on_loopback(mut bootstrap: Value, endpoints: &[(&str, std::net::SocketAddr)]) -> Value {
+    let loopback_any = json!({ "address": "127.0.0.1", "port_value": 0 });
+    bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"] = loopback_any.clone();
+    bootstrap["admin"]["address"]["socket_address"] = loopback_any;
+    for cluster in bootstrap["static_resources"]["clusters"].as_array_mut().expect("clusters") {
+        let name = cluster["name"].as_str().unwrap_or_default().to_owned();
+        if let Some((_, addr)) = endpoints.iter().find(|(n, _)| *n == name) {
+            cluster["type"] = json!("STATIC");
+            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] =
+                json!({ "address": addr.ip().to_string(), "port_value": addr.port() });
+        }
+    }
+    bootstrap
+}
+
+#[test]
+fn the_shipped_bootstrap_and_example_limit_logins_per_address_and_never_limit_health_checks() {
+    let config = Config {
+        rls_config: Some(sluice_tests::envoy::repo().join("examples/ratelimit")),
+        rls_listen: "127.0.0.1:0".parse().expect("addr"),
+        rls_response_headers: "retry-after".to_owned(),
+        token: Some(sluice_counter::config::Secret::from("change-me".to_owned())),
+        ..Config::defaults()
+    };
+    let service = Counter::start_on_clock(config, Arc::new(ManualClock::at(Nanos::from_secs(FROZEN_AT_S))));
+    let upstream = Upstream::start(&[]);
+    let bootstrap = on_loopback(
+        sluice_tests::deploy::envoy_config_json("envoy-rls.yaml"),
+        &[("backend", upstream.addr()), ("sluice-counter-rls", service.rls_addr().expect("rls"))],
+    );
+    let envoy = Envoy::builder().workers(2).bootstrap(bootstrap).start().unwrap_or_else(|e| panic!("{e}"));
+
+    let logins: Vec<u16> = (0..6).map(|_| envoy.send(&Request::post("/login/form", "user=a")).status).collect();
+    let refused = envoy.send(&Request::post("/login/form", "user=a"));
+    let health: Vec<u16> =
+        (0..8).map(|_| envoy.send(&Request::get("/healthz").header("x-user", "health-checker")).status).collect();
+    let free_plan = envoy.send(&Request::get("/").header("x-tenant", "acme").header("x-plan", "free"));
+
+    assert_eq!(logins, [200, 200, 200, 200, 200, 429], "5 logins a minute per client address");
+    assert_eq!(refused.header("retry-after"), Some("20"), "the exact wait, from the service: the minute ends in 20 s");
+    assert!(health.iter().all(|s| *s == 200), "unlimited: {health:?}");
+    assert_eq!(free_plan.status, 200);
+    let limits = free_plan.header("x-ratelimit-limit").unwrap_or_default();
+    assert!(limits.contains(r#"1000;w=3600;name="free-tenant""#), "the nested descriptor met its rule: {limits}");
+}

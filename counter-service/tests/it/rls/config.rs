@@ -151,3 +151,24 @@ fn a_rule_goes_by_its_name_as_a_policy_or_by_a_name_made_from_its_path() {
 
     assert_eq!(policies, ["per-user", "rls.shop.b_x-y"]);
 }
+
+#[test]
+fn all_or_nothing_is_a_domains_choice_and_its_key_needs_it() {
+    let together = load("domain: d\nall_or_nothing: true\nall_or_nothing_key: tenant\n").expect("loads");
+    let stray = refused("domain: d\nall_or_nothing_key: tenant\n");
+
+    assert_eq!(together.all_or_nothing.get("d").and_then(|a| a.key.as_deref()), Some("tenant"));
+    assert_eq!(stray, "limits.yaml: d: all_or_nothing_key: given without all_or_nothing: true");
+}
+
+#[test]
+fn the_shipped_example_loads_as_envoyproxy_ratelimit_would_read_it() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ratelimit");
+
+    let config = RlsConfig::load_dir(&dir, false).expect("examples/ratelimit loads");
+    let named: Vec<&str> = config.rules().iter().filter_map(|r| r.name.as_deref()).collect();
+
+    assert_eq!(named, ["per-user", "per-address", "logins", "free-tenant", "paid-tenant"]);
+    assert!(config.rules().iter().all(|r| r.algorithm == RuleAlgorithm::FixedWindow), "no Sluice extension in it");
+    assert!(config.all_or_nothing.is_empty());
+}

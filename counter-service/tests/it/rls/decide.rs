@@ -61,6 +61,23 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
 "#;
 
+/// A domain decided all or nothing, its slot picked by the tenant.
+const TOGETHER: &str = r#"
+domain: DOMAIN-together
+all_or_nothing: true
+all_or_nothing_key: tenant
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: zero
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
 struct Rls<'a> {
     app: App,
     config: RlsConfig,
@@ -69,7 +86,9 @@ struct Rls<'a> {
 
 fn service(store: CounterStore, domain: &str) -> Rls<'_> {
     let yaml = RULES.replace("DOMAIN", domain);
-    let config = RlsConfig::from_files([("rules.yaml", yaml.as_str())], false).expect("the rules load");
+    let together = TOGETHER.replace("DOMAIN", domain);
+    let config = RlsConfig::from_files([("rules.yaml", yaml.as_str()), ("together.yaml", together.as_str())], false)
+        .expect("the rules load");
     Rls { app: App::new(store, &Config::defaults(), Auth::Open), config, domain }
 }
 
@@ -315,6 +334,47 @@ async fn negative_hits_give_back_what_was_spent_in_this_window(store: CounterSto
     assert_eq!(past.code, Code::OverLimit);
 }
 
+async fn all_or_nothing_spends_every_counter_of_a_request_or_none(store: CounterStore, domain: &str) {
+    let rls = service(store, domain);
+    let together = format!("{domain}-together");
+    let both = || vec![d(&[("user", "ann")]), d(&[("tenant", "acme")])];
+
+    let first = rls.ask_in(&together, both(), 0).await;
+    let second = rls.ask_in(&together, both(), 0).await;
+    let third = rls.ask_in(&together, both(), 0).await;
+    let tenant_alone = rls.ask_in(&together, vec![d(&[("tenant", "acme")])], 0).await;
+
+    assert_eq!(seen(&first.statuses), [(Code::Ok, 1), (Code::Ok, 4)]);
+    assert_eq!(seen(&second.statuses), [(Code::Ok, 0), (Code::Ok, 3)]);
+    assert_eq!(third.overall, Code::OverLimit);
+    assert_eq!(seen(&third.statuses), [(Code::OverLimit, 0), (Code::Ok, 3)], "the tenant's 3 left, unspent");
+    assert_eq!(seen(&tenant_alone.statuses), [(Code::Ok, 2)], "the refused request spent nothing of the tenant's");
+}
+
+async fn under_all_or_nothing_a_descriptor_that_never_fits_spends_nothing_of_the_others(
+    store: CounterStore,
+    domain: &str,
+) {
+    let rls = service(store, domain);
+    let together = format!("{domain}-together");
+
+    let blocked = rls.ask_in(&together, vec![d(&[("user", "bo")]), d(&[("zero", "x")])], 0).await;
+    let too_many = rls.ask_in(&together, vec![hits(&[("user", "bo")], 1), hits(&[("tenant", "t")], 6)], 0).await;
+    let shadowed =
+        rls.ask_in(&together, vec![d(&[("user", "bo")]), d(&[("shadow", "s")]), d(&[("shadow", "s")])], 0).await;
+
+    assert_eq!(
+        (blocked.overall, seen(&blocked.statuses)),
+        (Code::OverLimit, vec![(Code::Ok, 2), (Code::OverLimit, 0)])
+    );
+    assert_eq!(
+        (too_many.overall, seen(&too_many.statuses)),
+        (Code::OverLimit, vec![(Code::Ok, 2), (Code::OverLimit, 0)])
+    );
+    assert_eq!(shadowed.overall, Code::Ok, "a shadow rule over its limit is decided on its own and answered OK");
+    assert_eq!(seen(&shadowed.statuses[..1]), [(Code::Ok, 1)], "bo's first hit: nothing before was spent");
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -360,4 +420,6 @@ on_every_store!(
     in_quota_mode_a_request_is_over_only_when_every_quota_descriptor_is,
     a_requests_own_limit_applies_and_new_numbers_keep_the_counter,
     negative_hits_give_back_what_was_spent_in_this_window,
+    all_or_nothing_spends_every_counter_of_a_request_or_none,
+    under_all_or_nothing_a_descriptor_that_never_fits_spends_nothing_of_the_others,
 );

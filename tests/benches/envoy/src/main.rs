@@ -28,6 +28,12 @@
 //!   from the response header, the JSON body, and the stream's last event: what settling
 //!   to the response adds per request.
 //!
+//! * `rls`: Envoy's own `ratelimit` filter against sluice-counter's RLS front door (the
+//!   release binary: `cargo build --release -p sluice-counter`; memory and Redis) beside
+//!   Limitador (`LIMITADOR_BIN`), sluice.wasm in check mode against the same service, and
+//!   each service alone under a gRPC load generator (`RLS_CONNECTIONS`, default 64); see
+//!   `rls.rs`. Not in the default groups.
+//!
 //! * `first_byte`: the time to an event stream's first byte from a real streaming
 //!   upstream, without Sluice and with a policy that reads the stream's last event
 //!   (`FIRST_BYTE_REQUESTS` each, default 2000, alternated one by one).
@@ -45,6 +51,8 @@ use std::process::Command;
 
 mod first_byte;
 mod global;
+mod rls;
+mod rls_load;
 
 use first_byte::first_byte_group;
 use global::{global_envoy, global_group};
@@ -416,6 +424,10 @@ fn profile(name: &str, seconds: u64) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("rls-load") {
+        return rls_load::run(&args[2..]);
+    }
     let rounds = env_or("ROUNDS", 5);
     let seconds = env_or("SECONDS", 8);
     let groups = std::env::var("BENCH_GROUPS").unwrap_or_else(|_| "local,calls,global".to_owned());
@@ -489,6 +501,9 @@ fn main() {
     }
     if groups.contains("global") {
         global_group(rounds, seconds);
+    }
+    if groups.contains("rls") {
+        rls::rls_group(rounds, seconds);
     }
     if groups.contains("first_byte") {
         first_byte_group(env_or("FIRST_BYTE_REQUESTS", 2000) as usize);
