@@ -130,3 +130,33 @@ impl RlsMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rendered(metrics: &RlsMetrics) -> String {
+        let mut registry = Registry::default();
+        registry.register("hits", "", metrics.total_hits.clone());
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encodes");
+        out
+    }
+
+    #[test]
+    fn past_the_bound_new_rules_are_counted_under_overflow_and_known_ones_keep_their_label() {
+        let metrics = RlsMetrics::new(&mut Registry::default());
+        for i in 0..MAX_RULE_SERIES {
+            metrics.hits(&format!("d.rule_{i}"), 1, false, false, false);
+        }
+
+        metrics.hits("d.one_too_many", 3, false, false, false);
+        metrics.hits("d.another", 4, false, false, false);
+        metrics.hits("d.rule_7", 5, false, false, false);
+
+        let text = rendered(&metrics);
+        assert!(text.contains(&format!("hits_total{{rule=\"{OVERFLOW}\"}} 7")), "{}", &text[..200]);
+        assert!(text.contains("hits_total{rule=\"d.rule_7\"} 6"));
+        assert!(!text.contains("one_too_many"));
+    }
+}

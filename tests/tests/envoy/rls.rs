@@ -266,3 +266,43 @@ fn the_shipped_bootstrap_and_example_limit_logins_per_address_and_never_limit_he
     let limits = free_plan.header("x-ratelimit-limit").unwrap_or_default();
     assert!(limits.contains(r#"1000;w=3600;name="free-tenant""#), "the nested descriptor met its rule: {limits}");
 }
+
+#[test]
+fn with_the_store_stalled_envoys_timeout_decides_and_no_request_waits_past_it() {
+    let redis = sluice_testkit::redis::RedisServer::start();
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(dir.path().join("shop.yaml"), RULES).expect("write the rules");
+    // The store's deadline (5 s) is far past Envoy's (200 ms): Envoy gives up first.
+    let config = Config {
+        store: sluice_counter::config::StoreKind::Redis,
+        redis_url: vec![redis.url()],
+        redis_timeout_ms: 5000,
+        rls_config: Some(dir.path().to_owned()),
+        rls_listen: "127.0.0.1:0".parse().expect("addr"),
+        ..Config::defaults()
+    };
+    let service = Counter::start(config);
+    let upstream = Upstream::start(&[]);
+    let mut filter = native_filter(true);
+    filter["typed_config"]["timeout"] = json!("0.2s");
+    let envoy = Envoy::builder()
+        .workers(2)
+        .cluster(cluster("rls", service.rls_addr().expect("rls"), true))
+        .cluster(cluster("backend", upstream.addr(), false))
+        .route_to("backend")
+        .rate_limits(per_user())
+        .filter(filter)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(envoy.send(&as_user("gus")).status, 200, "decided while Redis answers");
+
+    redis.signal("STOP");
+    let start = Instant::now();
+    let stalled = envoy.send(&as_user("gus"));
+    let took = start.elapsed();
+    redis.signal("CONT");
+
+    assert_eq!(stalled.status, 500, "failure_mode_deny");
+    assert!(took >= Duration::from_millis(200), "Envoy waited for its timeout: {took:?}");
+    assert!(took < Duration::from_secs(4), "and not for the store's 5 s deadline: {took:?}");
+}

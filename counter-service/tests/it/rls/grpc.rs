@@ -263,3 +263,20 @@ async fn an_operators_bypass_set_on_a_rules_policy_lets_its_rls_traffic_through_
     assert_eq!(named.as_deref(), body["id"].as_str());
     running.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn a_rule_that_asks_for_detailed_metrics_labels_them_with_the_request_values() {
+    let rules = "domain: shop\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let dir = dir_with(rules);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+    for user in ["ann", "ann", "bob"] {
+        ask(&mut rls, request("shop", user)).await;
+    }
+
+    let (_, metrics) = Http::new(running.addr).get("/metrics").await;
+
+    assert_eq!(metric(&metrics, "sluice_counter_rls_total_hits_total{rule=\"shop.user_ann\"}"), 2);
+    assert_eq!(metric(&metrics, "sluice_counter_rls_total_hits_total{rule=\"shop.user_bob\"}"), 1);
+    running.stop().await.expect("stops");
+}
