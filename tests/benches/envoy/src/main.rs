@@ -32,7 +32,9 @@
 //!   release binary: `cargo build --release -p sluice-counter`; memory and Redis) beside
 //!   Limitador (`LIMITADOR_BIN`), sluice.wasm in check mode against the same service, and
 //!   each service alone under a gRPC load generator (`RLS_CONNECTIONS`, default 64); see
-//!   `rls.rs`. Not in the default groups.
+//!   `rls.rs`. Not in the default groups. Build the bench with `--profile lab` for it: the
+//!   load generator runs in this binary, and in the dev profile it is slower than the
+//!   services it measures.
 //!
 //! * `first_byte`: the time to an event stream's first byte from a real streaming
 //!   upstream, without Sluice and with a policy that reads the stream's last event

@@ -6,7 +6,8 @@
 //! connections).
 //!
 //! Envoy has one worker on CPU 0, wrk and the service share CPU 1 (as in the `global`
-//! group). For a service alone, the service is moved to CPU 0 and the load generator
+//! group); every row, the one without a filter too, routes to the same small upstream in
+//! this process (Envoy's ratelimit filter ignores a direct response). For a service alone, the service is moved to CPU 0 and the load generator
 //! runs on CPU 1. One hot key through Envoy (wrk sends one `x-user`); 10 000 users in
 //! turn under the load generator. Every limit is far above the load: all decisions
 //! admit. CPU per decision is the service process's CPU time (all threads, from
@@ -124,9 +125,15 @@ fn start_limitador(bin: &Path, limits: &Path, redis: Option<&str>) -> Service {
     service
 }
 
+/// One Envoy worker on CPU 0 routing to `upstream` (Envoy's ratelimit filter acts only on
+/// a route to a cluster: a direct response is never limited).
+fn routed(upstream: SocketAddr) -> EnvoyBuilder {
+    base(1).cluster(cluster("backend", upstream, false)).route_to("backend")
+}
+
 /// Envoy's native filter asking `rls` about `x-user`, failing closed, with a timeout no
 /// decision meets under this load.
-fn native_envoy(rls: SocketAddr) -> EnvoyBuilder {
+fn native_envoy(rls: SocketAddr, upstream: SocketAddr) -> EnvoyBuilder {
     let filter = json!({
         "name": "envoy.filters.http.ratelimit",
         "typed_config": {
@@ -144,14 +151,14 @@ fn native_envoy(rls: SocketAddr) -> EnvoyBuilder {
             "rate_limits": [{ "actions": [{ "request_headers": { "header_name": "x-user", "descriptor_key": "user" } }] }],
         },
     });
-    base(1).cluster(cluster("rls", rls, true)).filter(filter)
+    routed(upstream).cluster(cluster("rls", rls, true)).filter(filter)
 }
 
 /// sluice.wasm in check mode against sluice-counter's JSON API at `json`.
-fn wasm_envoy(json_api: SocketAddr) -> EnvoyBuilder {
+fn wasm_envoy(json_api: SocketAddr, upstream: SocketAddr) -> EnvoyBuilder {
     let config = r#"{"counter_service":{"cluster":"sluice-counter","hash_key_env":"H","token_env":"T","timeout":"1s"},
         "policies":[{"name":"user","key":[{"header":"x-user"}],"rate":"1000000000/second","burst":1000000000,"global":{"strategy":"check"}}]}"#;
-    base(1)
+    routed(upstream)
         .cluster(cluster("sluice-counter", json_api, true))
         .sluice(sluice(config).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
 }
@@ -217,11 +224,13 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
     let _ =
         Command::new("taskset").args(["-a", "-p", "-c", "1", &redis.pid().to_string()]).stdout(Stdio::null()).status();
     let redis_url = redis.url();
+    // The upstream every row routes to: a small HTTP/1.1 server in this process.
+    let upstream = sluice_tests::upstream::Upstream::start(&[]);
     let connections = super::env_or("RLS_CONNECTIONS", 64) as usize;
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     let mut service_cpu: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for round in 1..=rounds {
-        let none = base(1).start().unwrap_or_else(|e| panic!("{e}"));
+        let none = routed(upstream.addr()).start().unwrap_or_else(|e| panic!("{e}"));
         let sample = measure(&none, &["x-user: u1"], 32, seconds);
         rows.entry("no filter".to_owned()).or_default().push(sample);
         drop(none);
@@ -229,12 +238,12 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
             let service = start();
             let mut envoys: Vec<(String, Envoy)> = vec![(
                 format!("native ratelimit → {name}"),
-                native_envoy(service.rls).start().unwrap_or_else(|e| panic!("{e}")),
+                native_envoy(service.rls, upstream.addr()).start().unwrap_or_else(|e| panic!("{e}")),
             )];
             if name.starts_with("sluice-counter") {
                 envoys.push((
                     format!("sluice.wasm check → {name}"),
-                    wasm_envoy(service.json).start().unwrap_or_else(|e| panic!("{e}")),
+                    wasm_envoy(service.json, upstream.addr()).start().unwrap_or_else(|e| panic!("{e}")),
                 ));
             }
             for (row, envoy) in &envoys {
