@@ -5,10 +5,13 @@
 //!   "AUTHORITY" "UPSTREAM_HOST"`. It carries those four headers and no others.
 //! * JSON (`json_format`), one object per line: the time under `start_time` (or
 //!   `timestamp`, `time`), `method`, `path`, `authority`; every other string field
-//!   whose name is a header name (`x-user`, `x-api-key`) is that header, and Envoy's
-//!   usual names map to theirs (`user_agent`, `x_forwarded_for`, `request_id`); a
-//!   `headers` object may hold more. `client_address`/`downstream_remote_address` give the
-//!   source address.
+//!   whose name is a header name (`x-user`, `x-api-key`) is that header, and so is one
+//!   named as Envoy users name header fields, with underscores: a field starting `x_`
+//!   (`x_user` is `x-user`), and any field whose name, underscores made dashes, is a
+//!   header the configuration reads ([`parse_for`]); Envoy's usual names map to theirs
+//!   (`user_agent`, `x_forwarded_for`, `request_id`); a `headers` object may hold more.
+//!   `client_address`/`downstream_remote_address` give the source address. [`JSON_FIELDS`]
+//!   says the same for `sluice-lab replay --help`.
 //!
 //! A line that is not either is counted and reported by its number, never dropped
 //! silently. Times are RFC 3339 (`2026-12-04T10:00:00.123Z`).
@@ -17,6 +20,13 @@ use crate::duration::Span;
 use crate::scenario::{Caller, Fleet, Keys, Region, Scenario, Spacing};
 use std::net::SocketAddr;
 use std::time::Duration;
+
+/// What a JSON line's fields are read as (`sluice-lab replay --help` shows it).
+pub const JSON_FIELDS: &str = "JSON lines: `start_time` (or `timestamp`, `time`; RFC 3339), `method`, `path`, \
+`authority`, `client_address` or `downstream_remote_address` (the source address), a `headers` object, and every \
+string field that names a header: with dashes (`x-user`), starting `x_` (`x_user` is `x-user`), or, underscores made \
+dashes, a header the configuration reads (`tenant`); `user_agent`, `x_forwarded_for` and `request_id` are \
+`user-agent`, `x-forwarded-for` and `x-request-id`.";
 
 /// One request of the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,20 +133,24 @@ fn text_line(number: usize, line: &str) -> Result<Entry, String> {
     })
 }
 
-fn header_name(key: &str) -> Option<String> {
+/// The header a JSON field `key` holds, if any: see the module docs. `wanted` are the
+/// headers the configuration reads (lower case).
+fn header_name(key: &str, wanted: &[String]) -> Option<String> {
+    let dashed = key.to_ascii_lowercase().replace('_', "-");
     let mapped = match key {
-        "user_agent" => "user-agent",
-        "x_forwarded_for" => "x-forwarded-for",
-        "request_id" => "x-request-id",
-        "authority" => ":authority",
-        key if key.contains('-') => key,
+        "user_agent" => "user-agent".to_owned(),
+        "x_forwarded_for" => "x-forwarded-for".to_owned(),
+        "request_id" => "x-request-id".to_owned(),
+        "authority" => ":authority".to_owned(),
+        key if key.contains('-') => key.to_ascii_lowercase(),
+        key if key.starts_with("x_") || wanted.contains(&dashed) => dashed,
         _ => return None,
     };
     let valid = mapped.trim_start_matches(':').bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    valid.then(|| mapped.to_ascii_lowercase())
+    valid.then_some(mapped)
 }
 
-fn json_line(number: usize, line: &str) -> Result<Entry, String> {
+fn json_line(number: usize, line: &str, wanted: &[String]) -> Result<Entry, String> {
     let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let object = value.as_object().ok_or("a JSON line must be an object")?;
     let text = |key: &str| object.get(key).and_then(|v| v.as_str()).filter(|v| !v.is_empty() && *v != "-");
@@ -152,7 +166,7 @@ fn json_line(number: usize, line: &str) -> Result<Entry, String> {
     }
     let mut headers: Vec<(String, String)> = object
         .iter()
-        .filter_map(|(k, v)| Some((header_name(k)?, v.as_str().filter(|v| *v != "-")?.to_owned())))
+        .filter_map(|(k, v)| Some((header_name(k, wanted)?, v.as_str().filter(|v| *v != "-")?.to_owned())))
         .collect();
     if let Some(more) = object.get("headers").and_then(|h| h.as_object()) {
         for (k, v) in more {
@@ -170,6 +184,12 @@ fn json_line(number: usize, line: &str) -> Result<Entry, String> {
 
 /// Parses a whole log: every line is an entry or a bad line (blank lines are skipped).
 pub fn parse(text: &str) -> Log {
+    parse_for(text, &[])
+}
+
+/// [`parse`], reading JSON fields named after the headers in `wanted` (the ones the
+/// configuration reads, lower case) with underscores for dashes as those headers.
+pub fn parse_for(text: &str, wanted: &[String]) -> Log {
     let mut log = Log::default();
     for (i, line) in text.lines().enumerate() {
         let number = i + 1;
@@ -177,7 +197,7 @@ pub fn parse(text: &str) -> Log {
         if line.is_empty() {
             continue;
         }
-        let parsed = if line.starts_with('{') { json_line(number, line) } else { text_line(number, line) };
+        let parsed = if line.starts_with('{') { json_line(number, line, wanted) } else { text_line(number, line) };
         match parsed {
             Ok(entry) => log.entries.push(entry),
             Err(message) => log.bad.push(BadLine { line: number, message }),
@@ -289,6 +309,20 @@ mod tests {
         let lines: Vec<usize> = log.bad.iter().map(|b| b.line).collect();
         assert_eq!(lines, [3, 4]);
         assert!(log.bad[1].message.contains("start_time"), "{}", log.bad[1].message);
+    }
+
+    #[test]
+    fn json_fields_named_with_underscores_are_the_headers_envoy_users_mean() {
+        let line = r#"{"start_time":"2026-12-04T10:00:00Z","method":"GET","path":"/","x_user":"alice","tenant_id":"acme","response_code":"200"}"#;
+        let wanted = ["tenant-id".to_owned()];
+
+        let log = parse_for(line, &wanted);
+
+        let headers = &log.entries[0].headers;
+        assert!(headers.contains(&("x-user".to_owned(), "alice".to_owned())), "{headers:?}");
+        assert!(headers.contains(&("tenant-id".to_owned(), "acme".to_owned())), "{headers:?}");
+        assert!(!headers.iter().any(|(n, _)| n.starts_with("response")), "not a header: {headers:?}");
+        assert_eq!(log.missing_headers(wanted.iter().map(String::as_str)), Vec::<String>::new());
     }
 
     #[test]

@@ -118,6 +118,7 @@ enum Command {
         common: Common,
     },
     /// Replay an Envoy access log (default text format or JSON lines) through a fleet.
+    #[command(after_help = access_log::JSON_FIELDS)]
     Replay {
         /// The access log.
         log: PathBuf,
@@ -215,7 +216,9 @@ fn replay(log: &Path, config: &Path, replay: Replay, common: Common) -> anyhow::
         bail!("--speed must be above 0");
     }
     let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
-    let parsed = access_log::parse(&text);
+    let config = FilterConfig::load(config)?;
+    let wanted = sluice_lab::run::headers_read(&config.parsed);
+    let parsed = access_log::parse_for(&text, &wanted);
     for bad in &parsed.bad {
         eprintln!("{}: line {}: {}", log.display(), bad.line, bad.message);
     }
@@ -225,12 +228,12 @@ fn replay(log: &Path, config: &Path, replay: Replay, common: Common) -> anyhow::
     if parsed.entries.is_empty() {
         bail!("{}: no request could be read", log.display());
     }
-    let config = FilterConfig::load(config)?;
-    let wanted = sluice_lab::run::headers_read(&config.parsed);
     for name in parsed.missing_headers(wanted.iter().map(String::as_str)) {
         eprintln!(
-            "{}: no line carries header {name}, which the configuration reads: those requests will miss it",
-            log.display()
+            "{}: no line carries header {name}, which the configuration reads (looked for JSON fields `{name}` and \
+             `{}`, and `headers.{name}`): those requests will miss it",
+            log.display(),
+            name.replace('-', "_")
         );
     }
     check_wasm(&common.wasm)?;

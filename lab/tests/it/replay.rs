@@ -91,3 +91,47 @@ fn a_replayed_log_gives_the_same_report_whatever_the_number_of_threads() {
     assert!(parsed["callouts"].as_u64().is_some_and(|c| c > 50), "the proxies call the service: {parsed}");
     assert_eq!(String::from_utf8_lossy(&one), String::from_utf8_lossy(&three));
 }
+
+#[test]
+fn a_json_log_with_envoys_underscored_header_fields_is_replayed_with_those_headers() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // As Envoy 1.40 writes a json_format of `"x_user": "%REQ(X-USER)%"`: 12 requests of
+    // one user in 1.1 s.
+    let mut log = String::new();
+    for i in 0..12 {
+        log.push_str(&format!(
+            "{{\"start_time\":\"2026-12-04T10:00:0{}.{:03}Z\",\"method\":\"GET\",\"path\":\"/api/items\",\"x_user\":\"bob\",\"response_code\":200}}\n",
+            i / 10,
+            (i % 10) * 100
+        ));
+    }
+    let path = dir.path().join("access.log");
+    std::fs::write(&path, log).expect("written");
+    let config = dir.path().join("per-user.json");
+    std::fs::write(
+        &config,
+        r#"{"policies":[{"name":"per-user","key":[{"header":"x-user"}],"rate":"1/hour","burst":5,"on_missing_key":"skip"}]}"#,
+    )
+    .expect("written");
+    let out = dir.path().join("report");
+
+    let (succeeded, stderr) = sluice_lab("replay", &path, &config, &out, &["--proxies", "1"]);
+
+    assert!(succeeded, "{stderr}");
+    assert!(!stderr.contains("no line carries"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).expect("a summary")).expect("JSON");
+    let policy = &summary["policies"][0];
+    assert_eq!((&policy["offered"], &policy["allowed"]), (&serde_json::json!(12), &serde_json::json!(5)), "{policy}");
+}
+
+#[test]
+fn replay_help_names_the_json_fields_it_reads() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-lab"))
+        .args(["replay", "--help"])
+        .output()
+        .expect("the binary runs");
+
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("`x_user` is `x-user`") && text.contains("start_time"), "{text}");
+}
