@@ -45,19 +45,27 @@ def wasm_filters(node):
             yield from wasm_filters(value)
 
 
-def rls(args) -> int:
-    """envoy-rls.yaml on this machine: its addresses and the bearer token."""
-    bootstrap = yaml.safe_load((HERE / "envoy-rls.yaml").read_text())
+def on_this_machine(name: str, args, endpoints: dict) -> dict:
+    """The bootstrap `name` with the listener, the admin interface and each cluster of
+    `endpoints` (cluster name: HOST:PORT) at the addresses given."""
+    bootstrap = yaml.safe_load((HERE / name).read_text())
     resources = bootstrap["static_resources"]
     resources["listeners"][0]["address"] = address(args.listen)
     bootstrap["admin"]["address"] = address(args.admin)
-    endpoints = {"backend": args.backend, "sluice-counter-rls": args.rls}
+    endpoints = dict(endpoints)
     for cluster in resources["clusters"]:
         target = endpoints.pop(cluster["name"], None)
         if target is not None:
             cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = address(target)
     if endpoints:
-        raise SystemExit(f"local.py: envoy-rls.yaml has no cluster named {', '.join(endpoints)}")
+        raise SystemExit(f"local.py: {name} has no cluster named {', '.join(endpoints)}")
+    return bootstrap
+
+
+def rls(args) -> int:
+    """envoy-rls.yaml on this machine: its addresses and the bearer token."""
+    bootstrap = on_this_machine("envoy-rls.yaml", args, {"backend": args.backend, "sluice-counter-rls": args.rls})
+    resources = bootstrap["static_resources"]
     if args.token:
         manager = resources["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
         for http_filter in manager["http_filters"]:
@@ -87,17 +95,7 @@ def main() -> int:
         return rls(args)
     if not args.counter or not args.wasm:
         raise SystemExit("local.py: --counter and --wasm are required (or --rls for envoy-rls.yaml)")
-    bootstrap = yaml.safe_load((HERE / "envoy.yaml").read_text())
-    resources = bootstrap["static_resources"]
-    resources["listeners"][0]["address"] = address(args.listen)
-    bootstrap["admin"]["address"] = address(args.admin)
-    endpoints = {"backend": args.backend, "sluice-counter": args.counter}
-    for cluster in resources["clusters"]:
-        target = endpoints.pop(cluster["name"], None)
-        if target is not None:
-            cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] = address(target)
-    if endpoints:
-        raise SystemExit(f"local.py: envoy.yaml has no cluster named {', '.join(endpoints)}")
+    bootstrap = on_this_machine("envoy.yaml", args, {"backend": args.backend, "sluice-counter": args.counter})
     filters = list(wasm_filters(bootstrap))
     if len(filters) != 1:
         raise SystemExit(f"local.py: expected one Sluice filter in envoy.yaml, found {len(filters)}")
