@@ -54,12 +54,13 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx w
 fi
 
 echo "==> building sluice.wasm (wasm32-wasip1, release) and sluice-counter"
-cargo build --quiet --release --target wasm32-wasip1 -p sluice-filter
+echo "    (on a fresh clone this takes a few minutes on 2 cores: cargo shows each crate as it builds)"
+cargo build --release --target wasm32-wasip1 -p sluice-filter
 # The test profile: dependencies are optimised there (see the workspace Cargo.toml), it
 # builds much faster than the LTO release profile, its binaries land in target/debug like
 # the dev profile's, and after `cargo test` (which builds them the same way) nothing is
 # rebuilt: with the dev profile the binaries' 50 or so dependencies would build again.
-cargo build --quiet --profile test -p sluice-counter --bin sluice-counter
+cargo build --profile test -p sluice-counter --bin sluice-counter
 WASM="target/wasm32-wasip1/release/sluice.wasm"
 RUN="target/demo"
 mkdir -p "$RUN"
@@ -69,7 +70,7 @@ if [[ "$HOST" == envoy ]]; then
   ENVOY="$(envoy-config/install-envoy.sh | tail -n 1)"
 else
   echo "==> building wasm-host"
-  cargo build --quiet --profile test -p wasm-host --bin wasm-host
+  cargo build --profile test -p wasm-host --bin wasm-host
 fi
 
 PIDS=()
