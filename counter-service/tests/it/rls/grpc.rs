@@ -56,6 +56,14 @@ async fn ask(client: &mut RateLimitServiceClient<Channel>, request: RateLimitReq
     client.should_rate_limit(request).await.expect("answered").into_inner()
 }
 
+/// Replaces `shop.yaml` in `dir` at once (a rename), as a ConfigMap update does: the
+/// service never reads half a file.
+fn replace(dir: &Path, rules: &str) {
+    let staged = dir.join(".shop.yaml.next");
+    std::fs::write(&staged, rules).expect("write");
+    std::fs::rename(&staged, dir.join("shop.yaml")).expect("rename");
+}
+
 fn dir_with(rules: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a directory");
     std::fs::write(dir.path().join("shop.yaml"), rules).expect("write");
@@ -173,8 +181,7 @@ async fn a_changed_directory_applies_without_a_restart_and_a_bad_one_leaves_the_
     let mut rls = client(addr).await;
     let limit_of = |r: &RateLimitResponse| r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit);
 
-    std::fs::write(dir.path().join("shop.yaml"), RULES.replace("requests_per_unit: 2", "requests_per_unit: 7"))
-        .expect("write");
+    replace(dir.path(), &RULES.replace("requests_per_unit: 2", "requests_per_unit: 7"));
     let mut raised = None;
     for _ in 0..500 {
         raised = limit_of(&ask(&mut rls, request("shop", "cy")).await);
@@ -183,7 +190,7 @@ async fn a_changed_directory_applies_without_a_restart_and_a_bad_one_leaves_the_
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    std::fs::write(dir.path().join("shop.yaml"), "domain: shop\nbroken: [\n").expect("write");
+    replace(dir.path(), "domain: shop\nbroken: [\n");
     let http = Http::new(running.addr);
     let mut errors = 0;
     for _ in 0..500 {
