@@ -218,16 +218,7 @@ impl RlsConfig {
             at: String::new(),
             message: format!("cannot read the directory: {e}"),
         };
-        let mut paths = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-            let path = entry.map_err(unreadable)?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-            if yaml && !name.starts_with('.') && path.is_file() {
-                paths.push(path);
-            }
-        }
-        paths.sort();
+        let paths = yaml_files(dir).map_err(unreadable)?;
         let mut files = Vec::with_capacity(paths.len());
         for path in &paths {
             let text = std::fs::read_to_string(path).map_err(|e| LoadError {
@@ -289,6 +280,25 @@ impl RlsConfig {
         }
         out
     }
+}
+
+/// The files [`RlsConfig::load_dir`] reads in `dir`, in name order: `*.yaml` and `*.yml`,
+/// not hidden, not directories (links are followed).
+///
+/// # Errors
+/// When the directory cannot be read.
+pub fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
 }
 
 impl LoadError {

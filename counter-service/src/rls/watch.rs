@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use super::config::{LoadError, RlsConfig};
+use super::config::{LoadError, RlsConfig, yaml_files};
 use super::identity;
 use crate::metrics::Metrics;
 
@@ -36,17 +36,13 @@ pub enum Reload {
     Refused(LoadError),
 }
 
-/// A fingerprint of every YAML file's name and content in `dir` (what
-/// [`RlsConfig::load_dir`] reads), or of the error reading it.
+/// A fingerprint of the name and content of every file [`RlsConfig::load_dir`] reads
+/// in `dir` ([`yaml_files`]: a staged hidden file is not a change), or of the error
+/// reading it.
 fn fingerprint(dir: &Path) -> String {
-    let Ok(entries) = std::fs::read_dir(dir) else { return "unreadable".to_owned() };
-    let mut files: Vec<(String, Vec<u8>)> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap_or_default()))
-        .collect();
-    files.sort();
+    let Ok(paths) = yaml_files(dir) else { return "unreadable".to_owned() };
+    let files: Vec<(String, Vec<u8>)> =
+        paths.iter().map(|p| (p.display().to_string(), std::fs::read(p).unwrap_or_default())).collect();
     let parts: Vec<&[u8]> = files.iter().flat_map(|(n, c)| [n.as_bytes(), c.as_slice()]).collect();
     identity::hash(&parts)
 }
