@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use prometheus_client::metrics::histogram::Histogram;
-use sluice_counter::metrics::Metrics;
+use sluice_counter::metrics::{Metrics, StoreOp};
 use sluice_counter::store::{CounterStore, MemoryConfig, MemoryCounters};
 
 fn metrics() -> Metrics {
@@ -30,7 +30,7 @@ fn record_one_check(metrics: &Metrics, took: Duration) {
         let _reading = metrics.reading();
     }
     let gauge = metrics.start();
-    metrics.store_latency(took);
+    metrics.store_latency(StoreOp::Check, took);
     metrics.decision(true);
     drop(gauge);
     metrics.response(200);
@@ -97,7 +97,7 @@ fn histograms(c: &mut Criterion) {
 
     group.bench_function("store latency, atomic buckets", |b| {
         let metrics = metrics();
-        b.iter(|| metrics.store_latency(black_box(took)));
+        b.iter(|| metrics.store_latency(StoreOp::Check, black_box(took)));
     });
     group.bench_function("store latency, prometheus-client Histogram", |b| {
         let histogram = Histogram::new(BUCKETS);
@@ -105,7 +105,7 @@ fn histograms(c: &mut Criterion) {
     });
     group.bench_function("store latency, atomic buckets, 2 threads", |b| {
         let metrics = metrics();
-        b.iter_custom(|iters| on_two_threads(iters, || metrics.store_latency(black_box(took))));
+        b.iter_custom(|iters| on_two_threads(iters, || metrics.store_latency(StoreOp::Check, black_box(took))));
     });
     group.bench_function("store latency, prometheus-client Histogram, 2 threads", |b| {
         let histogram = Histogram::new(BUCKETS);

@@ -14,6 +14,7 @@ use crate::call::Call;
 use crate::config::{AdminAccess, Config, StoreKind};
 use crate::enforce::{Enforced, OverrideSet};
 use crate::metrics::Metrics;
+use crate::metrics::StoreOp;
 use crate::overrides::Override;
 use crate::policies::KnownPolicies;
 use crate::store::{CounterStore, CounterStoreError, MemoryCounters, RedisCounters};
@@ -151,6 +152,7 @@ impl App {
         if ticket < current.ticket {
             return false;
         }
+        self.metrics().overrides_soonest_expiry(live.iter().map(|o| o.expires_at_ms).min());
         *current = Snapshot { ticket, version, snapshot: Arc::new(OverrideSet::new(live)) };
         true
     }
@@ -238,20 +240,26 @@ impl App {
         }
     }
 
-    /// Awaits a store call and accounts for it as [`App::stored`] does.
+    /// Awaits an operator's store call (overrides, readiness) and accounts for it as
+    /// [`App::stored`] does.
     pub(crate) async fn timed<T>(
         &self,
         call: impl Future<Output = Result<T, CounterStoreError>>,
     ) -> Result<T, ApiError> {
         let start = Instant::now();
         let result = call.await;
-        self.stored(start.elapsed(), result)
+        self.stored(StoreOp::Admin, start.elapsed(), result)
     }
 
-    /// Records a store call's latency, and its error (metric, rate-limited log line): a
-    /// store that could not decide is a 503.
-    pub(crate) fn stored<T>(&self, took: Duration, result: Result<T, CounterStoreError>) -> Result<T, ApiError> {
-        self.metrics.store_latency(took);
+    /// Records a store call's latency (by what it was for), and its error (metric,
+    /// rate-limited log line): a store that could not decide is a 503.
+    pub(crate) fn stored<T>(
+        &self,
+        op: StoreOp,
+        took: Duration,
+        result: Result<T, CounterStoreError>,
+    ) -> Result<T, ApiError> {
+        self.metrics.store_latency(op, took);
         result.map_err(|error| {
             self.metrics.store_error(&error);
             self.log_store_error(&error);

@@ -19,6 +19,7 @@ use sluice_protocol::{
 use crate::api::{self, ApiError, ChargePlan, CheckPlan, CreditPlan, LeasePlan};
 use crate::app::App;
 use crate::enforce::Enforced;
+use crate::metrics::StoreOp;
 use crate::store::CounterStore;
 use sluice_protocol::ErrorCode;
 
@@ -130,7 +131,7 @@ impl App {
             Call::Charge(plan) => store.charge(plan, at).await.map(Outcome::Charge),
             Call::Credit(plan) => store.credit(plan, at).await.map(Outcome::Credit),
         };
-        self.stored(start.elapsed(), result)
+        self.stored(op_of(call), start.elapsed(), result)
     }
 
     /// [`App::call_store`] without waiting: the memory store decides in the caller's
@@ -155,7 +156,7 @@ impl App {
             Call::Charge(plan) => memory.charge(plan, None).map(Outcome::Charge),
             Call::Credit(plan) => memory.credit(plan, None).map(Outcome::Credit),
         };
-        self.stored(start.elapsed(), result)
+        self.stored(op_of(call), start.elapsed(), result)
     }
 
     /// Counts `outcome` and encodes the `200` answer to `call`.
@@ -166,8 +167,11 @@ impl App {
         let metrics = self.metrics();
         metrics.carried_forgiven(outcome.carry_forgiven());
         let encoded = match (call, outcome) {
-            (Call::Check(_), Outcome::Check(outcome)) => {
+            (Call::Check(plan), Outcome::Check(outcome)) => {
                 metrics.decision(outcome.admitted);
+                for entry in &plan.entries {
+                    metrics.policy_decision(entry.scope.policy.as_deref(), outcome.admitted);
+                }
                 serde_json::to_vec(&CheckResponse {
                     admitted: outcome.admitted,
                     at_ns: outcome.at.as_u64(),
@@ -302,5 +306,15 @@ impl App {
         let call = self.prepare(route, body)?;
         let (outcome, enforced) = self.decide_now_on_memory(&call)?;
         self.answer(&call, &outcome, &enforced)
+    }
+}
+
+/// What a call asks of the store, for its latency's `op` label.
+const fn op_of(call: &Call) -> StoreOp {
+    match call {
+        Call::Check(_) => StoreOp::Check,
+        Call::Lease(_) => StoreOp::Lease,
+        Call::Charge(_) => StoreOp::Charge,
+        Call::Credit(_) => StoreOp::Credit,
     }
 }

@@ -15,12 +15,14 @@
 
 pub mod rls;
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelValue, EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
@@ -34,6 +36,42 @@ const PREFIX: &str = "sluice_counter";
 const LATENCY_BUCKETS: [f64; 13] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 const ERROR_KINDS: [&str; 5] = ["timeout", "connection", "full", "server", "protocol"];
+/// What a store call was for: the `op` label of its latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// A check (`/v1/check`, one check of `/v1/checks`, an RLS descriptor).
+    Check,
+    /// A lease.
+    Lease,
+    /// A charge.
+    Charge,
+    /// A credit.
+    Credit,
+    /// Overrides and readiness: the operators' calls.
+    Admin,
+}
+
+impl StoreOp {
+    const ALL: [Self; 5] = [Self::Check, Self::Lease, Self::Charge, Self::Credit, Self::Admin];
+
+    const fn name(self) -> &'static str {
+        match self {
+            Self::Check => "check",
+            Self::Lease => "lease",
+            Self::Charge => "charge",
+            Self::Credit => "credit",
+            Self::Admin => "admin",
+        }
+    }
+}
+/// Most distinct `policy` values of the per-policy decisions: a proxy names its
+/// policies, so past this many new names are counted under [`OVERFLOW_POLICY`] and no
+/// caller can grow the metrics without bound.
+pub const MAX_POLICY_SERIES: usize = 1024;
+/// The `policy` label of what comes past [`MAX_POLICY_SERIES`].
+pub const OVERFLOW_POLICY: &str = "_overflow";
+/// The `policy` label of an entry whose request named no policy.
+pub const UNNAMED_POLICY: &str = "_unnamed";
 /// The statuses counted by value; any other is counted as `0`, the last.
 const STATUSES: [u16; 14] = [200, 400, 401, 404, 405, 408, 413, 500, 503, 429, 201, 204, 409, 0];
 
@@ -59,7 +97,7 @@ pub struct Metrics {
     policies_forgotten: Counter,
     policies_unlearned: Counter,
     store_errors: [Counter; ERROR_KINDS.len()],
-    store_latency: Latency,
+    store_latency: [Latency; StoreOp::ALL.len()],
     in_flight: Gauge,
     reading: Gauge,
     shed: Counter,
@@ -71,8 +109,39 @@ pub struct Metrics {
     overrides_removed: Counter,
     overrides_expired: Counter,
     overrides_active: Gauge,
+    overrides_soonest_expiry: Gauge,
     overridden: [Counter; OverrideKind::ALL.len()],
+    policy_decisions: Family<Vec<(&'static str, String)>, Counter>,
+    policy_names: Bounded,
     rls: rls::RlsMetrics,
+}
+
+/// Label values that callers name (policies, RLS rules), at most `max` of them: past
+/// that, a new one is `overflow`, so that no caller grows the metrics without bound.
+#[derive(Debug)]
+struct Bounded {
+    seen: Mutex<HashSet<String>>,
+    max: usize,
+    overflow: &'static str,
+}
+
+impl Bounded {
+    fn new(max: usize, overflow: &'static str) -> Self {
+        Self { seen: Mutex::new(HashSet::new()), max, overflow }
+    }
+
+    /// The label value for `name`: itself while there is room (or it has one already).
+    fn value(&self, name: &str) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(name) {
+            name.to_owned()
+        } else if seen.len() < self.max {
+            seen.insert(name.to_owned());
+            name.to_owned()
+        } else {
+            self.overflow.to_owned()
+        }
+    }
 }
 
 /// A family whose label values are fixed: its series exist from the start and are
@@ -169,8 +238,9 @@ impl Metrics {
             "policies_unlearned",
             "Requests naming a new policy that was not learned: the table of names was full of recent ones",
         );
-        let (latency, [store_latency]) = fixed("store", [store]);
-        registry.register("store_latency_seconds", "Latency of store calls", latency);
+        let latency = StoreLatency { store, series: StoreOp::ALL.map(|op| (op.name(), Latency::default())) };
+        let store_latency = latency.series.each_ref().map(|(_, l)| l.clone());
+        registry.register("store_latency_seconds", "Latency of store calls, by what they were for", latency);
         let (errors, store_errors) = fixed("kind", ERROR_KINDS);
         registry.register("store_errors", "Store calls that failed, by kind", errors);
         let in_flight = gauge(&mut registry, "in_flight_requests", "Requests being served");
@@ -199,6 +269,17 @@ impl Metrics {
             &mut registry,
             "overrides_active",
             "Operator overrides live, as this instance last saw (set, removal, list or sweep)",
+        );
+        let overrides_soonest_expiry = gauge(
+            &mut registry,
+            "overrides_soonest_expiry_timestamp_seconds",
+            "Unix time the soonest-expiring live override expires, as this instance last applied them (0: none)",
+        );
+        let policy_decisions = Family::<Vec<(&'static str, String)>, Counter>::default();
+        registry.register(
+            "policy_decisions",
+            "Entries of checks decided, by the policy the proxy named and the check's outcome (all or nothing)",
+            policy_decisions.clone(),
         );
         let rls = rls::RlsMetrics::new(&mut registry);
 
@@ -234,7 +315,10 @@ impl Metrics {
             overrides_removed,
             overrides_expired,
             overrides_active,
+            overrides_soonest_expiry,
             overridden,
+            policy_decisions,
+            policy_names: Bounded::new(MAX_POLICY_SERIES, OVERFLOW_POLICY),
             rls,
         }
     }
@@ -277,6 +361,13 @@ impl Metrics {
         self.overrides_active(active);
     }
 
+    /// Sets when the soonest live override expires (`None`: no override is live), in
+    /// whole seconds rounded down, so an alert on "expires within N minutes" is never late.
+    pub fn overrides_soonest_expiry(&self, expires_at_ms: Option<u64>) {
+        let seconds = expires_at_ms.map_or(0, |ms| ms / 1000);
+        self.overrides_soonest_expiry.set(i64::try_from(seconds).unwrap_or(i64::MAX));
+    }
+
     /// Sets the gauge of live overrides.
     pub fn overrides_active(&self, active: usize) {
         self.overrides_active.set(i64::try_from(active).unwrap_or(i64::MAX));
@@ -286,6 +377,14 @@ impl Metrics {
     pub fn decision(&self, admitted: bool) {
         let counter = if admitted { &self.admitted } else { &self.rejected };
         counter.inc();
+    }
+
+    /// Counts one entry of a check under the policy its request named (`None`: it named
+    /// none), with the check's outcome: every entry of a check is admitted or none is.
+    pub fn policy_decision(&self, policy: Option<&str>, admitted: bool) {
+        let policy = policy.map_or_else(|| UNNAMED_POLICY.to_owned(), |name| self.policy_names.value(name));
+        let outcome = if admitted { "admitted" } else { "rejected" };
+        self.policy_decisions.get_or_create(&vec![("policy", policy), ("outcome", outcome.to_owned())]).inc();
     }
 
     /// Counts one lease.
@@ -335,8 +434,10 @@ impl Metrics {
     }
 
     /// Records one store call's latency.
-    pub fn store_latency(&self, took: Duration) {
-        self.store_latency.observe(took);
+    pub fn store_latency(&self, op: StoreOp, took: Duration) {
+        if let Some(latency) = self.store_latency.get(op as usize) {
+            latency.observe(took);
+        }
     }
 
     /// Counts one store error by kind.
@@ -473,6 +574,32 @@ impl EncodeMetric for Latency {
     }
 }
 
+/// The store latency family: a [`Latency`] per [`StoreOp`], labelled with the store's
+/// name and the op (`{store="redis",op="check"}`), every series there from the start.
+#[derive(Debug)]
+struct StoreLatency {
+    store: &'static str,
+    series: [(&'static str, Latency); StoreOp::ALL.len()],
+}
+
+impl TypedMetric for StoreLatency {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for StoreLatency {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (op, latency) in &self.series {
+            let labels = [("store", self.store), ("op", *op)];
+            latency.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 /// Decrements the in-flight gauge when dropped.
 #[derive(Debug)]
 pub struct InFlight<'a>(&'a Metrics);
@@ -490,5 +617,36 @@ pub struct Reading<'a>(&'a Metrics);
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
         self.0.reading.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryConfig, MemoryCounters};
+
+    fn rendered(metrics: &Metrics) -> String {
+        metrics.render(&CounterStore::Memory(MemoryCounters::new(MemoryConfig::default())))
+    }
+
+    #[test]
+    fn per_policy_decisions_keep_at_most_their_bound_of_names_then_count_the_rest_as_overflow() {
+        let metrics = Metrics::new("memory");
+        for i in 0..MAX_POLICY_SERIES {
+            metrics.policy_decision(Some(&format!("p{i}")), true);
+        }
+        metrics.policy_decision(Some("one-too-many"), false);
+        metrics.policy_decision(Some("another"), false);
+        metrics.policy_decision(Some("p0"), false);
+        metrics.policy_decision(None, true);
+        let text = rendered(&metrics);
+
+        let line = |l: &str| text.lines().any(|x| x == l);
+        assert!(line(r#"sluice_counter_policy_decisions_total{policy="_overflow",outcome="rejected"} 2"#), "{text}");
+        assert!(line(r#"sluice_counter_policy_decisions_total{policy="p0",outcome="rejected"} 1"#));
+        assert!(line(r#"sluice_counter_policy_decisions_total{policy="_unnamed",outcome="admitted"} 1"#));
+        assert!(!text.contains("one-too-many"));
+        let series = text.lines().filter(|l| l.starts_with("sluice_counter_policy_decisions_total{")).count();
+        assert_eq!(series, MAX_POLICY_SERIES + 3, "every name, p0 rejected, overflow and unnamed");
     }
 }

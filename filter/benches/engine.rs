@@ -18,6 +18,7 @@ struct Discard;
 impl Metrics for Discard {
     fn add(&mut self, _: usize, _: Counter, _: i64) {}
     fn add_plugin(&mut self, _: PluginCounter, _: i64) {}
+    fn record_wait(&mut self, _: sluice::host::Wait, _: u64) {}
 }
 
 const CONFIG: &str = r#"{"policies":[{"name":"per-key","key":[{"header":"x-api-key"}],

@@ -55,6 +55,7 @@ unsafe extern "C" {
     fn proxy_close_stream(stream: u32) -> u32;
     fn proxy_define_metric(kind: u32, name: *const u8, name_size: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(id: u32, value: u64) -> u32;
     fn proxy_register_shared_queue(name: *const u8, name_size: usize, token: *mut u32) -> u32;
     fn proxy_enqueue_shared_queue(token: u32, data: *const u8, size: usize) -> u32;
     fn proxy_dequeue_shared_queue(token: u32, data: *mut *mut u8, size: *mut usize) -> u32;
@@ -244,10 +245,28 @@ pub fn close_request() -> Result<(), Status> {
 }
 
 /// Defines a counter (`gauge = false`) or gauge.
-pub fn define_metric(name: &str, gauge: bool) -> Option<u32> {
+pub fn define_metric(name: &str, kind: MetricKind) -> Option<u32> {
     let mut id = 0u32;
     // SAFETY: the name pointer and length describe `name`; `id` is a valid out-pointer.
-    (unsafe { proxy_define_metric(u32::from(gauge), name.as_ptr(), name.len(), &mut id) } == OK).then_some(id)
+    (unsafe { proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) } == OK).then_some(id)
+}
+
+/// A metric's type, as the ABI numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter = 0,
+    /// Goes up and down.
+    Gauge = 1,
+    /// A distribution of recorded values.
+    Histogram = 2,
+}
+
+/// Records a value of a histogram; failures are ignored (a metric must never fail a
+/// request).
+pub fn record_metric(id: u32, value: u64) {
+    // SAFETY: no pointers.
+    let _ = unsafe { proxy_record_metric(id, value) };
 }
 
 /// Adds to a metric; failures are ignored (a metric must never fail a request).

@@ -7,24 +7,31 @@ use crate::engine::Engine;
 use crate::engine::wire::MAX_ANSWER_BYTES;
 use crate::host::{
     Call, CalloutAnswer, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts,
-    ResponseFacts,
+    ResponseFacts, Wait,
 };
-use crate::worker::{MetricName, Port, metric_names};
+use crate::worker::{MetricName, Port, metric_names, wait_names};
 use std::time::Duration;
-/// Metric ids per policy, in [`Counter::ALL`] order, and per plugin.
+/// Metric ids per policy, in [`Counter::ALL`] order, per plugin, and per wait.
 pub(crate) struct HostMetrics {
     policies: Vec<Vec<Option<u32>>>,
     plugin: Vec<Option<u32>>,
+    waits: Vec<Option<u32>>,
 }
 
 impl HostMetrics {
     /// Defines the metrics the configuration can move.
     pub(crate) fn define(engine: &Engine) -> Self {
-        let define = |m: Option<MetricName>| m.and_then(|m| abi::define_metric(&m.name, m.gauge));
+        let kind = |gauge| if gauge { abi::MetricKind::Gauge } else { abi::MetricKind::Counter };
+        let define = |m: Option<MetricName>| m.and_then(|m| abi::define_metric(&m.name, kind(m.gauge)));
         let (policies, plugin) = metric_names(engine);
+        let waits = wait_names(engine)
+            .into_iter()
+            .map(|m| m.and_then(|m| abi::define_metric(&m.name, abi::MetricKind::Histogram)))
+            .collect();
         Self {
             policies: policies.into_iter().map(|p| p.into_iter().map(define).collect()).collect(),
             plugin: plugin.into_iter().map(define).collect(),
+            waits,
         }
     }
 }
@@ -39,6 +46,12 @@ impl Metrics for HostMetrics {
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64) {
         if let Some(Some(id)) = self.plugin.get(counter.index()) {
             abi::increment_metric(*id, delta);
+        }
+    }
+
+    fn record_wait(&mut self, wait: Wait, ms: u64) {
+        if let Some(Some(id)) = self.waits.get(wait.index()) {
+            abi::record_metric(*id, ms);
         }
     }
 }

@@ -92,6 +92,43 @@ pub trait Metrics {
 
     /// Adds `delta` to a plugin-wide counter.
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64);
+
+    /// Records how long a request waited before its decision was carried out, in
+    /// milliseconds (a histogram per [`Wait`]; never held for a flush: a wait is a
+    /// sample, not a sum).
+    fn record_wait(&mut self, wait: Wait, ms: u64);
+}
+
+/// What a request waited for before its decision: each a histogram of the plugin's
+/// (`sluice_wait_milliseconds{reason}`), recorded once per request that waited, when
+/// it stops waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Wait {
+    /// Its turn in a shaping queue (recorded when it is queued: the wait is known then).
+    Queue,
+    /// The counter service's answer to its check (from when it first asked).
+    Service,
+    /// A lease refill (from when it began waiting for one).
+    Refill,
+}
+
+impl Wait {
+    /// Every wait, in a fixed order.
+    pub const ALL: [Self; 3] = [Self::Queue, Self::Service, Self::Refill];
+
+    /// Its name: the `reason` label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::Service => "service",
+            Self::Refill => "refill",
+        }
+    }
+
+    /// Position in [`Self::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 }
 
 macro_rules! reasons {
@@ -185,6 +222,11 @@ impl Reason {
         usize::try_from(index).ok().and_then(|i| Self::ALL.get(i).copied()).unwrap_or(Self::Timeout)
     }
 }
+
+/// How long a worker goes without a degraded decision before its fallback spell for a
+/// policy is over (`fallback.active` goes down): longer than the gaps of steady traffic,
+/// short enough that a recovered service shows within seconds.
+pub const FALLBACK_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Which policies define a counter (and, for a plugin counter, which configurations):
 /// the proxy holds no series for a counter that nothing it runs can move. Declared with
@@ -320,6 +362,13 @@ counters! {
         DegradedLeaseContended = (Reason::LeaseContended.metric_name(), Global),
         /// Global: a cold key's request whose check could not be held for it.
         DegradedLeaseCold = (Reason::LeaseCold.metric_name(), Global),
+        /// Gauge, global: this proxy's workers deciding the policy by a fallback now: from
+        /// a worker's first degraded decision until [`FALLBACK_QUIET`] passes without
+        /// one (0 while the service decides).
+        FallbackActive = ("fallback.active", Global, gauge),
+        /// Global: milliseconds the workers spent deciding the policy by a fallback, from
+        /// the first degraded decision of a spell to its last, summed over workers.
+        FallbackMilliseconds = ("fallback.milliseconds", Global),
         /// Global: requests the counter service decided under an operator's bypass
         /// (admitted without spending).
         OverrideBypassed = ("override.bypassed", Global),

@@ -6,8 +6,8 @@
 //! Modules import only downwards (`tests/layers.rs` checks it, and holds this list to
 //! its table), from the bottom:
 //!
-//! 1. the configuration, the ports, the due queue and the usage reader: `config`, `host`,
-//!    `due`, `usage`;
+//! 1. the configuration, the ports and their metric names, the due queue and the usage
+//!    reader: `config`, `host`, `series`, `due`, `usage`;
 //! 2. fakes of the ports: `testing`;
 //! 3. policy matching: `policy`;
 //! 4. the engine: `engine`;
@@ -40,6 +40,7 @@ pub mod due;
 pub mod engine;
 pub mod host;
 pub mod policy;
+pub mod series;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod usage;

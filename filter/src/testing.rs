@@ -3,7 +3,7 @@
 //! (which its bench and integration tests turn on): none of this is in `sluice.wasm`.
 
 use crate::host::{
-    Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts, ResponseFacts,
+    Call, Callouts, Counter, DispatchError, HostFailure, Metrics, PluginCounter, RequestFacts, ResponseFacts, Wait,
 };
 use sluice_protocol::{ErrorBody, ErrorCode};
 use std::collections::HashMap;
@@ -118,6 +118,8 @@ pub struct RecordedMetrics {
     pub plugin: HashMap<PluginCounter, i64>,
     /// How many times a count was handed over (a host call each, in the proxy).
     pub handed_over: u64,
+    /// Every wait recorded, in order (milliseconds).
+    pub waits: Vec<(Wait, u64)>,
 }
 
 impl RecordedMetrics {
@@ -146,6 +148,11 @@ impl Metrics for RecordedMetrics {
     fn add_plugin(&mut self, counter: PluginCounter, delta: i64) {
         self.handed_over += 1;
         *self.plugin.entry(counter).or_insert(0) += delta;
+    }
+
+    fn record_wait(&mut self, wait: Wait, ms: u64) {
+        self.handed_over += 1;
+        self.waits.push((wait, ms));
     }
 }
 

@@ -8,6 +8,7 @@
 use shared_store::Algorithm;
 use sluice::config;
 use sluice::host::{Counter, PluginCounter, Reason, Scope};
+use sluice::series::Series;
 use std::path::Path;
 
 fn readme() -> String {
@@ -51,33 +52,49 @@ fn plugin_scope(scope: Scope) -> &'static str {
     }
 }
 
-/// Every counter a metrics table names, with the scope its row gives it
-/// (`degraded.<reason>` stands for every reason's counter).
-fn documented(rows: &[Vec<String>]) -> Vec<(String, String)> {
+/// A counter's series as the tables write it: `sluice_<family>` and its label, if any
+/// (`policy` is every row's).
+fn written(series: Series) -> String {
+    match series.label {
+        Some((key, value)) => format!("sluice_{}{{{key}=\"{value}\"}}", series.family),
+        None => format!("sluice_{}", series.family),
+    }
+}
+
+/// Every counter a metrics table names, with the series and the scope its row gives it
+/// (`degraded.<reason>` stands for every reason's counter, `sluice_degraded_total{reason}`
+/// for their series).
+fn documented(rows: &[Vec<String>]) -> Vec<(String, String, String)> {
     let mut named = Vec::new();
     for row in rows {
-        let (names, scope) = (&row[0], row[1].clone());
-        for name in ticked(names) {
-            if name == "degraded.<reason>" {
-                named.extend(Reason::ALL.iter().map(|r| (r.metric_name().to_owned(), scope.clone())));
-            } else {
-                named.push((name, scope.clone()));
-            }
+        let (names, series, scope) = (ticked(&row[0]), ticked(&row[1]), row[2].clone());
+        if names == ["degraded.<reason>"] {
+            assert_eq!(series, ["sluice_degraded_total{reason}"], "{row:?}");
+            named.extend(
+                Reason::ALL.iter().map(|r| (r.metric_name().to_owned(), written(r.counter().series()), scope.clone())),
+            );
+            continue;
         }
+        assert_eq!(names.len(), series.len(), "a series per counter: {row:?}");
+        named.extend(names.into_iter().zip(series).map(|(name, series)| (name, series, scope.clone())));
     }
     named.sort();
     named
 }
 
 #[test]
-fn the_metrics_tables_are_every_counter_with_its_scope() {
+fn the_metrics_tables_are_every_counter_with_its_series_and_scope() {
     let readme = readme();
     let policy = table(&readme, "Each counter is defined only for the policies");
-    let plugin = table(&readme, "Per plugin, `<stat_prefix>.<counter>`");
-    let mut counters: Vec<(String, String)> =
-        Counter::ALL.iter().map(|c| (c.name().to_owned(), policy_scope(c.scope()).to_owned())).collect();
-    let mut plugins: Vec<(String, String)> =
-        PluginCounter::ALL.iter().map(|c| (c.name().to_owned(), plugin_scope(c.scope()).to_owned())).collect();
+    let plugin = table(&readme, "Per plugin, no `policy` label");
+    let mut counters: Vec<(String, String, String)> = Counter::ALL
+        .iter()
+        .map(|c| (c.name().to_owned(), written(c.series()), policy_scope(c.scope()).to_owned()))
+        .collect();
+    let mut plugins: Vec<(String, String, String)> = PluginCounter::ALL
+        .iter()
+        .map(|c| (c.name().to_owned(), written(c.series()), plugin_scope(c.scope()).to_owned()))
+        .collect();
     counters.sort();
     plugins.sort();
 

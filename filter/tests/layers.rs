@@ -10,7 +10,10 @@ use sluice_testkit::layers::{
 
 /// The crate's top-level modules.
 const LAYERS: &[Layer] = &[
-    ("the configuration, the ports, the due queue and the usage reader", &["config", "host", "due", "usage"]),
+    (
+        "the configuration, the ports and their metric names, the due queue and the usage reader",
+        &["config", "host", "series", "due", "usage"],
+    ),
     ("fakes of the ports", &["testing"]),
     ("policy matching", &["policy"]),
     ("engine", &["engine"]),
@@ -52,6 +55,7 @@ const ENGINE: &[Layer] = &[
             "evidence",
             "secrets",
             "held",
+            "spells",
         ],
     ),
     ("the compiled configuration and the worker's bookkeeping", &["setup"]),
@@ -119,7 +123,7 @@ fn an_upward_import_is_caught_with_its_file_and_line() {
     assert_found(
         &import_violations(&files, &Layers::new(LAYERS)),
         &[
-            "src/host.rs:4: `host` (the configuration, the ports, the due queue and the usage reader, layer 1) \
+            "src/host.rs:4: `host` (the configuration, the ports and their metric names, the due queue and the usage reader, layer 1) \
              imports `engine` (engine, layer 4)",
             "the modules import each other in a circle: engine -> host -> engine",
         ],

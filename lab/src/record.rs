@@ -3,6 +3,7 @@
 //! class saw (counted by the lab at the client, per interval).
 
 use sluice::host::{Counter, PluginCounter, Reason};
+use sluice::series::{self, Named};
 use std::collections::BTreeMap;
 use wasm_host::MetricValue;
 
@@ -31,31 +32,20 @@ pub const LEASE_CHECKED: [Counter; 3] =
     [Counter::LeaseCheckedSlotTaken, Counter::LeaseCheckedContended, Counter::LeaseCheckedCold];
 
 impl Counters {
-    /// Adds one proxy's metrics, named `<prefix>.<policy>.<counter>` or
-    /// `<prefix>.<counter>`; `policies` are the configured names (a name may hold dots;
-    /// the longest that fits wins).
-    pub fn add(&mut self, metrics: &[(String, MetricValue)], prefix: &str, policies: &[String]) {
+    /// Adds one proxy's metrics under `prefix` (read by [`series::read`]); others are
+    /// skipped.
+    pub fn add(&mut self, metrics: &[(String, MetricValue)], prefix: &str) {
         for (name, value) in metrics {
             let value = match value {
                 MetricValue::Counter(v) | MetricValue::Gauge(v) => *v,
                 MetricValue::Histogram(_) => continue,
             };
-            let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('.')) else { continue };
-            let policy = policies
-                .iter()
-                .filter(|p| rest.len() > p.len() && rest.starts_with(p.as_str()) && rest.as_bytes()[p.len()] == b'.')
-                .max_by_key(|p| p.len());
-            match policy {
-                Some(policy) => {
-                    if let Some(counter) = Counter::from_name(&rest[policy.len() + 1..]) {
-                        *self.policies.entry(policy.clone()).or_default().entry(counter).or_default() += value;
-                    }
+            match series::read(name, prefix) {
+                Some(Named::Policy(policy, counter)) => {
+                    *self.policies.entry(policy).or_default().entry(counter).or_default() += value;
                 }
-                None => {
-                    if let Some(counter) = PluginCounter::from_name(rest) {
-                        *self.plugin.entry(counter).or_default() += value;
-                    }
-                }
+                Some(Named::Plugin(counter)) => *self.plugin.entry(counter).or_default() += value,
+                None => {}
             }
         }
     }
@@ -162,18 +152,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_metric_is_filed_under_the_longest_policy_name_it_starts_with() {
+    fn a_metric_is_filed_under_the_policy_its_name_labels() {
         let mut counters = Counters::default();
         let metrics = vec![
-            ("sluice.api.offered".to_owned(), MetricValue::Counter(3)),
-            ("sluice.api.v2.offered".to_owned(), MetricValue::Counter(5)),
-            ("sluice.api.v2.degraded.timeout".to_owned(), MetricValue::Counter(1)),
-            ("sluice.counter_service.callouts".to_owned(), MetricValue::Counter(7)),
-            ("other.api.offered".to_owned(), MetricValue::Counter(100)),
+            (series::policy_metric("sluice", "api", Counter::Offered), MetricValue::Counter(3)),
+            (series::policy_metric("sluice", "api.v2", Counter::Offered), MetricValue::Counter(5)),
+            (series::policy_metric("sluice", "api.v2", Counter::DegradedTimeout), MetricValue::Counter(1)),
+            (series::plugin_metric("sluice", PluginCounter::Callouts), MetricValue::Counter(7)),
+            (series::policy_metric("other", "api", Counter::Offered), MetricValue::Counter(100)),
         ];
-        let policies = ["api".to_owned(), "api.v2".to_owned()];
-        counters.add(&metrics, "sluice", &policies);
-        counters.add(&metrics, "sluice", &policies);
+        counters.add(&metrics, "sluice");
+        counters.add(&metrics, "sluice");
         assert_eq!(counters.policy("api", Counter::Offered), 6);
         assert_eq!(counters.policy("api.v2", Counter::Offered), 10);
         assert_eq!(counters.policy_sum("api.v2", &degraded()), 2);

@@ -516,12 +516,11 @@ impl<'a> Fleet<'a> {
 
     /// An interval ends at `t`.
     fn sample(&mut self, lanes: &[Mutex<Lane>], t: u64) {
-        let names: Vec<String> = self.all_policies.iter().map(|p| p.name.clone()).collect();
         let mut counters = Counters::default();
         let mut classes = vec![ClassRow::default(); self.lab.scenario.callers.len()];
         for lane in lanes {
             let mut lane = lock(lane);
-            counters.add(&lane.host.metrics(), &self.prefix, &names);
+            counters.add(&lane.host.metrics(), &self.prefix);
             let rows = std::mem::replace(&mut lane.rows, vec![ClassRow::default(); classes.len()]);
             for (class, row) in classes.iter_mut().zip(&rows) {
                 class.then(row);

@@ -8,15 +8,13 @@
 //! counted under `_overflow`, so that no client can grow the metrics without bound
 //! (envoyproxy/ratelimit#275, #1132).
 
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::{Latency, fixed};
+use super::{Bounded, Latency, fixed};
 
 /// Most distinct `rule` label values.
 pub const MAX_RULE_SERIES: usize = 2048;
@@ -33,7 +31,7 @@ pub struct RlsMetrics {
     near_limit: Rules,
     within_limit: Rules,
     shadow_mode: Rules,
-    rules: Mutex<HashSet<String>>,
+    rules: Bounded,
     requests: [Counter; 4],
     latency: Latency,
     domain_not_found: Counter,
@@ -70,7 +68,7 @@ impl RlsMetrics {
             near_limit,
             within_limit,
             shadow_mode,
-            rules: Mutex::new(HashSet::new()),
+            rules: Bounded::new(MAX_RULE_SERIES, OVERFLOW),
             requests,
             latency: latency_handle,
             domain_not_found,
@@ -79,16 +77,7 @@ impl RlsMetrics {
     }
 
     fn label(&self, rule: &str) -> Vec<(&'static str, String)> {
-        let mut rules = self.rules.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let value = if rules.contains(rule) {
-            rule.to_owned()
-        } else if rules.len() < MAX_RULE_SERIES {
-            rules.insert(rule.to_owned());
-            rule.to_owned()
-        } else {
-            OVERFLOW.to_owned()
-        };
-        vec![("rule", value)]
+        vec![("rule", self.rules.value(rule))]
     }
 
     /// Counts `hits` of `rule`: over its limit or within it (and near it), and in

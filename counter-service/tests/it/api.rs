@@ -214,8 +214,8 @@ async fn a_charge_or_a_credit_may_ask_for_its_id_to_be_remembered_from_a_second_
 async fn health_readiness_and_metrics_are_served() {
     let _shared = crate::support::HEAVY.read().await;
     let (running, http) = start(Config::defaults()).await;
-    let body =
-        json!({"entries": [{"key": "k", "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000}}]});
+    let body = json!({"entries": [{"key": "k", "policy": "per-route",
+                                   "limit": {"algorithm": "fixed_window", "limit": 1, "window_ms": 60_000}}]});
     http.post("/v1/check", &body).await;
     http.post("/v1/check", &body).await;
     http.post_raw("/v1/check", "{").await;
@@ -229,7 +229,11 @@ async fn health_readiness_and_metrics_are_served() {
     for line in [
         "sluice_counter_decisions_total{outcome=\"admitted\"} 1",
         "sluice_counter_decisions_total{outcome=\"rejected\"} 1",
-        "sluice_counter_store_latency_seconds_count{store=\"memory\"} 3", // two checks and /readyz
+        "sluice_counter_policy_decisions_total{policy=\"per-route\",outcome=\"admitted\"} 1",
+        "sluice_counter_policy_decisions_total{policy=\"per-route\",outcome=\"rejected\"} 1",
+        "sluice_counter_store_latency_seconds_count{store=\"memory\",op=\"check\"} 2",
+        "sluice_counter_store_latency_seconds_count{store=\"memory\",op=\"admin\"} 1", // /readyz
+        "sluice_counter_store_latency_seconds_count{store=\"memory\",op=\"lease\"} 0",
         "sluice_counter_store_errors_total{kind=\"timeout\"} 0",
         "sluice_counter_in_flight_requests 0", // /metrics and /healthz bypass the in-flight bound
         "sluice_counter_refused_connections_total 0",

@@ -74,6 +74,8 @@ fn the_metrics_the_readme_lists_are_exactly_the_ones_the_service_serves() {
     // one near the limit make each family appear.
     metrics.rls().hits("shop.user", 1, true, true, false);
     metrics.rls().hits("shop.user", 1, false, false, true);
+    // So do the per-policy decisions: a series per policy named.
+    metrics.policy_decision(Some("per-route"), true);
     let text = metrics.render(&store);
     // Families as exposed (a histogram is named without its `_bucket`/`_sum`/`_count`).
     let served: std::collections::BTreeSet<String> = text

@@ -157,6 +157,8 @@ impl Captured {
 async fn set_list_and_remove_round_trip(running: &Running) {
     teach(running, &["per-tenant", "per-route"]).await;
     let http = admin(running);
+    let soonest = "sluice_counter_overrides_soonest_expiry_timestamp_seconds";
+    assert_eq!(metric(&http, soonest).await, 0.0, "no override, no expiry");
     let (created, set) = http.post(OVERRIDES, &clamp("per-tenant")).await;
     let (bypassed, bypass) = http
         .post(
@@ -177,6 +179,8 @@ async fn set_list_and_remove_round_trip(running: &Running) {
     assert_eq!(listed, vec![bypass.clone(), set.clone()], "by expiry");
     assert_eq!(metric(&http, "sluice_counter_overrides_set_total{kind=\"clamp\"}").await, 1.0);
     assert_eq!(metric(&http, "sluice_counter_overrides_active").await, 2.0);
+    let expiry = |o: &serde_json::Value| (o["expires_at_ms"].as_u64().unwrap() / 1000) as f64;
+    assert_eq!(metric(&http, soonest).await, expiry(&bypass), "the bypass (60 s) expires before the clamp (600 s)");
 
     let path = format!("{OVERRIDES}/{id}");
     let (refused, bad) = http.send("DELETE", &path, r#"{"operator": "", "reason": "over"}"#).await;

@@ -40,7 +40,7 @@
 //!
 //! 1. what the stages pass and read: `decision`, `resolved`, `wire`, `namespace`,
 //!    `headers`, `compiled`, `breaker`, `lease_record`, `cause`, `calls`, `check_group`,
-//!    `settle_queue`, `evidence`, `secrets`, `held`;
+//!    `settle_queue`, `evidence`, `secrets`, `held`, `spells`;
 //! 2. the compiled configuration and the worker's bookkeeping: `setup`;
 //! 3. what the service's answers leave behind: `settlement` (check-mode costs settled at
 //!    the service), `lease_return` (leased tokens a proxy will not spend, given back) and
@@ -70,10 +70,11 @@ mod settle_queue;
 mod settlement;
 mod setup;
 mod slots;
+mod spells;
 pub mod wire;
 
 use crate::config::{Config, ConfigError, Issue, Policy, Secret, Shaping, Usage};
-use crate::host::{CalloutAnswer, Callouts, Metrics, RequestFacts};
+use crate::host::{CalloutAnswer, Callouts, Metrics, RequestFacts, Wait};
 use breaker::CircuitBreaker;
 use calls::PendingCharges;
 pub use calls::{Asker, Outgoing, SentOutgoing, Target};
@@ -90,6 +91,15 @@ pub use crate::host::Reason;
 use setup::{Service, Setup};
 use shared_store::{Clock, HashKey, Limiter, Nanos, Store};
 use std::cell::{Cell, RefCell};
+
+/// Records a request's wait once it is decided (a request that still waits, for a
+/// refill again or for the check its lease sent it to, is recorded when that ends).
+fn count_wait(waited: (Wait, Nanos), begun: &Begun, now: Nanos, metrics: &mut impl Metrics) {
+    if let Begun::Decided(_) = begun {
+        let (wait, since) = waited;
+        metrics.record_wait(wait, now.saturating_sub(since).as_u64() / 1_000_000);
+    }
+}
 
 /// The configuration compiled against one plugin's identity and hash secrets.
 #[derive(Debug)]
@@ -159,6 +169,7 @@ impl Engine {
             secret,
             service,
             degraded: RefCell::new(LogLimiter::default()),
+            spells: RefCell::default(),
             overrides_logged: RefCell::default(),
             anchor: anchor_key(prefix),
             outbox: RefCell::new(Vec::new()),
@@ -318,7 +329,10 @@ impl Engine {
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Begun {
-        request::complete(&self.0, *pending, answer, limiter, callouts, room_to_pause, metrics)
+        let waited = pending.waited();
+        let begun = request::complete(&self.0, *pending, answer, limiter, callouts, room_to_pause, metrics);
+        count_wait(waited, &begun, limiter.clock().now(), metrics);
+        begun
     }
 
     /// How many requests wait for their check to be sent that may go now, together in
@@ -353,8 +367,14 @@ impl Engine {
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Vec<(u32, Begun)> {
+        let waited: Vec<(Wait, Nanos)> = pending.iter().map(|(_, p)| p.waited()).collect();
         let pending = pending.into_iter().map(|(id, p)| (id, *p)).collect();
-        request::complete_batch(&self.0, pending, answer, limiter, callouts, room_to_pause, metrics)
+        let decided = request::complete_batch(&self.0, pending, answer, limiter, callouts, room_to_pause, metrics);
+        let now = limiter.clock().now();
+        for (waited, (_, begun)) in waited.into_iter().zip(&decided) {
+            count_wait(waited, begun, now, metrics);
+        }
+        decided
     }
 
     /// Tries a request waiting for a refill again (on its worker's tick, or at once when
@@ -369,7 +389,10 @@ impl Engine {
         room_to_pause: bool,
         metrics: &mut impl Metrics,
     ) -> Begun {
-        request::retry(&self.0, *pending, limiter, callouts, room_to_pause, metrics)
+        let waited = pending.waited();
+        let begun = request::retry(&self.0, *pending, limiter, callouts, room_to_pause, metrics);
+        count_wait(waited, &begun, limiter.clock().now(), metrics);
+        begun
     }
 
     /// Decides a waiting request that cannot be held (the worker holds `max_waiting`
@@ -443,6 +466,21 @@ impl Engine {
     /// Gives back every concurrency slot this worker still holds (its root is going away).
     pub fn release_all_slots<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, metrics: &mut impl Metrics) {
         slots::release_all(&self.0, limiter, metrics);
+    }
+
+    /// Counts how long each policy has been decided by a fallback, and ends the spells
+    /// gone quiet (on the tick).
+    pub fn count_fallbacks<S: Store, C: Clock>(&self, limiter: &Limiter<S, C>, metrics: &mut impl Metrics) {
+        if let Ok(mut spells) = self.0.spells.try_borrow_mut() {
+            spells.tick(limiter.clock().now(), metrics);
+        }
+    }
+
+    /// Ends every fallback spell of this worker (its root is going away).
+    pub fn end_fallbacks(&self, metrics: &mut impl Metrics) {
+        if let Ok(mut spells) = self.0.spells.try_borrow_mut() {
+            spells.end_all(metrics);
+        }
     }
 
     /// Counts a request's fate once the glue has carried it out.

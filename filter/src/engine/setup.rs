@@ -93,6 +93,8 @@ pub(crate) struct Setup {
     pub(crate) secret: HashKey,
     pub(crate) service: Option<Service>,
     pub(crate) degraded: RefCell<LogLimiter>,
+    /// How long each global policy has been decided by a fallback on this worker.
+    pub(crate) spells: RefCell<super::spells::Spells>,
     /// When each operator's override was last logged.
     pub(crate) overrides_logged: RefCell<super::cause::OverrideLog>,
     /// The key written to create keys atomically.

@@ -66,6 +66,11 @@ impl<M: Metrics> Metrics for Batched<M> {
             None => self.inner.add_plugin(counter, delta),
         }
     }
+
+    /// A wait is a sample, not a sum: it goes to the proxy at once, held or not.
+    fn record_wait(&mut self, wait: crate::host::Wait, ms: u64) {
+        self.inner.record_wait(wait, ms);
+    }
 }
 
 #[cfg(test)]
@@ -89,6 +94,16 @@ mod tests {
         assert_eq!(metrics.inner().calls(), 3, "one host call per counter that moved");
         metrics.flush();
         assert_eq!(metrics.inner().calls(), 3, "a flush with nothing held makes no call");
+    }
+
+    #[test]
+    fn a_wait_sample_reaches_the_proxy_at_once_even_while_counts_are_held() {
+        let mut metrics = Batched::new(RecordedMetrics::default(), 1, true);
+        metrics.add(0, Counter::Queued, 1);
+        metrics.record_wait(crate::host::Wait::Queue, 250);
+
+        assert_eq!(metrics.inner().waits, [(crate::host::Wait::Queue, 250)], "a sample is not a sum");
+        assert_eq!(metrics.inner().get(0, Counter::Queued), 0, "the count waits for the flush");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 
 use crate::config::Policy;
 use crate::engine::Engine;
-use crate::host::{Counter, PluginCounter, Scope};
+use crate::host::{Counter, PluginCounter, Scope, Wait};
+use crate::series;
 use shared_store::{Algorithm, Limit, RENEW_EVERY};
 
 /// The longest tick while requests wait for the counter service: a wait outlives its
@@ -56,7 +57,7 @@ const fn may_delay(limit: &Limit) -> bool {
 /// A metric to define: its full name and whether it is a gauge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricName {
-    /// `<stat_prefix>.<policy>.<counter>` or `<stat_prefix>.<counter>`.
+    /// Its labels and family, as [`crate::series::metric_name`] writes them.
     pub name: String,
     /// Whether it goes down as well as up.
     pub gauge: bool,
@@ -72,6 +73,23 @@ fn defines(policy: &Policy, scope: Scope) -> bool {
     }
 }
 
+/// The wait histograms a configuration defines, in [`Wait::ALL`] order: the queue's
+/// when a policy may delay a request, the service's and the refill's when a policy is
+/// global (`None` for a wait nothing it runs can have).
+pub fn wait_names(engine: &Engine) -> Vec<Option<MetricName>> {
+    let prefix = engine.stat_prefix();
+    Wait::ALL
+        .iter()
+        .map(|w| {
+            let waits = match w {
+                Wait::Queue => engine.policies().any(|p| may_delay(&p.limit)),
+                Wait::Service | Wait::Refill => engine.policies().any(Policy::is_global),
+            };
+            waits.then(|| MetricName { name: series::wait_metric(prefix, *w), gauge: false })
+        })
+        .collect()
+}
+
 /// The metrics a configuration defines: per policy in [`Counter::ALL`] order, and per
 /// plugin in [`PluginCounter::ALL`] order; `None` where a counter cannot move, as its
 /// [`Scope`] says (a global counter of a local policy, a response-cost counter of a
@@ -85,7 +103,7 @@ pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Optio
                 .iter()
                 .map(|c| {
                     defines(p, c.scope())
-                        .then(|| MetricName { name: format!("{prefix}.{}.{}", p.name, c.name()), gauge: c.is_gauge() })
+                        .then(|| MetricName { name: series::policy_metric(prefix, &p.name, *c), gauge: c.is_gauge() })
                 })
                 .collect()
         })
@@ -96,7 +114,7 @@ pub fn metric_names(engine: &Engine) -> (Vec<Vec<Option<MetricName>>>, Vec<Optio
             engine
                 .policies()
                 .any(|p| defines(p, c.scope()))
-                .then(|| MetricName { name: format!("{prefix}.{}", c.name()), gauge: c.is_gauge() })
+                .then(|| MetricName { name: series::plugin_metric(prefix, *c), gauge: c.is_gauge() })
         })
         .collect();
     (policies, plugin)

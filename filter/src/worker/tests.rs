@@ -141,6 +141,7 @@ fn the_tick_releases_shaped_requests_when_due_and_a_gone_stream_counts_as_abando
     let m = w.metrics().unwrap();
     assert_eq!((m.get(0, Counter::Allowed), m.get(0, Counter::Queued), m.get(0, Counter::Abandoned)), (3, 0, 1));
     assert_eq!(m.plugin(PluginCounter::ResumeFailures), 1);
+    assert_eq!(m.waits, [(Wait::Queue, 1_000), (Wait::Queue, 2_000)], "each queued request's turn, once");
 }
 
 #[test]
@@ -176,6 +177,7 @@ fn the_tick_times_out_a_check_past_its_deadline_and_a_late_answer_changes_nothin
     w.on_check_answer(1, &CalloutAnswer::TimedOut, &mut port);
     assert_eq!(port.actions.len(), 2, "the late answer found nothing to decide");
     assert_eq!((counted(&w, Counter::Offered), counted(&w, Counter::Rejected)), (1, 1));
+    assert_eq!(w.metrics().unwrap().waits, [(Wait::Service, 40)], "its wait for the service, once");
 }
 
 const LEASED: &str = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "K", "timeout": "100ms"},
@@ -205,13 +207,16 @@ fn a_lease_configuration_ticks_every_ten_milliseconds_and_defines_its_global_cou
     assert_eq!(tick_period(&worker(CHECKED).engine), Some(10), "a quarter of the 40 ms deadline");
     assert_eq!(tick_period(&worker(ONE).engine), None);
     let (policies, plugin) = metric_names(&worker(ONE).engine);
-    let defined = |names: &[Option<MetricName>], name: &str| names.iter().flatten().any(|m| m.name.ends_with(name));
-    assert!(defined(&policies[0], ".one.allowed"));
-    assert!(!defined(&policies[0], ".one.lease.granted"), "a local policy has no lease counters");
-    assert!(!defined(&plugin, ".counter_service.callouts"), "no service, no service counters");
+    let defined = |names: &[Option<MetricName>], name: &str| names.iter().flatten().any(|m| m.name == name);
+    assert!(defined(&policies[0], "policy=.=one;.;outcome=.=allowed;.;sluice_requests_total"));
+    assert!(
+        !defined(&policies[0], "policy=.=one;.;sluice_lease_granted_tokens_total"),
+        "a local policy has no lease counters"
+    );
+    assert!(!defined(&plugin, "sluice_counter_service_callouts_total"), "no service, no service counters");
     let (policies, plugin) = metric_names(&leased.engine);
-    assert!(defined(&policies[0], ".leased.lease.granted"));
-    assert!(defined(&plugin, ".counter_service.callouts"));
+    assert!(defined(&policies[0], "policy=.=leased;.;sluice_lease_granted_tokens_total"));
+    assert!(defined(&plugin, "sluice_counter_service_callouts_total"));
 }
 
 #[test]
@@ -219,7 +224,9 @@ fn a_local_policy_defines_every_counter_of_its_scope_and_no_counter_only_a_globa
     let (local, _) = metric_names(&worker(ONE).engine);
     let (leased, _) = metric_names(&worker(LEASED).engine);
     let defined = |names: &[Option<MetricName>], counter: Counter| {
-        names.get(counter.index()).is_some_and(|name| name.as_ref().is_some_and(|m| m.name.ends_with(counter.name())))
+        names
+            .get(counter.index())
+            .is_some_and(|name| name.as_ref().is_some_and(|m| m.name.ends_with(counter.series().family)))
     };
 
     for &counter in Counter::ALL {

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use builder::write_lds;
 use serde_json::Value;
 pub use sluice::host::{Counter, PluginCounter, Reason};
+use sluice::series;
 
 use crate::http::{self, Connection, Request};
 
@@ -66,15 +67,16 @@ pub struct Envoy {
 pub type Stats = BTreeMap<String, u64>;
 
 /// A policy counter of Sluice's in a snapshot of Envoy's stats, named by the filter's
-/// own [`Counter`] (`wasmcustom.sluice.<policy>.<counter>`); 0 when not defined.
+/// own [`Counter`] (`wasmcustom.` and its [`series::policy_metric`] name with the default
+/// prefix); 0 when not defined.
 pub fn policy_stat(stats: &Stats, policy: &str, counter: Counter) -> u64 {
-    stats.get(&format!("wasmcustom.sluice.{policy}.{}", counter.name())).copied().unwrap_or(0)
+    stats.get(&format!("wasmcustom.{}", series::policy_metric("sluice", policy, counter))).copied().unwrap_or(0)
 }
 
-/// A plugin counter of Sluice's in a snapshot of Envoy's stats
-/// (`wasmcustom.sluice.<counter>`); 0 when not defined.
+/// A plugin counter of Sluice's in a snapshot of Envoy's stats (`wasmcustom.` and its
+/// [`series::plugin_metric`] name with the default prefix); 0 when not defined.
 pub fn plugin_stat(stats: &Stats, counter: PluginCounter) -> u64 {
-    stats.get(&format!("wasmcustom.sluice.{}", counter.name())).copied().unwrap_or(0)
+    stats.get(&format!("wasmcustom.{}", series::plugin_metric("sluice", counter))).copied().unwrap_or(0)
 }
 
 impl Envoy {
@@ -178,16 +180,16 @@ impl Envoy {
             .collect()
     }
 
-    /// One of Sluice's metrics: `wasmcustom.<stat_prefix>.<policy>.<counter>` with the
-    /// default prefix, named by the filter's own [`Counter`]; 0 when Envoy has not defined it.
+    /// One of Sluice's metrics ([`policy_stat`]), named by the filter's own [`Counter`];
+    /// 0 when Envoy has not defined it.
     pub fn metric(&self, policy: &str, counter: Counter) -> u64 {
         policy_stat(&self.stats(), policy, counter)
     }
 
-    /// One of Sluice's plugin metrics, `wasmcustom.<stat_prefix>.<counter>` with the
-    /// default prefix; `None` when Envoy has not defined it.
+    /// One of Sluice's plugin metrics ([`plugin_stat`]); `None` when Envoy has not
+    /// defined it.
     pub fn plugin_metric(&self, counter: PluginCounter) -> Option<u64> {
-        self.stats().get(&format!("wasmcustom.sluice.{}", counter.name())).copied()
+        self.stats().get(&format!("wasmcustom.{}", series::plugin_metric("sluice", counter))).copied()
     }
 
     /// Bytes Envoy's allocator holds (`/memory`, `allocated`).

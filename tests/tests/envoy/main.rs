@@ -14,6 +14,7 @@ mod hostile;
 mod lease;
 mod memory;
 mod overrides;
+mod prometheus;
 mod reconfigure;
 mod rls;
 mod shaping;

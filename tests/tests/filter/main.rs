@@ -47,12 +47,12 @@ pub fn status(host: &mut Host, request: Request) -> u16 {
 /// A counter of the guest's (`sluice.<policy>.<counter>`), named by the filter's own
 /// [`Counter`]; 0 when never incremented.
 pub fn metric(host: &Host, policy: &str, counter: Counter) -> u64 {
-    host.metric(&format!("sluice.{policy}.{}", counter.name())).unwrap_or(0)
+    host.metric(&sluice::series::policy_metric("sluice", policy, counter)).unwrap_or(0)
 }
 
 /// A plugin counter of the guest's (`sluice.<counter>`); `None` when not defined.
 pub fn plugin_metric(host: &Host, counter: PluginCounter) -> Option<u64> {
-    host.metric(&format!("sluice.{}", counter.name()))
+    host.metric(&sluice::series::plugin_metric("sluice", counter))
 }
 
 /// Asserts `Offered = Allowed + Rejected + Queued` for a policy.

@@ -71,7 +71,7 @@ fn send<S: Store, C: Clock>(
     }
     let now = limiter.clock().now();
     let deadline = now.saturating_add(service.timeout);
-    let wait = CheckWait { call: CheckCall::Queued, deadline, sent_at: now, probe: false, global };
+    let wait = CheckWait { call: CheckCall::Queued, deadline, sent_at: now, since: now, probe: false, global };
     let queued = service.group.try_borrow_mut().is_ok_and(|mut group| {
         let wait = group.must_wait();
         if wait {

@@ -26,11 +26,16 @@ use crate::engine::setup::Setup;
 use crate::host::{Counter, Metrics, PluginCounter};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Request, Store};
 
-/// Counts each of `failed` under its cause, for a request rejected by another of its
+/// Counts each of `failed` under its cause (a degraded decision at `now`, which the
+/// policy's fallback spell notes), also for a request rejected by another of its
 /// policies before the failure rule was needed.
-pub(crate) fn count_causes(failed: &[(Resolved, Cause)], metrics: &mut impl Metrics) {
+pub(crate) fn count_causes(setup: &Setup, failed: &[(Resolved, Cause)], now: Nanos, metrics: &mut impl Metrics) {
+    let mut spells = setup.spells.try_borrow_mut();
     for (resolved, cause) in failed {
         metrics.add(resolved.policy, cause.counter(), 1);
+        if let Ok(spells) = spells.as_mut() {
+            spells.degraded(resolved.policy, now, metrics);
+        }
     }
 }
 
@@ -89,7 +94,7 @@ pub(crate) fn apply_failure_rule<S: Store, C: Clock>(
     let Some(first) = failed.first().map(|(_, cause)| *cause) else { return Ok(granted) };
 
     let now = limiter.clock().now();
-    count_causes(&failed, metrics);
+    count_causes(setup, &failed, now, metrics);
     let steps = steps(setup, &failed);
     // 1. A policy that fails closed without a cap to ask rejects the request.
     let closed = failed.iter().zip(&steps).find_map(|((_, cause), step)| match step {

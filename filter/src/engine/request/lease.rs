@@ -111,7 +111,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(&set_aside_checks(setup, failed, &mut Few::new()), metrics);
+                count_causes(setup, &set_aside_checks(setup, failed, &mut Few::new()), now, metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -172,7 +172,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(&set_aside_checks(setup, failed, &mut Few::new()), metrics);
+                count_causes(setup, &set_aside_checks(setup, failed, &mut Few::new()), now, metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }

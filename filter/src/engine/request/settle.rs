@@ -162,4 +162,8 @@ impl<M: Metrics> Metrics for Quiet<'_, M> {
     fn add_plugin(&mut self, counter: crate::host::PluginCounter, delta: i64) {
         self.0.add_plugin(counter, delta);
     }
+
+    fn record_wait(&mut self, wait: crate::host::Wait, ms: u64) {
+        self.0.record_wait(wait, ms);
+    }
 }

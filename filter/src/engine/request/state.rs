@@ -5,6 +5,7 @@
 use crate::engine::cause::Note;
 use crate::engine::decision::{Decided, HeldSlots, Owed, Tally};
 use crate::engine::resolved::{Few, Resolved};
+use crate::host::Wait;
 use shared_store::{Decision, Nanos, Placement, Reservation};
 use sluice_protocol::AppliedOverride;
 
@@ -138,6 +139,8 @@ pub struct CheckWait {
     /// When the check was sent, or queued (a success from before the circuit opened
     /// does not close it).
     pub(crate) sent_at: Nanos,
+    /// When the request first asked (its wait for the service is measured from here).
+    pub(crate) since: Nanos,
     /// Whether the check is the probe of a half-open circuit.
     pub(crate) probe: bool,
     /// What the check decides, and what comes after it.
@@ -206,6 +209,14 @@ impl Pending {
     /// Whether it waits for its check to be sent with the next batch.
     pub fn waits_to_be_sent(&self) -> bool {
         matches!(self, Self::Check(CheckWait { call: CheckCall::Queued, .. }))
+    }
+
+    /// What it waits for, and since when, on the limiter's clock.
+    pub fn waited(&self) -> (Wait, Nanos) {
+        match self {
+            Self::Check(wait) => (Wait::Service, wait.since),
+            Self::Lease(wait) => (Wait::Refill, wait.since),
+        }
     }
 
     /// When it stops waiting, on the limiter's clock.

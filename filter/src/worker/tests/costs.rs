@@ -228,9 +228,9 @@ fn a_cost_known_at_admission_reads_no_response_and_defines_no_cost_counters() {
     assert!(!w.on_response_headers(1, &json, true));
     assert!(!w.reads_response_body(1));
     let (policies, _) = metric_names(&w.engine);
-    assert!(!policies[0].iter().flatten().any(|m| m.name.contains(".cost.")));
+    assert!(!policies[0].iter().flatten().any(|m| m.name.contains("_cost_")));
     let (policies, _) = metric_names(&worker(&policy(BY_JSON, 100)).engine);
-    for counter in ["cost.unknown", "cost.charged", "cost.credited", "cost.forgiven"] {
-        assert!(policies[0].iter().flatten().any(|m| m.name.ends_with(counter)), "{counter}");
+    for counter in [Counter::CostUnknown, Counter::CostCharged, Counter::CostCredited, Counter::CostForgiven] {
+        assert!(policies[0].iter().flatten().any(|m| m.name.ends_with(counter.series().family)), "{counter:?}");
     }
 }

@@ -141,7 +141,7 @@ pub(crate) fn global_group(rounds: u64, seconds: u64) {
                 // A budget that never runs out rejected: say what the filter counted.
                 let changed: Vec<String> = after
                     .iter()
-                    .filter(|(name, _)| name.starts_with("wasmcustom.sluice."))
+                    .filter(|(name, _)| name.starts_with("wasmcustom.") && name.contains("sluice_"))
                     .map(|(name, value)| (name, value.saturating_sub(count(&before, name))))
                     .filter(|(_, delta)| *delta > 0)
                     .map(|(name, delta)| format!("{name} +{delta}"))

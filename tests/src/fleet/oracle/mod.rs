@@ -677,5 +677,5 @@ impl Oracle {
 /// A counter of a proxy's (`sluice.<policy>.<counter>`), named by the filter's own
 /// [`Counter`]: a misspelt counter does not compile, where a name would read 0.
 pub(super) fn policy_metric(host: &wasm_host::Host, policy: &str, counter: Counter) -> u64 {
-    host.metric(&format!("sluice.{policy}.{}", counter.name())).unwrap_or(0)
+    host.metric(&sluice::series::policy_metric("sluice", policy, counter)).unwrap_or(0)
 }
