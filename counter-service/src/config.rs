@@ -213,6 +213,12 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_RLS_RESPONSE_HEADERS", default_value = "none")]
     pub rls_response_headers: String,
 
+    /// Answer RLS requests with `dynamic_metadata` (envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA`): the domain, the descriptors, and the `metadata:` of
+    /// the rules that passed, which Envoy stores under its filter's `metadata_namespace`.
+    #[arg(long, env = "SLUICE_COUNTER_RLS_RESPONSE_DYNAMIC_METADATA")]
+    pub rls_response_dynamic_metadata: bool,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
     pub log: String,
@@ -251,6 +257,7 @@ impl fmt::Debug for Config {
             rls_reload_ms,
             rls_merge_domains,
             rls_response_headers,
+            rls_response_dynamic_metadata,
             log,
             log_format,
         } = self;
@@ -281,6 +288,7 @@ impl fmt::Debug for Config {
             .field("rls_reload_ms", rls_reload_ms)
             .field("rls_merge_domains", rls_merge_domains)
             .field("rls_response_headers", rls_response_headers)
+            .field("rls_response_dynamic_metadata", rls_response_dynamic_metadata)
             .field("log", log)
             .field("log_format", log_format)
             .finish()
@@ -316,6 +324,7 @@ impl Config {
             rls_reload_ms: 1000,
             rls_merge_domains: false,
             rls_response_headers: "none".to_owned(),
+            rls_response_dynamic_metadata: false,
             log: "info".to_owned(),
             log_format: LogFormat::Text,
         }

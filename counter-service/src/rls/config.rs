@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_norway::Value;
 use sluice_protocol::{LimitSpec, MAX_PERIOD_MS, is_policy_name};
@@ -157,7 +158,13 @@ pub struct Rule {
     /// `detailed_metric:` or `value_to_metric:` of its descriptor: its metrics carry the
     /// request's values (bounded, see [`super::metrics`]).
     pub detailed_metric: bool,
+    /// `metadata:` of its descriptor: returned in the answer's `dynamic_metadata` when
+    /// the rule passes (with `--rls-response-dynamic-metadata`, see [`super::metadata`]).
+    pub metadata: Option<Arc<Metadata>>,
 }
+
+/// A descriptor's `metadata:` (any mapping, as JSON).
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
 
 /// One `descriptors:` item.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -416,9 +423,10 @@ fn load_descriptors(file: &str, parent: &str, list: Option<&Value>, depth: usize
             return Err(LoadError::new(file, &path, "share_threshold can only be used with wildcard values"));
         }
         let modes = (flag("shadow_mode")?, flag("quota_mode")?, flag("detailed_metric")? || flag("value_to_metric")?);
+        let metadata = metadata(file, &path, map.get("metadata"))?;
         let rule = match map.get("rate_limit") {
             None | Some(Value::Null) => None,
-            Some(Value::Mapping(limit)) => Some(load_rule(file, &path, limit, modes)?),
+            Some(Value::Mapping(limit)) => Some(Rule { metadata, ..load_rule(file, &path, limit, modes)? }),
             Some(other) => {
                 return Err(LoadError::new(file, &path, format!("rate_limit: must be a mapping, not {}", kind(other))));
             }
@@ -534,7 +542,51 @@ fn load_rule(
         shadow_mode,
         quota_mode,
         detailed_metric,
+        metadata: None,
     })
+}
+
+/// A descriptor's `metadata:`: a mapping whose keys are strings, at every depth (what
+/// envoyproxy/ratelimit turns into a `google.protobuf.Struct`); kept only with a
+/// `rate_limit`, as there.
+fn metadata(file: &str, at: &str, value: Option<&Value>) -> Result<Option<Arc<Metadata>>, LoadError> {
+    fn json(file: &str, at: &str, value: &Value) -> Result<serde_json::Value, LoadError> {
+        Ok(match value {
+            Value::Null => serde_json::Value::Null,
+            Value::Bool(b) => serde_json::Value::Bool(*b),
+            Value::Number(n) => n
+                .as_f64()
+                .and_then(serde_json::Number::from_f64)
+                .map(serde_json::Value::Number)
+                .ok_or_else(|| LoadError::new(file, at, format!("metadata: {n} is not a finite number")))?,
+            Value::String(s) => serde_json::Value::String(s.clone()),
+            Value::Sequence(items) => {
+                serde_json::Value::Array(items.iter().map(|v| json(file, at, v)).collect::<Result<_, _>>()?)
+            }
+            Value::Mapping(map) => {
+                let mut out = Metadata::new();
+                for (k, v) in map {
+                    let Value::String(k) = k else {
+                        return Err(LoadError::new(file, at, format!("metadata: a key is {}, not a string", kind(k))));
+                    };
+                    out.insert(k.clone(), json(file, at, v)?);
+                }
+                serde_json::Value::Object(out)
+            }
+            Value::Tagged(_) => {
+                return Err(LoadError::new(file, at, "metadata: a tagged value cannot be returned as metadata"));
+            }
+        })
+    }
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(map @ Value::Mapping(_)) => match json(file, at, map)? {
+            serde_json::Value::Object(map) if map.is_empty() => Ok(None),
+            serde_json::Value::Object(map) => Ok(Some(Arc::new(map))),
+            _ => Ok(None),
+        },
+        Some(other) => Err(LoadError::new(file, at, format!("metadata: must be a mapping, not {}", kind(other)))),
+    }
 }
 
 /// The policy name a rule's counters and overrides go by: its `name` when that is a

@@ -17,12 +17,13 @@
 //! when it does not fit, or the budget never runs out. The debt is bounded: a counter is
 //! never more than one limit below empty (a fixed window's debt ends with it).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use shared_store::{Decision, Nanos, Verdict};
 use sluice_protocol::{AppliedOverride, CHARGE_ID_TTL_MS, ErrorCode, LimitSpec, max_debt_bound};
 
-use super::config::{RlsConfig, Rule, RuleAlgorithm, Unit};
+use super::config::{Metadata, RlsConfig, Rule, RuleAlgorithm, Unit};
 use super::matching::Found;
 use crate::api::{ApiError, ChargePlan, CheckPlan, CreditPlan, PlannedEntry, Scope, storage_key};
 use crate::app::App;
@@ -109,6 +110,9 @@ pub struct Status {
     pub hits: u64,
     /// The metrics' rule label, when a rule decided it.
     pub stat: Option<String>,
+    /// Its rule's `metadata:`, when a limited rule was counted (for the answer's
+    /// `dynamic_metadata`: [`super::metadata`]).
+    pub metadata: Option<Arc<Metadata>>,
 }
 
 /// The answer to a request.
@@ -233,6 +237,7 @@ fn override_rule(domain: &str, index: usize, (rpu, unit): (u32, i32)) -> Result<
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,
+        metadata: None,
     })
 }
 
@@ -289,7 +294,7 @@ pub async fn decide(
         })
         .collect();
     let mut statuses: Vec<Status> = request.descriptors.iter().map(|_| Status::allowed(0)).collect();
-    let mut alone = counted;
+    let mut alone = counted.clone();
     if let Some(together) = config.all_or_nothing.get(&request.domain) {
         let decided = super::together::decide_together(app, request, (&targets, &alone), together, at).await?;
         alone.retain(|i| !decided.iter().any(|(d, _)| d == i));
@@ -305,6 +310,11 @@ pub async fn decide(
             decide_one(app, rule, counter, (hits_of(request, descriptor), descriptor.negative), at).await?;
         status.stat = Some(stat.clone());
         statuses[index] = status;
+    }
+    for index in counted {
+        if let Some(target) = targets[index].as_ref().filter(|t| !t.rule.unlimited) {
+            statuses[index].metadata.clone_from(&target.rule.metadata);
+        }
     }
     Ok(RlsAnswer { overall: overall(&statuses), statuses, domain_not_found: false })
 }
@@ -340,6 +350,7 @@ impl Status {
             shadow_mode: false,
             hits: 0,
             stat: None,
+            metadata: None,
         }
     }
 }

@@ -22,6 +22,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use super::config::Unit;
 use super::decide::{Code, RlsAnswer, RlsDescriptor, RlsError, RlsRequest, Status, decide};
 use super::headers::{ResponseHeaders, headers};
+use super::metadata::dynamic_metadata;
 use super::watch::Loaded;
 use crate::app::App;
 
@@ -31,12 +32,20 @@ pub struct Rls {
     app: Arc<App>,
     config: Arc<Loaded>,
     headers: ResponseHeaders,
+    dynamic_metadata: bool,
 }
 
 impl Rls {
     /// Serves `config` with `app`, adding `headers` to each answer.
     pub const fn new(app: Arc<App>, config: Arc<Loaded>, headers: ResponseHeaders) -> Self {
-        Self { app, config, headers }
+        Self { app, config, headers, dynamic_metadata: false }
+    }
+
+    /// Whether each answer carries `dynamic_metadata` ([`dynamic_metadata`]).
+    #[must_use]
+    pub fn with_dynamic_metadata(mut self, dynamic_metadata: bool) -> Self {
+        self.dynamic_metadata = dynamic_metadata;
+        self
     }
 
     /// The tonic service to mount.
@@ -130,7 +139,7 @@ impl RateLimitService for Rls {
         let result = self.answer(request).await;
         metrics.request(result.as_ref().err().map(RlsError::kind), start.elapsed());
         match result {
-            Ok(answer) => {
+            Ok((request, answer)) => {
                 for status in &answer.statuses {
                     if let (Some(stat), Some(limit)) = (&status.stat, &status.current_limit) {
                         metrics.hits(stat, status.hits, status.decided == Code::OverLimit, status.shadow_mode, {
@@ -142,7 +151,11 @@ impl RateLimitService for Rls {
                 if answer.domain_not_found {
                     metrics.domain_not_found();
                 }
-                Ok(tonic::Response::new(to_proto(&answer, self.headers)))
+                let mut response = to_proto(&answer, self.headers);
+                if self.dynamic_metadata {
+                    response.dynamic_metadata = Some(dynamic_metadata(&request, &answer));
+                }
+                Ok(tonic::Response::new(response))
             }
             Err(error) => Err(status_of(&error)),
         }
@@ -150,12 +163,14 @@ impl RateLimitService for Rls {
 }
 
 impl Rls {
-    async fn answer(&self, request: tonic::Request<RateLimitRequest>) -> Result<RlsAnswer, RlsError> {
+    async fn answer(&self, request: tonic::Request<RateLimitRequest>) -> Result<(RlsRequest, RlsAnswer), RlsError> {
         let values = request.metadata().get_all("authorization");
         self.app.authenticate(values.iter().map(|v| v.as_bytes()))?;
         let _permit = self.app.in_flight_permit()?;
         let _gauge = self.app.metrics().start();
         let config = self.config.current();
-        decide(&self.app, &config, &from_proto(request.into_inner()), None).await
+        let request = from_proto(request.into_inner());
+        let answer = decide(&self.app, &config, &request, None).await?;
+        Ok((request, answer))
     }
 }

@@ -5,8 +5,8 @@
 //! * [`identity`] names the counter a descriptor counts in;
 //! * [`config`] loads the YAML; [`matching`] finds a descriptor's rule in it;
 //! * [`decide`] decides a request on the stores, each descriptor on its own, or
-//!   [`together`] when its domain asks for all or nothing; [`headers`] adds what the
-//!   operator asked for to the answer;
+//!   [`together`] when its domain asks for all or nothing; [`headers`] and
+//!   [`metadata`] add what the operator asked for to the answer;
 //! * [`watch`] keeps the configuration in force and reloads its directory;
 //! * [`grpc`] is the tonic service; [`serve`] runs it on its own listener.
 //!
@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod headers;
 pub mod identity;
 pub mod matching;
+pub mod metadata;
 pub mod together;
 pub mod watch;
 
@@ -70,7 +71,8 @@ pub fn start(
     let listener = TcpListener::from_std(std_listener)?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, dir = %dir.display(), "rls (envoy.service.ratelimit.v3) serving");
-    let rls = grpc::Rls::new(app.clone(), loaded.clone(), headers);
+    let rls = grpc::Rls::new(app.clone(), loaded.clone(), headers)
+        .with_dynamic_metadata(config.rls_response_dynamic_metadata);
     let reload = Duration::from_millis(config.rls_reload_ms);
     let task = tokio::spawn(serve(listener, rls, loaded.clone(), app, reload, shutdown));
     Ok(Some(Front { addr, loaded, task }))

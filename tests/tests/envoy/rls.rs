@@ -308,3 +308,74 @@ fn with_the_store_stalled_envoys_timeout_decides_and_no_request_waits_past_it() 
     assert_eq!(stalled.status, 500, "failure_mode_deny");
     assert!(took < Duration::from_secs(4), "Envoy did not wait for the store's 5 s deadline: {took:?}");
 }
+
+/// envoyproxy/ratelimit's quota-based choice of service: each quota's `metadata` names
+/// its service, and the service answers with the metadata of the quotas that passed.
+const QUOTAS: &str = "domain: shop
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_2}}
+";
+
+#[test]
+fn the_metadata_of_the_first_quota_with_room_reaches_envoys_dynamic_metadata() {
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(dir.path().join("shop.yaml"), QUOTAS).expect("write the rules");
+    let config = Config {
+        rls_config: Some(dir.path().to_owned()),
+        rls_listen: "127.0.0.1:0".parse().expect("addr"),
+        rls_response_dynamic_metadata: true,
+        ..Config::defaults()
+    };
+    let service = Counter::start_on_clock(config, Arc::new(ManualClock::at(Nanos::from_secs(FROZEN_AT_S))));
+    let upstream = Upstream::start(&[]);
+    let quota = |service: &str| json!({ "actions": [{ "generic_key": { "descriptor_key": "service", "descriptor_value": service } }] });
+    // What the filter stored, read back by Envoy's own formatter into a response header.
+    let picked = json!({
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": { "response_mutations": [{ "append": {
+                "header": {
+                    "key": "x-service-with-quota",
+                    "value": "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:service_with_quota:name)%",
+                },
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            } }] },
+        },
+    });
+    let envoy = Envoy::builder()
+        .workers(2)
+        .cluster(cluster("rls", service.rls_addr().expect("rls"), true))
+        .cluster(cluster("backend", upstream.addr(), false))
+        .route_to("backend")
+        .rate_limits(json!([quota("service_1"), quota("service_2")]))
+        .filter(native_filter(true))
+        .filter(picked)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let answers: Vec<(u16, Option<String>)> = (0..3)
+        .map(|_| {
+            let response = envoy.send(&Request::get("/"));
+            (response.status, response.header("x-service-with-quota").map(str::to_owned))
+        })
+        .collect();
+
+    let service = |name: &str| (200, Some(name.to_owned()));
+    assert_eq!(
+        answers[..2],
+        [service("service_1"), service("service_2")],
+        "the first quota with room names the service: each request spends on both quotas, so service_1 (1) is \
+         spent by the first and service_2 (2) by the second"
+    );
+    assert_eq!(answers[2].0, 429, "quota mode: over when every quota is");
+}

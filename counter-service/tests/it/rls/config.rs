@@ -172,3 +172,55 @@ fn the_shipped_example_loads_as_envoyproxy_ratelimit_would_read_it() {
     assert!(config.rules().iter().all(|r| r.algorithm == RuleAlgorithm::FixedWindow), "no Sluice extension in it");
     assert!(config.all_or_nothing.is_empty());
 }
+
+#[test]
+fn a_rules_metadata_is_kept_as_written_detailed_metric_or_not_and_a_node_without_a_rule_has_none_to_return() {
+    let config = load(
+        "domain: shop
+descriptors:
+  - key: a
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+    metadata: {service: {name: one, weight: 2}, tags: [x, y], enabled: true}
+  - key: b
+    metadata: {lost: yes}
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 1}
+",
+    )
+    .expect("loads");
+    let metadata: Vec<Option<serde_json::Value>> =
+        config.rules().iter().map(|r| r.metadata.as_ref().map(|m| serde_json::Value::Object((**m).clone()))).collect();
+
+    assert_eq!(
+        metadata,
+        [
+            Some(serde_json::json!({"service": {"name": "one", "weight": 2.0}, "tags": ["x", "y"], "enabled": true})),
+            None
+        ],
+        "a number is a double, as a protobuf Struct holds it"
+    );
+}
+
+#[test]
+fn metadata_that_cannot_be_returned_as_a_struct_is_refused_naming_the_descriptor() {
+    let cases = [
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    metadata: 5\n",
+            "limits.yaml: d.a: metadata: must be a mapping, not a number",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    metadata: {x: {7: y}}\n",
+            "limits.yaml: d.a: metadata: a key is a number, not a string",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    metadata: {x: !tag y}\n",
+            "limits.yaml: d.a: metadata: a tagged value",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let error = refused(yaml);
+        assert!(error.starts_with(expected), "{yaml:?}\n  gave: {error}\n  wanted: {expected}");
+    }
+}

@@ -287,3 +287,133 @@ async fn a_rule_that_asks_for_detailed_metrics_labels_them_with_the_request_valu
     assert_eq!(metric(&metrics, "sluice_counter_rls_total_hits_total{rule=\"shop.user_bob\"}"), 1);
     running.stop().await.expect("stops");
 }
+
+/// envoyproxy/ratelimit's quota-based choice of upstream: two services in `quota_mode`,
+/// each with the name Envoy should route to as its `metadata`; an unlimited rule whose
+/// metadata must never be returned.
+const QUOTAS: &str = "domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}, tier: gold}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_2, zone: b}}
+  - key: health
+    rate_limit: {unlimited: true}
+    metadata: {never: returned}
+";
+
+/// Starts the service on the memory store at a frozen instant (no window ends during the
+/// test), serving `dir`.
+async fn start_frozen(config: Config) -> (Running, SocketAddr) {
+    let clock = shared_store::ManualClock::at(shared_store::Nanos::from_secs(1_750_000_020));
+    let store = sluice_counter::store::CounterStore::Memory(sluice_counter::store::MemoryCounters::with_clock(
+        config.memory(),
+        std::sync::Arc::new(clock),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let running = Running::start_with_store(listener, config, store).expect("the service starts");
+    let rls = running.rls.as_ref().expect("rls is served").addr;
+    (running, rls)
+}
+
+fn quota_request() -> RateLimitRequest {
+    let descriptor = |key: &str, value: &str| RateLimitDescriptor {
+        entries: vec![Entry { key: key.to_owned(), value: value.to_owned() }],
+        ..RateLimitDescriptor::default()
+    };
+    RateLimitRequest {
+        domain: "rl".to_owned(),
+        descriptors: vec![
+            descriptor("service", "service_1"),
+            descriptor("service", "service_2"),
+            descriptor("health", "x"),
+        ],
+        hits_addend: 0,
+    }
+}
+
+/// The answer's `dynamic_metadata`, as JSON (numbers as Envoy reads them: doubles).
+fn metadata_json(response: &RateLimitResponse) -> Option<serde_json::Value> {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    fn value(v: &Value) -> serde_json::Value {
+        match &v.kind {
+            Some(Kind::StringValue(s)) => serde_json::json!(s),
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::StructValue(s)) => object(s),
+            Some(Kind::ListValue(l)) => serde_json::Value::Array(l.values.iter().map(value).collect()),
+            Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+        }
+    }
+    fn object(s: &Struct) -> serde_json::Value {
+        serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value(v))).collect())
+    }
+    response.dynamic_metadata.as_ref().map(object)
+}
+
+#[tokio::test]
+async fn dynamic_metadata_returns_the_metadata_of_the_quotas_that_passed_so_envoy_can_route_to_one_with_room() {
+    let dir = dir_with(QUOTAS);
+    let config = Config { rls_response_dynamic_metadata: true, ..rls_config(dir.path()) };
+    let (running, addr) = start_frozen(config).await;
+    let mut rls = client(addr).await;
+
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let answer = ask(&mut rls, quota_request()).await;
+        let code = Code::try_from(answer.overall_code).expect("a code");
+        answers.push((code, metadata_json(&answer).expect("dynamic_metadata is asked for")));
+    }
+
+    let picked: Vec<Option<&serde_json::Value>> =
+        answers.iter().map(|(_, m)| m.pointer("/metadata/service_with_quota/name")).collect();
+    let (service_1, service_2) = (serde_json::json!("service_1"), serde_json::json!("service_2"));
+    assert_eq!(
+        picked,
+        [Some(&service_1), Some(&service_2), None],
+        "the first quota with room wins: each request spends on both, so service_1 (1) is spent by the first and \
+         service_2 (2) by the second"
+    );
+    assert_eq!(
+        answers.iter().map(|(code, _)| *code).collect::<Vec<_>>(),
+        [Code::Ok, Code::Ok, Code::OverLimit],
+        "quota mode: over only when every quota is"
+    );
+    let first = &answers[0].1;
+    assert_eq!(first["metadata"]["service_with_quota"]["zone"], "b", "mappings under one key merge, depth by depth");
+    assert_eq!(first["metadata"]["tier"], "gold");
+    assert!(
+        answers.iter().all(|(_, m)| m.pointer("/metadata/never").is_none()),
+        "an unlimited rule's is never returned"
+    );
+    assert_eq!(first["domain"], "rl");
+    assert_eq!(
+        first["descriptors"],
+        serde_json::json!([
+            {"entries": ["service=service_1"]},
+            {"entries": ["service=service_2"]},
+            {"entries": ["health=x"]},
+        ])
+    );
+    assert!(first.get("hitsAddend").is_none(), "an unset hits_addend is not written");
+    running.stop().await.expect("stops");
+}
+
+#[tokio::test]
+async fn without_the_flag_an_answer_carries_no_dynamic_metadata() {
+    let dir = dir_with(QUOTAS);
+    let (running, addr) = start_frozen(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+
+    let answer = ask(&mut rls, quota_request()).await;
+
+    assert_eq!(answer.dynamic_metadata, None);
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    running.stop().await.expect("stops");
+}
