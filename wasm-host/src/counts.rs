@@ -23,6 +23,10 @@ pub struct CallCounts {
     /// Instructions the guest ran (wasmtime's fuel, one unit per instruction; 0 unless
     /// the host counts them: [`crate::HostBuilder::count_instructions`]).
     pub instructions: u64,
+    /// The instructions each guest function ran itself, by name (empty unless the host
+    /// profiles them: [`crate::HostBuilder::profile_instructions`]; functions that ran
+    /// none are left out).
+    pub profile: BTreeMap<String, u64>,
 }
 
 impl CallCounts {
@@ -50,6 +54,9 @@ impl CallCounts {
             *self.guest.entry(name.clone()).or_default() += n;
         }
         self.instructions += other.instructions;
+        for (name, n) in &other.profile {
+            *self.profile.entry(name.clone()).or_default() += n;
+        }
     }
 }
 
@@ -99,6 +106,7 @@ impl Sub for &CallCounts {
             host: since(&self.host, &before.host),
             guest: since(&self.guest, &before.guest),
             instructions: self.instructions.saturating_sub(before.instructions),
+            profile: since(&self.profile, &before.profile),
         }
     }
 }
@@ -109,7 +117,7 @@ mod tests {
 
     fn counts(host: &[(&str, u64)], guest: &[(&str, u64)]) -> CallCounts {
         let map = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-        CallCounts { host: map(host), guest: map(guest), instructions: 0 }
+        CallCounts { host: map(host), guest: map(guest), instructions: 0, profile: BTreeMap::new() }
     }
 
     #[test]

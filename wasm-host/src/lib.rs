@@ -124,7 +124,8 @@
 //!    reads), [`clock`], [`logs`], [`metrics`], [`shared_data`] (Envoy's shared-data
 //!    rules), [`callout`] (what the wire or a script makes of a callout), [`counts`]
 //!    (host calls and probed guest functions, counted), `probe` (the module rewrite
-//!    that counts entries into named guest functions), and `error` ([`HostError`],
+//!    that counts entries into named guest functions), `profile` (the rewrite that
+//!    counts each function's own instructions), and `error` ([`HostError`],
 //!    [`FailurePolicy`], [`TrapReport`]).
 //! 2. **Shared services**, `services/`: what every worker of a host shares (`Shared`:
 //!    settings, clock, logs, metrics, the shared-data store, the shared queues, the
@@ -160,6 +161,7 @@ pub mod host;
 pub mod logs;
 pub mod metrics;
 mod probe;
+mod profile;
 pub mod request;
 pub mod serve;
 mod services;

@@ -16,6 +16,7 @@ use crate::error::{FailurePolicy, HostError};
 use crate::logs::{LogLevel, LogRecord, LogSink, Printer};
 use crate::metrics::Metrics;
 use crate::probe;
+use crate::profile;
 use crate::services::{Entropy, Services, Shared};
 use crate::shared_data::{BeforeSharedData, SharedDataStore};
 use crate::state::Plugin;
@@ -93,6 +94,7 @@ pub struct HostBuilder {
     serve_mode: bool,
     probes: Vec<String>,
     count_instructions: bool,
+    profile_instructions: bool,
 }
 
 enum ClockChoice {
@@ -137,6 +139,7 @@ impl HostBuilder {
             serve_mode: false,
             probes: Vec::new(),
             count_instructions: false,
+            profile_instructions: false,
         }
     }
 
@@ -353,6 +356,16 @@ impl HostBuilder {
         self
     }
 
+    /// Counts, for every function the guest defines, the instructions it runs itself
+    /// (its callees' are theirs), as wasmtime's fuel counts them, read with
+    /// [`Host::call_counts`] (`CallCounts::profile`, by the `name` section's names): where
+    /// the instructions [`HostBuilder::count_instructions`] counts go. The module is
+    /// rewritten before it is compiled; it computes what it did before, a little slower.
+    pub fn profile_instructions(mut self) -> Self {
+        self.profile_instructions = true;
+        self
+    }
+
     /// Compiles the module and starts every worker's VM: `_initialize`, then the root
     /// context (`proxy_on_context_create`, `proxy_on_vm_start`, `proxy_on_configure`).
     ///
@@ -366,6 +379,12 @@ impl HostBuilder {
                 std::fs::read(path).map_err(|source| HostError::ReadWasm { path: path.clone(), source })?
             }
             Wasm::Bytes(bytes) => bytes.clone(),
+        };
+        let (bytes, profiled) = if self.profile_instructions {
+            profile::instrument(&bytes)
+                .map_err(|e| HostError::Probe { origin: origin.clone(), reason: e.to_string() })?
+        } else {
+            (bytes, Vec::new())
         };
         let bytes = if self.probes.is_empty() {
             bytes
@@ -397,6 +416,7 @@ impl HostBuilder {
             env: self.env,
             entropy,
             probes: self.probes,
+            profiled,
             count_instructions: self.count_instructions,
             failure_policy: self.failure_policy,
             max_memory: self.max_memory,

@@ -46,6 +46,9 @@ pub(crate) struct Shared {
     /// The guest functions whose entries each VM counts (`crate::probe`), in the order
     /// of their counters.
     pub(crate) probes: Vec<String>,
+    /// The guest's functions whose own instructions are counted, in the order of the
+    /// profile's counters ([`crate::profile`]); empty unless asked.
+    pub(crate) profiled: Vec<String>,
     /// Whether each store is given fuel, to count the instructions its VM runs.
     pub(crate) count_instructions: bool,
     pub(crate) failure_policy: FailurePolicy,

@@ -80,6 +80,8 @@ struct Exports {
     on_queue_ready: Func<(u32, u32), ()>,
     /// The probed functions' counters ([`crate::probe`]), by function name.
     probes: Vec<(String, Global)>,
+    /// Each function's own instructions ([`crate::profile`]), by function name.
+    profile: Vec<(String, Global)>,
 }
 
 impl Exports {
@@ -116,8 +118,22 @@ impl Exports {
             on_http_call_response: get(store, instance, "proxy_on_http_call_response")?,
             on_queue_ready: get(store, instance, "proxy_on_queue_ready")?,
             probes: probes(store, instance)?,
+            profile: profile(store, instance)?,
         })
     }
+}
+
+/// The counters the profile rewrite exported, one per function the guest defines.
+fn profile(store: &mut Store<HostState>, instance: &Instance) -> Result<Vec<(String, Global)>, String> {
+    let names = store.data().shared.profiled.clone();
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| match instance.get_global(&mut *store, &crate::profile::export_name(i)) {
+            Some(global) => Ok((name, global)),
+            None => Err(format!("the profile's counter of `{name}` is missing from the rewritten module")),
+        })
+        .collect()
 }
 
 /// The counters the probe rewrite exported, one per name the host was asked to count.
@@ -240,9 +256,16 @@ impl Worker {
                 (name.clone(), count)
             })
             .collect();
+        let mut profile = std::collections::BTreeMap::new();
+        for (name, global) in &self.exports.profile {
+            let count = global.get(&mut self.store).i64().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+            if count > 0 {
+                *profile.entry(name.clone()).or_default() += count;
+            }
+        }
         // Fuel left from what it was given: the instructions run (0 unless counted).
         let instructions = self.store.get_fuel().map_or(0, |left| u64::MAX - left);
-        CallCounts { host, guest, instructions }
+        CallCounts { host, guest, instructions, profile }
     }
 
     /// How many streams are open (not yet finished) on this worker.

@@ -11,7 +11,22 @@ use sluice_testkit::layers::{Layers, ROOT, assert_found, assert_library_keeps, f
 
 /// The layers, from the bottom; a module may import from its own layer and those below.
 const LAYERS: Layers = Layers::new(&[
-    ("data", &["headers", "request", "clock", "logs", "metrics", "shared_data", "callout", "counts", "probe", "error"]),
+    (
+        "data",
+        &[
+            "headers",
+            "request",
+            "clock",
+            "logs",
+            "metrics",
+            "shared_data",
+            "callout",
+            "counts",
+            "probe",
+            "profile",
+            "error",
+        ],
+    ),
     ("shared services", &["services"]),
     ("VM state", &["state"]),
     ("host functions", &["abi"]),

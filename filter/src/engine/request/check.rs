@@ -17,7 +17,7 @@ use crate::engine::compiled::Home;
 use crate::engine::headers;
 use crate::engine::namespace;
 use crate::engine::overridden;
-use crate::engine::resolved::{Few, Place, Resolved};
+use crate::engine::resolved::{Few, Place, Rare, Resolved};
 use crate::engine::setup::{Service, Setup};
 use crate::engine::wire;
 use crate::host::{CalloutAnswer, Callouts, Counter, Metrics, PluginCounter, Reason, RequestFacts};
@@ -81,13 +81,16 @@ fn send<S: Store, C: Clock>(
     });
     if queued {
         metrics.add_plugin(PluginCounter::Waiting, 1);
-        return Next::Wait(Pending::Check(wait));
+        return Next::Wait(Box::new(Pending::Check(wait)));
     }
     let check = check_request(setup, &wait.global);
     match dispatch(service, vec![check], limiter, callouts, metrics) {
         Ok(sent) => {
             metrics.add_plugin(PluginCounter::Waiting, 1);
-            Next::Wait(Pending::Check(CheckWait { call: CheckCall::Alone(sent.token), ..sent.stamp(wait, 0) }))
+            Next::Wait(Box::new(Pending::Check(CheckWait {
+                call: CheckCall::Alone(sent.token),
+                ..sent.stamp(wait, 0)
+            })))
         }
         Err(cause) => unsent(setup, wait, cause, limiter, metrics),
     }
@@ -127,7 +130,7 @@ pub(crate) fn send_waiting<S: Store, C: Clock>(
                     CheckCall::Batch { token: sent.token, index, size }
                 };
                 metrics.add_plugin(PluginCounter::Waiting, 1);
-                Next::Wait(Pending::Check(CheckWait { call, ..sent.stamp(wait, index) }))
+                Next::Wait(Box::new(Pending::Check(CheckWait { call, ..sent.stamp(wait, index) })))
             })
             .collect(),
         Err(cause) => waits.into_iter().map(|wait| unsent(setup, wait, cause, limiter, metrics)).collect(),
@@ -398,10 +401,10 @@ fn degrade<S: Store, C: Clock>(
 }
 
 /// After the check: the lease stage, or admission when there is no lease policy.
-fn after_check(granted: Granted, leased: Few<Resolved>, tag: String) -> Next {
+fn after_check(granted: Granted, leased: Rare<Resolved>, tag: String) -> Next {
     if leased.is_empty() {
         Next::Admit(granted)
     } else {
-        Next::Lease(ToLease { granted, leased, tag, to_check: Few::new() })
+        Next::Lease(Box::new(ToLease { granted, leased, tag, to_check: Rare::new() }))
     }
 }

@@ -31,7 +31,7 @@ use crate::engine::decision::LeasePaid;
 use crate::engine::evidence::counted;
 use crate::engine::lease_record::{Rules, Spend, Updated};
 use crate::engine::overridden;
-use crate::engine::resolved::{Few, Place, Resolved};
+use crate::engine::resolved::{Few, Place, Rare, Resolved};
 use crate::engine::setup::Setup;
 use crate::host::{Callouts, Counter, Metrics, PluginCounter, Reason};
 use shared_store::{Clock, Decision, Limiter, Nanos, Placement, Store, UpdateError, Verdict};
@@ -79,7 +79,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
     let leases = setup.leases(limiter.store());
     let window = setup.refill_window();
     let waiter = setup.next_id();
-    let mut waiting = Few::new();
+    let mut waiting = Rare::new();
     let mut failed: Few<(Resolved, Cause)> = Few::new();
     for resolved in leased {
         let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
@@ -111,7 +111,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
                 // The request is rejected; the policies that could not be decided
                 // before this one are still counted under their causes.
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(setup, &set_aside_checks(setup, failed, &mut Few::new()), now, metrics);
+                count_causes(setup, &set_aside_checks(setup, failed, &mut Rare::new()), now, metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -136,7 +136,7 @@ pub(crate) fn spend<S: Store, C: Clock>(
     }
     metrics.add_plugin(PluginCounter::Waiting, 1);
     let rest = ToLease { granted, leased: waiting, tag, to_check };
-    Next::Wait(Pending::Lease(LeaseWait { waiter, since: now, deadline: now.saturating_add(window), rest }))
+    Next::Wait(Box::new(Pending::Lease(LeaseWait { waiter, since: now, deadline: now.saturating_add(window), rest })))
 }
 
 /// Tries a request waiting for a refill again. Policies that can now spend, spend; one
@@ -154,7 +154,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
     let now = limiter.clock().now();
     let leases = setup.leases(limiter.store());
     let window = setup.refill_window();
-    let mut waiting = Few::new();
+    let mut waiting = Rare::new();
     let mut failed: Few<(Resolved, Cause)> = Few::new();
     for resolved in leased {
         let Some((slot, rules)) = lease_of(setup, &resolved, window) else { continue };
@@ -172,7 +172,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
             Spent::Done(Spend::Empty { until, under } | Spend::Probe { until, under }) => {
                 metrics.add_plugin(PluginCounter::Waiting, -1);
                 // (Those set aside for a check were not decided: nothing degraded.)
-                count_causes(setup, &set_aside_checks(setup, failed, &mut Few::new()), now, metrics);
+                count_causes(setup, &set_aside_checks(setup, failed, &mut Rare::new()), now, metrics);
                 note_under(setup, &mut granted, resolved.policy, under, now, metrics);
                 return Next::Decided(empty(setup, granted, &resolved, until, now, limiter, metrics));
             }
@@ -215,7 +215,7 @@ pub(crate) fn retry<S: Store, C: Clock>(
         return check_instead(setup, ToLease { granted, leased: waiting, tag, to_check }, limiter, callouts, metrics);
     }
     let rest = ToLease { granted, leased: waiting, tag, to_check };
-    Next::Wait(Pending::Lease(LeaseWait { waiter, since, deadline, rest }))
+    Next::Wait(Box::new(Pending::Lease(LeaseWait { waiter, since, deadline, rest })))
 }
 
 /// A request that cannot wait for a refill (the worker holds `max_waiting` already):
@@ -263,7 +263,7 @@ fn checked_for(cause: Cause) -> Option<Reason> {
 fn set_aside_checks(
     setup: &Setup,
     failed: Few<(Resolved, Cause)>,
-    to_check: &mut Few<(Resolved, Reason)>,
+    to_check: &mut Rare<(Resolved, Reason)>,
 ) -> Few<(Resolved, Cause)> {
     let mut rest = Few::new();
     for (resolved, cause) in failed {
@@ -301,7 +301,7 @@ fn check_instead<S: Store, C: Clock>(
             Err(decided) => Next::Decided(decided),
         };
     };
-    let mut checked = Few::new();
+    let mut checked = Rare::new();
     for (mut resolved, reason) in to_check {
         // Decided as a check-mode policy is, its failure too: what the failure rule admits
         // when this check cannot be answered is not owed to the lease (counted as
@@ -318,7 +318,7 @@ fn check_instead<S: Store, C: Clock>(
         metrics.add(resolved.policy, counter, 1);
         checked.push(resolved);
     }
-    let global = Global { granted, checked, leased: Few::new(), tag };
+    let global = Global { granted, checked, leased: Rare::new(), tag };
     check::send_for_leases(setup, global, callouts, limiter, metrics)
 }
 
@@ -361,7 +361,7 @@ fn elect(setup: &Setup, tag: &str, resolved: &Resolved, asker: Asker) {
 /// given up, rather than waiting for a refill that will not leave.
 fn open_circuit_decides<S: Store, C: Clock>(
     setup: &Setup,
-    waiting: &mut Few<Resolved>,
+    waiting: &mut Rare<Resolved>,
     failed: &mut Few<(Resolved, Cause)>,
     limiter: &Limiter<S, C>,
 ) {

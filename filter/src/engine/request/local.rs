@@ -13,7 +13,7 @@ use crate::engine::decision::{Decided, Outcome, Tally};
 use crate::engine::decision::{HeldSlot, HeldSlots};
 use crate::engine::evidence::{count_error, count_evidence};
 use crate::engine::headers;
-use crate::engine::resolved::{Few, Place, Resolved};
+use crate::engine::resolved::{Few, Place, Rare, Resolved};
 use crate::engine::setup::Setup;
 use crate::engine::slots;
 use crate::host::{Counter, Metrics, PluginCounter};
@@ -24,8 +24,8 @@ use shared_store::{Clock, Decision, Limit, LimitError, Limiter, Nanos, Request, 
 #[derive(Debug)]
 pub(crate) struct Admitted {
     pub(crate) granted: Granted,
-    pub(crate) checked: Few<Resolved>,
-    pub(crate) leased: Few<Resolved>,
+    pub(crate) checked: Rare<Resolved>,
+    pub(crate) leased: Rare<Resolved>,
 }
 
 /// Decides the local policies of a resolved request: `Err` with the decision when they
@@ -44,10 +44,10 @@ pub(crate) fn decide<S: Store, C: Clock>(
         tally,
         reservation: Reservation::empty(),
         local: Few::new(),
-        checked: Few::new(),
+        checked: Rare::new(),
         due: None,
         owed: Vec::new(),
-        spent: Few::new(),
+        spent: Rare::new(),
         checked_spent: Vec::new(),
         fallback: None,
         overrides: Vec::new(),

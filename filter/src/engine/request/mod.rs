@@ -170,17 +170,17 @@ pub(crate) fn decide_now<S: Store, C: Clock>(
     room_to_pause: bool,
     metrics: &mut impl Metrics,
 ) -> Decided {
-    let mut next = Next::Wait(pending);
+    let mut next = Next::Wait(Box::new(pending));
     loop {
         next = match next {
             Next::Decided(decided) => return decided,
-            Next::Wait(Pending::Lease(wait)) => lease::overflow(setup, wait, limiter, metrics),
-            Next::Wait(Pending::Check(wait)) => {
-                check::answered(setup, wait, &CalloutAnswer::TimedOut, limiter, metrics)
-            }
+            Next::Wait(pending) => match *pending {
+                Pending::Lease(wait) => lease::overflow(setup, wait, limiter, metrics),
+                Pending::Check(wait) => check::answered(setup, wait, &CalloutAnswer::TimedOut, limiter, metrics),
+            },
             // No check can be held either: what the leases cannot serve takes the
             // failure rule.
-            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, None, metrics),
+            Next::Lease(to_lease) => lease::spend(setup, *to_lease, limiter, None, metrics),
             Next::Admit(granted) => return admit::conclude(setup, granted, limiter, room_to_pause, metrics),
         };
     }
@@ -240,8 +240,8 @@ fn run<S: Store, C: Clock>(
     loop {
         next = match next {
             Next::Decided(decided) => return Begun::Decided(decided),
-            Next::Wait(pending) => return Begun::Waiting(Box::new(pending)),
-            Next::Lease(to_lease) => lease::spend(setup, to_lease, limiter, Some(&mut *callouts), metrics),
+            Next::Wait(pending) => return Begun::Waiting(pending),
+            Next::Lease(to_lease) => lease::spend(setup, *to_lease, limiter, Some(&mut *callouts), metrics),
             Next::Admit(granted) => {
                 return Begun::Decided(admit::conclude(setup, granted, limiter, room_to_pause, metrics));
             }

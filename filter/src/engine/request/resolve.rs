@@ -7,7 +7,7 @@
 
 use crate::config::{FailureOutcome, MissingKey};
 use crate::engine::compiled::{Compiled, Home};
-use crate::engine::resolved::{Few, Place, Resolved};
+use crate::engine::resolved::{Few, Place, Rare, Resolved};
 use crate::host::{Counter, HostFailure, Metrics, RequestFacts};
 use crate::policy::fingerprint_parts;
 use shared_store::HashKey;
@@ -18,11 +18,11 @@ pub(crate) struct Resolution {
     /// Local enforcing policies, decided together.
     pub(crate) local: Few<Resolved>,
     /// Global policies in check mode, decided together by the service.
-    pub(crate) checked: Few<Resolved>,
+    pub(crate) checked: Rare<Resolved>,
     /// Global policies in lease mode, spent from this proxy's leases.
-    pub(crate) leased: Few<Resolved>,
+    pub(crate) leased: Rare<Resolved>,
     /// Shadow policies, decided one by one after an admission.
-    pub(crate) shadows: Few<Resolved>,
+    pub(crate) shadows: Rare<Resolved>,
     /// Every policy the request counts under.
     pub(crate) offered: Few<usize>,
     /// Set when the request is rejected before any bucket is consulted.

@@ -4,7 +4,7 @@
 
 use crate::engine::cause::Note;
 use crate::engine::decision::{Decided, HeldSlots, Owed, Tally};
-use crate::engine::resolved::{Few, Resolved};
+use crate::engine::resolved::{Few, Rare, Resolved};
 use crate::host::Wait;
 use shared_store::{Decision, Nanos, Placement, Reservation};
 use sluice_protocol::AppliedOverride;
@@ -20,13 +20,13 @@ pub(crate) struct Granted {
     /// The local policies' decisions (the first one counts what could not be refunded).
     pub(crate) local: Few<(usize, Decision)>,
     /// The counter service's decisions for the check-mode policies.
-    pub(crate) checked: Few<(usize, Decision)>,
+    pub(crate) checked: Rare<(usize, Decision)>,
     /// When shaping lets it go, if a policy delays it.
     pub(crate) due: Option<Nanos>,
     /// Estimates spent under policies whose cost the response reports.
     pub(crate) owed: Vec<Owed>,
     /// Lease spends made, to give back if the request is rejected after all.
-    pub(crate) spent: Few<LeaseSpend>,
+    pub(crate) spent: Rare<LeaseSpend>,
     /// What the counter service spent for the check-mode policies, to credit back if
     /// the request is rejected after all (a `Vec`: empty, it costs a local request three
     /// words, where an inline array would be copied between every stage).
@@ -37,7 +37,7 @@ pub(crate) struct Granted {
     /// override), for the override header (a `Vec`, as `checked_spent`).
     pub(crate) overrides: Vec<(usize, AppliedOverride)>,
     /// Shadow policies, decided when it is admitted.
-    pub(crate) shadows: Few<Resolved>,
+    pub(crate) shadows: Rare<Resolved>,
     /// Concurrency slots taken: held while the request is in flight, given back if it
     /// is rejected after all.
     pub(crate) slots: HeldSlots,
@@ -71,9 +71,9 @@ pub(crate) struct CheckSpent {
 pub(crate) struct Global {
     pub(crate) granted: Granted,
     /// Check-mode policies, decided together by one callout.
-    pub(crate) checked: Few<Resolved>,
+    pub(crate) checked: Rare<Resolved>,
     /// Lease-mode policies, spent after the check.
-    pub(crate) leased: Few<Resolved>,
+    pub(crate) leased: Rare<Resolved>,
     /// The check's hash tag (the partition), also the tag of refills and charges.
     pub(crate) tag: String,
 }
@@ -82,24 +82,28 @@ pub(crate) struct Global {
 #[derive(Debug)]
 pub(crate) struct ToLease {
     pub(crate) granted: Granted,
-    pub(crate) leased: Few<Resolved>,
+    pub(crate) leased: Rare<Resolved>,
     pub(crate) tag: String,
     /// Lease policies their leases could not serve (with why), to be decided by a check
     /// at the service once none of the request's lease policies waits.
-    pub(crate) to_check: Few<(Resolved, crate::host::Reason)>,
+    pub(crate) to_check: Rare<(Resolved, crate::host::Reason)>,
 }
 
-/// Where a request goes after a stage. Not boxed: it is on every request's path, and
-/// moving it costs less than allocating it (a wait is boxed once, by [`Begun`]).
+/// Where a request goes after a stage: moved from every stage to the next, so as small
+/// as a local request's state. A wait and the lease stage's state, which only requests
+/// with global policies reach, are boxed (a wait once, handed to [`Begun`] as it is).
+/// `Admit` is not: it is every admitted request's path, and boxing it would allocate on
+/// each; its [`Granted`] is kept small instead (what a local request never has is
+/// [`Rare`]).
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Next {
     /// Decided: carry it out.
     Decided(Decided),
     /// Held until an answer or a refill.
-    Wait(Pending),
+    Wait(Box<Pending>),
     /// To the lease stage.
-    Lease(ToLease),
+    Lease(Box<ToLease>),
     /// To admission: everything is decided and admitted it.
     Admit(Granted),
 }
