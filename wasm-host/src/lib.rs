@@ -125,7 +125,8 @@
 //!    rules), [`callout`] (what the wire or a script makes of a callout), [`counts`]
 //!    (host calls and probed guest functions, counted), `probe` (the module rewrite
 //!    that counts entries into named guest functions), `profile` (the rewrite that
-//!    counts each function's own instructions), and `error` ([`HostError`],
+//!    counts each function's own instructions), `rewrite` (what the two share), and
+//!    `error` ([`HostError`],
 //!    [`FailurePolicy`], [`TrapReport`]).
 //! 2. **Shared services**, `services/`: what every worker of a host shares (`Shared`:
 //!    settings, clock, logs, metrics, the shared-data store, the shared queues, the
@@ -163,6 +164,7 @@ pub mod metrics;
 mod probe;
 mod profile;
 pub mod request;
+mod rewrite;
 pub mod serve;
 mod services;
 pub mod shared_data;

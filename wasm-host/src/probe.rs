@@ -16,9 +16,11 @@
 
 use std::collections::BTreeMap;
 
+use wasm_encoder::Instruction;
 use wasm_encoder::reencode::{self, Reencode};
-use wasm_encoder::{ConstExpr, ExportKind, GlobalType, Instruction, ValType};
-use wasmparser::{KnownCustom, Name, Parser, Payload, TypeRef};
+use wasmparser::Parser;
+
+use crate::rewrite;
 
 /// The instructions that can be counted, by their text-format name.
 pub const INSTRUCTIONS: [&str; 3] = ["memory.copy", "memory.fill", "call_indirect"];
@@ -43,67 +45,7 @@ pub(crate) fn export_name(index: usize) -> String {
 }
 
 /// Why a module could not be probed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ProbeError {
-    /// The module does not parse, or could not be written back.
-    Module(String),
-    /// No function of the module has this name (a stripped module has no names at all),
-    /// and it is not one of the [`INSTRUCTIONS`].
-    NoSuchFunction(String),
-}
-
-impl std::fmt::Display for ProbeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Module(reason) => write!(f, "cannot rewrite the module to count calls: {reason}"),
-            Self::NoSuchFunction(name) => write!(
-                f,
-                "cannot count calls to `{name}`: no function of the module has that name \
-                 (its `name` section lacks it, or the module was stripped)"
-            ),
-        }
-    }
-}
-
-/// What the rewrite needs to know about the module first.
-struct Layout {
-    imported_functions: u32,
-    globals: u32,
-    names: BTreeMap<String, u32>,
-}
-
-fn layout(bytes: &[u8]) -> Result<Layout, ProbeError> {
-    let module = |e: wasmparser::BinaryReaderError| ProbeError::Module(e.to_string());
-    let mut layout = Layout { imported_functions: 0, globals: 0, names: BTreeMap::new() };
-    for payload in Parser::new(0).parse_all(bytes) {
-        match payload.map_err(module)? {
-            Payload::ImportSection(imports) => {
-                for import in imports.into_imports() {
-                    match import.map_err(module)?.ty {
-                        TypeRef::Func(_) | TypeRef::FuncExact(_) => layout.imported_functions += 1,
-                        TypeRef::Global(_) => layout.globals += 1,
-                        _ => {}
-                    }
-                }
-            }
-            Payload::GlobalSection(globals) => layout.globals += globals.count(),
-            Payload::CustomSection(section) => {
-                if let KnownCustom::Name(reader) = section.as_known() {
-                    for name in reader {
-                        if let Name::Function(map) = name.map_err(module)? {
-                            for naming in map {
-                                let naming = naming.map_err(module)?;
-                                layout.names.entry(naming.name.to_owned()).or_insert(naming.index);
-                            }
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(layout)
-}
+pub(crate) use crate::rewrite::RewriteError as ProbeError;
 
 /// The rewrite: counters appended to the globals and exported, a prologue in each probed
 /// function.
@@ -130,10 +72,7 @@ impl Reencode for Prober {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_global_section(self, globals, section)?;
         self.written.0 = true;
-        for _ in 0..self.counters.len() + self.instructions.len() {
-            globals
-                .global(GlobalType { val_type: ValType::I64, mutable: true, shared: false }, &ConstExpr::i64_const(0));
-        }
+        rewrite::append_counters(globals, self.counters.len() + self.instructions.len());
         Ok(())
     }
 
@@ -144,9 +83,8 @@ impl Reencode for Prober {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_export_section(self, exports, section)?;
         self.written.1 = true;
-        for (i, global) in (self.first_counter..).take(self.counters.len() + self.instructions.len()).enumerate() {
-            exports.export(&export_name(i), ExportKind::Global, global);
-        }
+        let count = self.counters.len() + self.instructions.len();
+        rewrite::export_counters(exports, self.first_counter, count, export_name);
         Ok(())
     }
 
@@ -176,10 +114,7 @@ impl Reencode for Prober {
 
 /// Adds one to the counter in `global`.
 fn count(function: &mut wasm_encoder::Function, global: u32) {
-    function.instruction(&Instruction::GlobalGet(global));
-    function.instruction(&Instruction::I64Const(1));
-    function.instruction(&Instruction::I64Add);
-    function.instruction(&Instruction::GlobalSet(global));
+    rewrite::add(function, global, &[Instruction::I64Const(1)]);
 }
 
 /// `bytes` rewritten so that each function named in `names` counts its entries, and each
@@ -192,7 +127,7 @@ fn count(function: &mut wasm_encoder::Function, global: u32) {
 /// global or export section to add the counters to (every module a Rust toolchain
 /// emits has both: the stack pointer, and the exported entry points).
 pub(crate) fn instrument(bytes: &[u8], names: &[String]) -> Result<Vec<u8>, ProbeError> {
-    let layout = layout(bytes)?;
+    let layout = rewrite::layout(bytes)?;
     let mut counters = BTreeMap::new();
     let mut instructions = Vec::new();
     for (global, name) in (layout.globals..).zip(names) {
@@ -204,9 +139,7 @@ pub(crate) fn instrument(bytes: &[u8], names: &[String]) -> Result<Vec<u8>, Prob
             continue;
         }
         let index = layout
-            .names
-            .get(name)
-            .copied()
+            .index_of(name)
             .filter(|&index| index >= layout.imported_functions)
             .ok_or_else(|| ProbeError::NoSuchFunction(name.clone()))?;
         if counters.insert(index, global).is_some() {

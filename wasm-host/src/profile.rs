@@ -15,13 +15,11 @@
 //! profile that cannot disagree with the budget it explains. The rewrite's own
 //! instructions are not counted.
 
-use std::collections::BTreeMap;
-
 use wasm_encoder::reencode::{self, Reencode};
-use wasm_encoder::{ConstExpr, ExportKind, GlobalType, Instruction, ValType};
-use wasmparser::{KnownCustom, Name, Operator, Parser, Payload, TypeRef};
+use wasm_encoder::{Instruction, ValType};
+use wasmparser::{Operator, Parser};
 
-use crate::probe::ProbeError;
+use crate::rewrite::{self, Layout, RewriteError, add};
 
 /// The prefix of the exported globals that hold the counts.
 const EXPORT_PREFIX: &str = "wasm_host_profile_";
@@ -69,73 +67,6 @@ const fn ends_run(operator: &Operator<'_>) -> bool {
     )
 }
 
-/// What the rewrite needs to know about the module first.
-struct Layout {
-    imported_functions: u32,
-    globals: u32,
-    /// Each function type's parameter count.
-    type_params: Vec<u32>,
-    /// Each defined function's type.
-    function_types: Vec<u32>,
-    /// Names by function index.
-    names: BTreeMap<u32, String>,
-}
-
-fn layout(bytes: &[u8]) -> Result<Layout, ProbeError> {
-    let module = |e: wasmparser::BinaryReaderError| ProbeError::Module(e.to_string());
-    let mut layout = Layout {
-        imported_functions: 0,
-        globals: 0,
-        type_params: Vec::new(),
-        function_types: Vec::new(),
-        names: BTreeMap::new(),
-    };
-    for payload in Parser::new(0).parse_all(bytes) {
-        match payload.map_err(module)? {
-            Payload::TypeSection(types) => {
-                for group in types {
-                    for ty in group.map_err(module)?.types() {
-                        let params = match &ty.composite_type.inner {
-                            wasmparser::CompositeInnerType::Func(f) => f.params().len() as u32,
-                            _ => 0,
-                        };
-                        layout.type_params.push(params);
-                    }
-                }
-            }
-            Payload::ImportSection(imports) => {
-                for import in imports.into_imports() {
-                    match import.map_err(module)?.ty {
-                        TypeRef::Func(_) | TypeRef::FuncExact(_) => layout.imported_functions += 1,
-                        TypeRef::Global(_) => layout.globals += 1,
-                        _ => {}
-                    }
-                }
-            }
-            Payload::FunctionSection(functions) => {
-                for ty in functions {
-                    layout.function_types.push(ty.map_err(module)?);
-                }
-            }
-            Payload::GlobalSection(globals) => layout.globals += globals.count(),
-            Payload::CustomSection(section) => {
-                if let KnownCustom::Name(reader) = section.as_known() {
-                    for name in reader {
-                        if let Name::Function(map) = name.map_err(module)? {
-                            for naming in map {
-                                let naming = naming.map_err(module)?;
-                                layout.names.insert(naming.index, naming.name.to_owned());
-                            }
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(layout)
-}
-
 /// The rewrite: a counter per defined function, appended to the globals and exported,
 /// and each run of code counted.
 struct Profiler {
@@ -166,10 +97,7 @@ impl Reencode for Profiler {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_global_section(self, globals, section)?;
         self.written.0 = true;
-        for _ in 0..self.defined() {
-            globals
-                .global(GlobalType { val_type: ValType::I64, mutable: true, shared: false }, &ConstExpr::i64_const(0));
-        }
+        rewrite::append_counters(globals, self.defined());
         Ok(())
     }
 
@@ -180,9 +108,7 @@ impl Reencode for Profiler {
     ) -> Result<(), reencode::Error<Self::Error>> {
         reencode::utils::parse_export_section(self, exports, section)?;
         self.written.1 = true;
-        for i in 0..self.defined() {
-            exports.export(&export_name(i), ExportKind::Global, self.layout.globals + i as u32);
-        }
+        rewrite::export_counters(exports, self.layout.globals, self.defined(), export_name);
         Ok(())
     }
 
@@ -195,13 +121,7 @@ impl Reencode for Profiler {
         self.next_function += 1;
         let counter = self.counter(index);
         let defined = (index - self.layout.imported_functions) as usize;
-        let params = self
-            .layout
-            .function_types
-            .get(defined)
-            .and_then(|ty| self.layout.type_params.get(*ty as usize))
-            .copied()
-            .unwrap_or(0);
+        let params = self.layout.params_of(defined);
         let mut locals = Vec::new();
         let mut declared = 0u32;
         for local in func.get_locals_reader()? {
@@ -250,26 +170,16 @@ impl Reencode for Profiler {
     }
 }
 
-/// Adds what `value` leaves on the stack (an `i64`) to the counter in `global`.
-fn add(function: &mut wasm_encoder::Function, global: u32, value: &[Instruction<'_>]) {
-    function.instruction(&Instruction::GlobalGet(global));
-    for instruction in value {
-        function.instruction(instruction);
-    }
-    function.instruction(&Instruction::I64Add);
-    function.instruction(&Instruction::GlobalSet(global));
-}
-
 /// `bytes` rewritten so that every function it defines counts the instructions it runs
 /// itself; the count of the `i`-th defined function is in the exported global
 /// [`export_name`]`(i)`, and its name is the `i`-th of the names returned (`func[N]`
 /// for a function the `name` section does not name).
 ///
 /// # Errors
-/// [`ProbeError::Module`] when the module does not parse, or has no global or export
+/// [`RewriteError::Module`] when the module does not parse, or has no global or export
 /// section to add the counters to.
-pub(crate) fn instrument(bytes: &[u8]) -> Result<(Vec<u8>, Vec<String>), ProbeError> {
-    let layout = layout(bytes)?;
+pub(crate) fn instrument(bytes: &[u8]) -> Result<(Vec<u8>, Vec<String>), RewriteError> {
+    let layout = rewrite::layout(bytes)?;
     let names = (0..layout.function_types.len() as u32)
         .map(|i| {
             let index = layout.imported_functions + i;
@@ -279,9 +189,9 @@ pub(crate) fn instrument(bytes: &[u8]) -> Result<(Vec<u8>, Vec<String>), ProbeEr
     let mut profiler = Profiler { next_function: layout.imported_functions, layout, written: (false, false) };
     let mut module = wasm_encoder::Module::new();
     reencode::utils::parse_core_module(&mut profiler, &mut module, Parser::new(0), bytes)
-        .map_err(|e| ProbeError::Module(e.to_string()))?;
+        .map_err(|e| RewriteError::Module(e.to_string()))?;
     if profiler.written != (true, true) {
-        return Err(ProbeError::Module("it has no global section or no export section to hold the counters".into()));
+        return Err(RewriteError::Module("it has no global section or no export section to hold the counters".into()));
     }
     Ok((module.finish(), names))
 }

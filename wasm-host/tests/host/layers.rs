@@ -22,6 +22,7 @@ const LAYERS: Layers = Layers::new(&[
             "shared_data",
             "callout",
             "counts",
+            "rewrite",
             "probe",
             "profile",
             "error",
