@@ -241,3 +241,26 @@ pub(crate) struct LeaseSpend {
     pub(crate) cost: u64,
     pub(crate) until: Nanos,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request's state is moved by value from every stage to the next (a
+    /// `memory.copy` of its whole size each time, which wasm's fuel and V8 both pay by the
+    /// byte): what a local request never has stays out of line ([`Rare`], boxed waits).
+    /// Native sizes, with room for a compiler's layout to move; 3 056 bytes for `Next`
+    /// when these were inline (docs/benchmarks.md, "Where the instructions went").
+    #[test]
+    fn the_state_moved_between_stages_stays_small() {
+        let sizes = [
+            ("Next", std::mem::size_of::<Next>()),
+            ("Granted", std::mem::size_of::<Granted>()),
+            ("Resolution", std::mem::size_of::<super::super::resolve::Resolution>()),
+        ];
+        eprintln!("{sizes:?}");
+        for (name, size) in sizes {
+            assert!(size <= 720, "{name} is {size} bytes: what a local request carries has grown ({sizes:?})");
+        }
+    }
+}
