@@ -219,6 +219,12 @@ pub struct Config {
     #[arg(long, env = "SLUICE_COUNTER_RLS_RESPONSE_DYNAMIC_METADATA")]
     pub rls_response_dynamic_metadata: bool,
 
+    /// Threads that serve calls. By default, the CPUs this process may run on (its
+    /// affinity, as `taskset` sets it); with one, the service runs on a current-thread
+    /// runtime.
+    #[arg(long, env = "SLUICE_COUNTER_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub worker_threads: Option<u16>,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "SLUICE_COUNTER_LOG", default_value = "info")]
     pub log: String,
@@ -258,6 +264,7 @@ impl fmt::Debug for Config {
             rls_merge_domains,
             rls_response_headers,
             rls_response_dynamic_metadata,
+            worker_threads,
             log,
             log_format,
         } = self;
@@ -289,6 +296,7 @@ impl fmt::Debug for Config {
             .field("rls_merge_domains", rls_merge_domains)
             .field("rls_response_headers", rls_response_headers)
             .field("rls_response_dynamic_metadata", rls_response_dynamic_metadata)
+            .field("worker_threads", worker_threads)
             .field("log", log)
             .field("log_format", log_format)
             .finish()
@@ -325,6 +333,7 @@ impl Config {
             rls_merge_domains: false,
             rls_response_headers: "none".to_owned(),
             rls_response_dynamic_metadata: false,
+            worker_threads: None,
             log: "info".to_owned(),
             log_format: LogFormat::Text,
         }
@@ -410,6 +419,12 @@ impl Config {
             connect_timeout: Duration::from_millis(self.redis_connect_timeout_ms),
         }
     }
+}
+
+/// The CPUs this process may run on: its affinity mask where the platform tells, else 1.
+#[must_use]
+pub fn cpus_available() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 #[cfg(test)]

@@ -7,6 +7,11 @@ use sluice_counter::cli::Command;
 use sluice_counter::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc: the gRPC and JSON stacks allocate and free small buffers on every call, and
+/// glibc's allocator spent 8 % of a decision's CPU on them (docs/benchmarks.md, "RLS v3").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// sluice-counter: the central counter service for Sluice's global rate-limit policies.
 ///
 /// Every flag can also be set from the environment variable named beside it.
@@ -20,9 +25,23 @@ struct Cli {
     command: Option<Command>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let Cli { config, command } = Cli::parse();
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let workers = cli.config.worker_threads.map_or_else(sluice_counter::config::cpus_available, usize::from);
+    // One worker: a current-thread runtime, which skips the work-stealing scheduler's
+    // cross-thread wake-ups (measured in docs/benchmarks.md, "RLS v3").
+    let mut runtime = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(workers);
+        builder
+    };
+    let runtime = runtime.enable_all().build().map_err(|e| anyhow::anyhow!("cannot start the runtime: {e}"))?;
+    runtime.block_on(serve(cli))
+}
+
+async fn serve(Cli { config, command }: Cli) -> anyhow::Result<()> {
     if let Some(Command::Rls(command)) = &command {
         match command.run() {
             Ok(report) => print!("{report}"),

@@ -61,7 +61,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// Releases a connection's slot and gauge when its task ends, aborted or not.
-struct Held {
+pub(crate) struct Held {
     app: Arc<App>,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
@@ -101,18 +101,48 @@ pub async fn serve_until(
         }))
     };
     let routes = router(app.clone());
-    // Connections watch `drain`; HTTP/2 streams live while `alive` does.
-    let (drain, draining) = tokio::sync::watch::channel(false);
     let (alive, streams_alive) = tokio::sync::watch::channel(());
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(conn::HEADER_READ_TIMEOUT);
-    let mut http2 = hyper::server::conn::http2::Builder::new(conn::StreamExecutor::new(streams_alive));
+    let builders = Arc::new((http1, http2_builder(streams_alive)));
+    let serve = move |stream, draining, held| connection(stream, routes.clone(), builders.clone(), draining, held);
+    accept_until(listener, &app, grace, alive, serve, stop).await;
+    Ok(())
+}
+
+/// The HTTP/2 server both front doors use: streams on [`conn::StreamExecutor`] tasks
+/// that end with `alive`'s sender, keep-alive pings, and a bound on concurrent streams.
+pub(crate) fn http2_builder(
+    alive: tokio::sync::watch::Receiver<()>,
+) -> hyper::server::conn::http2::Builder<conn::StreamExecutor> {
+    let mut http2 = hyper::server::conn::http2::Builder::new(conn::StreamExecutor::new(alive));
     http2
         .timer(hyper_util::rt::TokioTimer::new())
         .keep_alive_interval(conn::H2_PING_INTERVAL)
         .keep_alive_timeout(conn::H2_PING_TIMEOUT)
         .max_concurrent_streams(conn::H2_MAX_CONCURRENT_STREAMS);
-    let builders = Arc::new((http1, http2));
+    http2
+}
+
+/// Accepts connections on `listener` until `stop` completes, each within the app's
+/// bound on connections (`--max-connections`, shared by both front doors; more are
+/// closed as soon as they are accepted), with `TCP_NODELAY`, served by `serve` on its
+/// own task. Then stops accepting and, when the stop is graceful, tells the
+/// connections to drain and waits for them at most `grace`; dropping `alive` at the
+/// end ends every HTTP/2 stream still running.
+pub(crate) async fn accept_until<F, Fut>(
+    listener: TcpListener,
+    app: &Arc<App>,
+    grace: Duration,
+    alive: tokio::sync::watch::Sender<()>,
+    serve: F,
+    stop: impl Future<Output = Stop> + Send + 'static,
+) where
+    F: Fn(tokio::net::TcpStream, tokio::sync::watch::Receiver<bool>, Held) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    // Connections watch `drain`.
+    let (drain, draining) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut stop = std::pin::pin!(stop);
     let how = loop {
@@ -133,7 +163,7 @@ pub async fn serve_until(
                 let _ = stream.set_nodelay(true);
                 app.metrics().connection(1);
                 let held = Held { app: app.clone(), _permit: permit };
-                connections.spawn(connection(stream, routes.clone(), builders.clone(), draining.clone(), held));
+                connections.spawn(serve(stream, draining.clone(), held));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             how = &mut stop => break how,
@@ -144,7 +174,7 @@ pub async fn serve_until(
         tracing::warn!("killed: every connection dropped without a drain");
         connections.shutdown().await;
         drop(alive);
-        return Ok(());
+        return;
     }
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     let _ = drain.send(true);
@@ -157,7 +187,6 @@ pub async fn serve_until(
         connections.shutdown().await;
     }
     drop(alive);
-    Ok(())
 }
 
 type Builders = (hyper::server::conn::http1::Builder, hyper::server::conn::http2::Builder<conn::StreamExecutor>);

@@ -26,6 +26,9 @@ use super::metadata::dynamic_metadata;
 use super::watch::Loaded;
 use crate::app::App;
 
+/// The tonic service that serves [`Rls`].
+pub type RlsServer = RateLimitServiceServer<Rls>;
+
 /// The service: the app it decides with, the configuration it decides under.
 #[derive(Clone, Debug)]
 pub struct Rls {
@@ -49,7 +52,7 @@ impl Rls {
     }
 
     /// The tonic service to mount.
-    pub fn into_service(self) -> RateLimitServiceServer<Self> {
+    pub fn into_service(self) -> RlsServer {
         RateLimitServiceServer::new(self)
     }
 }

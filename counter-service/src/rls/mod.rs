@@ -74,24 +74,34 @@ pub fn start(
     let rls = grpc::Rls::new(app.clone(), loaded.clone(), headers)
         .with_dynamic_metadata(config.rls_response_dynamic_metadata);
     let reload = Duration::from_millis(config.rls_reload_ms);
-    let task = tokio::spawn(serve(listener, rls, loaded.clone(), app, reload, shutdown));
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let task = tokio::spawn(serve(listener, rls, loaded.clone(), app, reload, grace, shutdown));
     Ok(Some(Front { addr, loaded, task }))
 }
 
-/// Serves `ShouldRateLimit` on `listener` (h2c gRPC) until `shutdown` completes,
-/// reloading the configuration's directory every `reload`.
+/// Serves `ShouldRateLimit` on `listener` (h2c gRPC) until `shutdown` completes, then
+/// drains within `grace`, reloading the configuration's directory every `reload`
+/// meanwhile.
+///
+/// Connections are accepted and served as the JSON API's are
+/// ([`crate::server::accept_until`]): the same bound on connections, pings, idle
+/// timeout and drain, on hyper's HTTP/2 server without tonic's router (which cost a
+/// tenth of a decision's CPU: docs/benchmarks.md, "RLS v3").
 ///
 /// # Errors
-/// When the listener fails.
+/// Never at present: accept errors are logged and retried.
 pub async fn serve(
     listener: TcpListener,
     rls: grpc::Rls,
     loaded: Arc<watch::Loaded>,
     app: Arc<App>,
     reload: Duration,
+    grace: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let reloading = app.clone();
     let watcher = tokio::spawn(async move {
+        let app = reloading;
         let mut ticks = tokio::time::interval(reload);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -102,11 +112,44 @@ pub async fn serve(
             let _ = tokio::task::spawn_blocking(move || loaded.reload(app.metrics())).await;
         }
     });
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = tonic::transport::Server::builder()
-        .add_service(rls.into_service())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let (alive, streams_alive) = tokio::sync::watch::channel(());
+    let http2 = Arc::new(crate::server::http2_builder(streams_alive));
+    let service = rls.into_service();
+    let serve = move |stream, draining, held| connection(stream, service.clone(), http2.clone(), draining, held);
+    let stop = async move {
+        shutdown.await;
+        crate::server::Stop::Graceful
+    };
+    crate::server::accept_until(listener, &app, grace, alive, serve, stop).await;
     watcher.abort();
-    served.map_err(|e| anyhow::anyhow!("the rls server failed: {e}"))
+    Ok(())
+}
+
+/// Serves one accepted connection: HTTP/2 cleartext (gRPC), with the JSON API's pings,
+/// stream bound, idle timeout and drain ([`crate::conn`]).
+async fn connection(
+    stream: tokio::net::TcpStream,
+    service: grpc::RlsServer,
+    http2: Arc<hyper::server::conn::http2::Builder<crate::conn::StreamExecutor>>,
+    draining: tokio::sync::watch::Receiver<bool>,
+    held: crate::server::Held,
+) {
+    let activity = Arc::new(crate::conn::Activity::default());
+    let service = {
+        let tower = hyper_util::service::TowerToHyperService::new(service);
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let open = activity.start();
+            let response = hyper::service::Service::call(&tower, request);
+            async move {
+                let response = response.await;
+                drop(open);
+                response
+            }
+        })
+    };
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let idle = Some((activity, crate::conn::H2_IDLE_TIMEOUT));
+    crate::conn::drive(http2.serve_connection(io, service), draining, idle).await;
+    drop(held);
 }

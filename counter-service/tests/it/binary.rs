@@ -143,8 +143,39 @@ fn settings_come_from_the_environment_and_logs_are_structured() {
     );
 }
 
+/// The threads of process `pid`.
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count)
+}
+
+#[test]
+fn one_worker_thread_serves_on_the_main_thread_alone_and_more_get_a_pool_of_that_size() {
+    let mut seen = Vec::new();
+    for workers in ["1", "3"] {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(BIN)
+            .args(["--listen", &addr, "--worker-threads", workers])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts");
+        let pid = child.id();
+        let service = Service(child);
+        wait_until(Duration::from_secs(10), "GET /readyz", || http_get(&addr, "/readyz").is_some());
+        seen.push(threads_of(pid));
+        assert!(service.terminate().success());
+    }
+
+    assert_eq!(seen[0], 1, "a current-thread runtime: no thread but the main one");
+    assert!(seen[1] >= 4, "the main thread and three workers: {seen:?}");
+}
+
 #[test]
 fn a_bad_setting_refuses_to_start_and_names_it() {
+    let zero = Command::new(BIN).args(["--worker-threads", "0"]).output().expect("runs");
+    let zero_err = String::from_utf8_lossy(&zero.stderr);
+    assert!(!zero.status.success());
+    assert!(zero_err.contains("--worker-threads"), "{zero_err}");
+
     let out = Command::new(BIN).args(["--redis-pool-size", "0"]).output().expect("runs");
     let err = String::from_utf8_lossy(&out.stderr);
 

@@ -20,9 +20,9 @@ const LAYERS: Layers = Layers::new(&[
     ("settings, callers and metrics", &["auth", "config", "metrics"]),
     ("what a request is served with", &["app"]),
     ("decisions, alone and in batches", &["handle", "admin", "batch"]),
-    ("Envoy's rate limit service protocol (RLS v3)", &["rls"]),
     ("HTTP", &["routes", "conn"]),
     ("serving", &["server"]),
+    ("Envoy's rate limit service protocol (RLS v3), served as the JSON API is", &["rls"]),
     ("the admin CLI", &["cli"]),
     ("crate root", &[ROOT]),
 ]);

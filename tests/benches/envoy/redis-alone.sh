@@ -24,7 +24,7 @@ SERVICE=$!
 sleep 1
 (timeout 3 redis-cli -p "$PORT" MONITOR >"$RUN/monitor.txt" || true) &
 sleep 0.5
-target/lab/envoy-bench rls-load 127.0.0.1:$((PORT + 2)) 1 1 >/dev/null
+target/lab/envoy-bench rls-load 127.0.0.1:$((PORT + 2)) 1 1 1 >/dev/null
 sleep 3
 line="$(grep -m1 '"EVALSHA"' "$RUN/monitor.txt")"
 words="$(python3 - "$line" <<'PY'

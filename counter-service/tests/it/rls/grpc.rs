@@ -417,3 +417,66 @@ async fn without_the_flag_an_answer_carries_no_dynamic_metadata() {
     assert_eq!(answer.overall_code, Code::Ok as i32);
     running.stop().await.expect("stops");
 }
+
+#[tokio::test]
+async fn rls_connections_count_against_the_services_one_bound_on_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = dir_with(RULES);
+    let (running, addr) = start(Config { max_connections: 2, ..rls_config(dir.path()) }).await;
+    // One connection on each front door: the bound is reached.
+    let mut rls = client(addr).await;
+    assert_eq!(ask(&mut rls, request("shop", "ann")).await.overall_code, Code::Ok as i32);
+    let mut json = tokio::net::TcpStream::connect(running.addr).await.expect("connect");
+    json.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    let mut answer = [0u8; 12];
+    json.read_exact(&mut answer).await.expect("an answer on a held connection");
+    assert_eq!(&answer, b"HTTP/1.1 200");
+
+    let third = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut late = RateLimitServiceClient::connect(format!("http://{addr}")).await.map_err(|e| e.to_string())?;
+        late.should_rate_limit(request("shop", "bob")).await.map_err(|e| e.to_string())
+    })
+    .await
+    .expect("the third connection is answered or closed within 5 s");
+    drop(json);
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        // The JSON connection closes asynchronously; poll until its slot is free again.
+        let attempt = tokio::time::timeout(Duration::from_millis(500), Http::new(running.addr).get("/metrics")).await;
+        if let Ok((200, body)) = attempt {
+            metrics = body;
+            break;
+        }
+    }
+
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_counter_refused_connections_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+
+    assert!(third.is_err(), "a third connection, on the RLS port, is closed without an answer: {third:?}");
+    // At least the RLS one (a client may try twice; a poll for the metrics may be refused too).
+    assert!(refused >= 1, "{metrics}");
+    assert_eq!(ask(&mut rls, request("shop", "ann")).await.overall_code, Code::Ok as i32, "the held one still serves");
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_graceful_stop_closes_the_rls_front_door_and_ends_its_connections() {
+    let dir = dir_with(RULES);
+    let (running, addr) = start(rls_config(dir.path())).await;
+    let mut rls = client(addr).await;
+    assert_eq!(ask(&mut rls, request("shop", "ann")).await.overall_code, Code::Ok as i32);
+
+    tokio::time::timeout(Duration::from_secs(10), running.stop())
+        .await
+        .expect("an idle RLS connection does not hold the stop")
+        .expect("clean stop");
+
+    let after = tokio::time::timeout(Duration::from_secs(5), rls.should_rate_limit(request("shop", "ann")))
+        .await
+        .expect("a call after the stop fails at once");
+    assert!(after.is_err(), "{after:?}");
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "nothing listens on the RLS port any more");
+}

@@ -31,7 +31,9 @@
 //! * `rls`: Envoy's own `ratelimit` filter against sluice-counter's RLS front door (the
 //!   release binary: `cargo build --release -p sluice-counter`; memory and Redis) beside
 //!   Limitador (`LIMITADOR_BIN`), sluice.wasm in check mode against the same service, and
-//!   each service alone under a gRPC load generator (`RLS_CONNECTIONS`, default 64); see
+//!   each service alone under a gRPC load generator (`RLS_CONNECTIONS`, default 64, with
+//!   `RLS_STREAMS` calls in flight on each, default `1,4`; `COUNTER_BASELINE_BIN` adds an
+//!   older sluice-counter build); see
 //!   `rls.rs`. Not in the default groups. Build the bench with `--profile lab` for it: the
 //!   load generator runs in this binary, and in the dev profile it is slower than the
 //!   services it measures.

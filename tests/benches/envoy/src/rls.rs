@@ -3,7 +3,9 @@
 //! beside Limitador (Kuadrant's RLS server, `LIMITADOR_BIN`, built from its source for
 //! the benchmark only), and sluice.wasm in check mode against the same sluice-counter's
 //! JSON API; then each service alone under a gRPC load generator (`rls-load`, 64
-//! connections).
+//! connections, with 1 call in flight on each, then 4: `RLS_STREAMS`).
+//! `COUNTER_BASELINE_BIN` adds an older sluice-counter build on the memory store, as
+//! "sluice-counter before", for a before-and-after in the same run.
 //!
 //! Envoy has one worker on CPU 0, wrk and the service share CPU 1 (as in the `global`
 //! group); every row, the one without a filter too, routes to the same small upstream in
@@ -78,12 +80,12 @@ fn sluice_bin() -> PathBuf {
         .map_or_else(|| sluice_tests::envoy::repo().join("target/release/sluice-counter"), PathBuf::from)
 }
 
-fn start_sluice(dir: &Path, redis: Option<&str>) -> Service {
+fn start_sluice(bin: &Path, dir: &Path, redis: Option<&str>) -> Service {
     let (json, rls) = (free_addr(), free_addr());
     let mut command = Command::new("taskset");
     command
         .args(["-c", "1"])
-        .arg(sluice_bin())
+        .arg(bin)
         .args(["--listen", &json.to_string(), "--rls-listen", &rls.to_string(), "--token", TOKEN, "--log", "warn"])
         .arg("--rls-config")
         .arg(dir);
@@ -167,15 +169,20 @@ fn wasm_envoy(json_api: SocketAddr, upstream: SocketAddr) -> EnvoyBuilder {
 type Start<'a> = Box<dyn Fn() -> Service + 'a>;
 
 fn services<'a>(
+    bins: &'a (PathBuf, Option<PathBuf>),
     dir: &'a Path,
     limits: &'a Path,
     redis: &'a str,
     limitador: Option<&'a Path>,
 ) -> Vec<(&'static str, Start<'a>)> {
+    let (sluice, before) = bins;
     let mut all: Vec<(&'static str, Start<'a>)> = vec![
-        ("sluice-counter, memory", Box::new(move || start_sluice(dir, None))),
-        ("sluice-counter, redis", Box::new(move || start_sluice(dir, Some(redis)))),
+        ("sluice-counter, memory", Box::new(move || start_sluice(sluice, dir, None))),
+        ("sluice-counter, redis", Box::new(move || start_sluice(sluice, dir, Some(redis)))),
     ];
+    if let Some(before) = before {
+        all.push(("sluice-counter before, memory", Box::new(move || start_sluice(before, dir, None))));
+    }
     if let Some(bin) = limitador {
         all.push(("limitador, memory", Box::new(move || start_limitador(bin, limits, None))));
         all.push(("limitador, redis", Box::new(move || start_limitador(bin, limits, Some(redis)))));
@@ -184,13 +191,14 @@ fn services<'a>(
 }
 
 /// One run of `rls-load` on CPU 1 against `addr`: decisions/s, p50, p99, errors.
-fn load(addr: SocketAddr, connections: usize, seconds: u64, token: Option<&str>) -> (Sample, u64) {
+fn load(addr: SocketAddr, connections: usize, streams: usize, seconds: u64, token: Option<&str>) -> (Sample, u64) {
     let exe = std::env::current_exe().expect("this binary");
     let mut command = Command::new("taskset");
     command.args(["-c", "1"]).arg(exe).args([
         "rls-load",
         &addr.to_string(),
         &connections.to_string(),
+        &streams.to_string(),
         &seconds.to_string(),
     ]);
     if let Some(token) = token {
@@ -227,6 +235,12 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
     // The upstream every row routes to: a small HTTP/1.1 server in this process.
     let upstream = sluice_tests::upstream::Upstream::start(&[]);
     let connections = super::env_or("RLS_CONNECTIONS", 64) as usize;
+    let streams: Vec<usize> = std::env::var("RLS_STREAMS")
+        .unwrap_or_else(|_| "1,4".to_owned())
+        .split(',')
+        .map(|s| s.trim().parse().expect("RLS_STREAMS: numbers separated by commas"))
+        .collect();
+    let bins = (sluice_bin(), std::env::var_os("COUNTER_BASELINE_BIN").map(PathBuf::from));
     let mut rows: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     let mut service_cpu: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for round in 1..=rounds {
@@ -234,7 +248,7 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
         let sample = measure(&none, &["x-user: u1"], 32, seconds);
         rows.entry("no filter".to_owned()).or_default().push(sample);
         drop(none);
-        for (name, start) in services(&rules_dir, &limits, &redis_url, limitador.as_deref()) {
+        for (name, start) in services(&bins, &rules_dir, &limits, &redis_url, limitador.as_deref()) {
             let service = start();
             let mut envoys: Vec<(String, Envoy)> = vec![(
                 format!("native ratelimit → {name}"),
@@ -264,19 +278,21 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
             }
             drop(envoys);
             service.pin(0);
-            let _ = load(service.rls, connections, 1, Some(TOKEN));
-            let before = cpu_ns(service.pid());
-            let (alone, errors) = load(service.rls, connections, seconds, Some(TOKEN));
-            let after = cpu_ns(service.pid());
-            let row = format!("{name} alone, {connections} connections");
-            eprintln!(
-                "round {round}: {row:42} {:>7.0} decisions/s (p50 {:.0} µs, p99 {:.0} µs), {errors} errors",
-                alone.rps, alone.p50_us, alone.p99_us
-            );
-            if let (Some(b), Some(a)) = (before, after) {
-                service_cpu.entry(row.clone()).or_default().push((a - b) / alone.requests.max(1.0));
+            for &streams in &streams {
+                let _ = load(service.rls, connections, streams, 1, Some(TOKEN));
+                let before = cpu_ns(service.pid());
+                let (alone, errors) = load(service.rls, connections, streams, seconds, Some(TOKEN));
+                let after = cpu_ns(service.pid());
+                let row = alone_row(name, connections, streams);
+                eprintln!(
+                    "round {round}: {row:42} {:>7.0} decisions/s (p50 {:.0} µs, p99 {:.0} µs), {errors} errors",
+                    alone.rps, alone.p50_us, alone.p99_us
+                );
+                if let (Some(b), Some(a)) = (before, after) {
+                    service_cpu.entry(row.clone()).or_default().push((a - b) / alone.requests.max(1.0));
+                }
+                rows.entry(row).or_default().push(alone);
             }
-            rows.entry(row).or_default().push(alone);
         }
     }
     let med = |name: &str, f: fn(&Sample) -> f64| median(&mut rows[name].iter().map(f).collect::<Vec<_>>());
@@ -294,16 +310,29 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
             med(name, |s| s.cpu_ns_per_request),
         );
     }
-    let alone = |name: &str| format!("{name} alone, {connections} connections");
-    if rows.contains_key(&alone("limitador, memory")) {
-        for store in ["memory", "redis"] {
-            let (s, l) = (alone(&format!("sluice-counter, {store}")), alone(&format!("limitador, {store}")));
-            println!(
-                "{store}: sluice-counter makes {:.2}× Limitador's decisions per second at {connections} connections, p99 {:.0} µs against {:.0} µs",
-                med(&s, |x| x.rps) / med(&l, |x| x.rps),
-                med(&s, |x| x.p99_us),
-                med(&l, |x| x.p99_us),
-            );
+    for &streams in &streams {
+        let alone = |name: &str| alone_row(name, connections, streams);
+        for (ours, theirs) in [
+            ("sluice-counter, memory", "limitador, memory"),
+            ("sluice-counter, redis", "limitador, redis"),
+            ("sluice-counter, memory", "sluice-counter before, memory"),
+        ] {
+            let (s, l) = (alone(ours), alone(theirs));
+            if rows.contains_key(&l) {
+                println!(
+                    "{ours} makes {:.2}× the decisions per second of {theirs} at {connections} connections × {streams} in flight, p99 {:.0} µs against {:.0} µs, CPU per decision {:.2}×",
+                    med(&s, |x| x.rps) / med(&l, |x| x.rps),
+                    med(&s, |x| x.p99_us),
+                    med(&l, |x| x.p99_us),
+                    median(service_cpu.get_mut(&s).expect("measured"))
+                        / median(service_cpu.get_mut(&l).expect("measured")),
+                );
+            }
         }
     }
+}
+
+/// The name of a service-alone row.
+fn alone_row(name: &str, connections: usize, streams: usize) -> String {
+    format!("{name} alone, {connections} connections × {streams} in flight")
 }
