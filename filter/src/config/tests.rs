@@ -72,3 +72,13 @@ fn the_schema_forbids_unknown_fields_everywhere() {
     assert!(schema.contains("\"additionalProperties\":false"));
     assert!(!schema.contains("\"additionalProperties\":true"));
 }
+
+/// The reason `core`'s float formatting (`flt2dec`, about 18 KB of `sluice.wasm`) stays
+/// in the release module: serde names the value it refused, and a float is printed as one.
+#[test]
+fn a_fraction_where_a_whole_number_belongs_is_refused_naming_the_field_and_the_value() {
+    let message = error(r#"{"policies":[{"name":"p","key":[{"header":"x-user"}],"rate":"10/second","burst":1.5}]}"#);
+
+    assert!(message.contains("policies[0].burst"), "{message}");
+    assert!(message.contains("floating point `1.5`"), "{message}");
+}
