@@ -34,7 +34,11 @@
 //!   each service alone under a gRPC load generator (`RLS_CONNECTIONS`, default 64, with
 //!   `RLS_STREAMS` calls in flight on each, default `1,4`; `COUNTER_BASELINE_BIN` adds an
 //!   older sluice-counter build); see
-//!   `rls.rs`. Not in the default groups. Build the bench with `--profile lab` for it: the
+//!   `rls.rs`. Not in the default groups.
+//! * `mixed` (issue 39): the lab's per-user lease policy under one hot caller and 10 000
+//!   cold ones at a fixed rate (`MIXED_RATE`, default 2 000 a second), in check and lease
+//!   mode (and the `BASELINE_WASM` build's): callouts per 1 000 requests and degraded
+//!   answers; see `mixed.rs`. Not in the default groups. Build the bench with `--profile lab` for it: the
 //!   load generator runs in this binary, and in the dev profile it is slower than the
 //!   services it measures.
 //!
@@ -55,6 +59,7 @@ use std::process::Command;
 
 mod first_byte;
 mod global;
+mod mixed;
 mod rls;
 mod rls_load;
 
@@ -508,6 +513,9 @@ fn main() {
     }
     if groups.contains("rls") {
         rls::rls_group(rounds, seconds);
+    }
+    if groups.contains("mixed") {
+        mixed::mixed_group(rounds, seconds);
     }
     if groups.contains("first_byte") {
         first_byte_group(env_or("FIRST_BYTE_REQUESTS", 2000) as usize);
