@@ -178,6 +178,42 @@ impl Activity {
     }
 }
 
+/// `inner` as hyper serves it, each request marked in progress on `activity` until its
+/// response is ready: what an HTTP/2 connection's idle timeout measures. Both front
+/// doors wrap their service in it.
+pub fn tracked<T, B>(
+    inner: T,
+    activity: &Arc<Activity>,
+) -> impl hyper::service::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = hyper::Response<B>,
+    Error = T::Error,
+    Future = impl Future<Output = Result<hyper::Response<B>, T::Error>> + Send + 'static,
+> + Clone
++ Send
++ 'static
+where
+    T: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = hyper::Response<B>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body,
+{
+    let activity = activity.clone();
+    hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let open = activity.start();
+        let response = inner.call(request);
+        async move {
+            let response = response.await;
+            drop(open);
+            response
+        }
+    })
+}
+
 impl Drop for InProgress {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);

@@ -216,19 +216,7 @@ async fn connection(
         }
     };
     let activity = Arc::new(conn::Activity::default());
-    let service = {
-        let tower = hyper_util::service::TowerToHyperService::new(routes);
-        let activity = activity.clone();
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            let open = activity.start();
-            let response = hyper::service::Service::call(&tower, request);
-            async move {
-                let response = response.await;
-                drop(open);
-                response
-            }
-        })
-    };
+    let service = conn::tracked(hyper_util::service::TowerToHyperService::new(routes), &activity);
     let io = hyper_util::rt::TokioIo::new(conn::Prefixed::new(prefix, stream));
     let (http1, http2) = &*builders;
     match protocol {

@@ -135,19 +135,7 @@ async fn connection(
     held: crate::server::Held,
 ) {
     let activity = Arc::new(crate::conn::Activity::default());
-    let service = {
-        let tower = hyper_util::service::TowerToHyperService::new(service);
-        let activity = activity.clone();
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            let open = activity.start();
-            let response = hyper::service::Service::call(&tower, request);
-            async move {
-                let response = response.await;
-                drop(open);
-                response
-            }
-        })
-    };
+    let service = crate::conn::tracked(hyper_util::service::TowerToHyperService::new(service), &activity);
     let io = hyper_util::rt::TokioIo::new(stream);
     let idle = Some((activity, crate::conn::H2_IDLE_TIMEOUT));
     crate::conn::drive(http2.serve_connection(io, service), draining, idle).await;

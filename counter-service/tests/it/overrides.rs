@@ -576,14 +576,24 @@ async fn the_cli_sets_lists_and_removes_overrides_on_a_running_service() {
     running.stop().await.expect("clean stop");
 }
 
-/// The calls `redis` has served of `command` (its `INFO commandstats`).
-fn calls_of(redis: &RedisServer, command: &str) -> u64 {
+/// The calls `redis` has served of each of `commands` (its `INFO commandstats`), read
+/// from one snapshot: counts read one after the other could straddle a script that
+/// calls both.
+fn calls_of_each<const N: usize>(redis: &RedisServer, commands: [&str; N]) -> [u64; N] {
     let info: String = redis.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    commands.map(|command| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// The calls `redis` has served of `command`.
+fn calls_of(redis: &RedisServer, command: &str) -> u64 {
+    let [calls] = calls_of_each(redis, [command]);
+    calls
 }
 
 /// Waits (at most 10 s) until the instances have swept `sweeps` more times between them:
@@ -601,7 +611,8 @@ async fn sweeps(redis: &RedisServer, sweeps: u64) {
 /// instance has seen an override, each sweep also claims expired ones in a script that
 /// calls ZRANGEBYSCORE and ZCOUNT once each), and less the set script's ZCOUNT.
 fn lists(redis: &RedisServer, sets: u64) -> u64 {
-    calls_of(redis, "zrangebyscore") - (calls_of(redis, "zcount") - sets)
+    let [listed, counted] = calls_of_each(redis, ["zrangebyscore", "zcount"]);
+    listed - (counted - sets)
 }
 
 #[tokio::test]
