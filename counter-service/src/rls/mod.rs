@@ -85,8 +85,8 @@ pub fn start(
 ///
 /// Connections are accepted and served as the JSON API's are
 /// ([`crate::server::accept_until`]): the same bound on connections, pings, idle
-/// timeout and drain, on hyper's HTTP/2 server without tonic's router (which cost a
-/// tenth of a decision's CPU: docs/benchmarks.md, "RLS v3").
+/// timeout and drain, on hyper's HTTP/2 server without tonic's router (which cost
+/// about 8 % of a decision's CPU: docs/benchmarks.md, "RLS v3 again").
 ///
 /// # Errors
 /// Never at present: accept errors are logged and retried.
