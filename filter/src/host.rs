@@ -204,8 +204,9 @@ reasons! {
     /// `LeaseSlotTaken`, the request is then decided by a check at the service
     /// (`lease.checked.contended`); degraded only where no check can be sent.
     LeaseContended = ("lease_contended", DegradedLeaseContended),
-    /// Lease mode: the caller's key is cold (known to ask for fewer than `COLD_BELOW`, four, units over
-    /// a lease's life), so its request is checked at the service rather than leased, and
+    /// Lease mode: the caller's key is cold (it asked for fewer than the lease's
+    /// `cold_below` units over the last lease life, a first request included), so its
+    /// request is checked at the service rather than leased, and
     /// that check could not be held for it (the worker decides it at once). Otherwise the
     /// service decides it: `lease.checked.cold`.
     LeaseCold = ("lease_cold", DegradedLeaseCold),

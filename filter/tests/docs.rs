@@ -142,6 +142,7 @@ const DEFAULTS: &[(&str, &str, &str)] = &[
     ("### `counter_service`", "`timeout`", "/$defs/RawCounterService/properties/timeout"),
     ("| `lease` field |", "`duration`", "/$defs/RawLease/properties/duration"),
     ("| `lease` field |", "`max_waiting`", "/$defs/RawLease/properties/max_waiting"),
+    ("| `lease` field |", "`cold_below`", "/$defs/RawLease/properties/cold_below"),
 ];
 
 #[test]

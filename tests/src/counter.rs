@@ -162,8 +162,9 @@ impl Counter {
         self.running.as_ref().expect("the counter service is running").app.store()
     }
 
-    /// One of its Prometheus metrics without labels (such as
-    /// `sluice_counter_leased_tokens_total`); 0 when absent or not running.
+    /// One of its Prometheus series, by its name and labels as rendered (such as
+    /// `sluice_counter_leased_tokens_total`, or `sluice_counter_decisions_total{outcome="admitted"}`);
+    /// 0 when absent or not running.
     pub fn metric(&self, name: &str) -> u64 {
         let Some(running) = &self.running else { return 0 };
         let text = running.app.metrics().render(running.app.store());

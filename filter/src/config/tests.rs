@@ -82,3 +82,20 @@ fn a_fraction_where_a_whole_number_belongs_is_refused_naming_the_field_and_the_v
     assert!(message.contains("policies[0].burst"), "{message}");
     assert!(message.contains("floating point `1.5`"), "{message}");
 }
+
+#[test]
+fn a_lease_checks_keys_below_four_units_per_life_unless_the_capacity_is_smaller() {
+    let lease = |burst: u64| {
+        let json = format!(
+            r#"{{"counter_service":{{"cluster":"c","hash_key_env":"K"}},"policies":[{{"name":"p","key":["client_address"],
+                "rate":"1/second","burst":{burst},"global":{{"strategy":"lease"}}}}]}}"#
+        );
+        match config(&json).policies[0].global.map(|g| g.strategy) {
+            Some(Strategy::Lease(lease)) => lease.cold_below,
+            other => panic!("{other:?}"),
+        }
+    };
+
+    assert_eq!(lease(100), bounds::DEFAULT_COLD_BELOW);
+    assert_eq!(lease(2), 2, "at most the capacity");
+}

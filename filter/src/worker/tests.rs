@@ -182,7 +182,7 @@ fn the_tick_times_out_a_check_past_its_deadline_and_a_late_answer_changes_nothin
 
 const LEASED: &str = r#"{"counter_service": {"cluster": "counter", "hash_key_env": "K", "timeout": "100ms"},
     "policies": [{"name": "leased", "key": [{"header": "x-user"}], "rate": "100/second", "burst": 100,
-    "global": {"strategy": "lease", "lease": {"size": 10, "duration": "2s", "low_water": 3, "max_waiting": 1}},
+    "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "duration": "2s", "low_water": 3, "max_waiting": 1}},
     "on_failure": {"action": "allow"}}]}"#;
 
 #[test]

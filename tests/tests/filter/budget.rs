@@ -182,12 +182,13 @@ fn with_metrics_flush_a_request_makes_no_metric_host_call_and_its_counts_arrive_
     assert_accounting(&host, "key");
 }
 
-/// One lease policy whose service grants 1 000 tokens at a time, 2 ms away.
+/// One lease policy whose service grants 1 000 tokens at a time, 2 ms away; a key is
+/// leased from its first request.
 fn leasing() -> wasm_host::HostBuilder {
     let config = r#"{
       "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
       "policies": [{"name": "key", "key": [{"header": "x-api-key"}], "rate": "100000/second", "burst": 100000,
-                    "global": {"strategy": "lease", "lease": {"size": 1000, "duration": "10s", "low_water": 10}}}]
+                    "global": {"strategy": "lease", "lease": {"size": 1000, "duration": "10s", "low_water": 10, "cold_below": 0}}}]
     }"#;
     let grant = r#"{"granted":1000,"expires_in_ms":10000,"at_ns":1,"entry":{"verdict":"allowed","limit":100000,
       "remaining":99000,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;

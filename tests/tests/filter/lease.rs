@@ -11,7 +11,7 @@ use wasm_host::{Answer, HostBuilder, Outcome, StreamId};
 const CONFIG: &str = r#"{
   "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
-                "global": {"strategy": "lease", "lease": {"size": 10, "duration": "2s", "low_water": 3, "max_waiting": 2}},
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "duration": "2s", "low_water": 3, "max_waiting": 2}},
                 "on_failure": {"action": "deny", "emergency": {"rate": "1/hour", "burst": 5}}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
@@ -130,9 +130,9 @@ const ROUTE_AND_TENANT: &str = r#"{
   "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
   "policies": [
     {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
-     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
     {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "50/second", "burst": 50,
-     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
 
@@ -173,9 +173,9 @@ const TWO_QUEUES: &str = r#"{
   "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
   "policies": [
     {"name": "a", "key": [{"header": "x-a"}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
-     "global": {"strategy": "lease", "lease": {"size": 10, "max_waiting": 4}}, "on_failure": {"action": "deny"}},
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "max_waiting": 4}}, "on_failure": {"action": "deny"}},
     {"name": "b", "key": [{"header": "x-b"}], "on_missing_key": "skip", "rate": "100/second", "burst": 100,
-     "global": {"strategy": "lease", "lease": {"size": 10, "max_waiting": 64}}, "on_failure": {"action": "deny"}}],
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "max_waiting": 64}}, "on_failure": {"action": "deny"}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
 
@@ -209,7 +209,7 @@ fn a_waiting_request_keeps_its_place_when_a_tick_retries_it_behind_a_longer_queu
 const QUICK_REFILLS: &str = r#"{
   "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms"},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "1000/second", "burst": 1000,
-                "global": {"strategy": "lease", "lease": {"size": 2, "low_water": 0}}, "on_failure": {"action": "deny"}}],
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 2, "low_water": 0}}, "on_failure": {"action": "deny"}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
 
@@ -255,7 +255,7 @@ const ONE_LEASE_SLOT: &str = r#"{
   "counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY", "timeout": "50ms",
                       "circuit_breaker": {"failures": 100}},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
-                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
 
@@ -309,4 +309,63 @@ fn a_lease_policy_cannot_change_its_slots_without_a_version_bump() {
     let error = changed.expect_err("its records would move to other slots").to_string();
     assert!(error.contains("policies[0].slots"), "{error}");
     assert!(bumped.is_ok());
+}
+
+/// Answers a check (`/v1/check`, or each of a batch's on `/v1/checks`) with an admission
+/// and a refill with [`GRANT`], 10 ms after it is sent.
+fn admit_or_grant(call: &wasm_host::CalloutRequest) -> Answer {
+    let allowed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"allowed","limit":100,"remaining":99,
+        "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}]}"#;
+    let body = match call.headers.get_str(":path") {
+        Some("/v1/lease") => GRANT.to_owned(),
+        Some("/v1/checks") => {
+            let checks: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
+            let n = checks["checks"].as_array().map_or(0, Vec::len);
+            format!(r#"{{"results":[{}]}}"#, vec![allowed; n].join(","))
+        }
+        _ => allowed.to_owned(),
+    };
+    Answer::status(200).header("content-type", "application/json").body(body).after(millis(10))
+}
+
+#[test]
+fn keys_seen_for_the_first_time_are_checked_together_and_a_key_is_leased_from_its_fourth_unit() {
+    // The shipped default (`cold_below` 4), one check call in flight per worker.
+    let config = CONFIG
+        .replace(r#""cold_below": 0, "#, "")
+        .replace(r#""timeout": "50ms""#, r#""timeout": "50ms", "max_checks_in_flight": 1"#);
+    let paths = Arc::new(Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    let mut host = builder(&config)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .scripted_cluster("sluice-counter", move |call| {
+            seen.lock().unwrap().push(call.headers.get_str(":path").unwrap_or_default().to_owned());
+            admit_or_grant(call)
+        })
+        .build()
+        .unwrap();
+    let caller = |name: &str| Request::get("/").header("x-tenant", name);
+
+    // Three new callers at once: the first check goes out alone, the other two wait for
+    // it and go out together.
+    let new: Vec<StreamId> = ["a", "b", "c"].iter().map(|name| host.worker(0).request(caller(name))).collect();
+    host.advance(millis(30));
+    let new_callers = paths.lock().unwrap().clone();
+    // One caller that keeps coming: three checks, then a lease.
+    let acme: Vec<bool> = (0..4)
+        .map(|_| {
+            let stream = host.worker(0).request(caller("acme"));
+            host.advance(millis(20));
+            forwarded(&mut host, 0, stream)
+        })
+        .collect();
+    let all = paths.lock().unwrap().clone();
+
+    assert!(new.iter().all(|&stream| forwarded(&mut host, 0, stream)), "each admitted by the service");
+    assert_eq!(new_callers, ["/v1/check", "/v1/checks"], "checked, two of them in one call; nothing leased");
+    assert_eq!(acme, [true; 4], "each admitted, the fourth from its lease");
+    assert_eq!(&all[2..], ["/v1/check", "/v1/check", "/v1/check", "/v1/lease"]);
+    assert_eq!(metric(&host, "tenant", Counter::LeaseCheckedCold), 6);
+    assert_eq!(metric(&host, "tenant", Counter::LeaseGranted), 10);
+    assert_accounting(&host, "tenant");
 }

@@ -480,3 +480,45 @@ async fn a_graceful_stop_closes_the_rls_front_door_and_ends_its_connections() {
     assert!(after.is_err(), "{after:?}");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "nothing listens on the RLS port any more");
 }
+
+#[tokio::test]
+async fn a_graceful_stop_answers_an_rls_call_still_waiting_on_a_slow_store_and_takes_no_new_connection() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let dir = dir_with(RULES);
+    let config = Config {
+        store: StoreKind::Redis,
+        redis_url: vec![redis.url()],
+        redis_timeout_ms: 10_000,
+        ..rls_config(dir.path())
+    };
+    let (running, addr) = start(config).await;
+    let json = Http::new(running.addr);
+    let mut rls = client(addr).await;
+    assert_eq!(ask(&mut rls, request("shop", "ann")).await.overall_code, Code::Ok as i32);
+    redis.signal("STOP");
+    let call = tokio::spawn(async move { rls.should_rate_limit(request("shop", "ann")).await });
+    // The call waits on the stopped store once the service counts it in flight.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&json.get("/metrics").await.1, "sluice_counter_in_flight_requests") < 1 {
+        assert!(std::time::Instant::now() < deadline, "the call never reached the store");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let stopping = tokio::spawn(running.stop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the RLS port still takes connections while draining");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting_for_the_call = !stopping.is_finished();
+    redis.signal("CONT");
+    let answered = tokio::time::timeout(Duration::from_secs(10), call).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), stopping).await;
+
+    assert!(waiting_for_the_call, "the stop waits for the call in flight");
+    let answered =
+        answered.expect("answered once the store is back").expect("the task").expect("an answer, not an error");
+    assert_eq!(answered.into_inner().overall_code, Code::Ok as i32, "the second of two an hour");
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "then the stop completes: {stopped:?}");
+}

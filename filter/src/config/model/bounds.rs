@@ -137,6 +137,12 @@ pub const MAX_LEASE: Written = Written::mins(5);
 const _: () = assert!(MAX_LEASE.millis() == sluice_protocol::MAX_LEASE_TTL_MS);
 /// Default life of a lease.
 pub const DEFAULT_LEASE: Written = Written::secs(2);
+/// Default demand, in units per lease life on one proxy, below which a lease policy's key
+/// is cold: checked at the service per request rather than leased (see the filter README,
+/// "Lease mode adapts to demand"). Below it, a lease rarely serves more than a request or
+/// two before it expires: it costs about a callout per request, as a check does, and
+/// strands what is left.
+pub const DEFAULT_COLD_BELOW: u32 = 4;
 /// Default bound on requests one worker holds waiting for a refill.
 pub const DEFAULT_MAX_WAITING: u32 = 64;
 /// Largest bound on requests one worker holds waiting for a refill.

@@ -11,12 +11,12 @@ mod cost;
 mod forms;
 
 use super::model::bounds::{
-    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_FAILURE_STATUS, DEFAULT_IPV4_PREFIX,
-    DEFAULT_IPV6_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT, DEFAULT_MAX_PAUSED, DEFAULT_MAX_WAITING,
-    DEFAULT_SLOTS, DEFAULT_STAT_PREFIX, DEFAULT_STATUS, DEFAULT_TICK_MS, DEFAULT_TIMEOUT, MAX_BREAKER_FAILURES,
-    MAX_CHECKS_PER_CALL, MAX_CONFIGURED_AMOUNT, MAX_IPV4_PREFIX, MAX_IPV6_PREFIX, MAX_MAX_CHECKS_IN_FLIGHT,
-    MAX_MAX_PAUSED, MAX_MAX_WAITING, MAX_SLOTS, MAX_STATUS, MAX_TICK_MS, MAX_UNIT_BYTES, MIN_BREAKER_FAILURES,
-    MIN_STATUS, MIN_TICK_MS,
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_COLD_BELOW, DEFAULT_FAILURE_STATUS,
+    DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT, DEFAULT_MAX_PAUSED,
+    DEFAULT_MAX_WAITING, DEFAULT_SLOTS, DEFAULT_STAT_PREFIX, DEFAULT_STATUS, DEFAULT_TICK_MS, DEFAULT_TIMEOUT,
+    MAX_BREAKER_FAILURES, MAX_CHECKS_PER_CALL, MAX_CONFIGURED_AMOUNT, MAX_IPV4_PREFIX, MAX_IPV6_PREFIX,
+    MAX_MAX_CHECKS_IN_FLIGHT, MAX_MAX_PAUSED, MAX_MAX_WAITING, MAX_SLOTS, MAX_STATUS, MAX_TICK_MS, MAX_UNIT_BYTES,
+    MIN_BREAKER_FAILURES, MIN_STATUS, MIN_TICK_MS,
 };
 pub use cost::{RawCost, RawEstimateWord, RawHeaderCost, RawOnUnknown, RawResponseCost};
 pub use forms::{DurationSpec, RateSpec, RawAlgorithm};
@@ -170,6 +170,13 @@ pub struct RawLease {
     /// the rest is forgiven. At most the policy's capacity, which is the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_debt: Option<u64>,
+    /// A key that asked for fewer units than this over the last lease life on this proxy
+    /// (a key seen for the first time included) is cold: its requests are checked at the
+    /// service, exactly, rather than leased. `0` leases every key from its first request.
+    /// At most the policy's capacity. Default 4 (or the capacity, if smaller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = DEFAULT_COLD_BELOW))]
+    pub cold_below: Option<u32>,
 }
 
 /// A local bucket that decides a global policy while the counter service cannot.

@@ -7,10 +7,10 @@ use super::fields::{amount, between, duration_between, is_header_value};
 use super::issues::Issues;
 use super::key::validate_key;
 use crate::config::model::bounds::{
-    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_LEASE, DEFAULT_MAX_CHECKS_IN_FLIGHT,
-    DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT, MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES, MAX_CHECKS_PER_CALL, MAX_LEASE,
-    MAX_MAX_CHECKS_IN_FLIGHT, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT, MIN_BREAKER_COOLDOWN,
-    MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
+    DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, DEFAULT_COLD_BELOW, DEFAULT_LEASE,
+    DEFAULT_MAX_CHECKS_IN_FLIGHT, DEFAULT_MAX_WAITING, DEFAULT_TIMEOUT, MAX_BREAKER_COOLDOWN, MAX_BREAKER_FAILURES,
+    MAX_CHECKS_PER_CALL, MAX_LEASE, MAX_MAX_CHECKS_IN_FLIGHT, MAX_MAX_WAITING, MAX_SECRET_BYTES, MAX_TIMEOUT,
+    MIN_BREAKER_COOLDOWN, MIN_BREAKER_FAILURES, MIN_HASH_KEY_BYTES, MIN_LEASE, MIN_TIMEOUT,
 };
 use crate::config::model::global::{Breaker, CounterService, Global, Lease, Secret, SecretSource, Strategy};
 use crate::config::raw::{
@@ -266,7 +266,15 @@ fn validate_lease(issues: &mut Issues, path: &str, raw: &Option<RawLease>, capac
         issues
             .add(format!("{path}.max_debt"), format!("must be at most the policy's capacity ({most}), got {max_debt}"));
     }
-    (issues.count() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt })
+    let cold_below =
+        raw.cold_below.unwrap_or_else(|| DEFAULT_COLD_BELOW.min(u32::try_from(capacity).unwrap_or(u32::MAX)));
+    if u64::from(cold_below) > capacity {
+        issues.add(
+            format!("{path}.cold_below"),
+            format!("must be at most the policy's capacity ({capacity}), got {cold_below}"),
+        );
+    }
+    (issues.count() == before).then_some(Lease { size, duration_ms, low_water, max_waiting, max_debt, cold_below })
 }
 
 /// The emergency cap: a token bucket per caller and proxy.

@@ -7,13 +7,10 @@
 
 use shared_store::Nanos;
 
-/// A key whose known demand over one lease life is below this many units is **cold**:
-/// its requests are checked at the service (exact; nothing leased, nothing stranded)
-/// rather than leased. Below it, a lease rarely serves more than a request or two before
-/// it expires: it costs about a callout per request like a check, and strands what is
-/// left. Measured on the lab's speed scenario (docs/benchmarks.md): with 2, 14.6 % of
-/// leased tokens expired unspent; with 4, none, for 1 % more callouts.
-pub(crate) const COLD_BELOW: u64 = 4;
+/// A key with nothing in the interval before and at least this many units in this one is
+/// expected to go on at the rate it has shown (see [`Demand::expected`]): fewer are too
+/// few to read a rate from.
+pub(crate) const PROJECTED_FROM: u64 = 4;
 
 /// A key's rate is read over at least this fraction of a lease life (1/100): four
 /// requests in a few microseconds are not taken for millions a second.
@@ -31,8 +28,7 @@ pub(crate) struct Demand {
 }
 
 impl Demand {
-    /// Whether anything is known of the key's demand (a fresh record knows nothing: its
-    /// key is served by a lease, as it always was).
+    /// Whether anything is known of the key's demand (a fresh record knows nothing).
     pub(crate) fn is_known(&self) -> bool {
         self.since > Nanos::ZERO
     }
@@ -64,7 +60,7 @@ impl Demand {
     /// The units the key is expected to ask for over the next lease life: what it asked
     /// for over the last one (the current interval, and the part of the one before that
     /// the last life still covers, rounded up). A key with nothing in the interval before
-    /// and at least [`COLD_BELOW`] units in this one (it just arrived, or came back) is
+    /// and at least [`PROJECTED_FROM`] units in this one (it just arrived, or came back) is
     /// expected to go on at the rate it has shown since the interval began, over at least
     /// [`RATE_SPAN`] of a life: so a busy key's grants reach its demand in a few refills
     /// rather than growing from one unit.
@@ -74,7 +70,7 @@ impl Demand {
         let into = u128::from(now.0.saturating_sub(rolled.since.0)).min(life);
         let from_previous = (u128::from(rolled.previous) * (life - into)).div_ceil(life);
         let last_life = rolled.current.saturating_add(u64::try_from(from_previous).unwrap_or(u64::MAX));
-        if rolled.previous > 0 || rolled.current < COLD_BELOW {
+        if rolled.previous > 0 || rolled.current < PROJECTED_FROM {
             return last_life;
         }
         let span = into.max(life / RATE_SPAN).max(1);
@@ -82,15 +78,16 @@ impl Demand {
         last_life.max(u64::try_from(at_its_rate).unwrap_or(u64::MAX))
     }
 
-    /// Whether a key, asking for `cost` at `now`, is cold ([`COLD_BELOW`]), once this
-    /// request is counted. A key nothing is known of is not.
-    pub(crate) fn is_cold(&self, now: Nanos, life: Nanos) -> bool {
-        self.is_known() && self.expected(now, life) < COLD_BELOW
+    /// Whether the key is cold at `now`: expected to ask for fewer than `cold_below` units
+    /// over the next lease life (`0`: no key is). A key nothing is known of is not (its
+    /// requests are counted before this is asked).
+    pub(crate) fn is_cold(&self, now: Nanos, life: Nanos, cold_below: u64) -> bool {
+        self.is_known() && self.expected(now, life) < cold_below
     }
 
     /// The tokens to ask for in a refill: what the key is expected to spend over the
     /// lease's life, at least `min_tokens` and at most the policy's `size` (a key
-    /// nothing is known of asks for `size`, as before).
+    /// nothing is known of asks for `size`).
     pub(crate) fn ask(&self, now: Nanos, life: Nanos, min_tokens: u64, size: u64) -> u64 {
         if !self.is_known() {
             return size;
@@ -104,6 +101,8 @@ mod tests {
     use super::*;
 
     const LIFE: Nanos = Nanos(1000);
+    /// The default bound.
+    const COLD_BELOW: u64 = 4;
 
     fn at(n: u64) -> Nanos {
         Nanos(1_000_000 + n)
@@ -112,7 +111,7 @@ mod tests {
     #[test]
     fn nothing_known_is_neither_cold_nor_sized() {
         let demand = Demand::default();
-        assert!(!demand.is_cold(at(0), LIFE));
+        assert!(!demand.is_cold(at(0), LIFE, COLD_BELOW));
         assert_eq!(demand.ask(at(0), LIFE, 1, 50), 50);
     }
 
@@ -120,9 +119,9 @@ mod tests {
     fn fewer_units_per_life_than_the_bound_are_cold_and_the_bound_is_not() {
         let mut demand = Demand::default();
         demand.note(COLD_BELOW - 1, at(0), LIFE);
-        assert!(demand.is_cold(at(10), LIFE), "one unit short over the last life");
+        assert!(demand.is_cold(at(10), LIFE, COLD_BELOW), "one unit short over the last life");
         demand.note(1, at(500), LIFE);
-        assert!(!demand.is_cold(at(600), LIFE), "the bound");
+        assert!(!demand.is_cold(at(600), LIFE, COLD_BELOW), "the bound");
     }
 
     #[test]
@@ -134,7 +133,7 @@ mod tests {
         assert_eq!(demand.expected(at(1500), LIFE), 5, "half of it");
         assert_eq!(demand.expected(at(1999), LIFE), 1, "rounded up");
         assert_eq!(demand.expected(at(2000), LIFE), 0);
-        assert!(demand.is_cold(at(5000), LIFE), "a key that went quiet is cold");
+        assert!(demand.is_cold(at(5000), LIFE, COLD_BELOW), "a key that went quiet is cold");
     }
 
     #[test]
@@ -151,12 +150,21 @@ mod tests {
     #[test]
     fn a_key_that_just_arrived_busy_is_expected_to_go_on_at_its_rate() {
         let mut demand = Demand::default();
-        demand.note(COLD_BELOW, at(0), LIFE);
+        demand.note(PROJECTED_FROM, at(0), LIFE);
         assert_eq!(demand.expected(at(0), LIFE), 400, "four units within a hundredth of a life");
         assert_eq!(demand.expected(at(500), LIFE), 8, "four in half a life");
         let mut quiet = Demand::default();
-        quiet.note(COLD_BELOW - 1, at(0), LIFE);
-        assert_eq!(quiet.expected(at(0), LIFE), COLD_BELOW - 1, "a cold key is not projected");
+        quiet.note(PROJECTED_FROM - 1, at(0), LIFE);
+        assert_eq!(quiet.expected(at(0), LIFE), PROJECTED_FROM - 1, "too few units to read a rate from");
+    }
+
+    #[test]
+    fn a_bound_of_zero_makes_no_key_cold() {
+        let mut demand = Demand::default();
+        demand.note(1, at(0), LIFE);
+        assert!(demand.is_cold(at(0), LIFE, 2), "one unit under a bound of two");
+        assert!(!demand.is_cold(at(0), LIFE, 0));
+        assert!(!demand.is_cold(at(5000), LIFE, 0), "not even once it went quiet");
     }
 
     #[test]

@@ -20,10 +20,11 @@ pub(crate) struct Rules {
     pub(crate) probe_every: Nanos,
     /// A grant's life: the interval the key's demand is counted over.
     pub(crate) life: Nanos,
-    /// Whether a cold key's request may be checked at the service ([`Spend::Cold`]);
-    /// `false` for a policy whose cost the response reports (its spend would have to be
-    /// settled as a check's), which is always leased.
-    pub(crate) may_check: bool,
+    /// A key expected to ask for fewer units than this over a lease life is cold: its
+    /// request is checked at the service ([`Spend::Cold`]). `0` for a policy whose cost
+    /// the response reports (its spend would have to be settled as a check's), which is
+    /// always leased, and for one configured so.
+    pub(crate) cold_below: u64,
 }
 
 impl Rules {
@@ -56,9 +57,9 @@ pub(crate) enum Spend {
     Failed { reason: u64 },
     /// The slot is held by another key's lease: the failure rule (`lease_slot_taken`).
     Taken,
-    /// The lease holds too little, and the key is cold (known to ask for less than
-    /// [`super::demand::COLD_BELOW`] units over a lease's life): no refill is elected,
-    /// the request is checked at the service instead.
+    /// The lease holds too little, and the key is cold (expected to ask for fewer than
+    /// [`Rules::cold_below`] units over a lease's life, a key seen for the first time
+    /// included): no refill is elected, the request is checked at the service instead.
     Cold,
 }
 
@@ -155,7 +156,7 @@ impl<S: Store> Leases<'_, S> {
                 let until = record.take(cost, now);
                 let left = record.live_tokens(now);
                 // A cold key's last tokens are spent without asking for more.
-                let warm = !(rules.may_check && record.demand.is_cold(now, rules.life));
+                let warm = !record.demand.is_cold(now, rules.life, rules.cold_below);
                 let refill = refill_free && left < rules.low_water && now >= record.empty_until && warm;
                 if refill {
                     rules.elect(record, now);
@@ -179,12 +180,14 @@ impl<S: Store> Leases<'_, S> {
                 record.demand.note(cost, now, rules.life);
                 return (true, Spend::Wait { elected: false });
             }
-            // A key seen for the first time is not cold (nothing is known of it yet), nor
-            // one that asked for a refill within the last lease life (it is being leased:
-            // a refill that failed or never came is a failure, not coldness).
-            let known = record.demand.is_known() && now >= record.asked_at.saturating_add(rules.life);
+            // A key seen for the first time is cold until its demand says otherwise (its
+            // first request is checked, exact; a lease would strand what one request does
+            // not spend). A key that asked for a refill within the last lease life is not:
+            // it is being leased, and a refill that failed or never came is a failure,
+            // not coldness.
+            let leasing = record.asked_at > Nanos::ZERO && now < record.asked_at.saturating_add(rules.life);
             record.demand.note(cost, now, rules.life);
-            if rules.may_check && known && record.demand.is_cold(now, rules.life) {
+            if !leasing && record.demand.is_cold(now, rules.life, rules.cold_below) {
                 return (true, Spend::Cold);
             }
             rules.elect(record, now);

@@ -4,7 +4,7 @@ use super::*;
 use shared_store::{MemoryStore, Placement, Store};
 
 const RULES: Rules =
-    Rules { low_water: 2, refill_window: Nanos(100), probe_every: Nanos(2000), life: Nanos(2000), may_check: false };
+    Rules { low_water: 2, refill_window: Nanos(100), probe_every: Nanos(2000), life: Nanos(2000), cold_below: 0 };
 const T: Nanos = Nanos(1_000_000);
 
 fn place() -> Placement {
@@ -476,21 +476,34 @@ fn while_the_budget_is_empty_one_request_asks_again_each_lease_duration_and_its_
 }
 
 #[test]
-fn a_known_key_below_the_cold_bound_is_checked_unless_it_asked_for_a_refill_within_the_last_life() {
+fn a_key_below_the_cold_bound_is_checked_from_its_first_request_unless_it_asked_for_a_refill_within_the_last_life() {
     let store = MemoryStore::new();
     let leases = Leases { store: &store, anchor: "a" };
-    let adaptive = Rules { may_check: true, ..RULES };
+    let adaptive = Rules { cold_below: 4, ..RULES };
     let spend = |rules: Rules, now: Nanos| leases.spend(&place(), 1, now, rules).unwrap().result.unwrap();
 
     let first_sight = spend(adaptive, T);
+    let leased_anyway = spend(RULES, at(10));
     let within_its_life = spend(adaptive, at(150));
-    let a_life_later = spend(adaptive, at(2500));
-    let never_checked = spend(RULES, at(2600));
+    let a_life_later = spend(adaptive, at(3000));
+    let never_checked = spend(RULES, at(3100));
 
-    assert_eq!(first_sight, Spend::Wait { elected: true }, "nothing known: leased");
+    assert_eq!(first_sight, Spend::Cold, "one unit, the first: checked, no refill elected");
+    assert_eq!(leased_anyway, Spend::Wait { elected: true }, "a bound of 0: leased");
     assert_eq!(within_its_life, Spend::Wait { elected: true }, "it asked for a refill within the last life");
     assert_eq!(a_life_later, Spend::Cold, "three units over the last life, no refill asked in it");
-    assert_eq!(never_checked, Spend::Wait { elected: true }, "a policy that may not check is always leased");
+    assert_eq!(never_checked, Spend::Wait { elected: true }, "a bound of 0 leases every key");
+}
+
+#[test]
+fn a_first_request_that_costs_the_cold_bound_gets_a_lease() {
+    let store = MemoryStore::new();
+    let leases = Leases { store: &store, anchor: "a" };
+    let adaptive = Rules { cold_below: 4, ..RULES };
+
+    let costly = leases.spend(&place(), 4, T, adaptive).unwrap().result.unwrap();
+
+    assert_eq!(costly, Spend::Wait { elected: true });
 }
 
 /// Grants `n` tokens to a fresh record at `T`, living 2000 ns.

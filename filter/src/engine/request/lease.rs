@@ -343,7 +343,8 @@ fn lease_of<'a>(setup: &Setup, resolved: &'a Resolved, window: Nanos) -> Option<
     // A policy whose cost the response reports is always leased: a check's spend would
     // have to be settled as a check-mode policy's (see `set_aside_checks`).
     let may_check = setup.compiled(resolved.policy).is_some_and(|c| c.policy.cost.settled().is_none());
-    let rules = Rules { low_water: home.config.low_water, refill_window: window, probe_every: life, life, may_check };
+    let cold_below = if may_check { u64::from(home.config.cold_below) } else { 0 };
+    let rules = Rules { low_water: home.config.low_water, refill_window: window, probe_every: life, life, cold_below };
     Some((slot, rules))
 }
 

@@ -303,7 +303,7 @@ fn leased_closed() -> super::lease::World {
       "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
                           "circuit_breaker": {"failures": 1000}},
       "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
-                    "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}}],
+                    "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3, "max_waiting": 4}}}],
       "response": {"fallback_header": "x-sluice-fallback"}
     }"#;
     super::lease::World {
@@ -365,11 +365,11 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
         // finds it taken (to be checked at the service) while its tenant's lease waits
         // for a refill, and the worker cannot hold it: no check can be held either, so
         // the route policy takes its failure rule under its own cause.
-        Reason::LeaseSlotTaken => vec![route_a_then_overflow(Nanos::ZERO, "b")],
-        // Route "a" leased once, then nothing for far more than two lease lives: its key
-        // is known and cold. Its next request, with a new tenant whose lease waits for a
-        // refill, cannot be held: the same.
-        Reason::LeaseCold => vec![route_a_then_overflow(Nanos::from_secs(3600), "a")],
+        Reason::LeaseSlotTaken => vec![route_a_then_overflow("b")],
+        // A route seen for the first time is cold (the route policy's default bound). Its
+        // request, with a new tenant whose lease waits for a refill, cannot be held: the
+        // same.
+        Reason::LeaseCold => vec![a_cold_route_overflows()],
         // A wait outrun by others is found on a retry of a request the worker holds,
         // where the check of its cost can always be sent: it is decided by the service
         // (`lease_checks.rs`), never by the failure rule, so no decision is provoked.
@@ -377,37 +377,53 @@ fn provoke(reason: Reason) -> Vec<(Decided, RecordedMetrics)> {
     }
 }
 
-/// Two lease policies that fail closed: `route` (index 0, one slot) and `tenant`.
-/// Route "a" and tenant "t" lease once; after `quiet`, a request of `route` and a new
-/// tenant "u" (whose lease waits for a refill) is one the worker cannot hold.
-fn route_a_then_overflow(quiet: Nanos, route: &str) -> (Decided, RecordedMetrics) {
-    let mut w = two_leases_closed();
-    let request =
-        |route: &str, tenant: &str| FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant);
-    let first = w.engine.begin(&request("a", "t"), &w.limiter, &mut w.callouts, true, &mut w.metrics);
+/// Two lease policies that fail closed: `route` (index 0, one slot) and `tenant`, both
+/// leased from a key's first request. Route "a" and tenant "t" lease once; then a request
+/// of `route` and a new tenant "u" (whose lease waits for a refill) is one the worker
+/// cannot hold.
+fn route_a_then_overflow(route: &str) -> (Decided, RecordedMetrics) {
+    let mut w = two_leases_closed(TWO_CLOSED);
+    let first = w.engine.begin(&route_and_tenant("a", "t"), &w.limiter, &mut w.callouts, true, &mut w.metrics);
     let _ = w.tick(|_| super::lease::granted(10));
     let _ = decided(w.retry(super::lease::waiting(first)));
-    w.limiter.clock().advance(quiet);
+    overflow(w, &route_and_tenant(route, "u"))
+}
+
+/// As above, but the route policy checks its cold keys (the default bound): route "a" is
+/// seen for the first time, with a new tenant "u" whose lease waits for a refill.
+fn a_cold_route_overflows() -> (Decided, RecordedMetrics) {
+    // The first `cold_below` is the route policy's.
+    let w = two_leases_closed(&TWO_CLOSED.replacen(r#""cold_below": 0, "#, "", 1));
+    overflow(w, &route_and_tenant("a", "u"))
+}
+
+fn route_and_tenant(route: &str, tenant: &str) -> FakeRequest {
+    FakeRequest::get("/").with_header("x-route", route).with_header("x-tenant", tenant)
+}
+
+/// Begins `request`, which waits for a lease, and decides it as one the worker cannot hold.
+fn overflow(mut w: super::lease::World, request: &FakeRequest) -> (Decided, RecordedMetrics) {
     let mut metrics = RecordedMetrics::default();
-    let begun = w.engine.begin(&request(route, "u"), &w.limiter, &mut w.callouts, true, &mut metrics);
+    let begun = w.engine.begin(request, &w.limiter, &mut w.callouts, true, &mut metrics);
     let pending = super::lease::waiting(begun);
     assert!(pending.waits_for_lease());
     (w.engine.overflow(pending, &w.limiter, true, &mut metrics), metrics)
 }
 
-fn two_leases_closed() -> super::lease::World {
-    const TWO_CLOSED: &str = r#"{
-      "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
-                          "circuit_breaker": {"failures": 1000}},
-      "policies": [
-        {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
-         "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}},
-        {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
-         "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}}],
-      "response": {"fallback_header": "x-sluice-fallback"}
-    }"#;
+const TWO_CLOSED: &str = r#"{
+  "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
+                      "circuit_breaker": {"failures": 1000}},
+  "policies": [
+    {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3, "max_waiting": 4}}},
+    {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3, "max_waiting": 4}}}],
+  "response": {"fallback_header": "x-sluice-fallback"}
+}"#;
+
+fn two_leases_closed(config: &str) -> super::lease::World {
     super::lease::World {
-        engine: engine(TWO_CLOSED),
+        engine: engine(config),
         limiter: limiter(),
         callouts: FakeCallouts::default(),
         metrics: RecordedMetrics::default(),

@@ -11,10 +11,12 @@ pub(super) fn env(name: &str) -> Option<String> {
     (name == "HASH").then(|| "0123456789abcdef-operator-key".to_owned())
 }
 
+/// A lease policy that leases every key from its first request (`cold_below` 0): these
+/// tests are about leases; `lease_demand.rs` is about which keys get one.
 pub(super) const LEASED: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
-                "global": {"strategy": "lease", "lease": {"size": 10, "duration": "2s", "low_water": 3, "max_waiting": 4}},
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "duration": "2s", "low_water": 3, "max_waiting": 4}},
                 "on_failure": {"action": "deny", "emergency": {"rate": "1/hour", "burst": 2}}}]
 }"#;
 
@@ -26,8 +28,12 @@ pub(super) struct World {
 }
 
 pub(super) fn world() -> World {
+    world_of(LEASED)
+}
+
+pub(super) fn world_of(config: &str) -> World {
     World {
-        engine: Engine::new(Config::from_json(LEASED.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env)
+        engine: Engine::new(Config::from_json(config.as_bytes()).unwrap(), "sluice/t/r/", HashKey::new([1; 16]), env)
             .unwrap(),
         limiter: Limiter::new(MemoryStore::new(), ManualClock::at(Nanos::from_secs(1000))),
         callouts: FakeCallouts::default(),

@@ -16,7 +16,7 @@ const ONE_SLOT_CLOSED: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms",
                       "circuit_breaker": {"failures": 1000}},
   "policies": [{"name": "t", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
-                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_waiting": 4}}}],
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3, "max_waiting": 4}}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
 

@@ -1,27 +1,85 @@
-//! Lease mode adapts to each key's demand on this proxy (issue 39): a key known to ask
-//! for fewer than four units over a lease's life is checked per request at the service
-//! (nothing leased, nothing stranded); a key that asks for more gets a lease sized to
-//! what it is expected to spend.
+//! Lease mode adapts to each key's demand on this proxy (issue 39): a key that asks for
+//! fewer than four units over a lease's life (the default `cold_below`), a key seen for
+//! the first time included, is checked per request at the service (nothing leased,
+//! nothing stranded); a key that asks for more gets a lease sized to what it is expected
+//! to spend.
 use super::check::{answer, entry};
 use super::lease::*;
 use crate::engine::*;
 use crate::host::Counter;
 use shared_store::Nanos;
 
-/// Tenant "acme" leased once, then asked for nothing for an hour.
+/// The lease policy of `lease.rs` with the default `cold_below`.
+fn adaptive() -> World {
+    world_of(&LEASED.replace(r#""cold_below": 0, "#, ""))
+}
+
+impl World {
+    /// Sends a request of tenant "acme" that is checked as cold and admitted.
+    fn checked_and_admitted(&mut self) {
+        let cold = waiting(self.begin());
+        assert!(!cold.waits_for_lease(), "checked");
+        assert_eq!(self.last_body("/v1/check")["entries"][0]["policy"], "tenant");
+        let allowed = answer(true, &[entry("allowed", 5, 0)]);
+        let decided = self.engine.complete(cold, &allowed, &self.limiter, &mut self.callouts, true, &mut self.metrics);
+        assert_eq!(status(&decided), Some(200));
+    }
+}
+
+/// Tenant "acme" warmed up (three requests checked, the fourth leased), then asked for
+/// nothing for an hour.
 fn went_quiet() -> World {
-    let mut w = world();
-    let first = waiting(w.begin());
-    let _ = w.tick(|_| granted(10));
-    assert_eq!(status(&w.retry(first)), Some(200));
+    let w = warmed_up();
     w.limiter.clock().advance(Nanos::from_secs(3600));
     w
+}
+
+/// Tenant "acme" asked for four units within 300 ms: the first three were checked, the
+/// fourth elected a refill, was granted 10 and spent one.
+fn warmed_up() -> World {
+    let mut w = adaptive();
+    for _ in 0..3 {
+        w.checked_and_admitted();
+        w.limiter.clock().advance(Nanos::from_millis(100));
+    }
+    let warm = waiting(w.begin());
+    assert!(warm.waits_for_lease(), "it waits for a refill it elected");
+    let _ = w.tick(|_| granted(10));
+    assert_eq!(status(&w.retry(warm)), Some(200));
+    w
+}
+
+#[test]
+fn a_key_seen_for_the_first_time_is_checked_at_the_service_and_elects_no_refill() {
+    let mut w = adaptive();
+
+    let pending = waiting(w.begin());
+
+    assert!(!pending.waits_for_lease(), "it waits for a check, not a refill");
+    let body = w.last_body("/v1/check");
+    assert_eq!((body["entries"][0]["cost"].as_u64(), body["entries"][0]["policy"].as_str()), (Some(1), Some("tenant")));
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 1);
+    assert_eq!(w.tick(|_| granted(10)), 0, "no refill was elected");
+    assert_eq!(w.metrics.get(0, Counter::LeaseRefills), 0);
+}
+
+#[test]
+fn a_key_whose_first_request_costs_the_bound_is_leased_at_once() {
+    let mut w = world_of(&LEASED.replace(r#""cold_below": 0, "#, r#""cold_below": 1, "#));
+
+    let pending = waiting(w.begin());
+
+    assert!(pending.waits_for_lease(), "one unit is not below a bound of one");
+    assert_eq!(w.tick(|_| granted(10)), 1);
+    assert_eq!(status(&w.retry(pending)), Some(200));
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 0);
 }
 
 #[test]
 fn a_key_that_went_quiet_is_checked_at_the_service_rather_than_leased() {
     let mut w = went_quiet();
     let refills = w.metrics.get(0, Counter::LeaseRefills);
+    let checked = w.metrics.get(0, Counter::LeaseCheckedCold);
 
     let pending = waiting(w.begin());
 
@@ -37,7 +95,7 @@ fn a_key_that_went_quiet_is_checked_at_the_service_rather_than_leased() {
         &mut w.metrics,
     );
     assert_eq!(status(&decided), Some(200));
-    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 1);
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), checked + 1);
     assert_eq!(w.tick(|_| granted(10)), 0, "no refill was elected");
     assert_eq!(w.metrics.get(0, Counter::LeaseRefills), refills);
     for reason in crate::host::Reason::ALL {
@@ -48,6 +106,7 @@ fn a_key_that_went_quiet_is_checked_at_the_service_rather_than_leased() {
 #[test]
 fn a_cold_key_refused_by_the_service_gets_its_429_and_retry_after() {
     let mut w = went_quiet();
+    let checked = w.metrics.get(0, Counter::LeaseCheckedCold);
 
     let pending = waiting(w.begin());
     let decided = w.engine.complete(
@@ -60,19 +119,17 @@ fn a_cold_key_refused_by_the_service_gets_its_429_and_retry_after() {
     );
 
     assert_eq!(status(&decided), Some(429));
-    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 1);
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), checked + 1);
     assert_eq!(w.metrics.get(0, Counter::FailureDenied) + w.metrics.get(0, Counter::FailureAllowed), 0);
 }
 
 #[test]
 fn a_key_that_heats_up_gets_a_lease_sized_to_its_demand() {
     let mut w = went_quiet();
+    let checked = w.metrics.get(0, Counter::LeaseCheckedCold);
     // Three requests within one lease life: one, two, three units known, all cold.
     for _ in 0..3 {
-        let cold = waiting(w.begin());
-        assert!(!cold.waits_for_lease(), "checked");
-        let allowed = answer(true, &[entry("allowed", 5, 0)]);
-        let _ = w.engine.complete(cold, &allowed, &w.limiter, &mut w.callouts, true, &mut w.metrics);
+        w.checked_and_admitted();
         w.limiter.clock().advance(Nanos::from_millis(100));
     }
 
@@ -87,15 +144,13 @@ fn a_key_that_heats_up_gets_a_lease_sized_to_its_demand() {
         "at its rate: four units in 300 ms are 27 over a life of 2 s, capped at the size of 10"
     );
     assert_eq!(status(&w.retry(warm)), Some(200));
-    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 3);
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), checked + 3);
 }
 
 #[test]
 fn a_busy_key_asks_for_the_whole_size_and_spends_it_without_checks() {
-    let mut w = world();
-    let first = waiting(w.begin());
-    let _ = w.tick(|_| granted(1));
-    assert_eq!(status(&w.retry(first)), Some(200));
+    let mut w = warmed_up();
+    let checked = w.metrics.get(0, Counter::LeaseCheckedCold);
 
     // Thirty requests within one life: each refill asks for what the key is expected to
     // spend, capped at the policy's size of 10.
@@ -113,7 +168,7 @@ fn a_busy_key_asks_for_the_whole_size_and_spends_it_without_checks() {
         w.limiter.clock().advance(Nanos::from_millis(10));
     }
 
-    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), 0);
+    assert_eq!(w.metrics.get(0, Counter::LeaseCheckedCold), checked);
     assert!(asked.iter().all(|&n| n <= 10), "{asked:?}");
     assert!(w.last_body("/v1/lease")["tokens"] == 10, "the size, once the demand exceeds it");
 }

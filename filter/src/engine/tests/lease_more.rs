@@ -27,9 +27,9 @@ const TWO_LEASES: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
   "policies": [
     {"name": "route", "key": [{"header": "x-route"}], "rate": "100/second", "burst": 100, "slots": 1,
-     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}},
     {"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
-     "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}
+     "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3}}, "on_failure": {"action": "allow"}}
   ],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
@@ -157,7 +157,7 @@ fn a_lease_record_that_keeps_losing_its_cas_race_is_counted_as_cas_exhausted_and
 const ONE_SLOT: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
-                "global": {"strategy": "lease", "lease": {"size": 10, "low_water": 3, "max_debt": 50}},
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 10, "low_water": 3, "max_debt": 50}},
                 "on_failure": {"action": "allow"}}],
   "response": {"fallback_header": "x-sluice-fallback"}
 }"#;
@@ -352,7 +352,7 @@ const PARTITIONED: &str = r#"{
                       "partition": [{"header": "x-tenant"}]},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100, "slots": 1,
                 "cost": {"response_header": "x-usage", "estimate": 1, "max": 50},
-                "global": {"strategy": "lease", "lease": {"size": 30, "low_water": 3, "max_debt": 100}},
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 30, "low_water": 3, "max_debt": 100}},
                 "on_failure": {"action": "allow"}}]
 }"#;
 
@@ -443,7 +443,7 @@ const COSTED: &str = r#"{
   "counter_service": {"cluster": "counter", "hash_key_env": "HASH", "timeout": "50ms"},
   "policies": [{"name": "tenant", "key": [{"header": "x-tenant"}], "rate": "100/second", "burst": 100,
                 "cost": {"response_header": "x-usage", "estimate": {"header": "x-cost", "max": 20}, "max": 50},
-                "global": {"strategy": "lease", "lease": {"size": 30, "low_water": 3, "max_debt": 100}},
+                "global": {"strategy": "lease", "lease": {"cold_below": 0, "size": 30, "low_water": 3, "max_debt": 100}},
                 "on_failure": {"action": "allow"}}]
 }"#;
 

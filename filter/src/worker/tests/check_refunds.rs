@@ -12,7 +12,7 @@ fn config(check_algorithm: &str) -> String {
         "policies": [
           {{"name": "checked", "key": [{{"header": "x-user"}}], {check_algorithm}, "global": {{"strategy": "check"}}}},
           {{"name": "leased", "key": [{{"header": "x-user"}}], "rate": "5/second", "burst": 5,
-            "global": {{"strategy": "lease", "lease": {{"size": 5}}}}}}]}}"#
+            "global": {{"strategy": "lease", "lease": {{"cold_below": 0, "size": 5}}}}}}]}}"#
     )
 }
 

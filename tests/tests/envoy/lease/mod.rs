@@ -166,14 +166,19 @@ fn assert_leases_never_admit_more_than_was_granted(service: &Counter) {
     let (admitted, statuses) = (answers.admitted(), &answers.statuses);
 
     let elapsed = start.elapsed().as_secs_f64();
-    let granted = service.metric("sluice_counter_leased_tokens_total");
+    // What the service gave out: tokens leased, and requests its checks admitted (each
+    // proxy checks a key until its demand makes it worth a lease).
+    let leased = service.metric("sluice_counter_leased_tokens_total");
+    let checked = service.metric("sluice_counter_decisions_total{outcome=\"admitted\"}");
+    let granted = leased + checked;
     let bound = BURST as f64 + RATE as f64 * elapsed;
     eprintln!(
         "2 Envoys + 2 wasm-hosts × 2 workers, {elapsed:.1} s: {admitted} admitted of {granted} granted \
-         (bound {bound:.0}), statuses {statuses:?}"
+         ({leased} leased, {checked} checked; bound {bound:.0}), statuses {statuses:?}"
     );
     assert!(admitted <= granted, "admitted {admitted} > granted {granted}: a leased token was spent twice");
     assert!(granted as f64 <= bound + 1.0, "the service granted {granted}, beyond the global budget {bound:.0}");
+    assert!(leased > 0, "the key turned busy on every proxy and was leased");
     assert!(admitted as f64 >= bound * 0.5, "the proxies admitted too little of the budget: {admitted}");
     assert_eq!(statuses.get(&0), None, "every request was answered");
     assert_eq!(answers.fallbacks, 0, "no failure rule decided: {statuses:?}");

@@ -7,9 +7,10 @@ use super::*;
 fn a_lease_returned_by_one_envoy_is_granted_to_another_by_its_next_refill() {
     let service = Counter::start(counter::with_token(counter::memory(), TOKEN));
     // A budget of 100 that does not come back within the test (100 an hour): only a
-    // return can free what one proxy leased.
-    let config =
-        config("100/hour", 100, r#"{"size": 100, "duration": "4s", "low_water": 10}"#, DENY, HEALTHY_TIMEOUT, "1s");
+    // return can free what one proxy leased. Every key is leased from its first request
+    // (`cold_below` 0), so B's requests are decided by refills, not checks.
+    let lease = r#"{"size": 100, "duration": "4s", "low_water": 10, "cold_below": 0}"#;
+    let config = config("100/hour", 100, lease, DENY, HEALTHY_TIMEOUT, "1s");
     let (a, b) = (
         envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM),
         envoy(&config, service.addr(), sluice_artifacts::SLUICE_WASM),

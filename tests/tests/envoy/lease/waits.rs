@@ -59,7 +59,7 @@ fn a_caller_whose_lease_slot_another_holds_is_decided_by_the_service_with_its_42
     let config = r#"{"counter_service": {"cluster": "sluice-counter", "hash_key_env": "SLUICE_HASH_KEY",
                                          "token_env": "SLUICE_COUNTER_TOKEN", "timeout": "2s"},
         "policies": [{"name": "user", "key": [{"header": "x-user"}], "rate": "1/minute", "burst": 3, "slots": 1,
-                      "global": {"strategy": "lease", "lease": {"size": 3, "duration": "60s"}},
+                      "global": {"strategy": "lease", "lease": {"size": 3, "duration": "60s", "cold_below": 0}},
                       "on_failure": {"action": "deny"}}],
         "response": {"fallback_header": "x-sluice-fallback"}}"#;
     let envoy = Envoy::builder()
@@ -70,8 +70,9 @@ fn a_caller_whose_lease_slot_another_holds_is_decided_by_the_service_with_its_42
         .start()
         .unwrap_or_else(|e| panic!("{e}"));
     let user = |name: &str| Request::get("/").header("x-user", name);
-    // "a" leases the table's only slot for a minute: its first request is leased what it
-    // costs, its second a grant sized to its demand (two), of which one token is left.
+    // "a" leases the table's only slot for a minute (`cold_below` 0: a key is leased from
+    // its first request): its first request is leased what it costs, its second a grant
+    // sized to its demand (two), of which one token is left.
     assert_eq!(send(&envoy, &user("a")).status, 200);
     assert_eq!(send(&envoy, &user("a")).status, 200);
 
