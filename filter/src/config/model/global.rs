@@ -108,9 +108,9 @@ pub struct Lease {
     /// Most units charged afterwards for admissions made under the failure rule.
     pub max_debt: u64,
     /// A key asking for fewer units than this per lease life on this proxy is checked
-    /// rather than leased (0: never). A `u32`, as `max_waiting`: it shares that field's
-    /// padding, and every policy copied on the request path stays the size it was (a
-    /// `u64` here cost a check 4 % more instructions: docs/benchmarks.md).
+    /// rather than leased (0: never). A `u32`, as `max_waiting`: it fits in that field's
+    /// padding, so no policy grows (as a `u64` it cost a check 4 % more instructions,
+    /// docs/benchmarks.md).
     pub cold_below: u32,
 }
 
