@@ -311,12 +311,12 @@ fn a_lease_policy_cannot_change_its_slots_without_a_version_bump() {
     assert!(bumped.is_ok());
 }
 
-/// Answers a check (`/v1/check`, or each of a batch's on `/v1/checks`) with an admission
-/// and a refill with [`GRANT`], 10 ms after it is sent.
-fn admit_or_grant(call: &wasm_host::CalloutRequest) -> Answer {
+/// The body of an admission of a check (`/v1/check`, or of each of a batch's on
+/// `/v1/checks`), or of [`GRANT`] for a refill.
+fn admit_or_grant_body(call: &wasm_host::CalloutRequest) -> String {
     let allowed = r#"{"admitted":true,"at_ns":1,"entries":[{"verdict":"allowed","limit":100,"remaining":99,
         "reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}]}"#;
-    let body = match call.headers.get_str(":path") {
+    match call.headers.get_str(":path") {
         Some("/v1/lease") => GRANT.to_owned(),
         Some("/v1/checks") => {
             let checks: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
@@ -324,8 +324,12 @@ fn admit_or_grant(call: &wasm_host::CalloutRequest) -> Answer {
             format!(r#"{{"results":[{}]}}"#, vec![allowed; n].join(","))
         }
         _ => allowed.to_owned(),
-    };
-    Answer::status(200).header("content-type", "application/json").body(body).after(millis(10))
+    }
+}
+
+/// [`admit_or_grant_body`], 10 ms after the call is sent.
+fn admit_or_grant(call: &wasm_host::CalloutRequest) -> Answer {
+    Answer::status(200).header("content-type", "application/json").body(admit_or_grant_body(call)).after(millis(10))
 }
 
 #[test]
@@ -367,5 +371,63 @@ fn keys_seen_for_the_first_time_are_checked_together_and_a_key_is_leased_from_it
     assert_eq!(&all[2..], ["/v1/check", "/v1/check", "/v1/check", "/v1/lease"]);
     assert_eq!(metric(&host, "tenant", Counter::LeaseCheckedCold), 6);
     assert_eq!(metric(&host, "tenant", Counter::LeaseGranted), 10);
+    assert_accounting(&host, "tenant");
+}
+
+/// A grant of 10 for 2 s that left the budget short (3 left), so the grant is reviewed.
+const SHORT_GRANT: &str = r#"{"granted":10,"expires_in_ms":2000,"at_ns":1,"entry":{"verdict":"allowed","limit":100,
+  "remaining":3,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}"#;
+
+#[test]
+fn a_lease_whose_key_went_quiet_returns_what_its_demand_will_not_spend_before_it_expires() {
+    // The shipped default (`cold_below` 4): the key's fourth request elects the refill.
+    let config = CONFIG.replace(r#""cold_below": 0, "#, "");
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let mut host = builder(&config)
+        .env("SLUICE_HASH_KEY", "fleet-hash-key-0123456789abcdef")
+        .scripted_cluster("sluice-counter", move |call| {
+            let path = call.headers.get_str(":path").unwrap_or_default().to_owned();
+            let body: serde_json::Value = serde_json::from_slice(&call.body).unwrap_or_default();
+            seen.lock().unwrap().push((path.clone(), body.clone()));
+            let answer = match path.as_str() {
+                "/v1/lease" => SHORT_GRANT.to_owned(),
+                "/v1/credit" => format!(
+                    r#"{{"credited":{},"forgiven":0,"at_ns":1,"entry":{{"verdict":"allowed","limit":100,
+                        "remaining":50,"reset_after_ns":1,"retry_after_ns":0,"delay_ns":0}}}}"#,
+                    body["units"]
+                ),
+                _ => admit_or_grant_body(call),
+            };
+            Answer::status(200).header("content-type", "application/json").body(answer).after(millis(2))
+        })
+        .build()
+        .unwrap();
+    // Four requests within 40 ms: three checked, the fourth leased 10 and spends one.
+    for _ in 0..4 {
+        let stream = host.worker(0).request(tenant());
+        host.advance(millis(10));
+        assert!(forwarded(&mut host, 0, stream));
+    }
+    let leased = calls.lock().unwrap().len();
+
+    // Quiet until less than a quarter of the grant's life is left, and past it.
+    host.advance(millis(1600));
+    let after_quiet: Vec<(String, serde_json::Value)> = calls.lock().unwrap()[leased..].to_vec();
+    let next = host.worker(0).request(tenant());
+    let at_once = forwarded(&mut host, 0, next);
+    host.advance(millis(10));
+
+    assert_eq!(leased, 4, "three checks and a refill");
+    let paths: Vec<&str> = after_quiet.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(paths, ["/v1/credit"], "one return");
+    let returned = after_quiet[0].1["units"].as_u64().unwrap_or(0);
+    assert!((1..=9).contains(&returned), "at most the nine left, less what its demand may still spend: {returned}");
+    assert!(after_quiet[0].1["credit_id"].as_str().is_some_and(|id| !id.is_empty()), "sent with an id");
+    assert_eq!(metric(&host, "tenant", Counter::LeaseReturned), returned);
+    assert!(at_once, "the next request spends what was kept, without waiting");
+    let calls = calls.lock().unwrap().clone();
+    let last: Vec<&str> = calls[leased + 1..].iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(last, ["/v1/lease"], "then, below the low-water mark, it elects a refill (returned {returned})");
     assert_accounting(&host, "tenant");
 }
