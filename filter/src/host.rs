@@ -407,9 +407,10 @@ counters! {
         /// Lease: requests whose wait for a refill was outrun by other requests, decided
         /// by a check of their cost at the service instead.
         LeaseCheckedContended = ("lease.checked.contended", Global),
-        /// Lease: requests of a cold key (known to ask for fewer than four units over a
-        /// lease's life on this proxy), decided by a check of their cost at the service
-        /// rather than leased: nothing leased, nothing stranded.
+        /// Lease: requests of a cold key (one that asked for fewer than `cold_below` units,
+        /// four by default, over a lease's life on this proxy, a key seen for the first
+        /// time included), decided by a check of their cost at the service rather than
+        /// leased: nothing leased, nothing stranded.
         LeaseCheckedCold = ("lease.checked.cold", Global),
         /// Response cost: units spent on estimates by forwarded requests (the units such a
         /// policy admitted are `cost.estimated + cost.charged - cost.credited`).

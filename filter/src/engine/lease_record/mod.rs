@@ -20,8 +20,9 @@
 //!   per lease duration since the last election (`asked_at`), which asks again (a probe:
 //!   an operator's override may have changed the answer since);
 //! * `demand`: the units the key asked for on this proxy over the last lease life
-//!   (`demand.rs`): a key known to ask for fewer than four is cold and checked per
-//!   request, and a refill asks for what the key is expected to spend;
+//!   (`demand.rs`): a key that asked for fewer than the lease's `cold_below` (four by
+//!   default; a key seen for the first time included) is cold and checked per request,
+//!   and a refill asks for what the key is expected to spend;
 //! * `failed_at`: the last refill that failed: requests waiting for it apply the failure
 //!   rule at once;
 //! * `debt`: units admitted under the failure rule while the service could not decide,
