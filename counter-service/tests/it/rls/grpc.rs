@@ -126,18 +126,25 @@ async fn a_caller_without_the_bearer_token_is_unauthenticated() {
     running.stop().await.expect("stops");
 }
 
-#[tokio::test]
-async fn a_store_past_its_deadline_is_unavailable_so_envoys_failure_mode_decides() {
-    let _shared = crate::support::HEAVY.read().await;
-    let redis = RedisServer::start();
+/// The service on `redis` with the rules of [`RULES`] and Redis calls bounded by
+/// `timeout_ms`; the rules' directory lives as long as the returned handle.
+async fn start_on_redis(redis: &RedisServer, timeout_ms: u64) -> (Running, SocketAddr, tempfile::TempDir) {
     let dir = dir_with(RULES);
     let config = Config {
         store: StoreKind::Redis,
         redis_url: vec![redis.url()],
-        redis_timeout_ms: 100,
+        redis_timeout_ms: timeout_ms,
         ..rls_config(dir.path())
     };
     let (running, addr) = start(config).await;
+    (running, addr, dir)
+}
+
+#[tokio::test]
+async fn a_store_past_its_deadline_is_unavailable_so_envoys_failure_mode_decides() {
+    let _shared = crate::support::HEAVY.read().await;
+    let redis = RedisServer::start();
+    let (running, addr, _dir) = start_on_redis(&redis, 100).await;
     let mut rls = client(addr).await;
     ask(&mut rls, request("shop", "ann")).await;
 
@@ -485,14 +492,7 @@ async fn a_graceful_stop_closes_the_rls_front_door_and_ends_its_connections() {
 async fn a_graceful_stop_answers_an_rls_call_still_waiting_on_a_slow_store_and_takes_no_new_connection() {
     let _shared = crate::support::HEAVY.read().await;
     let redis = RedisServer::start();
-    let dir = dir_with(RULES);
-    let config = Config {
-        store: StoreKind::Redis,
-        redis_url: vec![redis.url()],
-        redis_timeout_ms: 10_000,
-        ..rls_config(dir.path())
-    };
-    let (running, addr) = start(config).await;
+    let (running, addr, _dir) = start_on_redis(&redis, 10_000).await;
     let json = Http::new(running.addr);
     let mut rls = client(addr).await;
     assert_eq!(ask(&mut rls, request("shop", "ann")).await.overall_code, Code::Ok as i32);
