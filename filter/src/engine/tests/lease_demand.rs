@@ -193,3 +193,29 @@ fn requests_that_wait_for_a_refill_in_flight_count_toward_the_demand_that_sizes_
         assert_ne!(status(&w.retry(pending)), Some(503));
     }
 }
+
+#[test]
+fn a_cold_keys_admission_by_the_emergency_cap_when_its_check_failed_is_forgiven_not_owed() {
+    let mut w = adaptive();
+    let pending = waiting(w.begin());
+    assert!(!pending.waits_for_lease(), "a new key: checked");
+
+    let decided = w.engine.complete(
+        pending,
+        &crate::host::CalloutAnswer::Failed,
+        &w.limiter,
+        &mut w.callouts,
+        true,
+        &mut w.metrics,
+    );
+    w.engine.sweep_debts(&w.limiter);
+    let sent = w.tick(|_| super::lease::charged(1));
+
+    assert_eq!(status(&decided), Some(200), "the emergency cap admits");
+    assert_eq!(w.metrics.get(0, Counter::EmergencyAllowed), 1);
+    // As for a check-mode policy: a check that failed may have been counted at the
+    // service, so charging what the cap admitted could count it twice.
+    assert_eq!(sent, 0, "nothing is owed");
+    assert_eq!(w.metrics.get(0, Counter::LeaseForgiven), 1, "what the cap admitted is counted as forgiven");
+    assert_eq!(w.metrics.get(0, Counter::LeaseReconciled), 0);
+}
