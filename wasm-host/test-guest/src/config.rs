@@ -21,6 +21,14 @@ pub(crate) enum Bench {
     /// shared-data key `bench` read and written back with its cas, and two counter
     /// increments. What those calls cost without the filter's own code.
     Admit,
+    /// `bench=batch`: what any filter that asks a service about each request pays at the
+    /// least when it sends its questions together (group commit), as `sluice.wasm`'s
+    /// check mode does: the header `x-key` read, the request paused, a callout (`GET
+    /// /healthz` to the cluster `cluster`) sent at once while fewer than `in_flight` are
+    /// out, otherwise the request waits for the next one, which leaves when a call
+    /// answers; every request a call carried is resumed from the context its answer
+    /// reaches. No body is written or read: the floor under a check, not a check.
+    Batch,
 }
 
 /// The plugin configuration, one field per key.
@@ -46,12 +54,17 @@ pub(crate) struct Config {
     pub(crate) queue: bool,
     /// `ops=<op,...>`: the operations of a request without `x-test-op`.
     pub(crate) ops: Option<String>,
+    /// `cluster=<name>`: where `bench=batch` sends its calls (default `upstream`).
+    pub(crate) cluster: Option<String>,
+    /// `in_flight=<n>`: how many calls `bench=batch` keeps out at most (default 2, as
+    /// `sluice.wasm`'s `max_checks_in_flight`).
+    pub(crate) in_flight: usize,
 }
 
 impl Config {
     /// Reads `key=value` lines; lines without `=` and unknown keys are ignored.
     pub(crate) fn parse(text: &str) -> Self {
-        let mut config = Self { calls: 1, ..Self::default() };
+        let mut config = Self { calls: 1, in_flight: 2, ..Self::default() };
         for line in text.lines() {
             let Some((key, value)) = line.split_once('=') else { continue };
             let value = value.trim().to_owned();
@@ -70,11 +83,14 @@ impl Config {
                         "metric" => Bench::Metric,
                         "clock" => Bench::Clock,
                         "admit" => Bench::Admit,
+                        "batch" => Bench::Batch,
                         _ => Bench::Noop,
                     })
                 }
                 "calls" => config.calls = value.parse().unwrap_or(1),
                 "ops" => config.ops = Some(value),
+                "cluster" => config.cluster = Some(value),
+                "in_flight" => config.in_flight = value.parse().unwrap_or(2),
                 "queue" => config.queue = value == "1",
                 _ => {}
             }

@@ -4,6 +4,7 @@
 //! purpose (`panic` operations) and reports every host status it sees, so that the host's
 //! tests can assert on them. What each family of operations does is in `guest/`.
 
+mod batch;
 mod bench;
 mod callout;
 mod headers;
@@ -19,7 +20,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
 
-use crate::config::Config;
+use crate::config::{Bench, Config};
 use crate::operation::{self, Operation};
 use crate::raw;
 
@@ -52,6 +53,9 @@ impl Root {
 
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        if self.config.bench == Some(Bench::Batch) {
+            return batch::answered(token);
+        }
         if let Ok(id) = hostcalls::define_metric(MetricType::Counter, "test_guest.root_callouts") {
             let _ = hostcalls::increment_metric(id, 1);
         }
@@ -95,6 +99,9 @@ impl RootContext for Root {
             self.set_tick_period(Duration::from_millis(ms));
         }
         self.ticks_metric = hostcalls::define_metric(MetricType::Counter, "test_guest.ticks").ok();
+        if config.bench == Some(Bench::Batch) {
+            batch::register(self.id);
+        }
         if config.queue {
             let queue = self.register_shared_queue("events");
             log::info!("root {} registered queue {queue}", self.id);
@@ -104,6 +111,9 @@ impl RootContext for Root {
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {
+        if batch::is_wake(queue_id) {
+            return batch::on_wake(queue_id, &self.config);
+        }
         loop {
             match self.dequeue_shared_queue(queue_id) {
                 Ok(Some(item)) => {
@@ -265,13 +275,19 @@ impl Context for HttpStream {
         true
     }
 
-    fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, num_trailers: usize) {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, num_trailers: usize) {
+        if self.config.bench == Some(Bench::Batch) {
+            return batch::answered(token);
+        }
         self.callout_answered(num_headers, body_size, num_trailers);
     }
 }
 
 impl HttpContext for HttpStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.config.bench == Some(Bench::Batch) {
+            return batch::begin(self.id, &self.config);
+        }
         if let Some(mode) = self.config.bench {
             return self.bench(mode);
         }

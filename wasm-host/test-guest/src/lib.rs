@@ -15,6 +15,7 @@
 //! | `tick_panic=1` | the first tick panics |
 //! | `generation=<g>` | every request gets `x-test-generation: <g>` |
 //! | `bench=noop`, `bench=get-header`, `bench=get-property`, `bench=shared`, `bench=metric`, `bench=clock`, `bench=admit` (the host calls of one admission by `sluice.wasm`, in its order) | benchmark modes (no other host calls); `calls=<n>` repeats the call |
+//! | `bench=batch`, `cluster=<name>`, `in_flight=<n>` | each request paused and resumed by a callout shared with the requests that waited for it (group commit's floor; `guest/batch.rs`) |
 //! | `ops=<op,...>` | default request operations when a request has no `x-test-op` |
 //!
 //! # Request operations

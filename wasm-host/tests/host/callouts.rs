@@ -393,3 +393,29 @@ fn a_real_body_slower_than_the_timeout_reaches_the_filter_with_zero_headers() {
 
     assert_reset(&forwarded(host.worker(0), stream));
 }
+
+#[test]
+fn the_batch_bench_sends_the_requests_that_waited_for_a_call_together_in_one_call() {
+    let mut host = guest()
+        .plugin_configuration("bench=batch\ncluster=upstream\nin_flight=1")
+        .scripted_cluster("upstream", |_| Answer::status(200).after(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let first = host.worker(0).request(Request::get("/").header("x-key", "a"));
+    let waiting: Vec<_> = (0..3).map(|_| host.worker(0).request(Request::get("/").header("x-key", "b"))).collect();
+
+    let out_before_the_answer = host.callouts().len();
+    host.advance(Duration::from_millis(10));
+    let all_waiting_paused = waiting.iter().all(|&s| host.worker(0).outcome(s).unwrap().is_paused());
+    host.advance(Duration::from_millis(10));
+
+    assert_eq!(out_before_the_answer, 1, "one call in flight: the others wait");
+    assert!(matches!(host.worker(0).outcome(first), Ok(Outcome::Forwarded(_))));
+    assert!(all_waiting_paused, "the three that waited are carried by the second call");
+    for stream in waiting {
+        assert!(matches!(host.worker(0).outcome(stream), Ok(Outcome::Forwarded(_))));
+    }
+    let sent = host.callouts();
+    assert_eq!(sent.len(), 2, "three requests that waited went in one call");
+    assert_eq!(sent[1].headers.get_str(":path"), Some("/healthz"));
+}

@@ -4,6 +4,9 @@
 //! the benchmark only), and sluice.wasm in check mode against the same sluice-counter's
 //! JSON API; then each service alone under a gRPC load generator (`rls-load`, 64
 //! connections, with 1 call in flight on each, then 4: `RLS_STREAMS`).
+//! Beside them, the test guest's `bench=batch`: the least a proxy-wasm filter pays to
+//! pause a request and resume it on a callout's answer, with a call per request and with
+//! calls shared (group commit, 2 in flight).
 //! `COUNTER_BASELINE_BIN` adds an older sluice-counter build on the memory store, as
 //! "sluice-counter before", for a before-and-after in the same run.
 //!
@@ -165,6 +168,17 @@ fn wasm_envoy(json_api: SocketAddr, upstream: SocketAddr) -> EnvoyBuilder {
         .sluice(sluice(config).env("H", "bench-hash-key-0123456789abcdef").env("T", TOKEN))
 }
 
+/// The test guest's `bench=batch` (the floor under any proxy-wasm filter that asks a
+/// service about each request, with its calls shared as `sluice.wasm`'s are; see
+/// `wasm-host/test-guest/src/guest/batch.rs`), calling sluice-counter's `/healthz` with
+/// at most `in_flight` calls out.
+fn floor_envoy(json_api: SocketAddr, upstream: SocketAddr, in_flight: usize) -> EnvoyBuilder {
+    routed(upstream).cluster(cluster("sluice-counter", json_api, true)).sluice(
+        sluice(&format!("bench=batch\ncluster=sluice-counter\nin_flight={in_flight}"))
+            .wasm(sluice_artifacts::TEST_GUEST_WASM),
+    )
+}
+
 /// The services of the group: name, and how to start one.
 type Start<'a> = Box<dyn Fn() -> Service + 'a>;
 
@@ -259,6 +273,17 @@ pub(crate) fn rls_group(rounds: u64, seconds: u64) {
                     format!("sluice.wasm check → {name}"),
                     wasm_envoy(service.json, upstream.addr()).start().unwrap_or_else(|e| panic!("{e}")),
                 ));
+            }
+            if name == "sluice-counter, memory" {
+                // The floors, once: they call `/healthz`, which no store answers.
+                for (row, in_flight) in
+                    [("floor: a call per request", 1_000_000), ("floor: calls shared, 2 in flight", 2)]
+                {
+                    envoys.push((
+                        format!("test guest, {row}"),
+                        floor_envoy(service.json, upstream.addr(), in_flight).start().unwrap_or_else(|e| panic!("{e}")),
+                    ));
+                }
             }
             for (row, envoy) in &envoys {
                 let _ = measure(envoy, &["x-user: u1"], 32, 1);

@@ -60,7 +60,7 @@ impl HttpStream {
                         let _ = hostcalls::increment_metric(id, 1);
                     }
                 }
-                Bench::Noop => {}
+                Bench::Noop | Bench::Batch => {}
             }
         }
         Action::Continue
