@@ -1,16 +1,33 @@
 //! Group commit of checks, per worker: the check calls a worker has out, and how many
-//! requests wait to be sent. While the worker has `max_in_flight` check calls out, a
-//! request that needs a check does not send its own: it waits, and the checks that
-//! waited leave together, in one `POST /v1/checks`, as soon as a call comes back (or the
-//! tick sees room), or at once when they fill a call (`max_per_call`). A lone request
-//! never waits: with fewer calls out, it goes at once.
+//! requests wait to be sent. While the worker has `max_in_flight` check calls out that
+//! are not late, a request that needs a check does not send its own: it waits, and the
+//! checks that waited leave together, in one `POST /v1/checks`, as soon as a call comes
+//! back (or the tick sees room), or at once when they fill a call (`max_per_call`). A
+//! lone request never waits: with fewer calls out, it goes at once.
+//!
+//! # A late call holds nothing back
+//!
+//! A call out for longer than `late_after` (a quarter of the callout timeout) is late: it
+//! no longer counts against `max_in_flight`, so the checks that wait behind it go out on
+//! a call of their own at the next tick (the tick runs at least every quarter of the
+//! timeout while checks may wait). One slow answer therefore costs the requests behind it
+//! at most half their timeout of waiting, never their deadline. With a healthy service
+//! one call in flight carries every batch (the fewest callouts), and a slow one does not
+//! stall the worker: a late call lives at most the timeout, and a new call is sent past
+//! it only once every call out is late, so a worker has at most `max_in_flight` calls
+//! that are not late and about four generations of late ones out at once.
+//!
+//! A call that probes an open circuit holds no check back either: while it is out, a
+//! request goes to the breaker, which decides it by its failure rule at once, as it did
+//! before the circuit opened.
 //!
 //! # What it costs a request, at most
 //!
 //! A request waits to be sent for at most the round trip of a call already out (that
-//! call's answer, or its deadline, makes room; a full batch does not wait for room, so
-//! the queue never holds more than one call's worth), plus one turn of the worker's
-//! event loop (the answer wakes the root context, which sends). Its deadline is set when it
+//! call's answer makes room), or, when that call is late, until the tick after it became
+//! late (at most half the timeout after it was sent); plus one turn of the worker's event
+//! loop (the answer wakes the root context, which sends). A full batch does not wait for
+//! room, so the queue never holds more than one call's worth. Its deadline is set when it
 //! first asks and never moves, so the wait is inside the deadline it always had: a
 //! request whose deadline passes before it is sent takes its failure rule, counted as
 //! `checks_unsent`.
@@ -22,14 +39,17 @@
 //! not one per request; a check the service answered with an error for that check
 //! alone says nothing about the service's health.
 
+use shared_store::Nanos;
 use std::collections::HashMap;
 
 /// The check calls one worker has out, and the requests waiting to be sent.
 #[derive(Debug)]
 pub(crate) struct CheckGroup {
-    /// Most check calls out at once before checks wait to go together (0: every check
-    /// goes out at once, alone).
+    /// Most check calls out at once, not counting late ones, before checks wait to go
+    /// together (0: every check goes out at once, alone).
     max_in_flight: usize,
+    /// How long a call is out before it is late and holds no check back.
+    late_after: Nanos,
     /// Most checks in one call.
     max_per_call: usize,
     /// Calls out, by callout token.
@@ -45,13 +65,18 @@ struct Call {
     waiting: usize,
     /// Whether the circuit breaker has heard of it.
     recorded: bool,
+    /// When it was sent.
+    sent_at: Nanos,
+    /// Whether it probes an open circuit (it holds no check back: while it is out, the
+    /// breaker decides the others at once).
+    probe: bool,
 }
 
 impl CheckGroup {
-    /// A group that holds checks back once `max_in_flight` calls are out (0: never),
-    /// sending at most `max_per_call` in one.
-    pub(crate) fn new(max_in_flight: usize, max_per_call: usize) -> Self {
-        Self { max_in_flight, max_per_call: max_per_call.max(1), calls: HashMap::new(), queued: 0 }
+    /// A group that holds checks back once `max_in_flight` calls are out that were sent
+    /// less than `late_after` ago (0: never), sending at most `max_per_call` in one.
+    pub(crate) fn new(max_in_flight: usize, max_per_call: usize, late_after: Nanos) -> Self {
+        Self { max_in_flight, late_after, max_per_call: max_per_call.max(1), calls: HashMap::new(), queued: 0 }
     }
 
     /// Whether checks ever wait to go together (a bound on calls in flight is set).
@@ -59,20 +84,33 @@ impl CheckGroup {
         self.max_in_flight > 0
     }
 
-    /// Whether a request that needs a check now waits to be sent with others.
-    pub(crate) fn must_wait(&self) -> bool {
-        self.max_in_flight > 0 && self.calls.len() >= self.max_in_flight
+    /// Whether a request that needs a check at `now` waits to be sent with others: the
+    /// worker has its most calls out that are not late.
+    pub(crate) fn must_wait(&self, now: Nanos) -> bool {
+        self.max_in_flight > 0
+            && self.calls.len() >= self.max_in_flight
+            && self
+                .calls
+                .values()
+                .filter(|call| !call.probe && now < call.sent_at.saturating_add(self.late_after))
+                .count()
+                >= self.max_in_flight
     }
 
-    /// How many waiting checks may be sent now, in one call: a full batch at once,
+    /// How many waiting checks may be sent at `now`, in one call: a full batch at once,
     /// whatever is out; fewer once a call may go (0: none waits, or no room).
-    pub(crate) fn next_batch(&self) -> usize {
+    pub(crate) fn next_batch(&self, now: Nanos) -> usize {
         if self.queued >= self.max_per_call {
             return self.max_per_call;
         }
-        if self.queued == 0 || self.must_wait() {
+        if self.queued == 0 || self.must_wait(now) {
             return 0;
         }
+        self.queued
+    }
+
+    /// Requests waiting to be sent.
+    pub(crate) const fn waiting(&self) -> usize {
         self.queued
     }
 
@@ -92,9 +130,10 @@ impl CheckGroup {
         self.calls.len()
     }
 
-    /// A call went out (callout `token`) for `members` requests.
-    pub(crate) fn sent(&mut self, token: u32, members: usize) {
-        self.calls.insert(token, Call { waiting: members, recorded: false });
+    /// A call went out (callout `token`) for `members` requests at `now`; `probe`: it
+    /// probes an open circuit.
+    pub(crate) fn sent(&mut self, token: u32, members: usize, now: Nanos, probe: bool) {
+        self.calls.insert(token, Call { waiting: members, recorded: false, sent_at: now, probe });
     }
 
     /// A request stopped waiting for call `token` (answered, timed out, or its stream
@@ -122,62 +161,66 @@ impl CheckGroup {
 mod tests {
     use super::*;
 
+    /// When the calls of these tests go out, and how long until one is late.
+    const T0: Nanos = Nanos(1_000_000_000);
+    const LATE: Nanos = Nanos(12_500_000);
+
     #[test]
     fn checks_wait_only_while_the_worker_has_its_most_calls_out() {
-        let mut group = CheckGroup::new(2, 64);
-        assert!(!group.must_wait());
-        group.sent(1, 1);
-        assert!(!group.must_wait());
-        group.sent(2, 1);
-        assert!(group.must_wait());
+        let mut group = CheckGroup::new(2, 64, LATE);
+        assert!(!group.must_wait(T0));
+        group.sent(1, 1, T0, false);
+        assert!(!group.must_wait(T0));
+        group.sent(2, 1, T0, false);
+        assert!(group.must_wait(T0));
 
         group.left(1);
 
-        assert!(!group.must_wait());
+        assert!(!group.must_wait(T0));
     }
 
     #[test]
     fn unbatched_checks_never_wait() {
-        let mut group = CheckGroup::new(0, 64);
+        let mut group = CheckGroup::new(0, 64, LATE);
         for token in 0..100 {
-            group.sent(token, 1);
+            group.sent(token, 1, T0, false);
         }
 
-        assert!(!group.must_wait());
+        assert!(!group.must_wait(T0));
     }
 
     #[test]
     fn a_batch_that_is_not_full_waits_for_a_call_to_come_back() {
-        let mut group = CheckGroup::new(1, 3);
-        group.sent(7, 1);
+        let mut group = CheckGroup::new(1, 3, LATE);
+        group.sent(7, 1, T0, false);
         group.enqueue();
         group.enqueue();
-        assert_eq!(group.next_batch(), 0, "the one call allowed is out");
+        assert_eq!(group.next_batch(T0), 0, "the one call allowed is out");
 
         group.left(7);
 
-        assert_eq!(group.next_batch(), 2);
+        assert_eq!(group.next_batch(T0), 2);
     }
 
     #[test]
     fn a_full_batch_leaves_at_once_whatever_is_out() {
-        let mut group = CheckGroup::new(1, 3);
-        group.sent(7, 1);
+        let mut group = CheckGroup::new(1, 3, LATE);
+        group.sent(7, 1, T0, false);
         for _ in 0..5 {
             group.enqueue();
         }
 
-        assert_eq!(group.next_batch(), 3);
+        assert_eq!(group.next_batch(T0), 3);
         for _ in 0..3 {
             group.dequeue();
         }
-        assert_eq!(group.next_batch(), 0, "two wait for room");
+        assert_eq!(group.next_batch(T0), 0, "two wait for room");
     }
 
     #[test]
     fn a_batch_is_counted_out_until_its_last_request_stops_waiting() {
-        let mut group = CheckGroup::new(1, 64);
-        group.sent(9, 3);
+        let mut group = CheckGroup::new(1, 64, LATE);
+        group.sent(9, 3, T0, false);
         group.left(9);
         group.left(9);
         assert_eq!(group.in_flight(), 1);
@@ -189,11 +232,36 @@ mod tests {
 
     #[test]
     fn the_breaker_hears_of_each_call_once() {
-        let mut group = CheckGroup::new(1, 64);
-        group.sent(4, 3);
+        let mut group = CheckGroup::new(1, 64, LATE);
+        group.sent(4, 3, T0, false);
 
         assert!(group.first_record(4));
         assert!(!group.first_record(4));
         assert!(!group.first_record(4));
+    }
+
+    #[test]
+    fn a_late_call_holds_no_check_back_and_a_call_that_is_not_late_does() {
+        let mut group = CheckGroup::new(1, 64, LATE);
+        group.sent(1, 1, T0, false);
+        group.enqueue();
+        let just_before = T0.saturating_add(Nanos(LATE.0 - 1));
+        assert_eq!(group.next_batch(just_before), 0, "the one call out is not late yet");
+
+        let late = T0.saturating_add(LATE);
+        assert!(!group.must_wait(late));
+        assert_eq!(group.next_batch(late), 1);
+
+        group.sent(2, 1, late, false);
+        assert!(group.must_wait(late), "the new call is not late: it holds the next checks back");
+        assert_eq!(group.in_flight(), 2, "the late call is still out, and still counted until it ends");
+    }
+
+    #[test]
+    fn a_probe_holds_no_check_back_the_breaker_decides_the_others_at_once() {
+        let mut group = CheckGroup::new(1, 64, LATE);
+        group.sent(1, 1, T0, true);
+
+        assert!(!group.must_wait(T0));
     }
 }

@@ -153,6 +153,7 @@ impl Engine {
                     group: RefCell::new(check_group::CheckGroup::new(
                         usize::try_from(service.max_checks_in_flight).unwrap_or(usize::MAX),
                         usize::try_from(service.max_checks_per_call).unwrap_or(usize::MAX),
+                        Nanos(timeout.0 / 4),
                     )),
                 })
             }
@@ -338,8 +339,10 @@ impl Engine {
     /// How many requests wait for their check to be sent that may go now, together in
     /// one call: a full call's worth at once, fewer once the worker has room for a call
     /// (0: none waits, or no room for fewer than a full call).
-    pub fn checks_to_send(&self) -> usize {
-        self.0.service.as_ref().and_then(|s| s.group.try_borrow().ok()).map_or(0, |group| group.next_batch())
+    /// The clock is read only when checks wait: a request that sent none pays nothing.
+    pub fn checks_to_send(&self, clock: &impl Clock) -> usize {
+        let group = self.0.service.as_ref().and_then(|s| s.group.try_borrow().ok());
+        group.filter(|group| group.waiting() > 0).map_or(0, |group| group.next_batch(clock.now()))
     }
 
     /// Sends the checks of requests that waited to be sent (by stream id), together in

@@ -90,7 +90,30 @@ pub fn establish_secret(store: &impl Store, prefix: &str, candidate: [u8; 16]) -
 
 /// A 128-bit fingerprint as 32 lower-case hex digits: how global keys and tags reach the
 /// counter service.
+///
+/// Written from the two 64-bit halves: on wasm32 a shift of a `u128` is a call
+/// (`__lshrti3`), and this runs for every key of every check.
 pub fn hex128(value: u128) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    (0..32).rev().map(|i| char::from(HEX.get(((value >> (i * 4)) & 15) as usize).copied().unwrap_or(b'0'))).collect()
+    let halves = [(value >> 64) as u64, value as u64];
+    let mut text = String::with_capacity(32);
+    for half in halves {
+        for i in (0..16).rev() {
+            text.push(char::from(HEX.get(((half >> (i * 4)) & 15) as usize).copied().unwrap_or(b'0')));
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hex128;
+
+    #[test]
+    fn a_fingerprint_is_written_as_32_hex_digits_high_half_first() {
+        assert_eq!(hex128(0), "0".repeat(32));
+        assert_eq!(hex128(u128::MAX), "f".repeat(32));
+        assert_eq!(hex128(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210), "0123456789abcdeffedcba9876543210");
+        assert_eq!(hex128(1 << 64), "00000000000000010000000000000000");
+    }
 }

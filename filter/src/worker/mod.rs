@@ -254,7 +254,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
     /// for (from the root context, which receives their answers).
     fn send_checks(&self, port: &mut impl Port) {
         loop {
-            let size = self.engine.checks_to_send();
+            let size = self.engine.checks_to_send(self.limiter.clock());
             if size == 0 {
                 return;
             }
@@ -486,7 +486,7 @@ impl<S: Store, C: Clock, M: Metrics> Worker<S, C, M> {
 
     /// After a request's callback: wakes the root to send what it put in the outbox.
     fn wake_root(&self, port: &mut impl Port) {
-        if (self.engine.has_outgoing() || self.engine.checks_to_send() > 0)
+        if (self.engine.has_outgoing() || self.engine.checks_to_send(self.limiter.clock()) > 0)
             && let Some(queue) = self.wake
         {
             // If the host refuses, the tick sends it.

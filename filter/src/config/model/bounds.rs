@@ -117,9 +117,12 @@ pub const MIN_BREAKER_COOLDOWN: Written = Written::ms(1);
 pub const MAX_BREAKER_COOLDOWN: Written = Written::mins(5);
 /// Default time the circuit stays open.
 pub const DEFAULT_BREAKER_COOLDOWN: Written = Written::secs(2);
-/// Default most check calls one worker has out before checks wait to go together
-/// (group commit); 0 sends every check alone, at once.
-pub const DEFAULT_MAX_CHECKS_IN_FLIGHT: u32 = 2;
+/// Default most check calls one worker has out, late ones not counted, before checks
+/// wait to go together (group commit); 0 sends every check alone, at once. One: with a
+/// healthy service one call in flight carries every batch (the fewest callouts, and
+/// the least proxy CPU per check, docs/benchmarks.md), and a slow call holds nothing
+/// back once it is late (`engine::check_group`).
+pub const DEFAULT_MAX_CHECKS_IN_FLIGHT: u32 = 1;
 /// Largest bound on check calls one worker has out.
 pub const MAX_MAX_CHECKS_IN_FLIGHT: u32 = 1024;
 /// Default and largest number of checks one call carries: the service's bound.

@@ -88,9 +88,10 @@ pub struct RawCounterService {
     /// must include them. Default: none, so every counter shares one tag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partition: Vec<RawKeyPart>,
-    /// Most check calls one worker has out at once; while it has that many, checks wait
-    /// and go together in one call as soon as one comes back (group commit). 0 sends
-    /// every check alone, at once. Default 2.
+    /// Most check calls one worker has out at once that are not late (out for less than
+    /// a quarter of the timeout); while it has that many, checks wait and go together in
+    /// one call as soon as one comes back, or at the next tick once every call out is late
+    /// (group commit). 0 sends every check alone, at once. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = MAX_MAX_CHECKS_IN_FLIGHT))]
     #[schemars(extend("default" = DEFAULT_MAX_CHECKS_IN_FLIGHT))]

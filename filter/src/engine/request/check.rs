@@ -73,7 +73,7 @@ fn send<S: Store, C: Clock>(
     let deadline = now.saturating_add(service.timeout);
     let wait = CheckWait { call: CheckCall::Queued, deadline, sent_at: now, since: now, probe: false, global };
     let queued = service.group.try_borrow_mut().is_ok_and(|mut group| {
-        let wait = group.must_wait();
+        let wait = group.must_wait(now);
         if wait {
             group.enqueue();
         }
@@ -197,7 +197,7 @@ fn dispatch<S: Store, C: Clock>(
         metrics.add_plugin(PluginCounter::ChecksBatched, i64::try_from(size).unwrap_or(i64::MAX));
     }
     if let Ok(mut group) = service.group.try_borrow_mut() {
-        group.sent(token, size);
+        group.sent(token, size, now, admit == Admit::Probe);
     }
     Ok(SentCall { token, at: now, probe: admit == Admit::Probe })
 }

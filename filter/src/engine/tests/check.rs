@@ -48,6 +48,12 @@ pub(super) const LAYERED: &str = r#"{
   "response": {"fallback_header": "x-sluice-fallback", "headers_on_allowed": ["ratelimit"]}
 }"#;
 
+/// [`LAYERED`] with every check sent alone, at once (`max_checks_in_flight: 0`): for
+/// tests of several calls out at once, which group commit would hold back.
+pub(super) fn layered_each_alone() -> String {
+    LAYERED.replace(r#""timeout": "50ms","#, r#""timeout": "50ms", "max_checks_in_flight": 0,"#)
+}
+
 pub(super) fn request() -> FakeRequest {
     FakeRequest::get("/").with_header("x-client", "alice").with_header("x-tenant", "acme")
 }
@@ -190,7 +196,7 @@ fn a_partition_names_the_hash_tag_and_differs_by_its_value() {
 
 #[test]
 fn without_a_partition_every_check_shares_one_tag() {
-    let engine = engine(LAYERED);
+    let engine = engine(&layered_each_alone());
     let mut callouts = FakeCallouts::default();
     for tenant in ["acme", "globex"] {
         let request = FakeRequest::get("/").with_header("x-client", tenant).with_header("x-tenant", tenant);

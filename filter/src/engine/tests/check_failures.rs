@@ -74,7 +74,7 @@ fn a_probe_whose_stream_ends_before_its_answer_lets_the_next_request_probe_at_on
 
 #[test]
 fn a_request_that_was_not_the_probe_leaves_the_probe_alone_when_its_stream_ends() {
-    let engine = engine(LAYERED);
+    let engine = engine(&layered_each_alone());
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     let client =
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");
@@ -117,7 +117,7 @@ fn answers_about_one_key_decide_their_request_by_its_rule_and_never_open_the_cir
 
 #[test]
 fn a_success_sent_before_the_circuit_opened_does_not_close_it() {
-    let engine = engine(LAYERED);
+    let engine = engine(&layered_each_alone());
     let (limiter, mut callouts, mut metrics) = (limiter(), FakeCallouts::default(), RecordedMetrics::default());
     let client =
         |i: u32| FakeRequest::get("/").with_header("x-client", format!("c{i}")).with_header("x-tenant", "acme");

@@ -163,17 +163,20 @@ fn members_of_a_batch_timed_out_by_the_tick_count_once_against_the_service() {
 fn a_request_whose_deadline_passes_while_it_waits_to_be_sent_takes_its_failure_rule_and_is_counted() {
     let w = worker(&config(1, 64));
     let _ = ask_one(&w, 1);
-    w.limiter.clock().advance(Nanos::from_millis(30));
+    w.limiter.clock().advance(Nanos::from_millis(5));
     let _ = ask_one(&w, 2);
-    w.limiter.clock().advance(Nanos::from_millis(11));
+    w.limiter.clock().advance(Nanos::from_millis(5));
 
     let mut root = FakePort::default();
     w.on_tick(&mut root);
-    assert_eq!(root.actions, ["enter 1", "reply 503"], "the call that was out timed out first");
-    assert!(root.sent.iter().all(|p| p == "/v1/check"), "room again: the waiting check goes, alone");
-    assert_eq!(root.sent.len(), 1);
+    assert_eq!(root.sent, ["/v1/check"], "the call out is late (a quarter of the timeout): the waiting check goes");
 
-    w.limiter.clock().advance(Nanos::from_millis(30));
+    w.limiter.clock().advance(Nanos::from_millis(31));
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+    assert_eq!(root.actions, ["enter 1", "reply 503"], "the call that was out first timed out first");
+
+    w.limiter.clock().advance(Nanos::from_millis(5));
     let mut root = FakePort::default();
     w.on_tick(&mut root);
     assert_eq!(root.actions, ["enter 2", "reply 503"], "its own deadline, set when it first asked");
@@ -189,6 +192,34 @@ fn a_request_whose_deadline_passes_while_it_waits_to_be_sent_takes_its_failure_r
     assert_eq!(plugin(&w, PluginCounter::ChecksUnsent), 1);
     assert_eq!(plugin(&w, PluginCounter::CircuitOpened), 0, "one late call; the unsent check is not the service's");
     assert_eq!(plugin(&w, PluginCounter::Waiting), 0);
+}
+
+#[test]
+fn a_late_call_holds_no_check_back_the_next_tick_sends_the_waiting_ones_on_a_call_of_their_own() {
+    let w = worker(&config(1, 64));
+    let port = ask(&w, 3);
+    assert_eq!(port.sent, ["/v1/check"], "one call out: two wait");
+
+    w.limiter.clock().advance(Nanos::from_millis(9));
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+    assert!(root.sent.is_empty(), "9 ms of a 40 ms timeout: the call out is not late, the checks wait for it");
+
+    w.limiter.clock().advance(Nanos::from_millis(1));
+    let mut root = FakePort::default();
+    w.on_tick(&mut root);
+    assert_eq!(root.sent, ["/v1/checks"], "a quarter of the timeout: the call out is late");
+    assert_eq!(checks_in(&root.bodies[0]), 2);
+
+    let mut answered = FakePort::default();
+    w.on_root_answer(root.next_token, &batch(&[ALLOWED, REJECTED]), &mut answered);
+    assert_eq!(answered.actions, ["enter 2", "resume", "enter 3", "reply 429"]);
+    let mut late = FakePort::default();
+    w.on_check_answer(1, &ok(ALLOWED), &mut late);
+    assert_eq!(late.actions, ["resume"], "the late call still decides its own request");
+    assert_eq!(w.held(), (0, 0, 0));
+    assert_eq!(counted(&w, Reason::Timeout.counter()), 0);
+    assert_eq!(plugin(&w, PluginCounter::ChecksUnsent), 0);
 }
 
 #[test]
