@@ -3,7 +3,12 @@
 //! are not late, a request that needs a check does not send its own: it waits, and the
 //! checks that waited leave together, in one `POST /v1/checks`, as soon as a call comes
 //! back (or the tick sees room), or at once when they fill a call (`max_per_call`). A
-//! lone request never waits: with fewer calls out, it goes at once.
+//! lone request never waits: with fewer calls out and no check waiting, it goes at once.
+//! A request that finds checks waiting joins them, even when a call may go: the answer
+//! that made room has woken the root, which sends them all together. Otherwise each
+//! newcomer could take the room before the root ran, and the checks that waited would
+//! wait again, behind it (with one call in flight, the lab measured waits of up to the
+//! timeout that way).
 //!
 //! # A late call holds nothing back
 //!
@@ -85,8 +90,15 @@ impl CheckGroup {
     }
 
     /// Whether a request that needs a check at `now` waits to be sent with others: the
-    /// worker has its most calls out that are not late.
+    /// worker has its most calls out that are not late, or checks already wait (they go
+    /// first, and it goes with them: a newcomer never takes the room a call's answer
+    /// made before the root has sent the checks that waited for it).
     pub(crate) fn must_wait(&self, now: Nanos) -> bool {
+        self.max_in_flight > 0 && (self.queued > 0 || self.no_room(now))
+    }
+
+    /// Whether the worker has its most calls out that are not late.
+    fn no_room(&self, now: Nanos) -> bool {
         self.max_in_flight > 0
             && self.calls.len() >= self.max_in_flight
             && self
@@ -103,7 +115,7 @@ impl CheckGroup {
         if self.queued >= self.max_per_call {
             return self.max_per_call;
         }
-        if self.queued == 0 || self.must_wait(now) {
+        if self.queued == 0 || self.no_room(now) {
             return 0;
         }
         self.queued
@@ -249,12 +261,26 @@ mod tests {
         assert_eq!(group.next_batch(just_before), 0, "the one call out is not late yet");
 
         let late = T0.saturating_add(LATE);
-        assert!(!group.must_wait(late));
         assert_eq!(group.next_batch(late), 1);
+        group.dequeue();
+        assert!(!group.must_wait(late), "nor does it hold a newcomer back");
 
         group.sent(2, 1, late, false);
         assert!(group.must_wait(late), "the new call is not late: it holds the next checks back");
         assert_eq!(group.in_flight(), 2, "the late call is still out, and still counted until it ends");
+    }
+
+    #[test]
+    fn a_request_that_finds_checks_waiting_joins_them_even_when_a_call_may_go() {
+        let mut group = CheckGroup::new(1, 64, LATE);
+        group.sent(1, 1, T0, false);
+        group.enqueue();
+        group.left(1);
+        assert_eq!(group.next_batch(T0), 1, "the answer made room: the root sends the one that waited");
+
+        assert!(group.must_wait(T0), "a newcomer waits with it rather than take the room alone");
+        group.enqueue();
+        assert_eq!(group.next_batch(T0), 2);
     }
 
     #[test]

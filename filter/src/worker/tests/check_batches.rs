@@ -195,6 +195,24 @@ fn a_request_whose_deadline_passes_while_it_waits_to_be_sent_takes_its_failure_r
 }
 
 #[test]
+fn a_request_that_arrives_between_an_answer_and_the_roots_wake_joins_the_checks_that_waited() {
+    let w = worker(&config(1, 64));
+    let _ = ask(&w, 3);
+    let mut own = FakePort::default();
+    w.on_check_answer(1, &ok(ALLOWED), &mut own);
+    assert_eq!(own.actions, ["resume", "wake 7"]);
+
+    // The root has not run yet: the call's room is there, and two checks wait for it.
+    let newcomer = ask_one(&w, 4);
+    assert!(newcomer.sent.is_empty(), "it does not take the room alone: {:?}", newcomer.sent);
+
+    let mut root = FakePort::default();
+    w.on_wake(&mut root);
+    assert_eq!(root.sent, ["/v1/checks"]);
+    assert_eq!(checks_in(&root.bodies[0]), 3, "the two that waited and the newcomer, together");
+}
+
+#[test]
 fn a_late_call_holds_no_check_back_the_next_tick_sends_the_waiting_ones_on_a_call_of_their_own() {
     let w = worker(&config(1, 64));
     let port = ask(&w, 3);
