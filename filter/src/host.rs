@@ -455,6 +455,10 @@ counters! {
         /// Checks whose deadline passed while they waited to be sent with a batch: their
         /// policies took the failure rule (as a timeout).
         ChecksUnsent = ("counter_service.checks_unsent", Global),
+        /// Check calls sent past late ones: the worker had `max_checks_in_flight` calls
+        /// out, and had room only because some were late (out for more than a quarter of
+        /// the timeout). A sign that the service answers slowly, before any timeout.
+        CheckCallsPastLate = ("counter_service.check_calls_past_late", Global),
         /// Shared-data keys this plugin created for buckets (bounded by the slot tables).
         KeysCreated = ("keys_created", Every),
         /// Local replies the host refused; the request was then reset or, if that failed

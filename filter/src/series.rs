@@ -126,6 +126,7 @@ impl PluginCounter {
             Self::CheckBatches => plain("counter_service_check_batches_total"),
             Self::ChecksBatched => plain("counter_service_checks_batched_total"),
             Self::ChecksUnsent => plain("counter_service_checks_unsent_total"),
+            Self::CheckCallsPastLate => plain("counter_service_check_calls_past_late_total"),
             Self::KeysCreated => plain("keys_created_total"),
             Self::ReplyFailures => plain("reply_failures_total"),
             Self::ResumeFailures => plain("resume_failures_total"),

@@ -109,6 +109,14 @@ impl CheckGroup {
                 >= self.max_in_flight
     }
 
+    /// Whether a call sent at `now` goes past late calls: the worker has its most calls
+    /// out (probes aside), and has room only because some of them are late.
+    pub(crate) fn past_late(&self, now: Nanos) -> bool {
+        self.max_in_flight > 0
+            && self.calls.values().filter(|call| !call.probe).count() >= self.max_in_flight
+            && !self.no_room(now)
+    }
+
     /// How many waiting checks may be sent at `now`, in one call: a full batch at once,
     /// whatever is out; fewer once a call may go (0: none waits, or no room).
     pub(crate) fn next_batch(&self, now: Nanos) -> usize {
@@ -260,13 +268,16 @@ mod tests {
         let just_before = T0.saturating_add(Nanos(LATE.0 - 1));
         assert_eq!(group.next_batch(just_before), 0, "the one call out is not late yet");
 
+        assert!(!group.past_late(just_before));
         let late = T0.saturating_add(LATE);
+        assert!(group.past_late(late), "a call sent now goes past the late one");
         assert_eq!(group.next_batch(late), 1);
         group.dequeue();
         assert!(!group.must_wait(late), "nor does it hold a newcomer back");
 
         group.sent(2, 1, late, false);
         assert!(group.must_wait(late), "the new call is not late: it holds the next checks back");
+        assert!(!group.past_late(late), "no room: nothing goes past");
         assert_eq!(group.in_flight(), 2, "the late call is still out, and still counted until it ends");
     }
 

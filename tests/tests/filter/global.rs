@@ -135,6 +135,41 @@ fn a_check_waiting_for_a_call_in_flight_is_sent_as_soon_as_that_call_answers_not
 }
 
 #[test]
+fn a_check_waiting_behind_a_late_call_leaves_on_a_call_of_its_own_at_the_next_tick() {
+    // The default: one check call in flight. The first call answers only after 90 ms of a
+    // 100 ms timeout; the next ones after 10 ms.
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let mut host = global(&config(DENY))
+        .scripted_cluster("sluice-counter", move |call| {
+            let answer = admit_after_10ms(call);
+            if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 { answer.after(millis(90)) } else { answer }
+        })
+        .build()
+        .unwrap();
+    let slow = host.worker(0).request(tenant());
+    host.advance(millis(1));
+    let behind = host.worker(0).request(tenant());
+
+    // A quarter of the timeout (25 ms) makes the first call late; the tick then (at 25 ms)
+    // sends the waiting check, answered 10 ms later.
+    host.advance(millis(23));
+    let waited_before_late = host.worker(0).outcome(behind).unwrap().is_paused();
+    let callouts_before_late = plugin_metric(&host, PluginCounter::Callouts);
+    host.advance(millis(12));
+
+    assert!(waited_before_late, "a call that is not late holds the check back");
+    assert_eq!(callouts_before_late, Some(1));
+    assert!(matches!(host.worker(0).outcome(behind), Ok(Outcome::Forwarded(_))), "sent past the late call");
+    assert_eq!(plugin_metric(&host, PluginCounter::Callouts), Some(2));
+    assert_eq!(plugin_metric(&host, PluginCounter::CheckCallsPastLate), Some(1));
+    assert!(host.worker(0).outcome(slow).unwrap().is_paused(), "the late call is still out");
+    host.advance(millis(60));
+    assert!(matches!(host.worker(0).outcome(slow), Ok(Outcome::Forwarded(_))), "and decides its own request");
+    assert_eq!(metric(&host, "tenant", Metric::DegradedTimeout), 0);
+}
+
+#[test]
 fn three_failures_open_the_circuit_and_a_probe_after_the_cooldown_closes_it() {
     let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let flag = refusing.clone();

@@ -197,6 +197,9 @@ fn dispatch<S: Store, C: Clock>(
         metrics.add_plugin(PluginCounter::ChecksBatched, i64::try_from(size).unwrap_or(i64::MAX));
     }
     if let Ok(mut group) = service.group.try_borrow_mut() {
+        if group.past_late(now) {
+            metrics.add_plugin(PluginCounter::CheckCallsPastLate, 1);
+        }
         group.sent(token, size, now, admit == Admit::Probe);
     }
     Ok(SentCall { token, at: now, probe: admit == Admit::Probe })

@@ -76,6 +76,7 @@ fn checks_beyond_the_calls_in_flight_wait_and_leave_together_when_a_call_returns
     assert_eq!(root.sent, ["/v1/checks"]);
     assert_eq!(checks_in(&root.bodies[0]), 3);
     assert_eq!((plugin(&w, PluginCounter::Callouts), plugin(&w, PluginCounter::CheckBatches)), (2, 1));
+    assert_eq!(plugin(&w, PluginCounter::CheckCallsPastLate), 0, "the call came back: nothing went past it");
     assert_eq!(plugin(&w, PluginCounter::ChecksBatched), 3);
     assert_eq!(plugin(&w, PluginCounter::Waiting), 3);
 }
@@ -228,6 +229,7 @@ fn a_late_call_holds_no_check_back_the_next_tick_sends_the_waiting_ones_on_a_cal
     w.on_tick(&mut root);
     assert_eq!(root.sent, ["/v1/checks"], "a quarter of the timeout: the call out is late");
     assert_eq!(checks_in(&root.bodies[0]), 2);
+    assert_eq!(plugin(&w, PluginCounter::CheckCallsPastLate), 1);
 
     let mut answered = FakePort::default();
     w.on_root_answer(root.next_token, &batch(&[ALLOWED, REJECTED]), &mut answered);
