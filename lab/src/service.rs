@@ -407,8 +407,10 @@ impl Service {
         let rtt = self.rtt + jitter;
         let authorization = call.headers.get("authorization").map(<[u8]>::to_vec);
         if self.verbose {
+            // The fleet's time, so that a trace tells when each call went out.
             eprintln!(
-                "    service: proxy {proxy} worker {} {path} ({:?}) {}",
+                "    service: {:.3} ms proxy {proxy} worker {} {path} ({:?}) {}",
+                self.fleet_clock.monotonic_nanos() as f64 / 1e6,
                 call.worker,
                 self.mode(proxy),
                 String::from_utf8_lossy(&call.body)
